@@ -1,0 +1,42 @@
+"""Timing helpers shared by the benchmarks: medians of repeated runs, printed side by side."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+
+def pin_threads(threads: int) -> None:
+    """Fixes the thread count of NumPy's BLAS and torch before they start; call first."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+
+
+def median_seconds(fn: Callable[[], object], repeat: int = 7, min_time: float = 0.05) -> float:
+    """Median seconds per call of ``fn``; each sample loops until it lasts ``min_time``."""
+    fn()  # warm-up: caches, lazy initialisation, page faults of fresh buffers
+    loops = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        if time.perf_counter() - start >= min_time or loops >= 1 << 20:
+            break
+        loops *= 2
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        samples.append((time.perf_counter() - start) / loops)
+    return statistics.median(samples)
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n## {title}")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

@@ -1,0 +1,26 @@
+"""The Backend protocol, devices, the op table and ember's errors; the built-in backends."""
+
+from ember.backend.base import Backend, DTypeUsage
+from ember.backend.device import Device, default_device, device, device_count, register_backend
+from ember.backend.errors import (
+    ArgumentError,
+    BackendUnavailableError,
+    DeviceError,
+    DTypeError,
+    EmberError,
+    EmberIndexError,
+    KindError,
+    ShapeError,
+    UnsupportedError,
+)
+from ember.backend.ops import OPS, OpDef, ops
+
+# The base backends import the protocol above, so they come last.
+from ember.backends.ndarray import NdArray
+
+__all__ = [
+    "OPS", "ArgumentError", "Backend", "BackendUnavailableError", "DTypeError", "DTypeUsage",
+    "Device", "DeviceError", "EmberError", "EmberIndexError", "KindError", "NdArray", "OpDef",
+    "ShapeError", "UnsupportedError", "default_device", "device", "device_count", "ops",
+    "register_backend",
+]  # fmt: skip

@@ -1,0 +1,50 @@
+"""ember's error hierarchy.
+
+Every error ember raises on bad input is an :class:`EmberError` *and* the
+built-in exception a Python user would catch for the same mistake, so
+``except ValueError`` keeps working while ``except ember.EmberError`` catches
+everything the framework rejects.
+"""
+
+from __future__ import annotations
+
+
+class EmberError(Exception):
+    """Base class of every error raised by ember on bad input."""
+
+
+class ShapeError(EmberError, ValueError):
+    """Shapes that do not fit the op (broadcasting, matmul, reshape, ...)."""
+
+
+class KindError(EmberError, TypeError):
+    """An op was called on a tensor kind (Float, Int, Bool) it is not defined for."""
+
+
+class DTypeError(EmberError, TypeError):
+    """An unknown dtype, or a dtype that does not fit the op."""
+
+
+class DeviceError(EmberError, ValueError):
+    """Tensors on different devices, or an unknown / unavailable device."""
+
+
+class ArgumentError(EmberError, ValueError):
+    """An attribute of an op (dim, index, size, mode, ...) that is out of range or invalid."""
+
+
+class EmberIndexError(EmberError, IndexError):
+    """An index or slice outside a tensor's bounds."""
+
+
+class UnsupportedError(EmberError, NotImplementedError):
+    """The backend does not implement this op or does not support this dtype."""
+
+
+class BackendUnavailableError(EmberError, ImportError):
+    """A backend whose optional dependency is not installed."""
+
+
+def fmt_shape(shape) -> str:
+    """Formats a shape the way every ember message shows it: ``[2, 3]``."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"

@@ -1,0 +1,72 @@
+"""Plain-data options of the module ops (convolution, pooling, interpolation, padding).
+
+They are attributes of op records: immutable, hashable and comparable, so a
+fusion or tracing decorator can key caches on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ConvOptions:
+    """Stride, zero padding (per side) and dilation per spatial dim, and the group count."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+
+
+@dataclass(frozen=True)
+class ConvTransposeOptions:
+    """Options of a transposed convolution; ``padding_out`` adds rows/cols on the far side."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    padding_out: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """Window, stride, padding and dilation per spatial dim for max and average pooling.
+
+    ``count_include_pad`` matters only for average pooling: whether padded
+    zeros count in the divisor. ``ceil_mode`` rounds the output size up, as in
+    PyTorch; a window that would start entirely in the right padding is dropped.
+    """
+
+    kernel_size: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+
+
+InterpolateMode = Literal["nearest", "bilinear", "bicubic"]
+
+
+@dataclass(frozen=True)
+class InterpolateOptions:
+    """Mode of ``interpolate``. ``nearest`` follows PyTorch's legacy ``nearest`` indexing."""
+
+    mode: InterpolateMode = "nearest"
+    align_corners: bool = False
+
+
+PadMode = Literal["constant", "reflect", "edge"]
+
+
+@dataclass(frozen=True)
+class PadOptions:
+    """Padding of the trailing dims: ``pads`` is ``((before, after), ...)`` from the
+    first padded dim to the last dim of the tensor."""
+
+    pads: tuple[tuple[int, int], ...]
+    mode: PadMode = "constant"
+    value: float = 0.0

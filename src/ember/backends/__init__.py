@@ -1,0 +1,1 @@
+"""Backend implementations, one folder each."""

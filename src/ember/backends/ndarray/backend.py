@@ -1,0 +1,396 @@
+"""NdArray: the default CPU backend, on NumPy.
+
+Primitives are ``numpy.ndarray``s. Most primitives are a NumPy function per op
+name, installed for every kind of the op from the tables below; the rest are
+written out where NumPy needs help (stable descending sort, truncating integer
+division, gather with a smaller index, ...). The module ops (convolution,
+pooling, resampling) live in ``conv.py``, ``pool.py`` and ``resample.py``.
+
+Arrays are never written in place: views (reshape, permute, expand, slice)
+share buffers freely because no primitive mutates its input.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+from ember.backend.base import Backend, DTypeUsage
+from ember.backend.device import Device
+from ember.backend.ops import OPS
+from ember.backends.ndarray import conv, pool, resample
+from ember.backends.ndarray.special import erf
+from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
+from ember.tensor.distribution import Distribution
+from ember.tensor.dtype import DType
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+_LOW_PRECISION = (_F16, _BF16)
+
+
+def _array(out) -> np.ndarray:
+    # NumPy returns scalars for 0-d results; primitives are always arrays.
+    return out if type(out) is np.ndarray else np.asarray(out)
+
+
+def _quiet(fn: Callable) -> Callable:
+    """``fn`` without NumPy's floating-point warnings: like PyTorch, ops return inf/NaN silently."""
+
+    def run(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    return run
+
+
+def _in_f32(fn: Callable) -> Callable:
+    """Runs ``fn`` in float32 for f16/bf16 inputs, as PyTorch's CPU kernels accumulate."""
+
+    def run(x, *args):
+        if x.dtype in _LOW_PRECISION:
+            return np.asarray(fn(x.astype(_F32), *args)).astype(x.dtype)
+        return fn(x, *args)
+
+    return run
+
+
+def _int_div(a, b):
+    # Integer division truncates toward zero, as Rust and Burn do.
+    with np.errstate(all="ignore"):
+        q = np.floor_divide(a, b)
+        fix = (np.remainder(a, b) != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0))
+        return q + fix.astype(q.dtype)
+
+
+def _sum(x):
+    return np.sum(x, dtype=x.dtype)
+
+
+def _mean(x):
+    return np.mean(x, dtype=np.float64 if x.dtype.kind != "f" else x.dtype).astype(x.dtype)
+
+
+def _mean_dim(x, dim):
+    return np.mean(
+        x, axis=dim, keepdims=True, dtype=np.float64 if x.dtype.kind != "f" else x.dtype
+    ).astype(x.dtype)
+
+
+# Element-wise ops: one NumPy function serves every kind the table gives the op.
+_ELEMENTWISE: dict[str, Callable] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max_pair": np.maximum,
+    "min_pair": np.minimum, "atan2": _quiet(np.arctan2),
+    "neg": np.negative, "abs": np.abs, "sign": _in_f32(np.sign),  # bf16 sign(-0.0) is -0.0
+    "exp": _quiet(np.exp), "log": _quiet(np.log), "log1p": _quiet(np.log1p),
+    "expm1": _quiet(np.expm1), "erf": erf, "sqrt": _quiet(np.sqrt),
+    "rsqrt": _quiet(lambda x: np.reciprocal(np.sqrt(x))), "recip": _quiet(np.reciprocal),
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "sinh": _quiet(np.sinh),
+    "cosh": _quiet(np.cosh), "tanh": np.tanh, "asin": _quiet(np.arcsin),
+    "acos": _quiet(np.arccos), "atan": np.arctan, "round": np.round, "floor": np.floor,
+    "ceil": np.ceil, "trunc": np.trunc, "is_nan": np.isnan, "is_inf": np.isinf,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+    "bitwise_left_shift": np.left_shift, "bitwise_right_shift": np.right_shift,
+    "bitwise_not": np.invert, "and": np.logical_and, "or": np.logical_or,
+    "xor": np.logical_xor, "not": np.logical_not,
+    "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater,
+    "greater_equal": np.greater_equal, "lower": np.less, "lower_equal": np.less_equal,
+}  # fmt: skip
+# Ops whose Float and Int forms differ.
+_BY_KIND: dict[str, tuple[Callable, Callable]] = {
+    "div": (_quiet(np.true_divide), _int_div),
+    "remainder": (_quiet(np.remainder), _quiet(np.remainder)),
+    "pow": (_quiet(np.power), np.power),
+}
+_REDUCTIONS: dict[str, Callable] = {
+    "sum": _in_f32(_sum),
+    "sum_dim": _in_f32(lambda x, d: np.sum(x, axis=d, keepdims=True, dtype=x.dtype)),
+    "prod": _in_f32(lambda x: np.prod(x, dtype=x.dtype)),
+    "prod_dim": _in_f32(lambda x, d: np.prod(x, axis=d, keepdims=True, dtype=x.dtype)),
+    "mean": _in_f32(_mean),
+    "mean_dim": _in_f32(_mean_dim),
+    "max": _quiet(np.max), "min": _quiet(np.min),  # NaN propagates without a warning
+    "max_dim": _quiet(lambda x, d: np.max(x, axis=d, keepdims=True)),
+    "min_dim": _quiet(lambda x, d: np.min(x, axis=d, keepdims=True)),
+    "argmax": lambda x, d: np.argmax(x, axis=d, keepdims=True),
+    "argmin": lambda x, d: np.argmin(x, axis=d, keepdims=True),
+    "any": np.any, "all": np.all,
+    "any_dim": lambda x, d: np.any(x, axis=d, keepdims=True),
+    "all_dim": lambda x, d: np.all(x, axis=d, keepdims=True),
+    "cumsum": _in_f32(lambda x, d: np.cumsum(x, axis=d, dtype=x.dtype)),
+    "cumprod": _in_f32(lambda x, d: np.cumprod(x, axis=d, dtype=x.dtype)),
+}  # fmt: skip
+
+
+def _stable_argsort(x: np.ndarray, dim: int, descending: bool) -> np.ndarray:
+    if not descending:
+        return np.argsort(x, axis=dim, kind="stable")
+    # Sorting the reversed array ascending and reversing the result gives a
+    # descending order in which equal elements keep their original order.
+    n = x.shape[dim]
+    reversed_order = np.argsort(np.flip(x, dim), axis=dim, kind="stable")
+    return np.flip(n - 1 - reversed_order, dim)
+
+
+def _sort_key(x: np.ndarray) -> np.ndarray:
+    # NaN sorts last ascending (first descending) in PyTorch, as NumPy does for floats.
+    return x.astype(_F32) if x.dtype == _BF16 else x
+
+
+def _index_grid(indices: np.ndarray, dim: int) -> tuple:
+    """Open index grids addressing ``indices``' positions, with ``dim`` replaced by its values."""
+    grid = list(np.ogrid[tuple(slice(0, s) for s in indices.shape)])
+    grid[dim] = indices
+    return tuple(grid)
+
+
+_RNGS: dict[tuple, np.random.Generator] = {}
+_RNG_LOCK = threading.Lock()
+
+
+class NdArray(Backend):
+    """The NumPy CPU backend (the default). One device: ``cpu:0``.
+
+    Example:
+        >>> from ember.backend import NdArray
+        >>> NdArray(float_dtype="f64").default_device()
+        Device(ndarray, cpu:0)
+    """
+
+    name = "ndarray"
+    places = ("cpu",)
+
+    # ------------------------------------------------------------ metadata
+    def shape(self, x: np.ndarray) -> tuple[int, ...]:
+        return x.shape
+
+    def dtype(self, x: np.ndarray) -> DType:
+        return dtype_of_numpy(x.dtype)
+
+    def device_of(self, x: np.ndarray) -> Device:
+        return Device(self, "cpu", 0)
+
+    def dtype_usage(self, device: Device, dtype: DType) -> DTypeUsage:
+        usage = DTypeUsage.general()
+        if dtype in (DType.F32, DType.F64):
+            usage |= DTypeUsage.ACCELERATED  # BLAS matmul
+        return usage
+
+    def seed(self, device: Device, seed: int) -> None:
+        with _RNG_LOCK:
+            _RNGS[(self.name, device.place, device.index)] = np.random.default_rng(seed)
+
+    def _rng(self, device: Device) -> np.random.Generator:
+        key = (self.name, device.place, device.index)
+        with _RNG_LOCK:
+            if key not in _RNGS:
+                _RNGS[key] = np.random.default_rng()
+            return _RNGS[key]
+
+    # ------------------------------------------------------------ creation and data
+    def _from_data(self, data: TensorData, device: Device) -> np.ndarray:
+        return data.to_numpy()
+
+    def _into_data(self, x: np.ndarray) -> TensorData:
+        return TensorData._wrap(np.asarray(x, order="C"))
+
+    def _to_device(self, x: np.ndarray, device: Device) -> np.ndarray:
+        return x
+
+    def _empty(self, shape, device, dtype: DType) -> np.ndarray:
+        return np.empty(shape, numpy_dtype(dtype))
+
+    def _full(self, shape, value, device, dtype: DType) -> np.ndarray:
+        return np.full(shape, value, numpy_dtype(dtype))
+
+    def _cast(self, x: np.ndarray, dtype: DType) -> np.ndarray:
+        target = numpy_dtype(dtype)
+        if x.dtype == target:
+            return x
+        if target.kind in "iu" and x.dtype.kind == "f":
+            x = np.trunc(x)  # float to int truncates toward zero
+        with np.errstate(all="ignore"):
+            return x.astype(target)
+
+    def float_random(self, shape, distribution: Distribution, device, dtype: DType) -> np.ndarray:
+        rng = self._rng(device)
+        kind, a, b = distribution.kind, distribution.a, distribution.b
+        if kind == "bernoulli":
+            out = rng.random(shape) < a
+        elif kind == "normal":
+            out = rng.standard_normal(shape) * b + a
+        else:
+            low, high = (0.0, 1.0) if kind == "default" else (a, b)
+            out = rng.random(shape) * (high - low) + low
+            # Rounding to a narrow dtype (f16, bf16) can reach ``high``: keep [low, high) half-open.
+            top = np.asarray(high, numpy_dtype(dtype))
+            below = np.nextafter(top, np.asarray(low, top.dtype))
+            return np.minimum(out.astype(top.dtype), below)
+        return out.astype(numpy_dtype(dtype))
+
+    def int_random(self, shape, distribution: Distribution, device, dtype: DType) -> np.ndarray:
+        """Int sampling: Default is a fair 0/1 coin, Uniform gives integers in [low, high),
+        Bernoulli gives 0/1, Normal is rounded to the nearest integer."""
+        rng = self._rng(device)
+        kind, a, b = distribution.kind, distribution.a, distribution.b
+        if kind == "uniform":
+            out = rng.integers(int(np.ceil(a)), int(np.ceil(b)), shape)
+        elif kind == "normal":
+            out = np.rint(rng.standard_normal(shape) * b + a)
+        elif kind == "bernoulli":
+            out = rng.random(shape) < a
+        else:
+            out = rng.integers(0, 2, shape)
+        return out.astype(numpy_dtype(dtype))
+
+    def int_arange(self, start: int, end: int, step: int, device, dtype: DType) -> np.ndarray:
+        return np.arange(start, end, step, dtype=numpy_dtype(dtype))
+
+    # ------------------------------------------------------------ element-wise
+    def _clamp(self, x, low, high):
+        dtype = x.dtype  # NumPy gives float32 for bfloat16 with a Python float
+        if low is not None:
+            x = np.maximum(x, low)
+        if high is not None:
+            x = np.minimum(x, high)
+        return _array(x).astype(dtype, copy=False)
+
+    def _mask_where(self, x, mask, value):
+        return np.where(mask, value, x)
+
+    def _mask_fill(self, x, mask, value):
+        return np.where(mask, np.asarray(value, x.dtype), x)
+
+    # ------------------------------------------------------------ reductions and sorting
+    def _sort_with_indices(self, x, dim: int, descending: bool):
+        indices = _stable_argsort(_sort_key(x), dim, descending)
+        return np.take_along_axis(x, indices, dim), indices
+
+    # ------------------------------------------------------------ layout
+    def _reshape(self, x, shape):
+        return np.reshape(x, shape)
+
+    def _permute(self, x, axes):
+        return np.transpose(x, axes)
+
+    def _expand(self, x, shape):
+        return np.broadcast_to(x, shape)
+
+    def _flip(self, x, axes):
+        return np.flip(x, axes) if axes else x
+
+    def _slice(self, x, ranges):
+        return x[tuple(slice(start, stop, step) for start, stop, step in ranges)]
+
+    def _slice_assign(self, x, values, ranges):
+        out = x.copy()
+        out[tuple(slice(start, stop, step) for start, stop, step in ranges)] = values
+        return out
+
+    def _cat(self, tensors, dim):
+        return np.concatenate(tensors, axis=dim)
+
+    def _repeat_dim(self, x, dim, times):
+        reps = [1] * x.ndim
+        reps[dim] = times
+        return np.tile(x, reps)
+
+    def bool_argwhere(self, x):
+        return np.argwhere(x).astype(np.int64)
+
+    # ------------------------------------------------------------ indexing
+    def _gather(self, x, indices, dim):
+        # PyTorch allows an index smaller than the tensor outside ``dim``.
+        x = x[tuple(slice(0, s) if d != dim else slice(None) for d, s in enumerate(indices.shape))]
+        return np.take_along_axis(x, indices, dim)
+
+    def _scatter_add(self, x, indices, values, dim):
+        out = x.copy()
+        np.add.at(out, _index_grid(indices, dim), values)
+        return out
+
+    def _select(self, x, indices, dim):
+        return np.take(x, indices, axis=dim)
+
+    def _select_assign(self, x, indices, values, dim):
+        out = x.copy()
+        np.add.at(out, (slice(None),) * dim + (indices,), values)
+        return out
+
+    def _matmul(self, a, b):
+        if a.dtype in _LOW_PRECISION:
+            return np.matmul(a.astype(_F32), b.astype(_F32)).astype(a.dtype)
+        return _array(np.matmul(a, b))
+
+    # ------------------------------------------------------------ module ops
+    conv2d = staticmethod(conv.conv2d)
+    conv3d = staticmethod(conv.conv3d)
+    conv_transpose2d = staticmethod(conv.conv_transpose2d)
+    conv_transpose3d = staticmethod(conv.conv_transpose3d)
+    unfold4d = staticmethod(conv.unfold4d)
+    avg_pool2d = staticmethod(pool.avg_pool2d)
+    avg_pool2d_backward = staticmethod(pool.avg_pool2d_backward)
+    max_pool2d_with_indices = staticmethod(pool.max_pool2d_with_indices)
+    max_pool2d_with_indices_backward = staticmethod(pool.max_pool2d_with_indices_backward)
+    adaptive_avg_pool2d = staticmethod(pool.adaptive_avg_pool2d)
+    adaptive_avg_pool2d_backward = staticmethod(pool.adaptive_avg_pool2d_backward)
+    adaptive_max_pool2d = staticmethod(pool.adaptive_max_pool2d)
+    interpolate = staticmethod(resample.interpolate)
+    interpolate_backward = staticmethod(resample.interpolate_backward)
+    embedding = staticmethod(resample.embedding)
+    embedding_backward = staticmethod(resample.embedding_backward)
+    _pad = staticmethod(resample.pad)
+
+    # ------------------------------------------------------------ faster composites
+    def sigmoid(self, x):
+        with np.errstate(over="ignore"):
+            return _array(np.reciprocal(np.exp(np.negative(x)) + x.dtype.type(1)))
+
+
+def _keep_dtype(name: str, fn: Callable) -> Callable:
+    """``fn`` for a ``*_scalar`` op keeps its tensor's dtype: NumPy gives float32 for bfloat16
+    with a Python float (ml_dtypes has no weak scalars), so the result is cast back, rounded
+    once from float32 as PyTorch does."""
+    if not name.endswith("_scalar"):
+        return fn
+
+    def run(x, scalar):
+        out = fn(x, scalar)
+        return out if out.dtype == x.dtype else out.astype(x.dtype)
+
+    return run
+
+
+def _install() -> None:
+    """Binds every table primitive NdArray implements by a NumPy function or a ``_name`` method."""
+
+    def wrap(fn):
+        def primitive(self, *args):
+            out = fn(*args)
+            return out if type(out) is np.ndarray else np.asarray(out)
+
+        return primitive
+
+    for op in OPS.values():
+        base = op.name.removesuffix("_scalar").removesuffix("_elem")
+        for kind, name in op.primitive_names():
+            written = NdArray.__dict__.get(name)
+            if written is not None and not getattr(written, "__ember_missing__", False):
+                continue  # written out in the class body
+            if base in _ELEMENTWISE:
+                setattr(NdArray, name, wrap(_keep_dtype(op.name, _ELEMENTWISE[base])))
+            elif base in _BY_KIND:
+                setattr(
+                    NdArray, name, wrap(_keep_dtype(op.name, _BY_KIND[base][kind.prefix == "int"]))
+                )
+            elif op.name in _REDUCTIONS:
+                setattr(NdArray, name, wrap(_REDUCTIONS[op.name]))
+            elif f"_{op.name}" in NdArray.__dict__:
+                setattr(NdArray, name, NdArray.__dict__[f"_{op.name}"])
+
+
+_install()

@@ -1,0 +1,131 @@
+"""Tensor kinds and element types.
+
+A tensor has one of three *kinds* (Float, Int, Bool), which decides which ops
+it has, and a *dtype* of that kind, which decides how its elements are stored.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ember.backend.errors import DTypeError
+
+
+class Kind(enum.Enum):
+    """The three tensor kinds. ``prefix`` is the prefix of the kind's backend primitives."""
+
+    FLOAT = "Float"
+    INT = "Int"
+    BOOL = "Bool"
+
+    # Identity hashing in C: kinds key the dispatch tables of every op call.
+    __hash__ = object.__hash__
+
+    @property
+    def prefix(self) -> str:
+        return _PREFIX[self]
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+_PREFIX = {Kind.FLOAT: "float", Kind.INT: "int", Kind.BOOL: "bool"}
+
+Float = Kind.FLOAT
+Int = Kind.INT
+Bool = Kind.BOOL
+
+
+class DType(enum.Enum):
+    """Element types. The value is the short name printed and accepted everywhere."""
+
+    F64 = "f64"
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    I64 = "i64"
+    I32 = "i32"
+    I16 = "i16"
+    I8 = "i8"
+    U8 = "u8"
+    BOOL = "bool"
+
+    __hash__ = object.__hash__
+
+    @property
+    def kind(self) -> Kind:
+        return _KIND[self]
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def is_float(self) -> bool:
+        return _KIND[self] is Kind.FLOAT
+
+    @property
+    def is_int(self) -> bool:
+        return _KIND[self] is Kind.INT
+
+    def __repr__(self) -> str:
+        return f"DType.{self.name}"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @staticmethod
+    def parse(value: DType | str) -> DType:
+        """Accepts a DType, its short name (``"f32"``) or a common alias (``"float32"``)."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, str):
+            found = _ALIASES.get(value.lower())
+            if found is not None:
+                return found
+        known = ", ".join(d.value for d in DType)
+        raise DTypeError(f"unknown dtype {value!r}; expected one of {known}")
+
+
+_KIND = {
+    DType.F64: Kind.FLOAT, DType.F32: Kind.FLOAT, DType.F16: Kind.FLOAT, DType.BF16: Kind.FLOAT,
+    DType.I64: Kind.INT, DType.I32: Kind.INT, DType.I16: Kind.INT, DType.I8: Kind.INT,
+    DType.U8: Kind.INT, DType.BOOL: Kind.BOOL,
+}  # fmt: skip
+_ITEMSIZE = {
+    DType.F64: 8, DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4,
+    DType.I16: 2, DType.I8: 1, DType.U8: 1, DType.BOOL: 1,
+}  # fmt: skip
+_ALIASES = {d.value: d for d in DType} | {
+    "float64": DType.F64, "double": DType.F64, "float32": DType.F32, "float": DType.F32,
+    "float16": DType.F16, "half": DType.F16, "bfloat16": DType.BF16, "int64": DType.I64,
+    "long": DType.I64, "int32": DType.I32, "int": DType.I32, "int16": DType.I16,
+    "int8": DType.I8, "uint8": DType.U8, "bool_": DType.BOOL,
+}  # fmt: skip
+
+# Rank of each float dtype when two are combined: f16 with bf16 gives f32, as in PyTorch.
+_FLOAT_RANK = {DType.F16: 1, DType.BF16: 1, DType.F32: 2, DType.F64: 3}
+_INT_ORDER = [DType.U8, DType.I8, DType.I16, DType.I32, DType.I64]
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The dtype two same-kind operands are brought to before a binary op.
+
+    Mirrors PyTorch's promotion within one kind; mixing kinds is rejected by the
+    Tensor layer before this is called.
+
+    >>> promote(DType.F16, DType.BF16)
+    DType.F32
+    """
+    if a is b:
+        return a
+    if a.is_float:
+        ra, rb = _FLOAT_RANK[a], _FLOAT_RANK[b]
+        if ra == rb:
+            return DType.F32
+        return a if ra > rb else b
+    if a is DType.U8 or b is DType.U8:
+        other = b if a is DType.U8 else a
+        # u8 with a signed type needs the next wider signed type, as in PyTorch.
+        return DType.I16 if other is DType.I8 else other
+    return a if _INT_ORDER.index(a) > _INT_ORDER.index(b) else b

@@ -1,0 +1,30 @@
+"""The conformance suite's fixtures: every test here runs once per backend under test.
+
+``EMBER_TEST_BACKENDS`` (comma separated) picks the backends; by default every
+backend whose dependencies are installed runs. A backend or decorator joins the
+suite by adding one entry to ``BACKENDS``: the tests themselves never change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+import ember
+
+BACKENDS: dict[str, Callable[[], ember.Device]] = {
+    "ndarray": lambda: ember.device("ndarray"),
+}
+
+
+def _selected() -> list[str]:
+    wanted = os.environ.get("EMBER_TEST_BACKENDS")
+    return [b.strip() for b in wanted.split(",")] if wanted else list(BACKENDS)
+
+
+@pytest.fixture(params=_selected())
+def device(request) -> ember.Device:
+    """A device of the backend under test (default dtypes f32 / i64)."""
+    return BACKENDS[request.param]()
