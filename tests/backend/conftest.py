@@ -13,9 +13,12 @@ from collections.abc import Callable
 import pytest
 
 import ember
+from ember.backends.trace import Trace
 
 BACKENDS: dict[str, Callable[[], ember.Device]] = {
     "ndarray": lambda: ember.device("ndarray"),
+    # The smallest decorator: every op goes through the generic decorator path.
+    "trace": lambda: ember.device("ndarray").wrap(lambda inner: Trace(inner, on_op=lambda record: None)),
 }
 
 

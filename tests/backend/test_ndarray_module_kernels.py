@@ -506,6 +506,14 @@ def _calls(dtype):
     g_interp = _rand((2, 4, 5, 11), dtype, 6)
     weights, idx = _rand((10, 4), dtype, 7), np.array([[1, 3, 1], [9, 0, 3]])
     g_emb = _rand((2, 3, 4), dtype, 8)
+    x3, w3, wt3 = (
+        _rand((1, 2, 4, 5, 6), dtype, 9),
+        _rand((3, 2, 2, 3, 2), dtype, 10),
+        _rand((2, 3, 2, 2, 3), dtype, 11),
+    )
+    p_max = _pool((3, 3), (1, 1), (1, 1))
+    max_idx = pool.max_pool2d_with_indices(x, p_max)[1]
+    g_max, g_adapt = _rand((2, 4, 9, 8), dtype, 12), _rand((2, 4, 4, 3), dtype, 13)
     tx = _t(x)
     return [
         ("conv2d", lambda: conv.conv2d(x, w, b, ConvOptions((1, 2), (1, 1), (1, 1), 2)), (x, w, b),
@@ -524,6 +532,20 @@ def _calls(dtype):
          _grad_with(lambda t: F.interpolate(t, size=(5, 11), mode="bicubic", align_corners=False), x, g_interp)),
         ("embedding_backward", lambda: resample.embedding_backward(weights, g_emb, idx), (weights, g_emb, idx),
          _grad_with(lambda t: F.embedding(torch.from_numpy(idx), t), weights, g_emb)),
+        ("embedding", lambda: resample.embedding(weights, idx), (weights, idx),
+         F.embedding(torch.from_numpy(idx), _t(weights))),
+        ("conv3d", lambda: conv.conv3d(x3, w3, None, ConvOptions((1, 1, 2), (1, 0, 1), (1, 1, 1))), (x3, w3),
+         F.conv3d(_t(x3), _t(w3), None, (1, 1, 2), (1, 0, 1))),
+        ("conv_transpose3d", lambda: conv.conv_transpose3d(x3, wt3, None, ConvTransposeOptions((2, 1, 2), (1, 0, 0), (0, 0, 1), (1, 1, 1))),
+         (x3, wt3), F.conv_transpose3d(_t(x3), _t(wt3), None, (2, 1, 2), (1, 0, 0), (0, 0, 1))),
+        ("unfold4d", lambda: conv.unfold4d(x, (2, 3), ConvOptions((1, 2), (1, 0), (1, 1))), (x,),
+         F.unfold(tx, (2, 3), 1, (1, 0), (1, 2))),
+        ("max_pool2d_backward", lambda: pool.max_pool2d_with_indices_backward(x, g_max, max_idx, p_max), (x, g_max, max_idx),
+         _grad_with(lambda t: F.max_pool2d(t, 3, 1, 1), x, g_max)),
+        ("adaptive_avg_pool2d_backward", lambda: pool.adaptive_avg_pool2d_backward(x, g_adapt), (x, g_adapt),
+         _grad_with(lambda t: F.adaptive_avg_pool2d(t, (4, 3)), x, g_adapt)),
+        ("pad", lambda: resample.pad(x, PadOptions(((1, 2), (2, 1)), "reflect")), (x,),
+         F.pad(tx, (2, 1, 1, 2), mode="reflect")),
     ]  # fmt: skip
 
 
@@ -545,13 +567,21 @@ def test_half_precision_keeps_dtype(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_kernels_are_pure(dtype):
-    """Inputs are never written to and outputs never alias them."""
-    for name, fn, inputs, _ in _calls(dtype):
+    """Inputs are never written to, outputs never alias them and are C-contiguous."""
+    for name, fn, inputs, ref in _calls(dtype):
         before = [a.copy() for a in inputs]
         out = fn()
+        assert out.flags.c_contiguous and out.flags.writeable, name
         for a, b in zip(inputs, before):
             np.testing.assert_array_equal(a, b, err_msg=name)
             assert not np.shares_memory(out, a), name
+        _close(out, ref, dtype)
+
+
+def test_conv2d_casts_weight_and_bias_to_the_input_dtype():
+    x, w, b = _rand((1, 2, 5, 5), np.float32), _rand((3, 2, 3, 3), seed=1), _rand(3, seed=2)
+    out = conv.conv2d(x, w, b, ConvOptions((1, 1), (1, 1), (1, 1)))
+    _close(out, F.conv2d(_t(x), _t(w), _t(b), 1, 1), np.float32)
 
 
 def test_scratch_reuse_between_calls():

@@ -13,6 +13,7 @@ share buffers freely because no primitive mutates its input.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 
 import ml_dtypes
@@ -27,6 +28,11 @@ from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
 from ember.tensor.dtype import DType
 
+# NumPy warns on overflow, 0/0, log(0), NaN comparisons...; PyTorch returns inf and NaN
+# silently, and so does ember. The filter covers only warnings raised from this package,
+# at no cost per op (np.errstate would cost about a microsecond per call).
+warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"ember\.backends\.ndarray")
+
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
@@ -36,16 +42,6 @@ _LOW_PRECISION = (_F16, _BF16)
 def _array(out) -> np.ndarray:
     # NumPy returns scalars for 0-d results; primitives are always arrays.
     return out if type(out) is np.ndarray else np.asarray(out)
-
-
-def _quiet(fn: Callable) -> Callable:
-    """``fn`` without NumPy's floating-point warnings: like PyTorch, ops return inf/NaN silently."""
-
-    def run(*args):
-        with np.errstate(all="ignore"):
-            return fn(*args)
-
-    return run
 
 
 def _in_f32(fn: Callable) -> Callable:
@@ -84,14 +80,14 @@ def _mean_dim(x, dim):
 # Element-wise ops: one NumPy function serves every kind the table gives the op.
 _ELEMENTWISE: dict[str, Callable] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "max_pair": np.maximum,
-    "min_pair": np.minimum, "atan2": _quiet(np.arctan2),
+    "min_pair": np.minimum, "atan2": np.arctan2,
     "neg": np.negative, "abs": np.abs, "sign": _in_f32(np.sign),  # bf16 sign(-0.0) is -0.0
-    "exp": _quiet(np.exp), "log": _quiet(np.log), "log1p": _quiet(np.log1p),
-    "expm1": _quiet(np.expm1), "erf": erf, "sqrt": _quiet(np.sqrt),
-    "rsqrt": _quiet(lambda x: np.reciprocal(np.sqrt(x))), "recip": _quiet(np.reciprocal),
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "sinh": _quiet(np.sinh),
-    "cosh": _quiet(np.cosh), "tanh": np.tanh, "asin": _quiet(np.arcsin),
-    "acos": _quiet(np.arccos), "atan": np.arctan, "round": np.round, "floor": np.floor,
+    "exp": np.exp, "log": np.log, "log1p": np.log1p,
+    "expm1": np.expm1, "erf": erf, "sqrt": np.sqrt,
+    "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "recip": np.reciprocal,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "sinh": np.sinh,
+    "cosh": np.cosh, "tanh": np.tanh, "asin": np.arcsin,
+    "acos": np.arccos, "atan": np.arctan, "round": np.round, "floor": np.floor,
     "ceil": np.ceil, "trunc": np.trunc, "is_nan": np.isnan, "is_inf": np.isinf,
     "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
     "bitwise_left_shift": np.left_shift, "bitwise_right_shift": np.right_shift,
@@ -102,9 +98,9 @@ _ELEMENTWISE: dict[str, Callable] = {
 }  # fmt: skip
 # Ops whose Float and Int forms differ.
 _BY_KIND: dict[str, tuple[Callable, Callable]] = {
-    "div": (_quiet(np.true_divide), _int_div),
-    "remainder": (_quiet(np.remainder), _quiet(np.remainder)),
-    "pow": (_quiet(np.power), np.power),
+    "div": (np.true_divide, _int_div),
+    "remainder": (np.remainder, np.remainder),
+    "pow": (np.power, np.power),
 }
 _REDUCTIONS: dict[str, Callable] = {
     "sum": _in_f32(_sum),
@@ -113,9 +109,11 @@ _REDUCTIONS: dict[str, Callable] = {
     "prod_dim": _in_f32(lambda x, d: np.prod(x, axis=d, keepdims=True, dtype=x.dtype)),
     "mean": _in_f32(_mean),
     "mean_dim": _in_f32(_mean_dim),
-    "max": _quiet(np.max), "min": _quiet(np.min),  # NaN propagates without a warning
-    "max_dim": _quiet(lambda x, d: np.max(x, axis=d, keepdims=True)),
-    "min_dim": _quiet(lambda x, d: np.min(x, axis=d, keepdims=True)),
+    # ufunc.reduce called here (not np.max) keeps NaN warnings inside the filtered package.
+    "max": lambda x: np.maximum.reduce(x, axis=None),
+    "min": lambda x: np.minimum.reduce(x, axis=None),
+    "max_dim": lambda x, d: np.maximum.reduce(x, axis=d, keepdims=True),
+    "min_dim": lambda x, d: np.minimum.reduce(x, axis=d, keepdims=True),
     "argmax": lambda x, d: np.argmax(x, axis=d, keepdims=True),
     "argmin": lambda x, d: np.argmin(x, axis=d, keepdims=True),
     "any": np.any, "all": np.all,

@@ -8,8 +8,9 @@ Windows are reduced *separably*: first along the last dim for every row of the
 padded input, then along the rows of that partial result. A ``kh x kw``
 window then costs ``kw + kh`` vectorized passes over arrays about the size of
 the output instead of ``kh * kw``, and no window is ever materialized. Each
-pass is one NumPy call over all batch elements, channels and positions; the
-only Python loops run over kernel taps.
+pass is one NumPy call over all channels and positions of all samples (of a
+cache-sized block of samples, for max pooling); the only other Python loops
+run over kernel taps.
 
 Max pooling reproduces PyTorch's choice of index exactly: the scan order is
 row-major and a value replaces the current maximum when it is greater or NaN,
@@ -103,22 +104,16 @@ class _Geometry:
 
     def first_valid(self, dim: int) -> np.ndarray:
         """Per output, the first in-bounds input position of its window along ``dim``."""
-        st, p, d = self.stride[dim], self.pad[dim], self.dil[dim]
-        start = np.arange(self.out[dim]) * st - p
+        d = self.dil[dim]
+        start = self.starts(dim)
         # Windows starting in the left padding skip whole dilation steps, as PyTorch does.
         return np.where(start < 0, start + (-start + d - 1) // d * d, start)
 
     def counts(self, dim: int, include_pad: bool) -> np.ndarray:
         """Per output, how many taps of its window fall inside the input (or inside the
         padded input, with ``include_pad``): PyTorch's average-pooling divisor factor."""
-        st, p, d, k, size = (
-            self.stride[dim],
-            self.pad[dim],
-            self.dil[dim],
-            self.k[dim],
-            self.size[dim],
-        )
-        pos = (np.arange(self.out[dim]) * st - p)[:, None] + np.arange(k) * d
+        p, size = self.pad[dim], self.size[dim]
+        pos = self.starts(dim)[:, None] + np.arange(self.k[dim]) * self.dil[dim]
         lo, hi = (-p, size + p) if include_pad else (0, size)
         return ((pos >= lo) & (pos < hi)).sum(axis=1)
 

@@ -55,6 +55,8 @@ def _segment_sums(rows: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.nd
     ``rows`` is consumed: the sums are accumulated in place.
     """
     m = keys.shape[0]
+    if m == 0:
+        return keys, rows
     starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
     lengths = np.diff(np.append(starts, m))
     longest = int(lengths.max()) if m else 0
@@ -205,7 +207,8 @@ def interpolate_backward(
     (h, w), (oh, ow) = x.shape[2:], output_size
     g = grad.astype(_work_dtype(dtype), copy=False)
     g = _resample_axis_transposed(g, 2, *_taps(h, oh, options), h)
-    return _finish(_resample_axis_transposed(g, 3, *_taps(w, ow, options), w), dtype)
+    g = _resample_axis_transposed(g, 3, *_taps(w, ow, options), w)
+    return _finish(np.ascontiguousarray(g), dtype)
 
 
 # ---------------------------------------------------------------- padding
