@@ -653,3 +653,18 @@ def test_embedding_backward(device, index_shape, dtype):
     w_prim, grad_prim, idx_prim = _prims(device, dtype, weights, grad, indices)
     out = device.backend.embedding_backward(w_prim, grad_prim, idx_prim)
     _assert_backend_result(device, out, expected, dtype)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: module.adaptive_avg_pool2d(x, (2, 2)),
+        lambda x: module.adaptive_max_pool2d(x, (2, 2)),
+        lambda x: module.interpolate(x, (2, 2), "bilinear"),
+    ],
+    ids=["adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate"],
+)
+def test_resizing_an_empty_spatial_dim_raises(device, call):
+    x = Tensor.zeros([1, 1, 0, 4], device)
+    with pytest.raises(ember.ShapeError, match=r"input \[1, 1, 0, 4\] has an empty spatial dim"):
+        call(x)

@@ -469,8 +469,14 @@ def max_pool_backward(op: str, x: AVal, grad: AVal, indices: AVal, options: Pool
     return x
 
 
-def adaptive_pool(op: str, x: AVal, output_size: tuple[int, ...]) -> AVal:
+def _resizable(op: str, x: AVal, output_size: tuple[int, ...]) -> None:
     _spatial(op, x, len(output_size))
+    if 0 in x.shape[2:]:
+        raise ShapeError(f"{op}: input {fmt_shape(x.shape)} has an empty spatial dim")
+
+
+def adaptive_pool(op: str, x: AVal, output_size: tuple[int, ...]) -> AVal:
+    _resizable(op, x, output_size)
     if any(o <= 0 for o in output_size):
         raise ArgumentError(f"{op}: output size {list(output_size)} must be positive")
     return AVal(x.shape[:2] + tuple(output_size), x.dtype)
@@ -492,7 +498,7 @@ def embedding_backward(op: str, weights: AVal, grad: AVal, indices: AVal) -> AVa
 
 
 def interpolate(op: str, x: AVal, output_size: tuple[int, ...], options: InterpolateOptions) -> AVal:
-    _spatial(op, x, len(output_size))
+    _resizable(op, x, output_size)
     if options.mode not in ("nearest", "bilinear", "bicubic"):
         raise ArgumentError(f"{op}: unknown mode {options.mode!r}; expected nearest, bilinear or bicubic")
     if any(o <= 0 for o in output_size):

@@ -74,7 +74,7 @@ _MAX_FULL_ROW_WASTE = 1.5
 _COLS_BUDGET_BYTES = 1 << 20
 
 # Scratch arrays larger than this are allocated per call instead of kept between calls.
-_SCRATCH_MAX_BYTES = 1 << 25
+_SCRATCH_MAX_BYTES = 1 << 24
 
 _local = threading.local()
 
@@ -205,18 +205,21 @@ def _conv_into(
             ss[-1] if full_row else ss[-1] * stride[-1],
         )
 
-    x_strides = window_strides(x)
-    pad_strides = window_strides(pad_buf) if pad_buf is not None else None
+    # The windows as strided views, built once (as_strided costs microseconds a call).
+    window = (g, cg, *ks, *out[:-1], last)
+    x_windows = as_strided(x, (n, *window), window_strides(x)) if in_place else None
+    pad_windows = None
+    if pad_buf is not None:
+        pad_windows = as_strided(pad_buf, (chunk, *window), window_strides(pad_buf))
     direct = last == out[-1] and dest.flags.c_contiguous
     res = None if direct else _scratch("res", (chunk, o, length), wd)
-    window = (g, cg, *ks, *out[:-1], last)
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
         if in_place and (not slack or start + m < n):
-            view = as_strided(x[start:], (m, *window), x_strides)
+            view = x_windows[start : start + m]
         else:
             np.copyto(pad_inner[:m], x[start : start + m])
-            view = as_strided(pad_buf, (m, *window), pad_strides)
+            view = pad_windows[:m]
         np.copyto(target[:m], view)
         block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
         np.matmul(w, cols_mat[:m], out=block if g == 1 else block.reshape(m, g, og, length))
