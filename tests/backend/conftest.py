@@ -19,7 +19,15 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     "ndarray": lambda: ember.device("ndarray"),
     # The smallest decorator: every op goes through the generic decorator path.
     "trace": lambda: ember.device("ndarray").wrap(lambda inner: Trace(inner, on_op=lambda record: None)),
+    "torch": lambda: ember.device("torch"),
+    "torch-cuda": lambda: _cuda_device(),
 }
+
+
+def _cuda_device() -> ember.Device:
+    if ember.device_count("torch", "cuda") == 0:
+        pytest.skip("no CUDA device: the suite's torch-cuda cases run only where torch sees a GPU")
+    return ember.device("torch", "cuda:0")
 
 
 def _selected() -> list[str]:

@@ -24,3 +24,12 @@ __all__ = [
     "ShapeError", "UnsupportedError", "default_device", "device", "device_count", "ops",
     "register_backend",
 ]  # fmt: skip
+
+
+def __getattr__(name: str):
+    # Optional backends load on first use: ``from ember.backend import Torch`` needs torch.
+    if name == "Torch":
+        from ember.backends.torch import Torch
+
+        return Torch
+    raise AttributeError(f"module 'ember.backend' has no attribute {name!r}")

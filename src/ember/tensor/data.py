@@ -113,6 +113,11 @@ class TensorData:
         view.flags.writeable = False
         return view
 
+    def buffer(self) -> np.ndarray:
+        """The underlying array itself, shared: for backends that wrap host memory without a
+        copy. Nobody may write to it, since TensorData and tensors never change."""
+        return self._array
+
     def tolist(self) -> Any:
         """Nested Python lists (a Python scalar for rank 0)."""
         if self._array.dtype == _TO_NUMPY[DType.BF16]:

@@ -1,0 +1,443 @@
+"""Torch: a backend whose primitives are ``torch.Tensor``s (CPU, CUDA, MPS).
+
+A thin mapping: most primitives are one torch function per op name, installed
+for every kind of the op from the tables below; the module ops map to
+``torch.nn.functional`` and their backward helpers to the ATen kernels PyTorch
+itself uses. No torch autograd runs here: gradients come from ember's own
+Autodiff decorator, as Burn's autodiff wraps LibTorch.
+
+Host data moves through TensorData without copies where torch and NumPy can
+share memory (CPU tensors). Primitives are never written in place.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ember.backend.base import Backend, DTypeUsage
+from ember.backend.device import Device
+from ember.backend.ops import OPS
+from ember.backend.options import (
+    ConvOptions,
+    ConvTransposeOptions,
+    InterpolateOptions,
+    PadOptions,
+    PoolOptions,
+)
+from ember.tensor.data import TensorData
+from ember.tensor.distribution import Distribution
+from ember.tensor.dtype import DType
+
+# TensorData buffers are shared read-only; torch warns about that once, but no primitive
+# ever writes to its input, so the shared memory is never modified.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+_TO_TORCH: dict[DType, torch.dtype] = {
+    DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
+    DType.BF16: torch.bfloat16, DType.I64: torch.int64, DType.I32: torch.int32,
+    DType.I16: torch.int16, DType.I8: torch.int8, DType.U8: torch.uint8, DType.BOOL: torch.bool,
+}  # fmt: skip
+_FROM_TORCH: dict[torch.dtype, DType] = {v: k for k, v in _TO_TORCH.items()}
+_BF16_NUMPY = np.dtype(ml_dtypes.bfloat16)
+_LONG = torch.int64
+
+
+def _long(indices: torch.Tensor) -> torch.Tensor:
+    # gather, scatter and embedding take int64 indices only.
+    return indices if indices.dtype == _LONG else indices.long()
+
+
+def _mean(x: torch.Tensor, *dim) -> torch.Tensor:
+    if x.is_floating_point():
+        return torch.mean(x, *dim, **({"keepdim": True} if dim else {}))
+    # Int mean truncates toward zero, as NdArray's does.
+    total = torch.sum(x, *dim, **({"keepdim": True} if dim else {}), dtype=torch.float64)
+    count = x.shape[dim[0]] if dim else x.numel()
+    return torch.trunc(total / count).to(x.dtype)
+
+
+def _trunc_div(a, b):
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+# Element-wise ops: one torch function serves every kind the table gives the op; the
+# ``_scalar`` and ``_elem`` forms take a Python number in place of the second tensor.
+_ELEMENTWISE: dict[str, Callable] = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "remainder": torch.remainder,
+    "pow": torch.pow, "atan2": torch.atan2, "neg": torch.neg, "abs": torch.abs,
+    "sign": torch.sign, "exp": torch.exp, "log": torch.log, "log1p": torch.log1p,
+    "expm1": torch.expm1, "erf": torch.erf, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+    "recip": torch.reciprocal, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
+    "sinh": torch.sinh, "cosh": torch.cosh, "tanh": torch.tanh, "asin": torch.asin,
+    "acos": torch.acos, "atan": torch.atan, "round": torch.round, "floor": torch.floor,
+    "ceil": torch.ceil, "trunc": torch.trunc, "is_nan": torch.isnan, "is_inf": torch.isinf,
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+    "bitwise_xor": torch.bitwise_xor, "bitwise_left_shift": torch.bitwise_left_shift,
+    "bitwise_right_shift": torch.bitwise_right_shift, "bitwise_not": torch.bitwise_not,
+    "and": torch.logical_and, "or": torch.logical_or, "xor": torch.logical_xor,
+    "not": torch.logical_not, "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt,
+    "greater_equal": torch.ge, "lower": torch.lt, "lower_equal": torch.le,
+    "max_pair": torch.maximum, "min_pair": torch.minimum,
+}  # fmt: skip
+# Where the scalar form needs another function than the tensor form.
+_SCALAR: dict[str, Callable] = {"max_pair_scalar": torch.clamp_min, "min_pair_scalar": torch.clamp_max}
+# Ops whose Float and Int forms differ.
+_BY_KIND: dict[str, tuple[Callable, Callable]] = {"div": (torch.div, _trunc_div)}
+_REDUCTIONS: dict[str, Callable] = {
+    "sum": lambda x: torch.sum(x, dtype=x.dtype),
+    "sum_dim": lambda x, d: torch.sum(x, d, keepdim=True, dtype=x.dtype),
+    "prod": lambda x: torch.prod(x, dtype=x.dtype),
+    "prod_dim": lambda x, d: torch.prod(x, d, keepdim=True, dtype=x.dtype),
+    "mean": _mean,
+    "mean_dim": _mean,
+    "max": torch.amax, "min": torch.amin,
+    "max_dim": lambda x, d: torch.amax(x, d, keepdim=True),
+    "min_dim": lambda x, d: torch.amin(x, d, keepdim=True),
+    "argmax": lambda x, d: torch.argmax(x, d, keepdim=True),
+    "argmin": lambda x, d: torch.argmin(x, d, keepdim=True),
+    # torch.any / all of uint8 give uint8
+    "any": lambda x: torch.any(x).bool(), "all": lambda x: torch.all(x).bool(),
+    "any_dim": lambda x, d: torch.any(x, d, keepdim=True).bool(),
+    "all_dim": lambda x, d: torch.all(x, d, keepdim=True).bool(),
+    "cumsum": lambda x, d: torch.cumsum(x, d, dtype=x.dtype),
+    "cumprod": lambda x, d: torch.cumprod(x, d, dtype=x.dtype),
+}  # fmt: skip
+
+_GENERATORS: dict[tuple[str, int], torch.Generator] = {}
+_GENERATOR_LOCK = threading.Lock()
+_PAD_MODE = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+_aten = torch.ops.aten
+
+
+class Torch(Backend):
+    """The PyTorch backend: ``cpu``, ``cuda:N`` and (where torch has it) ``mps`` devices.
+
+    Example:
+        >>> import ember
+        >>> ember.device("torch").backend.name
+        'torch'
+    """
+
+    name = "torch"
+    places = ("cpu", "cuda", "mps")
+
+    def __init__(self, float_dtype: DType | str = DType.F32, int_dtype: DType | str = DType.I64):
+        super().__init__(float_dtype, int_dtype)
+        self._torch_devices: dict[tuple[str, int], torch.device] = {}
+
+    # ------------------------------------------------------------ devices
+    def device_count(self, place: str = "cpu") -> int:
+        if place == "cpu":
+            return 1
+        if place == "cuda":
+            return torch.cuda.device_count()
+        if place == "mps":
+            return int(torch.backends.mps.is_available())
+        return 0
+
+    def torch_device(self, device: Device) -> torch.device:
+        """The ``torch.device`` of an ember device."""
+        key = (device.place, device.index)
+        found = self._torch_devices.get(key)
+        if found is None:
+            found = torch.device("cpu") if device.place == "cpu" else torch.device(device.place, device.index)
+            self._torch_devices[key] = found
+        return found
+
+    def device_of(self, x: torch.Tensor) -> Device:
+        place = x.device.type
+        return Device(self, place, x.device.index or 0)
+
+    def seed(self, device: Device, seed: int) -> None:
+        generator = torch.Generator(device=self.torch_device(device))
+        generator.manual_seed(seed)
+        with _GENERATOR_LOCK:
+            _GENERATORS[(device.place, device.index)] = generator
+
+    def _generator(self, device: Device) -> torch.Generator:
+        key = (device.place, device.index)
+        with _GENERATOR_LOCK:
+            if key not in _GENERATORS:
+                generator = torch.Generator(device=self.torch_device(device))
+                generator.seed()  # unseeded devices draw a fresh seed, like NumPy's default_rng()
+                _GENERATORS[key] = generator
+            return _GENERATORS[key]
+
+    def sync(self, device: Device) -> None:
+        if device.place == "cuda":
+            torch.cuda.synchronize(self.torch_device(device))
+        elif device.place == "mps":
+            torch.mps.synchronize()
+
+    def dtype_usage(self, device: Device, dtype: DType) -> DTypeUsage:
+        usage = DTypeUsage.general()
+        if device.place == "cuda":
+            if dtype is DType.BF16 and not torch.cuda.is_bf16_supported():
+                return DTypeUsage.STORAGE
+            if dtype in (DType.F32, DType.F16, DType.BF16):
+                usage |= DTypeUsage.ACCELERATED
+        elif device.place == "mps" and dtype is DType.F64:
+            return DTypeUsage(0)  # Metal has no float64
+        elif dtype in (DType.F32, DType.F64):
+            usage |= DTypeUsage.ACCELERATED
+        return usage
+
+    # ------------------------------------------------------------ metadata
+    def shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def dtype(self, x: torch.Tensor) -> DType:
+        return _FROM_TORCH[x.dtype]
+
+    # ------------------------------------------------------------ creation and data
+    def _from_data(self, data: TensorData, device: Device) -> torch.Tensor:
+        array = data.buffer()
+        if array.dtype == _BF16_NUMPY:
+            tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(array)
+        return tensor if device.place == "cpu" else tensor.to(self.torch_device(device))
+
+    def _into_data(self, x: torch.Tensor) -> TensorData:
+        x = x.detach().cpu().contiguous()  # no copy for contiguous CPU tensors
+        if x.dtype == torch.bfloat16:
+            return TensorData._wrap(x.view(torch.int16).numpy().view(_BF16_NUMPY))
+        return TensorData._wrap(x.numpy())
+
+    def _to_device(self, x: torch.Tensor, device: Device) -> torch.Tensor:
+        return x.to(self.torch_device(device))
+
+    def _empty(self, shape, device, dtype: DType) -> torch.Tensor:
+        return torch.empty(shape, dtype=_TO_TORCH[dtype], device=self.torch_device(device))
+
+    def _full(self, shape, value, device, dtype: DType) -> torch.Tensor:
+        return torch.full(shape, value, dtype=_TO_TORCH[dtype], device=self.torch_device(device))
+
+    def _cast(self, x: torch.Tensor, dtype: DType) -> torch.Tensor:
+        return x.to(_TO_TORCH[dtype])
+
+    def float_random(self, shape, distribution: Distribution, device, dtype: DType) -> torch.Tensor:
+        generator, target = self._generator(device), self.torch_device(device)
+        kind, a, b = distribution.kind, distribution.a, distribution.b
+        if kind == "normal":
+            out = torch.randn(shape, generator=generator, device=target, dtype=torch.float64) * b + a
+        else:
+            out = torch.rand(shape, generator=generator, device=target, dtype=torch.float64)
+            if kind == "bernoulli":
+                out = (out < a).double()
+            elif kind == "uniform":
+                out = out * (b - a) + a
+        result = out.to(_TO_TORCH[dtype])
+        if kind in ("default", "uniform"):
+            # Rounding to a narrow dtype (f16, bf16) can reach ``high``: keep [low, high) half-open.
+            high = torch.tensor(1.0 if kind == "default" else b, dtype=result.dtype, device=target)
+            low = torch.tensor(0.0 if kind == "default" else a, dtype=result.dtype, device=target)
+            result = torch.minimum(result, torch.nextafter(high, low))
+        return result
+
+    def int_random(self, shape, distribution: Distribution, device, dtype: DType) -> torch.Tensor:
+        """Int sampling, as NdArray: Default a fair 0/1 coin, Uniform integers in [low, high),
+        Bernoulli 0/1, Normal rounded to the nearest integer."""
+        generator, target = self._generator(device), self.torch_device(device)
+        kind, a, b = distribution.kind, distribution.a, distribution.b
+        if kind == "uniform":
+            low, high = int(np.ceil(a)), int(np.ceil(b))
+            out = torch.randint(low, high, shape, generator=generator, device=target)
+        elif kind == "normal":
+            out = torch.round(torch.randn(shape, generator=generator, device=target, dtype=torch.float64) * b + a)
+        elif kind == "bernoulli":
+            out = torch.rand(shape, generator=generator, device=target) < a
+        else:
+            out = torch.randint(0, 2, shape, generator=generator, device=target)
+        return out.to(_TO_TORCH[dtype])
+
+    def int_arange(self, start: int, end: int, step: int, device, dtype: DType) -> torch.Tensor:
+        if (end - start) * step <= 0:  # torch rejects a step pointing away from the end
+            return torch.empty(0, dtype=_TO_TORCH[dtype], device=self.torch_device(device))
+        return torch.arange(start, end, step, dtype=_TO_TORCH[dtype], device=self.torch_device(device))
+
+    # ------------------------------------------------------------ element-wise
+    def _clamp(self, x, low, high):
+        return torch.clamp(x, low, high)
+
+    def _mask_where(self, x, mask, value):
+        return torch.where(mask, value, x)
+
+    def _mask_fill(self, x, mask, value):
+        return torch.where(mask, torch.tensor(value, dtype=x.dtype, device=x.device), x)
+
+    # ------------------------------------------------------------ sorting
+    def _sort_with_indices(self, x, dim: int, descending: bool):
+        values, indices = torch.sort(x, dim=dim, descending=descending, stable=True)
+        return values, indices
+
+    # ------------------------------------------------------------ layout
+    def _reshape(self, x, shape):
+        return torch.reshape(x, shape)
+
+    def _permute(self, x, axes):
+        return torch.permute(x, axes)
+
+    def _expand(self, x, shape):
+        return x.expand(shape)
+
+    def _flip(self, x, axes):
+        return torch.flip(x, axes) if axes else x
+
+    def _slice(self, x, ranges):
+        return x[tuple(slice(start, stop, step) for start, stop, step in ranges)]
+
+    def _slice_assign(self, x, values, ranges):
+        out = x.clone()
+        out[tuple(slice(start, stop, step) for start, stop, step in ranges)] = values
+        return out
+
+    def _cat(self, tensors, dim):
+        return torch.cat(tensors, dim)
+
+    def _repeat_dim(self, x, dim, times):
+        reps = [1] * x.dim()
+        reps[dim] = times
+        return x.repeat(reps)
+
+    def bool_argwhere(self, x):
+        return torch.argwhere(x)
+
+    # ------------------------------------------------------------ indexing
+    def _gather(self, x, indices, dim):
+        return torch.gather(x, dim, _long(indices))
+
+    def _scatter_add(self, x, indices, values, dim):
+        return x.scatter_add(dim, _long(indices), values)
+
+    def _select(self, x, indices, dim):
+        return torch.index_select(x, dim, _long(indices))
+
+    def _select_assign(self, x, indices, values, dim):
+        return x.index_add(dim, _long(indices), values)
+
+    def _matmul(self, a, b):
+        return torch.matmul(a, b)
+
+    # ------------------------------------------------------------ module ops
+    def conv2d(self, x, weight, bias, o: ConvOptions):
+        return F.conv2d(x, weight, bias, o.stride, o.padding, o.dilation, o.groups)
+
+    def conv3d(self, x, weight, bias, o: ConvOptions):
+        return F.conv3d(x, weight, bias, o.stride, o.padding, o.dilation, o.groups)
+
+    def conv_transpose2d(self, x, weight, bias, o: ConvTransposeOptions):
+        return F.conv_transpose2d(x, weight, bias, o.stride, o.padding, o.padding_out, o.groups, o.dilation)
+
+    def conv_transpose3d(self, x, weight, bias, o: ConvTransposeOptions):
+        return F.conv_transpose3d(x, weight, bias, o.stride, o.padding, o.padding_out, o.groups, o.dilation)
+
+    def unfold4d(self, x, kernel_size, o: ConvOptions):
+        return F.unfold(x, kernel_size, o.dilation, o.padding, o.stride)
+
+    def avg_pool2d(self, x, o: PoolOptions):
+        return F.avg_pool2d(x, o.kernel_size, o.stride, o.padding, o.ceil_mode, o.count_include_pad)
+
+    def avg_pool2d_backward(self, x, grad, o: PoolOptions):
+        return _aten.avg_pool2d_backward(grad, x, o.kernel_size, o.stride, o.padding, o.ceil_mode,
+                                         o.count_include_pad, None)  # fmt: skip
+
+    def max_pool2d_with_indices(self, x, o: PoolOptions):
+        return F.max_pool2d(x, o.kernel_size, o.stride, o.padding, o.dilation, o.ceil_mode, return_indices=True)
+
+    def max_pool2d_with_indices_backward(self, x, grad, indices, o: PoolOptions):
+        return _aten.max_pool2d_with_indices_backward(grad, x, o.kernel_size, o.stride, o.padding,
+                                                      o.dilation, o.ceil_mode, indices)  # fmt: skip
+
+    def adaptive_avg_pool2d(self, x, output_size):
+        return F.adaptive_avg_pool2d(x, output_size)
+
+    def adaptive_avg_pool2d_backward(self, x, grad):
+        return _aten._adaptive_avg_pool2d_backward(grad, x)
+
+    def adaptive_max_pool2d(self, x, output_size):
+        return F.adaptive_max_pool2d(x, output_size)
+
+    def embedding(self, weights, indices):
+        return F.embedding(_long(indices), weights)
+
+    def embedding_backward(self, weights, grad, indices):
+        return _aten.embedding_dense_backward(grad, _long(indices), weights.shape[0], -1, False)
+
+    def interpolate(self, x, output_size, o: InterpolateOptions):
+        if o.mode == "nearest":
+            return F.interpolate(x, size=output_size, mode="nearest")
+        return F.interpolate(x, size=output_size, mode=o.mode, align_corners=o.align_corners)
+
+    def interpolate_backward(self, x, grad, output_size, o: InterpolateOptions):
+        size = list(output_size)
+        if o.mode == "nearest":
+            return _aten.upsample_nearest2d_backward(grad, size, list(x.shape), None, None)
+        backward = _aten.upsample_bilinear2d_backward if o.mode == "bilinear" else _aten.upsample_bicubic2d_backward
+        return backward(grad, size, list(x.shape), o.align_corners, None, None)
+
+    def _pad(self, x, o: PadOptions):
+        flat = [side for pair in reversed(o.pads) for side in pair]
+        if o.mode == "constant":
+            return F.pad(x, flat, "constant", o.value)
+        # torch's reflect / replicate pad the trailing dims of a [N, C, ...] input.
+        lead = x.shape[: x.dim() - len(o.pads)]
+        y = x.reshape((1, -1) + tuple(x.shape[len(lead) :]))
+        y = F.pad(y, flat, _PAD_MODE[o.mode])
+        return y.reshape(tuple(lead) + tuple(y.shape[2:]))
+
+    # ------------------------------------------------------------ faster composites
+    def relu(self, x):
+        return torch.relu(x)
+
+    def sigmoid(self, x):
+        return torch.sigmoid(x)
+
+    def gelu(self, x):
+        return F.gelu(x)
+
+    def gelu_tanh(self, x):
+        return F.gelu(x, approximate="tanh")
+
+    def silu(self, x):
+        return F.silu(x)
+
+    def softmax(self, x, dim):
+        return torch.softmax(x, dim)
+
+    def log_softmax(self, x, dim):
+        return torch.log_softmax(x, dim)
+
+
+def _install() -> None:
+    """Binds every table primitive Torch implements by a torch function or a ``_name`` method."""
+    for op in OPS.values():
+        base = op.name.removesuffix("_scalar").removesuffix("_elem")
+        for kind, name in op.primitive_names():
+            written = Torch.__dict__.get(name)
+            if written is not None and not getattr(written, "__ember_missing__", False):
+                continue  # written out in the class body
+            if op.name in _SCALAR:
+                fn = _SCALAR[op.name]
+            elif base in _ELEMENTWISE:
+                fn = _ELEMENTWISE[base]
+            elif base in _BY_KIND:
+                fn = _BY_KIND[base][kind.prefix == "int"]
+            elif op.name in _REDUCTIONS:
+                fn = _REDUCTIONS[op.name]
+            elif f"_{op.name}" in Torch.__dict__:
+                setattr(Torch, name, Torch.__dict__[f"_{op.name}"])
+                continue
+            else:
+                continue
+            setattr(Torch, name, staticmethod(fn))
+
+
+_install()
