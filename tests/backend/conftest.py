@@ -20,6 +20,8 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     # The smallest decorator: every op goes through the generic decorator path.
     "trace": lambda: ember.device("ndarray").wrap(lambda inner: Trace(inner, on_op=lambda record: None)),
     "torch": lambda: ember.device("torch"),
+    "autodiff": lambda: ember.device("ndarray").autodiff(),
+    "autodiff-torch": lambda: ember.device("torch").autodiff(),
     "torch-cuda": lambda: _cuda_device(),
 }
 

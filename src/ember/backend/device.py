@@ -47,6 +47,12 @@ class Device:
             return self
         return Device(inner, self.place, self.index)
 
+    def autodiff(self) -> Device:
+        """This place with gradients: the backend wrapped in the Autodiff decorator."""
+        from ember.backends.autodiff import Autodiff
+
+        return self.wrap(Autodiff)
+
     def seed(self, seed: int) -> None:
         """Seeds this device's random generator."""
         self.backend.seed(self, seed)

@@ -336,6 +336,79 @@ class Tensor:
     def from_full_precision(self, dtype: DType | str) -> Tensor:
         return self.cast(dtype)
 
+    # ================================================================ autodiff
+    def _autodiff(self, what: str):
+        backend = self._device.backend
+        if not hasattr(backend, "backward"):
+            raise UnsupportedError(
+                f"{what} needs an autodiff backend; {backend.name!r} has none: use a device from "
+                "device.autodiff() (e.g. ember.device('ndarray').autodiff())"
+            )
+        return backend
+
+    def require_grad(self) -> Tensor:
+        """This Float tensor as a leaf whose gradient ``backward()`` computes."""
+        return self.set_require_grad(True)
+
+    def set_require_grad(self, flag: bool) -> Tensor:
+        backend = self._autodiff("require_grad")
+        return _wrap(backend.set_require_grad(self._prim, bool(flag)), self._device, self._kind)
+
+    def is_require_grad(self) -> bool:
+        """Whether gradients flow to or through this tensor (False off an autodiff backend)."""
+        backend = self._device.backend
+        return hasattr(backend, "backward") and backend.is_require_grad(self._prim)
+
+    def detach(self) -> Tensor:
+        """The same values, cut from the graph: no gradient flows through the result."""
+        backend = self._device.backend
+        if not hasattr(backend, "backward"):
+            return self
+        return _wrap(backend.detach(self._prim), self._device, self._kind)
+
+    def backward(self):
+        """Gradients of this tensor (summed, if not a scalar) w.r.t. every tracked leaf.
+
+        Returns a ``Gradients`` container; read one gradient with ``leaf.grad(grads)``.
+        """
+        if self._kind is not Kind.FLOAT:
+            raise KindError(f"backward: needs a Float tensor, got {self._kind.value}")
+        return self._autodiff("backward").backward(self._prim)
+
+    def grad(self, grads) -> Tensor | None:
+        """This leaf's gradient in ``grads``, on the inner (non-autodiff) device; None if absent."""
+        backend = self._autodiff("grad")
+        prim = backend.grad(self._prim, grads)
+        return None if prim is None else _wrap(prim, self._device.inner(), Kind.FLOAT)
+
+    def grad_remove(self, grads) -> Tensor | None:
+        """Takes this leaf's gradient out of ``grads``."""
+        backend = self._autodiff("grad_remove")
+        prim = backend.grad_remove(self._prim, grads)
+        return None if prim is None else _wrap(prim, self._device.inner(), Kind.FLOAT)
+
+    def grad_replace(self, grads, grad: Tensor) -> None:
+        """Sets this leaf's gradient in ``grads`` (a tensor on the inner device)."""
+        backend = self._autodiff("grad_replace")
+        if grad.shape != self.shape:
+            raise ShapeError(f"grad_replace: gradient shape {fmt_shape(grad.shape)} != tensor shape {fmt_shape(self.shape)}")
+        backend.grad_replace(self._prim, grads, grad._prim)
+
+    def inner(self) -> Tensor:
+        """The same values on the inner backend (no graph); self off an autodiff backend."""
+        backend = self._device.backend
+        if not hasattr(backend, "backward"):
+            return self
+        return _wrap(backend.inner_primitive(self._prim), self._device.inner(), self._kind)
+
+    @staticmethod
+    def from_inner(tensor: Tensor, device: Device) -> Tensor:
+        """A tensor of the inner backend as an untracked tensor of autodiff ``device``."""
+        backend = device.backend
+        if not hasattr(backend, "backward"):
+            raise UnsupportedError(f"from_inner: {backend.name!r} is not an autodiff backend")
+        return _wrap(backend.from_inner(tensor._prim), device, tensor._kind)
+
     # ================================================================ dispatch helpers
     def _unary(self, op: OpDef, *attrs, kind: Kind | None = None) -> Tensor:
         prim = getattr(self._device.backend, _primitive(op, self._kind))(self._prim, *attrs)

@@ -1,0 +1,156 @@
+"""Autodiff: a backend decorator that gives any backend gradients.
+
+Every op reaches :meth:`Autodiff.call`, the one generic path of the decorator:
+it runs the op on the inner backend and, when a differentiable input is
+tracked, records a graph node with the op's backward rule (from
+``rules/``) and what that rule asked to keep. Composite ops with a rule of
+their own (softmax, gelu, ...) run as one inner op; the others decompose into
+primitives here, so only primitives need rules.
+
+Ops on untracked tensors record nothing and keep nothing. Int and Bool results
+are never tracked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ember.backend.base import Backend
+from ember.backend.decorator import Decorator
+from ember.backend.device import Device
+from ember.backend.errors import UnsupportedError
+from ember.backend.ops import OpDef
+from ember.backends.autodiff import rules as _rules  # noqa: F401  (registers every rule)
+from ember.backends.autodiff.graph import Gradients, Node, TrackedTensor, backward
+from ember.backends.autodiff.rule import RULES, Saved
+
+
+class Autodiff(Decorator):
+    """Wraps ``inner`` so that ``backward()`` works on its tensors.
+
+    Args:
+        inner: any backend (NdArray, Torch, ...).
+
+    Example:
+        >>> import ember
+        >>> from ember import Tensor
+        >>> device = ember.device("ndarray").autodiff()
+        >>> x = Tensor.from_data([1.0, 2.0], device).require_grad()
+        >>> grads = (x * x).sum().backward()
+        >>> x.grad(grads).tolist()
+        [2.0, 4.0]
+    """
+
+    prefix = "autodiff"
+
+    @classmethod
+    def forward_composite(cls, op: OpDef) -> bool:
+        return op.name in RULES
+
+    # ------------------------------------------------------------ the generic path
+    def call(self, op: OpDef, name: str, args: tuple) -> Any:
+        inner_args = list(args)
+        parents: list[Node | None] = []
+        for i, role in enumerate(op.inputs[: len(args)]):
+            value = args[i]
+            if role == "*tensors":
+                inner_args[i] = [t.primitive for t in value]
+                parents.extend(t.node for t in value)
+            elif value is None:
+                parents.append(None)
+            else:
+                inner_args[i] = value.primitive
+                parents.append(value.node)
+        for i in range(len(op.inputs), len(args)):
+            if isinstance(args[i], Device):
+                inner_args[i] = self.inner_device(args[i])
+
+        out = getattr(self.inner, name)(*inner_args)
+        if op.name == "into_data":
+            return out
+        first = out[0] if isinstance(out, tuple) else out
+        node = None
+        if any(p is not None for p in parents) and self.inner.dtype(first).is_float:
+            node = self._record(op, parents, inner_args, out)
+        if isinstance(out, tuple):
+            return (TrackedTensor(first, node), *(TrackedTensor(o) for o in out[1:]))
+        return TrackedTensor(out, node)
+
+    def _record(self, op: OpDef, parents: list, inner_args: list, out: Any) -> Node:
+        rule = RULES.get(op.name)
+        if rule is None:
+            raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
+        n = len(op.inputs)
+        inputs = _flatten_inputs(op, inner_args[:n])
+        inner = self.inner
+        shapes = tuple(None if x is None else inner.shape(x) for x in inputs)
+        dtypes = tuple(None if x is None else inner.dtype(x) for x in inputs)
+        saved = Saved(
+            tuple(inputs) if rule.keep_inputs else None,
+            out if rule.keep_output else None,
+            tuple(inner_args[n:]),
+            shapes,
+            dtypes,
+        )
+        fn = rule.fn
+        return Node(op.name, tuple(parents), lambda g, s: fn(inner, g, s), saved)
+
+    # ------------------------------------------------------------ tracked tensors
+    def wrap(self, inner_prim: Any) -> TrackedTensor:
+        return TrackedTensor(inner_prim)
+
+    def unwrap(self, prim: TrackedTensor) -> Any:
+        return prim.primitive
+
+    def set_require_grad(self, x: TrackedTensor, flag: bool) -> TrackedTensor:
+        if not flag:
+            return TrackedTensor(x.primitive)
+        if not self.inner.dtype(x.primitive).is_float:
+            from ember.backend.errors import KindError
+
+            raise KindError("require_grad: only Float tensors can have gradients")
+        return TrackedTensor(x.primitive, Node("leaf", (), None, None))
+
+    def is_require_grad(self, x: TrackedTensor) -> bool:
+        return x.node is not None
+
+    def detach(self, x: TrackedTensor) -> TrackedTensor:
+        return TrackedTensor(x.primitive)
+
+    def backward(self, x: TrackedTensor) -> Gradients:
+        if x.node is None:
+            raise UnsupportedError(
+                "backward: the tensor does not depend on any tensor that requires gradients "
+                "(call require_grad() on the inputs first)"
+            )
+        inner, prim = self.inner, x.primitive
+        seed = inner.float_ones(inner.shape(prim), inner.device_of(prim), inner.dtype(prim))
+        return backward(x.node, seed, inner.float_add)
+
+    def grad(self, x: TrackedTensor, grads: Gradients) -> Any:
+        return grads.get(x.node)
+
+    def grad_remove(self, x: TrackedTensor, grads: Gradients) -> Any:
+        return grads.remove(x.node)
+
+    def grad_replace(self, x: TrackedTensor, grads: Gradients, grad: Any) -> None:
+        if x.node is None:
+            raise UnsupportedError("grad_replace: the tensor is not tracked (call require_grad() first)")
+        grads.replace(x.node, grad)
+
+    def inner_primitive(self, x: TrackedTensor) -> Any:
+        return x.primitive
+
+    def from_inner(self, prim: Any) -> TrackedTensor:
+        return TrackedTensor(prim)
+
+
+def _flatten_inputs(op: OpDef, tensor_args: list) -> list:
+    """One entry per tensor operand, with the list of ``cat`` spread out."""
+    if op.inputs and op.inputs[0] == "*tensors":
+        return list(tensor_args[0])
+    return list(tensor_args)
+
+
+def is_autodiff(backend: Backend) -> bool:
+    return isinstance(backend, Autodiff)

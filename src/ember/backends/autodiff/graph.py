@@ -1,0 +1,142 @@
+"""The autodiff graph: tracked tensors, nodes, the backward pass and the Gradients container.
+
+A tracked tensor holds the inner backend's primitive and a :class:`Node`. A
+node knows its parents (the nodes of the op's differentiable inputs), the
+backward rule of the op that made it and what that rule saved. Ops on
+untracked tensors make no node and save nothing.
+
+Nodes get increasing ids as they are created, so a child always has a larger
+id than its parents: the backward pass visits the nodes reachable from the
+root in decreasing id order, and each node's gradient is complete when it is
+visited. A node's saved state is dropped as soon as its rule has run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from ember.backend.errors import EmberError
+
+_ids = itertools.count()  # thread-safe under the GIL; ids only need to increase
+
+
+class GraphFreedError(EmberError, RuntimeError):
+    """backward() reached a node whose saved state an earlier backward() already freed."""
+
+
+class Node:
+    """One recorded op (or a leaf, when ``backward`` is None).
+
+    Args:
+        parents: one entry per tensor input of the op: its node, or None when that input is
+            untracked or not differentiable.
+        backward: ``backward(grad, saved) -> tuple`` of one gradient (or None) per input.
+        saved: what ``backward`` needs, captured at forward time.
+    """
+
+    __slots__ = ("backward", "freed", "id", "op", "parents", "saved")
+
+    def __init__(self, op: str, parents: tuple[Node | None, ...], backward: Callable | None, saved: Any):
+        self.id = next(_ids)
+        self.op = op
+        self.parents = parents
+        self.backward = backward
+        self.saved = saved
+        self.freed = False
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.backward is None
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, id={self.id})"
+
+
+class TrackedTensor:
+    """The Autodiff backend's primitive: an inner primitive and, if tracked, its node."""
+
+    __slots__ = ("node", "primitive")
+
+    def __init__(self, primitive: Any, node: Node | None = None) -> None:
+        self.primitive = primitive
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"TrackedTensor({self.node!r})"
+
+
+class Gradients:
+    """The gradients of one backward pass, keyed by leaf node; values are inner primitives.
+
+    Read one with ``tensor.grad(grads)``; parameters are never mutated.
+    """
+
+    __slots__ = ("_grads",)
+
+    def __init__(self) -> None:
+        self._grads: dict[int, Any] = {}
+
+    def get(self, node: Node | None) -> Any:
+        return None if node is None else self._grads.get(node.id)
+
+    def remove(self, node: Node | None) -> Any:
+        return None if node is None else self._grads.pop(node.id, None)
+
+    def replace(self, node: Node, grad: Any) -> None:
+        self._grads[node.id] = grad
+
+    def __len__(self) -> int:
+        return len(self._grads)
+
+    def __contains__(self, node: Node) -> bool:
+        return node.id in self._grads
+
+    def __repr__(self) -> str:
+        return f"Gradients({len(self._grads)} tensors)"
+
+
+def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gradients:
+    """Runs every backward rule reachable from ``root`` once, in reverse creation order.
+
+    Args:
+        root: the node of the tensor ``backward()`` was called on.
+        seed: the gradient of the root (ones of its shape).
+        accumulate: adds two gradients of one node (the inner backend's add).
+    """
+    order = _reachable(root)
+    pending: dict[int, Any] = {root.id: seed}
+    grads = Gradients()
+    for node in order:
+        grad = pending.pop(node.id, None)
+        if grad is None:
+            continue
+        if node.is_leaf:
+            grads.replace(node, grad)
+            continue
+        if node.freed:
+            raise GraphFreedError(
+                f"backward() reached the {node.op!r} node whose saved state was freed by an earlier "
+                "backward(); run the forward pass again to get a new graph"
+            )
+        input_grads = node.backward(grad, node.saved)
+        node.saved, node.freed = None, True  # nothing later needs it
+        for parent, g in zip(node.parents, input_grads):
+            if parent is None or g is None:
+                continue
+            previous = pending.get(parent.id)
+            pending[parent.id] = g if previous is None else accumulate(previous, g)
+    return grads
+
+
+def _reachable(root: Node) -> list[Node]:
+    seen: dict[int, Node] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.id in seen:
+            continue
+        seen[node.id] = node
+        stack.extend(p for p in node.parents if p is not None and p.id not in seen)
+    return sorted(seen.values(), key=lambda n: n.id, reverse=True)
