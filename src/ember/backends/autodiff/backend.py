@@ -18,10 +18,10 @@ from typing import Any
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.device import Device
-from ember.backend.errors import UnsupportedError
+from ember.backend.errors import ArgumentError, UnsupportedError
 from ember.backend.ops import OpDef
 from ember.backends.autodiff import rules as _rules  # noqa: F401  (registers every rule)
-from ember.backends.autodiff.graph import Gradients, Node, TrackedTensor, backward
+from ember.backends.autodiff.graph import Gradients, Node, Recompute, TrackedTensor, backward
 from ember.backends.autodiff.rule import RULES, Saved
 
 
@@ -42,6 +42,15 @@ class Autodiff(Decorator):
     """
 
     prefix = "autodiff"
+
+    def __init__(self, inner: Backend, checkpointing: str | None = None) -> None:
+        super().__init__(inner)
+        if checkpointing not in (None, "balanced"):
+            raise ArgumentError(f"checkpointing must be None or 'balanced', got {checkpointing!r}")
+        self.checkpointing = checkpointing
+
+    def _config(self) -> tuple:
+        return (*super()._config(), self.checkpointing)
 
     @classmethod
     def forward_composite(cls, op: OpDef) -> bool:
@@ -71,12 +80,12 @@ class Autodiff(Decorator):
         first = out[0] if isinstance(out, tuple) else out
         node = None
         if any(p is not None for p in parents) and self.inner.dtype(first).is_float:
-            node = self._record(op, parents, inner_args, out)
+            node = self._record(op, name, parents, inner_args, out, args)
         if isinstance(out, tuple):
             return (TrackedTensor(first, node), *(TrackedTensor(o) for o in out[1:]))
         return TrackedTensor(out, node)
 
-    def _record(self, op: OpDef, parents: list, inner_args: list, out: Any) -> Node:
+    def _record(self, op: OpDef, name: str, parents: list, inner_args: list, out: Any, args: tuple) -> Node:
         rule = RULES.get(op.name)
         if rule is None:
             raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
@@ -85,15 +94,33 @@ class Autodiff(Decorator):
         inner = self.inner
         shapes = tuple(None if x is None else inner.shape(x) for x in inputs)
         dtypes = tuple(None if x is None else inner.dtype(x) for x in inputs)
-        saved = Saved(
-            tuple(inputs) if rule.keep_inputs else None,
-            out if rule.keep_output else None,
-            tuple(inner_args[n:]),
-            shapes,
-            dtypes,
-        )
+        attrs = tuple(inner_args[n:])
         fn = rule.fn
-        return Node(op.name, tuple(parents), lambda g, s: fn(inner, g, s), saved)
+
+        def run_rule(g, s):
+            return fn(inner, g, s)
+
+        if self.checkpointing is None:
+            saved = Saved(
+                tuple(inputs) if rule.keep_inputs else None,
+                out if rule.keep_output else None,
+                attrs, shapes, dtypes,
+            )  # fmt: skip
+            return Node(op.name, tuple(parents), run_rule, saved)
+
+        # Balanced checkpointing: every node keeps a recipe instead of tensors; compute-bound
+        # ops (matmul, convolutions, pooling) also keep their output, so recomputation in the
+        # backward pass never repeats them and stops at them.
+        def make_saved(kept_inputs, output):
+            flat = None if kept_inputs is None else tuple(_flatten_inputs(op, kept_inputs))
+            return Saved(flat, output, attrs, shapes, dtypes)
+
+        recipe = Recompute(
+            getattr(inner, name), _refs(op, args, inner_args), n,
+            make_saved, rule.keep_inputs, rule.keep_output,
+        )  # fmt: skip
+        keep = out if op.group in _COMPUTE_BOUND else None
+        return Node(op.name, tuple(parents), run_rule, recipe, keep)
 
     # ------------------------------------------------------------ tracked tensors
     def wrap(self, inner_prim: Any) -> TrackedTensor:
@@ -109,7 +136,7 @@ class Autodiff(Decorator):
             from ember.backend.errors import KindError
 
             raise KindError("require_grad: only Float tensors can have gradients")
-        return TrackedTensor(x.primitive, Node("leaf", (), None, None))
+        return TrackedTensor(x.primitive, Node("leaf", (), None, None, x.primitive))
 
     def is_require_grad(self, x: TrackedTensor) -> bool:
         return x.node is not None
@@ -143,6 +170,20 @@ class Autodiff(Decorator):
 
     def from_inner(self, prim: Any) -> TrackedTensor:
         return TrackedTensor(prim)
+
+
+_COMPUTE_BOUND = frozenset({"matmul", "module"})
+
+
+def _refs(op: OpDef, args: tuple, inner_args: list) -> list:
+    """The call arguments with each tracked input replaced by its node (kept untracked ones as is)."""
+    refs = list(inner_args)
+    for i, role in enumerate(op.inputs[: len(args)]):
+        if role == "*tensors":
+            refs[i] = [t.node if t.node is not None else t.primitive for t in args[i]]
+        elif args[i] is not None and args[i].node is not None:
+            refs[i] = args[i].node
+    return refs
 
 
 def _flatten_inputs(op: OpDef, tensor_args: list) -> list:

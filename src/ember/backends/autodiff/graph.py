@@ -36,14 +36,16 @@ class Node:
         saved: what ``backward`` needs, captured at forward time.
     """
 
-    __slots__ = ("backward", "freed", "id", "op", "parents", "saved")
+    __slots__ = ("backward", "freed", "id", "op", "parents", "saved", "value")
 
-    def __init__(self, op: str, parents: tuple[Node | None, ...], backward: Callable | None, saved: Any):
+    def __init__(self, op: str, parents: tuple[Node | None, ...], backward: Callable | None, saved: Any,
+                 value: Any = None):  # fmt: skip
         self.id = next(_ids)
         self.op = op
         self.parents = parents
         self.backward = backward
-        self.saved = saved
+        self.saved = saved  # what the rule needs, or a Recompute recipe under checkpointing
+        self.value = value  # the output, kept only by checkpoints (and leaves)
         self.freed = False
 
     @property
@@ -106,6 +108,7 @@ def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gr
         accumulate: adds two gradients of one node (the inner backend's add).
     """
     order = _reachable(root)
+    recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
     pending: dict[int, Any] = {root.id: seed}
     grads = Gradients()
     for node in order:
@@ -120,7 +123,10 @@ def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gr
                 f"backward() reached the {node.op!r} node whose saved state was freed by an earlier "
                 "backward(); run the forward pass again to get a new graph"
             )
-        input_grads = node.backward(grad, node.saved)
+        saved = node.saved
+        if isinstance(saved, Recompute):
+            saved = saved.restore(node, recomputed)
+        input_grads = node.backward(grad, saved)
         node.saved, node.freed = None, True  # nothing later needs it
         for parent, g in zip(node.parents, input_grads):
             if parent is None or g is None:
@@ -128,6 +134,59 @@ def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gr
             previous = pending.get(parent.id)
             pending[parent.id] = g if previous is None else accumulate(previous, g)
     return grads
+
+
+class Recompute:
+    """Gradient checkpointing: how to rebuild a node's saved state in the backward pass.
+
+    Instead of keeping its inputs and output, a node keeps the op and references
+    to its inputs (parent nodes, or the primitives of untracked inputs). Values
+    are rebuilt from the nearest nodes that kept theirs (checkpoints: leaves and
+    compute-bound ops), recomputing the memory-bound ops in between once per pass.
+    """
+
+    __slots__ = ("args", "attrs", "keep_inputs", "keep_output", "make_saved", "run", "tensor_slots")
+
+    def __init__(self, run: Callable, args: list, tensor_slots: int, make_saved: Callable,
+                 keep_inputs: bool, keep_output: bool) -> None:  # fmt: skip
+        self.run = run  # the inner primitive
+        self.args = args  # inner call arguments, tracked inputs replaced by their nodes
+        self.tensor_slots = tensor_slots
+        self.make_saved = make_saved  # (inputs, output) -> Saved
+        self.keep_inputs = keep_inputs
+        self.keep_output = keep_output
+
+    def _resolve(self, ref: Any, cache: dict[int, Any]) -> Any:
+        if isinstance(ref, list):
+            return [self._resolve(r, cache) for r in ref]
+        return value_of(ref, cache) if isinstance(ref, Node) else ref
+
+    def output(self, cache: dict[int, Any]) -> Any:
+        return self.run(*[self._resolve(a, cache) for a in self.args])
+
+    def restore(self, node: Node, cache: dict[int, Any]) -> Any:
+        inputs = [self._resolve(a, cache) for a in self.args[: self.tensor_slots]]
+        output = full_output(node, cache) if self.keep_output else None
+        return self.make_saved(inputs if self.keep_inputs else None, output)
+
+
+def full_output(node: Node, cache: dict[int, Any]) -> Any:
+    """Everything ``node``'s op returned: kept, recomputed earlier in this pass, or now."""
+    if node.value is not None:
+        return node.value
+    found = cache.get(node.id)
+    if found is None:
+        recipe = node.saved
+        if not isinstance(recipe, Recompute):
+            raise GraphFreedError(f"the output of the {node.op!r} node is needed but was not kept")
+        found = cache[node.id] = recipe.output(cache)
+    return found
+
+
+def value_of(node: Node, cache: dict[int, Any]) -> Any:
+    """The tensor ``node`` belongs to (the first output of a multi-output op)."""
+    found = full_output(node, cache)
+    return found[0] if isinstance(found, tuple) else found
 
 
 def _reachable(root: Node) -> list[Node]:

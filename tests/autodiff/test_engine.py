@@ -1,0 +1,90 @@
+"""The autodiff engine itself: leaves, the Gradients container, freed graphs, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gradcheck import check_against_torch, check_finite_differences
+
+import ember
+from ember import Tensor
+from ember.backends.autodiff import GraphFreedError
+
+
+def test_shared_subexpression_accumulates(device):
+    x = np.array([[0.5, -1.0], [2.0, 0.25]])
+    check_against_torch(lambda a: (a * a + a).exp() * a, lambda a: (a * a + a).exp() * a, [x], device)
+    check_finite_differences(lambda a: (a * a + a).exp() * a, [x], device)
+
+
+def test_grad_is_on_the_inner_device_and_params_are_not_mutated(device):
+    x = Tensor.from_data([1.0, 2.0], device).require_grad()
+    grads = (x * 3.0).sum().backward()
+    g = x.grad(grads)
+    assert g.device == device.inner()
+    assert g.tolist() == [3.0, 3.0]
+    assert x.tolist() == [1.0, 2.0]
+
+
+def test_untracked_inputs_get_no_gradient(device):
+    x = Tensor.from_data([1.0, 2.0], device).require_grad()
+    c = Tensor.from_data([5.0, 7.0], device)
+    grads = (x * c).sum().backward()
+    assert x.grad(grads).tolist() == [5.0, 7.0]
+    assert c.grad(grads) is None
+    assert not c.is_require_grad() and x.is_require_grad()
+
+
+def test_detach_stops_the_gradient(device):
+    x = Tensor.from_data([1.0, 2.0], device).require_grad()
+    grads = (x * x.detach()).sum().backward()
+    assert x.grad(grads).tolist() == [1.0, 2.0]
+
+
+def test_grad_remove_and_replace(device):
+    x = Tensor.from_data([1.0, 2.0], device).require_grad()
+    grads = (x * 2.0).sum().backward()
+    assert x.grad_remove(grads).tolist() == [2.0, 2.0]
+    assert x.grad(grads) is None
+    x.grad_replace(grads, Tensor.from_data([9.0, 9.0], device.inner()))
+    assert x.grad(grads).tolist() == [9.0, 9.0]
+    with pytest.raises(ember.ShapeError, match=r"grad_replace: gradient shape \[3\]"):
+        x.grad_replace(grads, Tensor.from_data([1.0, 1.0, 1.0], device.inner()))
+
+
+def test_backward_twice_on_a_freed_graph_raises(device):
+    x = Tensor.from_data([1.0, 2.0], device).require_grad()
+    y = (x.exp() * 2.0).sum()
+    y.backward()
+    with pytest.raises(GraphFreedError, match="freed by an earlier backward"):
+        y.backward()
+
+
+def test_backward_needs_a_tracked_tensor(device):
+    with pytest.raises(ember.UnsupportedError, match="does not depend on any tensor that requires"):
+        Tensor.from_data([1.0], device).sum().backward()
+
+
+def test_backward_off_an_autodiff_backend_names_the_fix():
+    x = Tensor.from_data([1.0], ember.device("ndarray"))
+    with pytest.raises(ember.UnsupportedError, match=r"device.autodiff\(\)"):
+        x.require_grad()
+
+
+def test_int_tensors_cannot_require_grad(device):
+    with pytest.raises(ember.KindError, match="only Float tensors"):
+        Tensor.arange(3, device=device).require_grad()
+
+
+def test_int_results_are_untracked(device):
+    x = Tensor.from_data([1.0, 3.0, 2.0], device).require_grad()
+    assert not x.argmax(0).is_require_grad()
+    assert not (x > 1.0).is_require_grad()
+
+
+def test_inner_and_from_inner_round_trip(device):
+    x = Tensor.from_data([1.0, 2.0], device).require_grad()
+    inner = x.inner()
+    assert inner.device == device.inner() and not hasattr(inner.backend, "backward")
+    back = Tensor.from_inner(inner, device)
+    assert back.device == device and not back.is_require_grad()
