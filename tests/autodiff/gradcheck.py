@@ -95,7 +95,8 @@ def check_finite_differences(ember_fn: Callable, inputs: Sequence[np.ndarray], d
         numeric = np.zeros(array.shape)
         flat = numeric.reshape(-1)
         for j in range(array.size):
-            plus, minus = [np.array(a, dtype=np.float64) for a in inputs], [np.array(a, dtype=np.float64) for a in inputs]
+            plus = [np.array(a, dtype=np.float64) if di else a for a, di in zip(inputs, differentiable)]
+            minus = [np.array(a, dtype=np.float64) if di else a for a, di in zip(inputs, differentiable)]
             plus[i].reshape(-1)[j] += eps
             minus[i].reshape(-1)[j] -= eps
             flat[j] = (objective(plus) - objective(minus)) / (2 * eps)

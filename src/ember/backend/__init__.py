@@ -1,6 +1,7 @@
 """The Backend protocol, devices, the op table and ember's errors; the built-in backends."""
 
 from ember.backend.base import Backend, DTypeUsage
+from ember.backend.custom import CustomOp, custom_op
 from ember.backend.device import Device, default_device, device, device_count, register_backend
 from ember.backend.errors import (
     ArgumentError,
@@ -14,14 +15,34 @@ from ember.backend.errors import (
     UnsupportedError,
 )
 from ember.backend.ops import OPS, OpDef, ops
+from ember.backend.rules import AVal
 
 # The base backends import the protocol above, so they come last.
 from ember.backends.ndarray import NdArray
 
 __all__ = [
-    "OPS", "ArgumentError", "Backend", "BackendUnavailableError", "DTypeError", "DTypeUsage",
-    "Device", "DeviceError", "EmberError", "EmberIndexError", "KindError", "NdArray", "OpDef",
-    "ShapeError", "UnsupportedError", "default_device", "device", "device_count", "ops",
+    "OPS",
+    "AVal",
+    "ArgumentError",
+    "Backend",
+    "BackendUnavailableError",
+    "CustomOp",
+    "DTypeError",
+    "DTypeUsage",
+    "Device",
+    "DeviceError",
+    "EmberError",
+    "EmberIndexError",
+    "KindError",
+    "NdArray",
+    "OpDef",
+    "ShapeError",
+    "UnsupportedError",
+    "custom_op",
+    "default_device",
+    "device",
+    "device_count",
+    "ops",
     "register_backend",
 ]  # fmt: skip
 

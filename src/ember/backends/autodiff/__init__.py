@@ -2,5 +2,6 @@
 
 from ember.backends.autodiff.backend import Autodiff
 from ember.backends.autodiff.graph import Gradients, GraphFreedError
+from ember.backends.autodiff.rule import Saved, backward, unbroadcast
 
-__all__ = ["Autodiff", "Gradients", "GraphFreedError"]
+__all__ = ["Autodiff", "Gradients", "GraphFreedError", "Saved", "backward", "unbroadcast"]

@@ -95,6 +95,7 @@ class Autodiff(Decorator):
         shapes = tuple(None if x is None else inner.shape(x) for x in inputs)
         dtypes = tuple(None if x is None else inner.dtype(x) for x in inputs)
         attrs = tuple(inner_args[n:])
+        needs = tuple(p is not None for p in parents)
         fn = rule.fn
 
         def run_rule(g, s):
@@ -104,7 +105,7 @@ class Autodiff(Decorator):
             saved = Saved(
                 tuple(inputs) if rule.keep_inputs else None,
                 out if rule.keep_output else None,
-                attrs, shapes, dtypes,
+                attrs, shapes, dtypes, needs,
             )  # fmt: skip
             return Node(op.name, tuple(parents), run_rule, saved)
 
@@ -113,7 +114,7 @@ class Autodiff(Decorator):
         # backward pass never repeats them and stops at them.
         def make_saved(kept_inputs, output):
             flat = None if kept_inputs is None else tuple(_flatten_inputs(op, kept_inputs))
-            return Saved(flat, output, attrs, shapes, dtypes)
+            return Saved(flat, output, attrs, shapes, dtypes, needs)
 
         recipe = Recompute(
             getattr(inner, name), _refs(op, args, inner_args), n,

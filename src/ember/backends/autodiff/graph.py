@@ -114,6 +114,7 @@ def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gr
     for node in order:
         grad = pending.pop(node.id, None)
         if grad is None:
+            recomputed.pop(node.id, None)
             continue
         if node.is_leaf:
             grads.replace(node, grad)
@@ -126,6 +127,8 @@ def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gr
         saved = node.saved
         if isinstance(saved, Recompute):
             saved = saved.restore(node, recomputed)
+        # Every consumer of this node's output has a larger id and ran already.
+        recomputed.pop(node.id, None)
         input_grads = node.backward(grad, saved)
         node.saved, node.freed = None, True  # nothing later needs it
         for parent, g in zip(node.parents, input_grads):

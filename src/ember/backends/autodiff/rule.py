@@ -10,8 +10,9 @@ table name::
 
 ``B`` is the inner backend, ``g`` the gradient of the op's (first) output as an
 inner primitive, and ``s`` the :class:`Saved` state. A rule returns one
-gradient (or None) per tensor input. ``keep`` names what the forward pass must
-save: ``"inputs"``, ``"output"``, both, or nothing (input shapes, dtypes and
+gradient (or None) per tensor input; ``s.needs[i]`` says whether input ``i`` is
+tracked, so a rule may skip costly gradients nobody will read. ``keep`` names
+what the forward pass must save: ``"inputs"``, ``"output"``, both, or nothing (input shapes, dtypes and
 the attributes are always kept; they are small).
 """
 
@@ -32,14 +33,15 @@ class Rule:
 class Saved:
     """What a node keeps for its backward rule."""
 
-    __slots__ = ("attrs", "dtypes", "inputs", "output", "shapes")
+    __slots__ = ("attrs", "dtypes", "inputs", "needs", "output", "shapes")
 
-    def __init__(self, inputs, output, attrs, shapes, dtypes) -> None:
+    def __init__(self, inputs, output, attrs, shapes, dtypes, needs) -> None:
         self.inputs = inputs
         self.output = output
         self.attrs = attrs
         self.shapes = shapes
         self.dtypes = dtypes
+        self.needs = needs  # per input: whether a gradient flows to it (a rule may skip the rest)
 
 
 RULES: dict[str, Rule] = {}

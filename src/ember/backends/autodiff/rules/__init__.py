@@ -1,3 +1,10 @@
 """Backward rules, one small function per differentiable op, grouped like the op table."""
 
-from ember.backends.autodiff.rules import elementwise, reduce  # noqa: F401
+from ember.backends.autodiff.rules import (  # noqa: F401
+    activation,
+    elementwise,
+    layout,
+    linalg,
+    module,
+    reduce,
+)

@@ -61,9 +61,13 @@ def _remainder_scalar(B, g, s):
 
 @backward("pow", keep=("inputs", "output"))
 def _pow(B, g, s):
+    # As PyTorch at a zero base: no gradient to a where b == 0, none to b where a == 0 and b >= 0
+    # (the formulas alone give 0 * inf = NaN there).
     a, b = s.inputs
     ga = B.float_mul(g, B.float_mul(b, B.float_pow(a, B.float_sub_scalar(b, 1.0))))
+    ga = B.float_mask_fill(ga, B.float_equal_elem(b, 0.0), 0.0)
     gb = B.float_mul(g, B.float_mul(s.output, B.float_log(a)))
+    gb = B.float_mask_fill(gb, B.bool_and(B.float_equal_elem(a, 0.0), B.float_greater_equal_elem(b, 0.0)), 0.0)
     return unbroadcast(B, ga, s.shapes[0]), unbroadcast(B, gb, s.shapes[1])
 
 
@@ -120,8 +124,9 @@ def _clamp(B, g, s):
 def _atan2(B, g, s):
     a, b = s.inputs
     denom = B.float_add(B.float_mul(a, a), B.float_mul(b, b))
-    ga = B.float_div(B.float_mul(g, b), denom)
-    gb = B.float_neg(B.float_div(B.float_mul(g, a), denom))
+    origin = B.float_equal_elem(denom, 0.0)  # atan2(0, 0): gradient 0, as in PyTorch (not 0/0)
+    ga = B.float_mask_fill(B.float_div(B.float_mul(g, b), denom), origin, 0.0)
+    gb = B.float_mask_fill(B.float_neg(B.float_div(B.float_mul(g, a), denom)), origin, 0.0)
     return unbroadcast(B, ga, s.shapes[0]), unbroadcast(B, gb, s.shapes[1])
 
 

@@ -1,0 +1,145 @@
+"""One training step (forward + backward) through ember's Autodiff, side by side with PyTorch autograd.
+
+Run: ``.venv/bin/python benchmarks/autodiff_step.py [--threads N] [--batch 64]``
+
+Models, written functionally on both sides with the same weights:
+
+* a 3-layer MLP 784 -> 256 -> 256 -> 10 with ReLU;
+* the guide CNN of the Burn book: conv 1->8 3x3, dropout, conv 8->16 3x3, dropout,
+  ReLU, adaptive average pool to 8x8, linear 1024->512, dropout, ReLU, linear 512->10,
+  cross-entropy loss.
+
+Also prints the peak host memory (tracemalloc) of the guide CNN step on
+Autodiff(NdArray) with and without balanced checkpointing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timing import median_seconds, pin_threads, print_table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    pin_threads(args.threads)
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import ember
+    from ember import Distribution, Tensor, activation
+    from ember.backends.autodiff import Autodiff
+    from ember.tensor import module
+
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    batch = args.batch
+
+    def param(*shape, fan_in=1):
+        return (rng.uniform(-1, 1, size=shape) / np.sqrt(fan_in)).astype(np.float32)
+
+    mlp_weights = [param(784, 256, fan_in=784), param(256), param(256, 256, fan_in=256), param(256),
+                   param(256, 10, fan_in=256), param(10)]  # fmt: skip
+    cnn_weights = [param(8, 1, 3, 3, fan_in=9), param(8), param(16, 8, 3, 3, fan_in=72), param(16),
+                   param(1024, 512, fan_in=1024), param(512), param(512, 10, fan_in=512), param(10)]  # fmt: skip
+    images = rng.random((batch, 28, 28), dtype=np.float32)
+    targets = rng.integers(0, 10, batch)
+
+    # ---------------------------------------------------------------- ember
+    def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+        picked = activation.log_softmax(logits, 1).gather(1, labels.reshape([-1, 1]))
+        return -picked.mean()
+
+    def dropout(x: Tensor, prob: float = 0.5) -> Tensor:
+        keep = Tensor.random(x.shape, Distribution.bernoulli(1 - prob), x.device)
+        return x * keep / (1 - prob)
+
+    def ember_mlp(x, labels, w):
+        h = activation.relu(x.reshape([batch, 784]).matmul(w[0]) + w[1])
+        h = activation.relu(h.matmul(w[2]) + w[3])
+        return cross_entropy(h.matmul(w[4]) + w[5], labels)
+
+    def ember_cnn(x, labels, w):
+        h = dropout(module.conv2d(x.reshape([batch, 1, 28, 28]), w[0], w[1]))
+        h = activation.relu(dropout(module.conv2d(h, w[2], w[3])))
+        h = module.adaptive_avg_pool2d(h, (8, 8)).reshape([batch, 1024])
+        h = activation.relu(dropout(h.matmul(w[4]) + w[5]))
+        return cross_entropy(h.matmul(w[6]) + w[7], labels)
+
+    def ember_step(device, model, weights):
+        w = [Tensor.from_data(a, device).require_grad() for a in weights]
+        x = Tensor.from_data(images, device)
+        labels = Tensor.from_data(targets, device)
+
+        def step():
+            grads = model(x, labels, w).backward()
+            return [p.grad(grads) for p in w]
+
+        return step
+
+    # ---------------------------------------------------------------- torch
+    def torch_cross_entropy(logits, labels):
+        return F.cross_entropy(logits, labels)
+
+    def torch_mlp(x, labels, w):
+        h = torch.relu(x.reshape(batch, 784) @ w[0] + w[1])
+        h = torch.relu(h @ w[2] + w[3])
+        return torch_cross_entropy(h @ w[4] + w[5], labels)
+
+    def torch_cnn(x, labels, w):
+        h = F.dropout(F.conv2d(x.reshape(batch, 1, 28, 28), w[0], w[1]), 0.5)
+        h = torch.relu(F.dropout(F.conv2d(h, w[2], w[3]), 0.5))
+        h = F.adaptive_avg_pool2d(h, (8, 8)).reshape(batch, 1024)
+        h = torch.relu(F.dropout(h @ w[4] + w[5], 0.5))
+        return torch_cross_entropy(h @ w[6] + w[7], labels)
+
+    def torch_step(model, weights):
+        w = [torch.from_numpy(a.copy()).requires_grad_(True) for a in weights]
+        x, labels = torch.from_numpy(images), torch.from_numpy(targets)
+
+        def step():
+            return torch.autograd.grad(model(x, labels, w), w)
+
+        return step
+
+    devices = {
+        "ember autodiff(ndarray)": ember.device("ndarray").autodiff(),
+        "ember autodiff(torch)": ember.device("torch").autodiff(),
+    }
+    print(f"threads={args.threads}  batch={batch}  torch={torch.__version__}")
+    for title, ember_model, torch_model, weights in (
+        ("3-layer MLP 784-256-256-10", ember_mlp, torch_mlp, mlp_weights),
+        ("guide CNN", ember_cnn, torch_cnn, cnn_weights),
+    ):
+        t_ref = median_seconds(torch_step(torch_model, weights)) * 1e3
+        rows = [["torch autograd", f"{t_ref:.2f}", "1.00x"]]
+        for label, device in devices.items():
+            t = median_seconds(ember_step(device, ember_model, weights)) * 1e3
+            rows.append([label, f"{t:.2f}", f"{t / t_ref:.2f}x"])
+        print_table(f"{title}: forward + backward, ms", ["impl", "ms", "vs torch"], rows)
+
+    rows = []
+    for label, checkpointing in (("no checkpointing", None), ("balanced checkpointing", "balanced")):
+        device = ember.device("ndarray").wrap(lambda b, c=checkpointing: Autodiff(b, checkpointing=c))
+        step = ember_step(device, ember_cnn, cnn_weights)
+        step()
+        tracemalloc.start()
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        t = median_seconds(step) * 1e3
+        rows.append([label, f"{peak / 2**20:.1f}", f"{t:.2f}"])
+    print_table("guide CNN step on autodiff(ndarray): peak host memory", ["mode", "peak MiB", "ms"], rows)
+
+
+if __name__ == "__main__":
+    main()

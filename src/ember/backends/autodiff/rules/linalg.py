@@ -1,0 +1,32 @@
+"""Backward rule of the matrix product."""
+
+from __future__ import annotations
+
+import math
+
+from ember.backends.autodiff.rule import backward, unbroadcast
+
+
+def _transpose(B, x):
+    """``x`` with its last two dims swapped."""
+    rank = len(B.shape(x))
+    return B.float_permute(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
+
+
+@backward("matmul", keep="inputs")
+def _matmul(B, g, s):
+    # out = a @ b over the last two dims, batch dims broadcast: d a = g @ b^T and
+    # d b = a^T @ g, each summed back over the batch dims its operand was broadcast along.
+    a, b = s.inputs
+    a_shape, b_shape = s.shapes
+    ga = unbroadcast(B, B.float_matmul(g, _transpose(B, b)), a_shape)
+    if len(b_shape) == 2 and len(a_shape) > 2:
+        # A 2-d rhs (a linear layer): one product over the flattened batch rows, rather
+        # than one per batch element summed afterwards.
+        (k, n), rows = b_shape, math.prod(a_shape[:-1])
+        rows_a = B.float_reshape(a, (rows, k))
+        rows_g = B.float_reshape(g, (rows, n))
+        gb = B.float_matmul(_transpose(B, rows_a), rows_g)
+    else:
+        gb = unbroadcast(B, B.float_matmul(_transpose(B, a), g), b_shape)
+    return ga, gb
