@@ -1,13 +1,20 @@
 """Times the NdArray backend's conv kernels against PyTorch CPU on the guide shapes.
 
-Usage: ``python benchmarks/bench_conv_kernels.py [--threads 1 2] [--repeat 50]``
+Usage: ``python benchmarks/bench_conv_kernels.py [--threads 1 2] [--repeat 50] [--rounds 3]
+[--baseline OLD_CONV_PY]``
 
 Thread counts are fixed per process (OpenBLAS reads ``OPENBLAS_NUM_THREADS``
 when NumPy loads), so the script re-runs itself once per thread count with
-the thread variables set, and torch gets ``torch.set_num_threads`` to match.
-Each line prints the median (and minimum) milliseconds of ember's kernel and
-of torch, and their ratio (ember / torch; below 2 meets the design target).
-Each library is timed in its own process (see ``_child``).
+the thread variables set (ember's kernels read them too), and torch gets
+``torch.set_num_threads`` to match. Each library is timed in its own process
+(see ``_child``); the processes take turns ``--rounds`` times, so that a burst
+of load from elsewhere on a shared machine hits all of them alike. Each line
+prints the median over rounds of each round's median milliseconds (and the
+minimum over all runs) of ember's kernel and of torch, and their ratio
+(ember / torch; below 2 meets the design target). ``--baseline`` also times
+another copy of ``conv.py`` (say, the last commit's, from ``git show
+HEAD:src/ember/backends/ndarray/conv.py``) in the same turns, and prints its
+time and the speed-up over it.
 """
 
 from __future__ import annotations
@@ -38,8 +45,16 @@ TRANSPOSE_CASES = [
 ]
 
 
-def _load_conv():
-    """The conv module, imported by file path so the benchmark runs while the package is partial."""
+def _load_conv(path: str | None = None):
+    """The conv module, imported by file path so the benchmark runs while the package is partial.
+
+    With ``path``, that file instead (a baseline to compare with).
+    """
+    if path:
+        spec = importlib.util.spec_from_file_location("_baseline_conv", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     try:
         sys.path.insert(0, str(SRC))
         from ember.backends.ndarray import conv
@@ -69,10 +84,10 @@ def _median_ms(fn, repeat: int) -> tuple[float, float]:
     return statistics.median(times) * 1e3, min(times) * 1e3
 
 
-def _time_ember(repeat: int) -> list[tuple[float, float]]:
+def _time_ember(repeat: int, path: str | None = None) -> list[tuple[float, float]]:
     import numpy as np
 
-    conv = _load_conv()
+    conv = _load_conv(path)
     rng = np.random.default_rng(0)
     times = []
     for _, xs, ws, s, p, d, g in CASES:
@@ -111,52 +126,64 @@ def _time_torch(threads: int, repeat: int) -> list[tuple[float, float]]:
     return times
 
 
-def _child(which: str, threads: int, repeat: int) -> list[tuple[float, float]]:
+def _child(which: str, threads: int, repeat: int, baseline: str | None = None) -> list:
     """Times one library in a fresh process: idle OpenBLAS threads spin for a while after
     each call and would steal the cores torch's threads run on (and vice versa)."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        which,
-        "--threads",
-        str(threads),
-        "--repeat",
-        str(repeat),
-    ]
+    cmd = [sys.executable, __file__, "--child", which, "--threads", str(threads)]
+    cmd += ["--repeat", str(repeat)]
+    if baseline:
+        cmd += ["--baseline", baseline]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _summary(rounds: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Per case: the median of the rounds' medians and the minimum of their minimums."""
+    return [
+        (statistics.median(r[0] for r in runs), min(r[1] for r in runs)) for runs in zip(*rounds)
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeat", type=int, default=50)
-    parser.add_argument("--child", choices=["ember", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", help="another conv.py to time alongside")
+    parser.add_argument("--child", choices=["ember", "baseline", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        times = (
-            _time_ember(args.repeat)
-            if args.child == "ember"
-            else _time_torch(args.threads[0], args.repeat)
-        )
+        if args.child == "torch":
+            times = _time_torch(args.threads[0], args.repeat)
+        else:
+            times = _time_ember(args.repeat, args.baseline if args.child == "baseline" else None)
         print(json.dumps(times))
         return
     names = [case[0] for case in CASES + TRANSPOSE_CASES]
+    children = ["ember", "torch"] + (["baseline"] if args.baseline else [])
     for threads in args.threads:
-        ours = _child("ember", threads, args.repeat)
-        ref = _child("torch", threads, args.repeat)
-        print(f"--- {threads} thread(s), float32, ms over {args.repeat} runs (median | min)")
+        runs = {child: [] for child in children}
+        for _ in range(args.rounds):
+            for child in children:
+                runs[child].append(_child(child, threads, args.repeat, args.baseline))
+        ours, ref = _summary(runs["ember"]), _summary(runs["torch"])
+        old = _summary(runs["baseline"]) if args.baseline else None
         print(
-            f"{'case':24s} {'ember':>9s} {'torch':>9s} {'ratio':>6s} | {'ember':>9s} {'torch':>9s} {'ratio':>6s}"
+            f"--- {threads} thread(s), float32, ms: median of {args.rounds} rounds' medians over"
+            f" {args.repeat} runs | minimum"
         )
-        for name, (a, a_min), (b, b_min) in zip(names, ours, ref):
-            print(
-                f"{name:24s} {a:9.3f} {b:9.3f} {a / b:6.2f} | {a_min:9.3f} {b_min:9.3f} {a_min / b_min:6.2f}"
-            )
+        header = f"{'case':24s} {'ember':>9s} {'torch':>9s} {'ratio':>6s}"
+        header += f" {'before':>9s} {'speedup':>7s}" if old else ""
+        print(f"{header} | {'ember':>9s} {'torch':>9s} {'ratio':>6s}")
+        for i, name in enumerate(names):
+            (a, a_min), (b, b_min) = ours[i], ref[i]
+            line = f"{name:24s} {a:9.3f} {b:9.3f} {a / b:6.2f}"
+            if old:
+                line += f" {old[i][0]:9.3f} {old[i][0] / a:7.2f}"
+            print(f"{line} | {a_min:9.3f} {b_min:9.3f} {a_min / b_min:6.2f}")
 
 
 if __name__ == "__main__":

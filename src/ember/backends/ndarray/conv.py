@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import ml_dtypes
@@ -101,104 +99,6 @@ def _scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if buf is None or buf.nbytes < nbytes:
         buf = buffers[slot] = np.empty(max(nbytes, 1 << 16), np.uint8)
     return buf[:nbytes].view(dtype).reshape(shape)
-
-
-# Least unrolled input per worker worth a thread hand-off (about 20 us of copying and
-# products): smaller calls stay on the calling thread.
-_MIN_PARALLEL_BYTES = 1 << 18
-
-_threads: int | None = None  # see _thread_count
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _thread_count() -> int:
-    """How many threads a convolution may use, decided once per process.
-
-    ``EMBER_NUM_THREADS`` sets it explicitly. Otherwise the smallest of
-    ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` that
-    is set (whoever limited NumPy's BLAS meant ember too), capped by the CPUs
-    this process may run on (``os.sched_getaffinity``); with none set, those
-    CPUs. The variables are read on the first convolution, like BLAS reads its
-    own when NumPy loads, so set them before that.
-    """
-    global _threads
-    if _threads is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cpus = os.cpu_count() or 1
-        explicit = _env_threads("EMBER_NUM_THREADS")
-        limits = [
-            t
-            for t in map(
-                _env_threads, ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-            )
-            if t
-        ]
-        _threads = explicit or min([cpus, *limits])
-    return _threads
-
-
-def _env_threads(name: str) -> int:
-    """A positive thread count from the environment, 0 when unset or unreadable."""
-    # OMP_NUM_THREADS may list one count per nesting level: the first is ours.
-    value = os.environ.get(name, "").split(",")[0].strip()
-    return max(int(value), 0) if value.isdigit() else 0
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The process's worker threads for convolutions, started on first use.
-
-    One fewer than :func:`_thread_count`: the calling thread does a share of
-    every call itself instead of idling while it waits.
-    """
-    global _executor
-    if _executor is None:
-        with _executor_lock:
-            if _executor is None:
-                _executor = ThreadPoolExecutor(_thread_count() - 1, "ember-conv")
-    return _executor
-
-
-def _forget_pool() -> None:
-    # A forked child has none of its parent's threads: it starts its own pool if it needs one.
-    global _executor
-    _executor = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _split_samples(run, n: int, per_sample: int) -> None:
-    """Calls ``run(start, stop)`` on contiguous ranges covering samples ``0..n``, one
-    range per thread, and returns when all are done.
-
-    ``per_sample`` (bytes of unrolled input per sample) sizes the work: each
-    thread gets at least :data:`_MIN_PARALLEL_BYTES` of it, so small calls run
-    inline. With one thread allowed no pool is ever started. The ranges only
-    decide which thread computes which samples; every sample's products are
-    the same BLAS calls in any split, so results do not depend on the thread
-    count. NumPy releases the GIL in its copies and in BLAS, which is where the
-    time goes, so the threads run in parallel.
-    """
-    if n == 0:
-        return
-    parts = min(_thread_count(), n, n * per_sample // _MIN_PARALLEL_BYTES)
-    if parts <= 1:
-        run(0, n)
-        return
-    bounds = [n * i // parts for i in range(parts + 1)]
-    futures = [_pool().submit(run, a, b) for a, b in itertools.pairwise(bounds[1:])]
-    try:
-        run(bounds[0], bounds[1])
-    finally:
-        # Waits for every range even if one failed, so none still writes into ``dest``.
-        for f in futures:
-            f.exception()
-    for f in futures:
-        f.result()  # re-raises a worker's error
 
 
 def _work_dtype(dtype: np.dtype) -> np.dtype:
@@ -276,9 +176,23 @@ def _conv_into(
         w = w[0]
 
     per_sample = g * (rows + extra) * length * wd.itemsize
-    max_chunk = max(1, _COLS_BUDGET_BYTES // max(per_sample, 1))
-    inner = tuple(slice(lo, lo + s) for lo, s in zip(pad_lo, x.shape[2:]))
-    direct = last == out[-1] and dest.flags.c_contiguous
+    chunk = max(1, min(n, _COLS_BUDGET_BYTES // max(per_sample, 1)))
+    cols = _scratch("cols", (chunk, g, rows + extra, length), wd)
+    if extra:
+        cols[:, :, rows, :] = 1
+    # Only splits axes, so this is always a view (merging g with the channels would not be).
+    target = cols[:, :, :rows, :].reshape(chunk, g, cg, *ks, *out[:-1], last)
+    cols_mat = cols.reshape(chunk, rows + extra, length) if g == 1 else cols
+
+    # The padded copy of one block is zeroed once; each block then writes only its
+    # interior, so the border stays zero.
+    pad_buf = pad_inner = None
+    if not in_place or slack:
+        flat = _scratch("padded", (chunk * c * math.prod(padded) + slack,), wd)
+        flat.fill(0)
+        pad_buf = flat[: flat.size - slack].reshape(chunk, c, *padded)
+        inner = tuple(slice(lo, lo + s) for lo, s in zip(pad_lo, x.shape[2:]))
+        pad_inner = pad_buf[(slice(None), slice(None), *inner)]
 
     def window_strides(src: np.ndarray) -> tuple[int, ...]:
         sn, sc, *ss = src.strides
@@ -294,50 +208,24 @@ def _conv_into(
     # The windows as strided views, built once (as_strided costs microseconds a call).
     window = (g, cg, *ks, *out[:-1], last)
     x_windows = as_strided(x, (n, *window), window_strides(x)) if in_place else None
-
-    def run(first: int, stop: int) -> None:
-        """Computes samples ``first..stop`` block by block with this thread's scratch."""
-        # Equal blocks of at most ``max_chunk`` samples: a short last block would
-        # leave the rest of the scratch buffers idle.
-        blocks = -(-(stop - first) // max_chunk)
-        chunk = -(-(stop - first) // blocks)
-        cols = _scratch("cols", (chunk, g, rows + extra, length), wd)
-        if extra:
-            cols[:, :, rows, :] = 1
-        # Only splits axes, so this is always a view (merging g with the channels would not be).
-        target = cols[:, :, :rows, :].reshape(chunk, g, cg, *ks, *out[:-1], last)
-        cols_mat = cols.reshape(chunk, rows + extra, length) if g == 1 else cols
-
-        # The padded copy of one block is zeroed once; each block then writes only
-        # its interior, so the border stays zero. Reading in place needs it only
-        # for the block holding the input's end, when full rows read past it.
-        pad_inner = pad_windows = None
-        if not in_place or (slack and stop == n):
-            flat = _scratch("padded", (chunk * c * math.prod(padded) + slack,), wd)
-            flat.fill(0)
-            pad_buf = flat[: flat.size - slack].reshape(chunk, c, *padded)
-            pad_inner = pad_buf[(slice(None), slice(None), *inner)]
-            pad_windows = as_strided(pad_buf, (chunk, *window), window_strides(pad_buf))
-        res = None if direct else _scratch("res", (chunk, o, length), wd)
-        for start in range(first, stop, chunk):
-            m = min(chunk, stop - start)
-            if in_place and (not slack or start + m < n):
-                view = x_windows[start : start + m]
-            else:
-                np.copyto(pad_inner[:m], x[start : start + m])
-                view = pad_windows[:m]
-            np.copyto(target[:m], view)
-            block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
-            np.matmul(w, cols_mat[:m], out=block if g == 1 else block.reshape(m, g, og, length))
-            if not direct:
-                # Drops the columns that ran past the valid width into the next row.
-                np.copyto(
-                    dest[start : start + m], block.reshape(m, o, *out[:-1], last)[..., : out[-1]]
-                )
-
-    # Each thread does the copies and the products of its own samples: the copies
-    # are a third to a half of the time and would run on one core otherwise.
-    _split_samples(run, n, per_sample)
+    pad_windows = None
+    if pad_buf is not None:
+        pad_windows = as_strided(pad_buf, (chunk, *window), window_strides(pad_buf))
+    direct = last == out[-1] and dest.flags.c_contiguous
+    res = None if direct else _scratch("res", (chunk, o, length), wd)
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        if in_place and (not slack or start + m < n):
+            view = x_windows[start : start + m]
+        else:
+            np.copyto(pad_inner[:m], x[start : start + m])
+            view = pad_windows[:m]
+        np.copyto(target[:m], view)
+        block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
+        np.matmul(w, cols_mat[:m], out=block if g == 1 else block.reshape(m, g, og, length))
+        if not direct:
+            # Drops the columns that ran past the valid width into the next row.
+            np.copyto(dest[start : start + m], block.reshape(m, o, *out[:-1], last)[..., : out[-1]])
 
 
 def conv_nd(

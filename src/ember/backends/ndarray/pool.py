@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
+from ember.backend.rules import pool_out
+
 if TYPE_CHECKING:
     from ember.backend.options import PoolOptions
 
@@ -61,15 +63,6 @@ def _finish(out: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out if out.dtype == dtype else out.astype(dtype)
 
 
-def _out_size(size: int, k: int, stride: int, pad: int, dil: int, ceil_mode: bool) -> int:
-    """PyTorch's pooling output size (the same rule as ``ember.backend.rules.pool_out``)."""
-    span = size + 2 * pad - dil * (k - 1) - 1
-    out = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if ceil_mode and (out - 1) * stride >= size + pad:
-        out -= 1  # the last window would start inside the right padding
-    return out
-
-
 class _Geometry:
     """Output sizes and padded extents of a 2-d pooling, per spatial dim.
 
@@ -83,7 +76,7 @@ class _Geometry:
             options.kernel_size, options.stride, options.padding, options.dilation,
         )  # fmt: skip
         self.out = tuple(
-            _out_size(s, k, st, p, d, options.ceil_mode)
+            pool_out(s, k, st, p, d, options.ceil_mode)
             for s, k, st, p, d in zip(self.size, self.k, self.stride, self.pad, self.dil)
         )
         self.extent = tuple(
