@@ -1084,7 +1084,7 @@ class Tensor:
         if type(key) is slice and shape and key.step is None:
             # The common x[a:b]: one forward range on dim 0, no plan needed.
             start, stop, _ = key.indices(shape[0])
-            ranges = ((start, max(start, stop), 1),) + tuple((0, s, 1) for s in shape[1:])
+            ranges = ((start, max(start, stop), 1),)  # ranges cover leading dims only
             prim = getattr(self._device.backend, _primitive(ops.slice, self._kind))(self._prim, ranges)
             return _wrap(prim, self._device, self._kind)
         plan = parse_key(key, shape, lambda it: isinstance(it, Tensor))
