@@ -440,3 +440,19 @@ def test_random_graphs_vs_torch(backend, graph):
     device = ember.device(backend).autodiff()
     check_against_torch(lambda *ts: _run_graph(ts, steps, 0), lambda *ts: _run_graph(ts, steps, 1),
                         arrays, device, DType.F64)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[[2.0, 0.0, 3.0], [0.0, 0.0, 4.0]], [[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], [[0.0, 1.0, 2.0], [5.0, 6.0, 7.0]]],
+    ids=["two-zeros", "no-zero", "one-zero"],
+)
+@pytest.mark.parametrize("reduction", ["prod", "prod_dim0", "prod_dim1"])
+def test_prod_gradient_is_exact_with_zeros(device, values, reduction):
+    def ember_fn(x):
+        return x.prod() if reduction == "prod" else x.prod_dim(int(reduction[-1]))
+
+    def torch_fn(x):
+        return x.prod() if reduction == "prod" else x.prod(int(reduction[-1]), keepdim=True)
+
+    check_against_torch(ember_fn, torch_fn, [np.array(values)], device)

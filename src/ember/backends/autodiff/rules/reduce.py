@@ -34,11 +34,37 @@ def _mean_dim(B, g, s):
     return (_spread(B, B.float_div_scalar(g, shape[dim]), shape),)
 
 
-@backward("prod", "prod_dim", keep=("inputs", "output"))
+def _exclusive_cumprod(B, x, dim: int):
+    """Products of the elements before each position along ``dim`` (1 for the first)."""
+    shape = B.shape(x)
+    ones = B.float_ones(shape[:dim] + (1,) + shape[dim + 1 :], B.device_of(x), B.dtype(x))
+    head = tuple((0, n - 1, 1) if d == dim else (0, n, 1) for d, n in enumerate(shape))
+    return B.float_cat([ones, B.float_cumprod(B.float_slice(x, head), dim)], dim)
+
+
+def _product_of_others(B, x, dim: int):
+    """prod_{j != i} x_j along ``dim``, without dividing: exact when some x_j are zero."""
+    before = _exclusive_cumprod(B, x, dim)
+    after = B.float_flip(_exclusive_cumprod(B, B.float_flip(x, (dim,)), dim), (dim,))
+    return B.float_mul(before, after)
+
+
+@backward("prod", keep="inputs")
 def _prod(B, g, s):
-    # d prod / d x_i = prod / x_i (inputs with zeros need the division-free formula; not yet).
-    x, shape = s.inputs[0], s.shapes[0]
-    return (B.float_div(B.float_mul(_spread(B, g, shape), _spread(B, s.output, shape)), x),)
+    shape = s.shapes[0]
+    if 0 in shape:
+        return (s.inputs[0],)  # an empty gradient
+    flat = B.float_reshape(s.inputs[0], (max(math.prod(shape), 0),))
+    others = B.float_reshape(_product_of_others(B, flat, 0), shape)
+    return (B.float_mul(_spread(B, g, shape), others),)
+
+
+@backward("prod_dim", keep="inputs")
+def _prod_dim(B, g, s):
+    shape, dim = s.shapes[0], s.attrs[0]
+    if 0 in shape:
+        return (s.inputs[0],)  # an empty gradient
+    return (B.float_mul(_spread(B, g, shape), _product_of_others(B, s.inputs[0], dim)),)
 
 
 def _extreme(B, g, s):
