@@ -9,8 +9,10 @@ loosely; copies (embedding, unfold, indices) exactly.
 
 The backward helpers (``avg_pool2d_backward``, ``max_pool2d_with_indices_backward``,
 ``adaptive_avg_pool2d_backward``, ``interpolate_backward``, ``embedding_backward``)
-are protocol-level ops that autodiff decorators call: they are tested through
-``device.backend`` on primitives against PyTorch autograd.
+and the convolution gradients (``conv_x_backward``, ``conv_weight_backward`` and
+their ``conv_transpose`` pair) are protocol-level ops that autodiff decorators
+call: they are tested through ``device.backend`` on primitives against PyTorch
+autograd.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from reference import FLOAT_DTYPES, TORCH_DTYPE, assert_close, from_torch
 
 import ember
 from ember import DType, Tensor
-from ember.backend.options import InterpolateOptions, PoolOptions
+from ember.backend import Backend, conv_grad
+from ember.backend.options import ConvOptions, ConvTransposeOptions, InterpolateOptions, PoolOptions
 from ember.tensor import module
 
 FLOATS = [DType.F64, DType.F32]
@@ -668,3 +671,60 @@ def test_resizing_an_empty_spatial_dim_raises(device, call):
     x = Tensor.zeros([1, 1, 0, 4], device)
     with pytest.raises(ember.ShapeError, match=r"input \[1, 1, 0, 4\] has an empty spatial dim"):
         call(x)
+
+
+# ------------------------------------------------------------ convolution gradients
+# conv_x_backward / conv_weight_backward and their conv_transpose pair, through the
+# backend under test ("backend": Torch overrides them with aten.convolution_backward)
+# and through the protocol's generic default ("default": ember.backend.conv_grad).
+def _conv_grad_cases(cases):
+    return [pytest.param(*c.values, id=c.id) for c in cases if c.values[0] in (2, 3)]
+
+
+def _conv_grad_options(n: int, kwargs: dict, transpose: bool):
+    stride, padding = _tuple(kwargs.get("stride", 1), n), _tuple(kwargs.get("padding", 0), n)
+    dilation, groups = _tuple(kwargs.get("dilation", 1), n), kwargs.get("groups", 1)
+    if transpose:
+        return ConvTransposeOptions(stride, padding, _tuple(kwargs.get("padding_out", 0), n), dilation, groups)
+    return ConvOptions(stride, padding, dilation, groups)
+
+
+def _check_conv_grads(device, dtype, impl, n, x_shape, w_shape, kwargs, transpose):
+    x, w = _randn(dtype, x_shape, w_shape)
+    xt, wt = (t.detach().to(torch.float64, copy=True).requires_grad_() for t in (x, w))
+    torch_kwargs = {("output_padding" if k == "padding_out" else k): v for k, v in kwargs.items()}
+    torch_fn = getattr(F, f"conv_transpose{n}d" if transpose else f"conv{n}d")
+    out = torch_fn(xt, wt, **torch_kwargs)
+    (grad,) = _randn(DType.F64, list(out.shape), seed=2)
+    out.backward(grad)
+    name = "conv_transpose" if transpose else "conv"
+    backend = device.backend
+    prims = _prims(device, dtype, x, w, grad)
+    options = _conv_grad_options(n, kwargs, transpose)
+    for which, expected in (("x", xt.grad), ("weight", wt.grad)):
+        op = f"{name}_{which}_backward"
+        fn = getattr(backend, op) if impl == "backend" else getattr(Backend, op).__get__(backend)
+        _assert_backend_result(device, fn(*prims, options), expected, dtype)
+
+
+@pytest.mark.parametrize("impl", ["backend", "default"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=_id)
+@pytest.mark.parametrize(("n", "x_shape", "w_shape", "kwargs"), _conv_grad_cases(CONV_CASES))
+def test_conv_backward(device, n, x_shape, w_shape, kwargs, dtype, impl):
+    _check_conv_grads(device, dtype, impl, n, x_shape, w_shape, kwargs, transpose=False)
+
+
+@pytest.mark.parametrize("impl", ["backend", "default"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=_id)
+@pytest.mark.parametrize(("n", "x_shape", "w_shape", "kwargs"), _conv_grad_cases(CONV_TRANSPOSE_CASES))
+def test_conv_transpose_backward(device, n, x_shape, w_shape, kwargs, dtype, impl):
+    _check_conv_grads(device, dtype, impl, n, x_shape, w_shape, kwargs, transpose=True)
+
+
+def test_conv_weight_backward_default_in_blocks(device, monkeypatch):
+    """The 2-d default unfolds the input in blocks of samples: one sample per block here."""
+    monkeypatch.setattr(conv_grad, "_UNFOLD_BLOCK_BYTES", 1)
+    _check_conv_grads(device, DType.F64, "default", 2, [3, 4, 5, 6], [6, 2, 3, 2],
+                      dict(stride=(2, 1), padding=1, groups=2), transpose=False)  # fmt: skip
+    _check_conv_grads(device, DType.F64, "default", 2, [3, 2, 3, 3], [2, 3, 2, 2],
+                      dict(stride=2, padding_out=1), transpose=True)  # fmt: skip

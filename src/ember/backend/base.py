@@ -18,6 +18,7 @@ import enum
 import math
 from typing import Any
 
+from ember.backend import conv_grad
 from ember.backend.device import Device
 from ember.backend.errors import DeviceError, DTypeError, UnsupportedError
 from ember.backend.ops import OPS, OpDef, primitives
@@ -343,6 +344,20 @@ class Backend:
 
     def adaptive_max_pool1d(self, x, output_size):
         return self._from_2d(self.adaptive_max_pool2d(self._as_2d(x), (output_size[0], 1)))
+
+    # ------------------------------------------------------------ convolution gradients
+    # Generic formulations from the backend's own convolutions (ember.backend.conv_grad).
+    def conv_x_backward(self, x, weight, grad, options: ConvOptions):
+        return conv_grad.conv_x_backward(self, x, weight, grad, options)
+
+    def conv_weight_backward(self, x, weight, grad, options: ConvOptions):
+        return conv_grad.conv_weight_backward(self, x, weight, grad, options)
+
+    def conv_transpose_x_backward(self, x, weight, grad, options: ConvTransposeOptions):
+        return conv_grad.conv_transpose_x_backward(self, x, weight, grad, options)
+
+    def conv_transpose_weight_backward(self, x, weight, grad, options: ConvTransposeOptions):
+        return conv_grad.conv_transpose_weight_backward(self, x, weight, grad, options)
 
     def unfold4d(self, x, kernel_size, options: ConvOptions):
         """Sliding blocks ``[N, C*kh*kw, L]`` as a convolution with a one-hot kernel."""

@@ -180,6 +180,14 @@ for _n in (1, 2, 3):
     _op(f"conv{_n}d", FLOAT, _CONV, ("options",), r.conv, "module", composite=_n == 1, prefixed=False)
     _op(f"conv_transpose{_n}d", FLOAT, _CONV, ("options",), r.conv_transpose, "module",
         composite=_n == 1, prefixed=False)  # fmt: skip
+# Their gradients (2-d and 3-d, by the weight's rank), as Burn's conv*_x_backward /
+# conv*_weight_backward: composites from the convolutions a backend may override.
+_CONV_BACKWARD = ("tensor", "weight", "grad")
+for _name in ("conv", "conv_transpose"):
+    _op(f"{_name}_x_backward", FLOAT, _CONV_BACKWARD, ("options",), r.conv_x_backward, "module",
+        composite=True, prefixed=False)  # fmt: skip
+    _op(f"{_name}_weight_backward", FLOAT, _CONV_BACKWARD, ("options",), r.conv_weight_backward,
+        "module", composite=True, prefixed=False)  # fmt: skip
 for _n in (1, 2):
     _c = _n == 1  # the 1-d ops default to their 2-d op with a unit dim
     _op(f"avg_pool{_n}d", FLOAT, X, ("options",), r.pool, "module", composite=_c, prefixed=False)

@@ -461,6 +461,29 @@ def pool_with_indices(op: str, x: AVal, options: PoolOptions) -> tuple[AVal, AVa
     return out, AVal(out.shape, DType.I64)
 
 
+def _conv_backward(op: str, x: AVal, weight: AVal, grad: AVal, options) -> None:
+    n = len(options.stride)
+    if n not in (2, 3):
+        raise ArgumentError(f"{op}: expected 2-d or 3-d options, got {n}-d")
+    _spatial(op, x, n)
+    _spatial(op, weight, n, "weight")
+    _spatial(op, grad, n, "grad")
+    _same_dtype(op, x, weight)
+    _same_dtype(op, x, grad)
+
+
+def conv_x_backward(op: str, x: AVal, weight: AVal, grad: AVal, options) -> AVal:
+    """Gradient of a (transposed) convolution for its input: the input's shape and dtype."""
+    _conv_backward(op, x, weight, grad, options)
+    return x
+
+
+def conv_weight_backward(op: str, x: AVal, weight: AVal, grad: AVal, options) -> AVal:
+    """Gradient of a (transposed) convolution for its weight: the weight's shape and dtype."""
+    _conv_backward(op, x, weight, grad, options)
+    return weight
+
+
 def pool_backward(op: str, x: AVal, grad: AVal, options: PoolOptions) -> AVal:
     return x
 

@@ -116,6 +116,16 @@ _PAD_MODE = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
 _aten = torch.ops.aten
 
 
+def _conv_backward(x, weight, grad, o, transposed: bool, padding_out, which: int):
+    """Gradient ``which`` (0: input, 1: weight) of a (transposed) convolution."""
+    mask = [which == 0, which == 1, False]
+    out = torch.ops.aten.convolution_backward(
+        grad, x, weight, None, list(o.stride), list(o.padding), list(o.dilation), transposed,
+        list(padding_out), o.groups, mask,
+    )  # fmt: skip
+    return out[which]
+
+
 class Torch(Backend):
     """The PyTorch backend: ``cpu``, ``cuda:N`` and (where torch has it) ``mps`` devices.
 
@@ -338,6 +348,19 @@ class Torch(Backend):
 
     def conv_transpose3d(self, x, weight, bias, o: ConvTransposeOptions):
         return F.conv_transpose3d(x, weight, bias, o.stride, o.padding, o.padding_out, o.groups, o.dilation)
+
+    # aten.convolution_backward, the kernel torch autograd runs; the mask picks one gradient.
+    def conv_x_backward(self, x, weight, grad, o: ConvOptions):
+        return _conv_backward(x, weight, grad, o, False, (0,) * len(o.stride), 0)
+
+    def conv_weight_backward(self, x, weight, grad, o: ConvOptions):
+        return _conv_backward(x, weight, grad, o, False, (0,) * len(o.stride), 1)
+
+    def conv_transpose_x_backward(self, x, weight, grad, o: ConvTransposeOptions):
+        return _conv_backward(x, weight, grad, o, True, o.padding_out, 0)
+
+    def conv_transpose_weight_backward(self, x, weight, grad, o: ConvTransposeOptions):
+        return _conv_backward(x, weight, grad, o, True, o.padding_out, 1)
 
     def unfold4d(self, x, kernel_size, o: ConvOptions):
         return F.unfold(x, kernel_size, o.dilation, o.padding, o.stride)
