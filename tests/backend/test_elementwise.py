@@ -67,9 +67,8 @@ def reference(domain: Domain, shape, dtype: DType, seed: int = 0) -> torch.Tenso
 SPECIAL_VALUES = [NAN, INF, -INF, 0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -2.5, 2.0, -2.0]
 
 
-def specials(dtype: DType, exclude_nan: bool = False) -> torch.Tensor:
-    values = [v for v in SPECIAL_VALUES if not (exclude_nan and math.isnan(v))]
-    return torch.tensor(values, dtype=TORCH_DTYPE[dtype])
+def specials(dtype: DType) -> torch.Tensor:
+    return torch.tensor(SPECIAL_VALUES, dtype=TORCH_DTYPE[dtype])
 
 
 def assert_zero_signs(actual: Tensor, expected: torch.Tensor) -> None:
@@ -152,8 +151,7 @@ def test_unary_matches_torch(device, name, dtype):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("name", [*FLOAT_UNARY, *NUMERIC_UNARY])
 def test_unary_special_values_match_torch(device, name, dtype):
-    # torch.sign(nan) is 0, an artifact of its kernel; IEEE and NumPy say NaN: not checked.
-    values = specials(dtype, exclude_nan=name == "sign")
+    values = specials(dtype)  # includes NaN: sign(NaN) is 0 on every backend, as in PyTorch
     check_unary(device, name, values)
     expected = unary_reference(name, dtype)[0](values)
     if expected.is_floating_point():
@@ -568,8 +566,17 @@ KIND_ERRORS = [
     ("~float", lambda f, i, b: ~f, r"bitwise_not is not defined for Float tensors"),
     ("float << 1", lambda f, i, b: f << 1, r"bitwise_left_shift_scalar is not defined for Float"),
     ("int.bool_and", lambda f, i, b: i.bool_and(i), r"and is not defined for Int tensors"),
-    ("float.atan2(2.0)", lambda f, i, b: f.atan2(2.0), r"atan2 needs a tensor operand, got float"),
 ]
+
+
+def test_scalars_become_tensors_for_ops_without_a_scalar_form(device):
+    x = torch.tensor([[0.5, -1.0], [2.0, -3.0]], dtype=torch.float64)
+    assert_close(from_torch(x, device).atan2(2.0), torch.atan2(x, torch.tensor(2.0, dtype=torch.float64)))
+    mask = torch.tensor([True, False, True])
+    for other in (True, False):
+        assert_close(from_torch(mask, device) & other, mask & other)
+        assert_close(from_torch(mask, device) | other, mask | other)
+        assert_close(from_torch(mask, device) ^ other, mask ^ other)
 
 
 @pytest.mark.parametrize("call, match", [pytest.param(c, m, id=i) for i, c, m in KIND_ERRORS])

@@ -80,6 +80,11 @@ class TensorData:
             array = _convert(array, target)
         self._array = np.asarray(array, order="C")
 
+    @staticmethod
+    def is_array(value: Any) -> bool:
+        """Whether ``value`` is a NumPy array or scalar (which keeps its dtype in ``from_data``)."""
+        return isinstance(value, np.ndarray | np.generic)
+
     @classmethod
     def _wrap(cls, array: np.ndarray) -> TensorData:
         """TensorData over ``array`` without a copy; for backends handing out their buffers."""

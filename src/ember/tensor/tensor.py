@@ -107,7 +107,7 @@ class Tensor:
         """
         device = device or default_device()
         backend = device.backend
-        keep = isinstance(data, TensorData) or type(data).__module__ == "numpy"
+        keep = isinstance(data, TensorData) or TensorData.is_array(data)
         td = data if isinstance(data, TensorData) else TensorData(data)
         if dtype is not None:
             target = DType.parse(dtype)
@@ -424,8 +424,9 @@ class Tensor:
         if isinstance(other, Tensor):
             a, b = self._operands(op, other)
             return _wrap(getattr(self._device.backend, _primitive(op, self._kind))(a, b), self._device, kind or self._kind)
-        if scalar_op is None:
-            raise KindError(f"{op.name} needs a tensor operand, got {type(other).__name__}")
+        if scalar_op is None:  # no scalar form in the table: the scalar becomes a 0-d tensor
+            scalar = Tensor.full((), self._scalar(op, other), self._device, self.dtype, self._kind)
+            return self._binary(op, None, scalar, kind)
         return self._unary(scalar_op, self._scalar(op, other), kind=kind)
 
     def _scalar(self, op: OpDef, value: Any) -> Scalar:
@@ -532,7 +533,6 @@ class Tensor:
     __pow__ = pow
     __neg__ = neg
     __abs__ = abs
-    __matmul__ = None  # set below, after matmul
 
     def __rsub__(self, other: Scalar) -> Tensor:
         return self._reflected(ops.sub, other)
@@ -882,6 +882,8 @@ class Tensor:
         op = ops.matmul
         a, b = self._operands_unbroadcast(op, other)
         return _wrap(getattr(self._device.backend, _primitive(op, self._kind))(a, b), self._device, self._kind)
+
+    __matmul__ = matmul
 
     def _operands_unbroadcast(self, op: OpDef, other: Tensor):
         if not isinstance(other, Tensor):
@@ -1316,6 +1318,5 @@ def _as_slice(r: Any) -> slice:
     raise ArgumentError(f"a range must be (start, stop[, step]), a slice, an int or None; got {r!r}")
 
 
-Tensor.__matmul__ = Tensor.matmul  # type: ignore[assignment]
 
 _AND, _OR, _XOR, _NOT = (getattr(ops, n) for n in ("and", "or", "xor", "not"))

@@ -63,6 +63,13 @@ def _int_div(a, b):
         return q + fix.astype(q.dtype)
 
 
+def _sign(x):
+    out = np.sign(x)
+    if out.dtype.kind == "f":  # sign(NaN) is 0, as in PyTorch (NumPy says NaN)
+        out = np.where(np.isnan(out), out.dtype.type(0), out)
+    return out
+
+
 def _sum(x):
     return np.sum(x, dtype=x.dtype)
 
@@ -81,7 +88,7 @@ def _mean_dim(x, dim):
 _ELEMENTWISE: dict[str, Callable] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "max_pair": np.maximum,
     "min_pair": np.minimum, "atan2": np.arctan2,
-    "remainder": np.remainder, "pow": np.power, "neg": np.negative, "abs": np.abs, "sign": _in_f32(np.sign),  # bf16 sign(-0.0) is -0.0
+    "remainder": np.remainder, "pow": np.power, "neg": np.negative, "abs": np.abs, "sign": _in_f32(_sign),  # in f32: bf16 sign(-0.0) is -0.0
     "exp": np.exp, "log": np.log, "log1p": np.log1p,
     "expm1": np.expm1, "erf": erf, "sqrt": np.sqrt,
     "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "recip": np.reciprocal,
