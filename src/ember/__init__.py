@@ -15,6 +15,7 @@ from ember.backend import (
     ArgumentError,
     Backend,
     BackendUnavailableError,
+    ConfigError,
     Device,
     DeviceError,
     DTypeError,
@@ -28,6 +29,7 @@ from ember.backend import (
     device,
     device_count,
 )
+from ember.config import Config
 from ember.tensor import Bool, Distribution, DType, Float, Int, Kind, Tensor, TensorData, activation
 
 __version__ = "0.1.0"
@@ -39,7 +41,8 @@ def seed(device: Device, seed: int) -> None:
 
 
 __all__ = [
-    "ArgumentError", "Backend", "BackendUnavailableError", "Bool", "DType", "DTypeError",
+    "ArgumentError", "Backend", "BackendUnavailableError", "Bool", "Config", "ConfigError",
+    "DType", "DTypeError",
     "DTypeUsage", "Device", "DeviceError", "Distribution", "EmberError", "EmberIndexError",
     "Float", "Int", "Kind", "KindError", "ShapeError", "Tensor", "TensorData",
     "UnsupportedError", "activation", "default_device", "device", "device_count", "seed",

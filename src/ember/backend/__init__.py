@@ -6,6 +6,8 @@ from ember.backend.device import Device, default_device, device, device_count, r
 from ember.backend.errors import (
     ArgumentError,
     BackendUnavailableError,
+    ConfigError,
+    ConfigFileNotFoundError,
     DeviceError,
     DTypeError,
     EmberError,
@@ -26,6 +28,8 @@ __all__ = [
     "ArgumentError",
     "Backend",
     "BackendUnavailableError",
+    "ConfigError",
+    "ConfigFileNotFoundError",
     "CustomOp",
     "DTypeError",
     "DTypeUsage",

@@ -48,3 +48,21 @@ class BackendUnavailableError(EmberError, ImportError):
 def fmt_shape(shape) -> str:
     """Formats a shape the way every ember message shows it: ``[2, 3]``."""
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class ConfigError(EmberError, ValueError):
+    """A config that does not validate: a wrong type, a missing or unknown field, bad JSON.
+
+    The message names the offending field path (``TrainingConfig.model.hidden_size``) and,
+    when the config came from a file, that file. ``fields`` holds the field paths and
+    ``file`` the file path (or ``None``).
+    """
+
+    def __init__(self, message: str, fields: tuple[str, ...] = (), file: str | None = None):
+        super().__init__(message)
+        self.fields = tuple(fields)
+        self.file = file
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """A config file to load, or the directory to save one into, does not exist."""
