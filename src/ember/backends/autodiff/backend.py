@@ -60,30 +60,37 @@ class Autodiff(Decorator):
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
         inner_args = list(args)
         parents: list[Node | None] = []
+        tracked = False
         for i, role in enumerate(op.inputs[: len(args)]):
             value = args[i]
             if role == "*tensors":
                 inner_args[i] = [t.primitive for t in value]
                 parents.extend(t.node for t in value)
+                tracked = tracked or any(t.node is not None for t in value)
             elif value is None:
                 parents.append(None)
             else:
                 inner_args[i] = value.primitive
-                parents.append(value.node)
-        for i in range(len(op.inputs), len(args)):
-            if isinstance(args[i], Device):
-                inner_args[i] = self.inner_device(args[i])
+                node = value.node
+                parents.append(node)
+                tracked = tracked or node is not None
+        if "device" in op.attrs:
+            for i in range(len(op.inputs), len(args)):
+                if isinstance(args[i], Device):
+                    inner_args[i] = self.inner_device(args[i])
 
         out = getattr(self.inner, name)(*inner_args)
         if op.name == "into_data":
             return out
-        first = out[0] if isinstance(out, tuple) else out
-        node = None
-        if any(p is not None for p in parents) and self.inner.dtype(first).is_float:
-            node = self._record(op, name, parents, inner_args, out, args)
-        if isinstance(out, tuple):
+        if type(out) is tuple:
+            first = out[0]
+            node = self._record(op, name, parents, inner_args, out, args) if tracked and self._is_float(first) else None
             return (TrackedTensor(first, node), *(TrackedTensor(o) for o in out[1:]))
+        node = self._record(op, name, parents, inner_args, out, args) if tracked and self._is_float(out) else None
         return TrackedTensor(out, node)
+
+    def _is_float(self, prim: Any) -> bool:
+        return self.inner.dtype(prim).is_float
 
     def _record(self, op: OpDef, name: str, parents: list, inner_args: list, out: Any, args: tuple) -> Node:
         rule = RULES.get(op.name)
@@ -92,10 +99,10 @@ class Autodiff(Decorator):
         n = len(op.inputs)
         inputs = _flatten_inputs(op, inner_args[:n])
         inner = self.inner
-        shapes = tuple(None if x is None else inner.shape(x) for x in inputs)
-        dtypes = tuple(None if x is None else inner.dtype(x) for x in inputs)
+        shapes = tuple([None if x is None else inner.shape(x) for x in inputs])
+        dtypes = tuple([None if x is None else inner.dtype(x) for x in inputs])
         attrs = tuple(inner_args[n:])
-        needs = tuple(p is not None for p in parents)
+        needs = tuple([p is not None for p in parents])
         fn = rule.fn
 
         def run_rule(g, s):

@@ -149,6 +149,7 @@ def _index_grid(indices: np.ndarray, dim: int) -> tuple:
     return tuple(grid)
 
 
+_DTYPES: dict[np.dtype, DType] = {numpy_dtype(d): d for d in DType}
 _RNGS: dict[tuple, np.random.Generator] = {}
 _RNG_LOCK = threading.Lock()
 
@@ -170,7 +171,8 @@ class NdArray(Backend):
         return x.shape
 
     def dtype(self, x: np.ndarray) -> DType:
-        return dtype_of_numpy(x.dtype)
+        found = _DTYPES.get(x.dtype)  # hot: every op asks
+        return found if found is not None else dtype_of_numpy(x.dtype)
 
     def device_of(self, x: np.ndarray) -> Device:
         return Device(self, "cpu", 0)
