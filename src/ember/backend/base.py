@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ember.backend import conv_grad
@@ -55,6 +56,29 @@ def _missing(op: OpDef, name: str):
     primitive.__name__ = name
     primitive.__ember_missing__ = True
     return primitive
+
+
+def bind_primitives(cls: type, kernel_for: Callable[[OpDef, Kind, str], Callable | None],
+                    as_method: Callable[[Callable], Any] = staticmethod) -> None:  # fmt: skip
+    """Installs a base backend's table-driven primitives on ``cls``, once, at import.
+
+    For every primitive of the op table that ``cls`` does not write out itself,
+    ``kernel_for(op, kind, base_name)`` names a library function (``base_name`` is the
+    op's name without ``_scalar`` / ``_elem``: the scalar forms share their function);
+    ``as_method`` turns it into a method. Without one, a method ``_<op name>`` written
+    once for every kind serves.
+    """
+    for op in OPS.values():
+        base = op.name.removesuffix("_scalar").removesuffix("_elem")
+        for kind, name in op.primitive_names():
+            written = cls.__dict__.get(name)
+            if written is not None and not getattr(written, "__ember_missing__", False):
+                continue  # written out in the class body
+            fn = kernel_for(op, kind, base)
+            if fn is not None:
+                setattr(cls, name, as_method(fn))
+            elif f"_{op.name}" in cls.__dict__:
+                setattr(cls, name, cls.__dict__[f"_{op.name}"])
 
 
 class Backend:

@@ -83,6 +83,7 @@ class Decorator(Backend):
         return self.wrap_output(op, out)
 
     def unwrap_args(self, op: OpDef, args: tuple) -> list:
+        """The inner backend's call arguments: primitives unwrapped, devices mapped."""
         n = len(op.inputs)
         out = list(args)
         for i in range(min(n, len(out))):
@@ -90,10 +91,20 @@ class Decorator(Backend):
                 out[i] = [self.unwrap(t) for t in out[i]]
             elif out[i] is not None:
                 out[i] = self.unwrap(out[i])
-        for i in range(n, len(out)):
-            if isinstance(out[i], Device):
-                out[i] = self.inner_device(out[i])
+        if "device" in op.attrs:  # only creation ops and to_device take one
+            for i in range(n, len(out)):
+                if isinstance(out[i], Device):
+                    out[i] = self.inner_device(out[i])
         return out
+
+    @staticmethod
+    def operands(op: OpDef, args: tuple) -> list:
+        """This decorator's tensor operands of a call, one entry per tensor (``cat``'s list
+        spread out, an absent optional operand as None)."""
+        n = len(op.inputs)
+        if n and op.inputs[0] == "*tensors":
+            return list(args[0])
+        return list(args[:n])
 
     def wrap_output(self, op: OpDef, out: Any) -> Any:
         if op.name == "into_data":

@@ -58,11 +58,6 @@ class Trace(Decorator):
         self.on_op = on_op
 
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
-        shapes = []
-        for i, role in enumerate(op.inputs[: len(args)]):
-            if role == "*tensors":
-                shapes.extend(self.shape(t) for t in args[i])
-            elif args[i] is not None:
-                shapes.append(self.shape(args[i]))
-        self.on_op(OpRecord(op.name, name, tuple(shapes)))
+        shapes = tuple(self.shape(t) for t in self.operands(op, args) if t is not None)
+        self.on_op(OpRecord(op.name, name, shapes))
         return self.forward(op, name, args)

@@ -17,7 +17,6 @@ from typing import Any
 
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
-from ember.backend.device import Device
 from ember.backend.errors import ArgumentError, UnsupportedError
 from ember.backend.ops import OpDef
 from ember.backends.autodiff import rules as _rules  # noqa: F401  (registers every rule)
@@ -58,26 +57,9 @@ class Autodiff(Decorator):
 
     # ------------------------------------------------------------ the generic path
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
-        inner_args = list(args)
-        parents: list[Node | None] = []
-        tracked = False
-        for i, role in enumerate(op.inputs[: len(args)]):
-            value = args[i]
-            if role == "*tensors":
-                inner_args[i] = [t.primitive for t in value]
-                parents.extend(t.node for t in value)
-                tracked = tracked or any(t.node is not None for t in value)
-            elif value is None:
-                parents.append(None)
-            else:
-                inner_args[i] = value.primitive
-                node = value.node
-                parents.append(node)
-                tracked = tracked or node is not None
-        if "device" in op.attrs:
-            for i in range(len(op.inputs), len(args)):
-                if isinstance(args[i], Device):
-                    inner_args[i] = self.inner_device(args[i])
+        inner_args = self.unwrap_args(op, args)
+        parents = [None if t is None else t.node for t in self.operands(op, args)]
+        tracked = any(p is not None for p in parents)
 
         out = getattr(self.inner, name)(*inner_args)
         if op.name == "into_data":
@@ -97,7 +79,7 @@ class Autodiff(Decorator):
         if rule is None:
             raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
         n = len(op.inputs)
-        inputs = _flatten_inputs(op, inner_args[:n])
+        inputs = self.operands(op, tuple(inner_args))
         inner = self.inner
         shapes = tuple([None if x is None else inner.shape(x) for x in inputs])
         dtypes = tuple([None if x is None else inner.dtype(x) for x in inputs])
@@ -120,7 +102,7 @@ class Autodiff(Decorator):
         # ops (matmul, convolutions, pooling) also keep their output, so recomputation in the
         # backward pass never repeats them and stops at them.
         def make_saved(kept_inputs, output):
-            flat = None if kept_inputs is None else tuple(_flatten_inputs(op, kept_inputs))
+            flat = None if kept_inputs is None else tuple(self.operands(op, tuple(kept_inputs)))
             return Saved(flat, output, attrs, shapes, dtypes, needs)
 
         recipe = Recompute(
@@ -192,14 +174,3 @@ def _refs(op: OpDef, args: tuple, inner_args: list) -> list:
         elif args[i] is not None and args[i].node is not None:
             refs[i] = args[i].node
     return refs
-
-
-def _flatten_inputs(op: OpDef, tensor_args: list) -> list:
-    """One entry per tensor operand, with the list of ``cat`` spread out."""
-    if op.inputs and op.inputs[0] == "*tensors":
-        return list(tensor_args[0])
-    return list(tensor_args)
-
-
-def is_autodiff(backend: Backend) -> bool:
-    return isinstance(backend, Autodiff)

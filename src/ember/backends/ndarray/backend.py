@@ -19,14 +19,13 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from ember.backend.base import Backend, DTypeUsage
+from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
-from ember.backend.ops import OPS
 from ember.backends.ndarray import conv, pool, resample
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
-from ember.tensor.dtype import DType
+from ember.tensor.dtype import DType, Kind
 
 # NumPy warns on overflow, 0/0, log(0), NaN comparisons...; PyTorch returns inf and NaN
 # silently, and so does ember. The filter covers only warnings raised from this package,
@@ -366,32 +365,20 @@ def _keep_dtype(name: str, fn: Callable) -> Callable:
     return run
 
 
-def _install() -> None:
-    """Binds every table primitive NdArray implements by a NumPy function or a ``_name`` method."""
+def _array_method(fn: Callable) -> Callable:
+    def primitive(self, *args):
+        out = fn(*args)
+        return out if type(out) is np.ndarray else np.asarray(out)
 
-    def wrap(fn):
-        def primitive(self, *args):
-            out = fn(*args)
-            return out if type(out) is np.ndarray else np.asarray(out)
-
-        return primitive
-
-    for op in OPS.values():
-        base = op.name.removesuffix("_scalar").removesuffix("_elem")
-        for kind, name in op.primitive_names():
-            written = NdArray.__dict__.get(name)
-            if written is not None and not getattr(written, "__ember_missing__", False):
-                continue  # written out in the class body
-            if base in _ELEMENTWISE:
-                setattr(NdArray, name, wrap(_keep_dtype(op.name, _ELEMENTWISE[base])))
-            elif base in _BY_KIND:
-                setattr(
-                    NdArray, name, wrap(_keep_dtype(op.name, _BY_KIND[base][kind.prefix == "int"]))
-                )
-            elif op.name in _REDUCTIONS:
-                setattr(NdArray, name, wrap(_REDUCTIONS[op.name]))
-            elif f"_{op.name}" in NdArray.__dict__:
-                setattr(NdArray, name, NdArray.__dict__[f"_{op.name}"])
+    return primitive
 
 
-_install()
+def _kernel_for(op, kind, base: str) -> Callable | None:
+    if base in _ELEMENTWISE:
+        return _keep_dtype(op.name, _ELEMENTWISE[base])
+    if base in _BY_KIND:
+        return _keep_dtype(op.name, _BY_KIND[base][kind is Kind.INT])
+    return _REDUCTIONS.get(op.name)
+
+
+bind_primitives(NdArray, _kernel_for, _array_method)

@@ -21,9 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ember.backend.base import Backend, DTypeUsage
+from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
-from ember.backend.ops import OPS
 from ember.backend.options import (
     ConvOptions,
     ConvTransposeOptions,
@@ -33,7 +32,7 @@ from ember.backend.options import (
 )
 from ember.tensor.data import TensorData
 from ember.tensor.distribution import Distribution
-from ember.tensor.dtype import DType
+from ember.tensor.dtype import DType, Kind
 
 # TensorData buffers are shared read-only; torch warns about that once, but no primitive
 # ever writes to its input, so the shared memory is never modified.
@@ -439,28 +438,14 @@ class Torch(Backend):
         return torch.log_softmax(x, dim)
 
 
-def _install() -> None:
-    """Binds every table primitive Torch implements by a torch function or a ``_name`` method."""
-    for op in OPS.values():
-        base = op.name.removesuffix("_scalar").removesuffix("_elem")
-        for kind, name in op.primitive_names():
-            written = Torch.__dict__.get(name)
-            if written is not None and not getattr(written, "__ember_missing__", False):
-                continue  # written out in the class body
-            if op.name in _SCALAR:
-                fn = _SCALAR[op.name]
-            elif base in _ELEMENTWISE:
-                fn = _ELEMENTWISE[base]
-            elif base in _BY_KIND:
-                fn = _BY_KIND[base][kind.prefix == "int"]
-            elif op.name in _REDUCTIONS:
-                fn = _REDUCTIONS[op.name]
-            elif f"_{op.name}" in Torch.__dict__:
-                setattr(Torch, name, Torch.__dict__[f"_{op.name}"])
-                continue
-            else:
-                continue
-            setattr(Torch, name, staticmethod(fn))
+def _kernel_for(op, kind, base: str) -> Callable | None:
+    if op.name in _SCALAR:
+        return _SCALAR[op.name]
+    if base in _ELEMENTWISE:
+        return _ELEMENTWISE[base]
+    if base in _BY_KIND:
+        return _BY_KIND[base][kind is Kind.INT]
+    return _REDUCTIONS.get(op.name)
 
 
-_install()
+bind_primitives(Torch, _kernel_for)

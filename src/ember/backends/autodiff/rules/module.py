@@ -26,27 +26,25 @@ def _bias_grad(B, g):
     return B.float_reshape(B.float_sum_dim(B.float_sum_dim(flat, 2), 0), (c,))
 
 
-def _conv(B, g, s):
-    x, weight, _bias = s.inputs
-    (options,) = s.attrs
-    # The first layer's images need no gradient: skip the input gradient.
-    gx = B.conv_x_backward(x, weight, g, options) if s.needs[0] else None
-    gw = B.conv_weight_backward(x, weight, g, options) if s.needs[1] else None
-    gb = None if s.shapes[2] is None else _bias_grad(B, g)
-    return gx, gw, gb
+def _convolution(x_backward: str, weight_backward: str):
+    """The rule of a (transposed) convolution, from the backend's gradient ops."""
+
+    def rule(B, g, s):
+        x, weight, _bias = s.inputs
+        (options,) = s.attrs
+        # The first layer's images need no gradient: skip the input gradient.
+        gx = getattr(B, x_backward)(x, weight, g, options) if s.needs[0] else None
+        gw = getattr(B, weight_backward)(x, weight, g, options) if s.needs[1] else None
+        gb = None if s.shapes[2] is None else _bias_grad(B, g)
+        return gx, gw, gb
+
+    return rule
 
 
-def _conv_transpose(B, g, s):
-    x, weight, _bias = s.inputs
-    (options,) = s.attrs
-    gx = B.conv_transpose_x_backward(x, weight, g, options) if s.needs[0] else None
-    gw = B.conv_transpose_weight_backward(x, weight, g, options) if s.needs[1] else None
-    gb = None if s.shapes[2] is None else _bias_grad(B, g)
-    return gx, gw, gb
-
-
-backward("conv2d", "conv3d", keep="inputs")(_conv)
-backward("conv_transpose2d", "conv_transpose3d", keep="inputs")(_conv_transpose)
+backward("conv2d", "conv3d", keep="inputs")(_convolution("conv_x_backward", "conv_weight_backward"))
+backward("conv_transpose2d", "conv_transpose3d", keep="inputs")(
+    _convolution("conv_transpose_x_backward", "conv_transpose_weight_backward")
+)
 
 
 # ------------------------------------------------------------------ pooling
