@@ -98,7 +98,7 @@ class Decorator(Backend):
         return out
 
     @staticmethod
-    def operands(op: OpDef, args: tuple) -> list:
+    def operands(op: OpDef, args: tuple | list) -> list:
         """This decorator's tensor operands of a call, one entry per tensor (``cat``'s list
         spread out, an absent optional operand as None)."""
         n = len(op.inputs)

@@ -13,6 +13,7 @@ are never tracked.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from ember.backend.base import Backend
@@ -59,7 +60,7 @@ class Autodiff(Decorator):
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
         inner_args = self.unwrap_args(op, args)
         parents = [None if t is None else t.node for t in self.operands(op, args)]
-        tracked = any(p is not None for p in parents)
+        tracked = parents.count(None) != len(parents)
 
         out = getattr(self.inner, name)(*inner_args)
         if op.name == "into_data":
@@ -79,7 +80,7 @@ class Autodiff(Decorator):
         if rule is None:
             raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
         n = len(op.inputs)
-        inputs = self.operands(op, tuple(inner_args))
+        inputs = self.operands(op, inner_args)
         inner = self.inner
         shapes = tuple([None if x is None else inner.shape(x) for x in inputs])
         dtypes = tuple([None if x is None else inner.dtype(x) for x in inputs])
@@ -102,7 +103,7 @@ class Autodiff(Decorator):
         # ops (matmul, convolutions, pooling) also keep their output, so recomputation in the
         # backward pass never repeats them and stops at them.
         def make_saved(kept_inputs, output):
-            flat = None if kept_inputs is None else tuple(self.operands(op, tuple(kept_inputs)))
+            flat = None if kept_inputs is None else tuple(self.operands(op, kept_inputs))
             return Saved(flat, output, attrs, shapes, dtypes, needs)
 
         recipe = Recompute(
@@ -116,8 +117,8 @@ class Autodiff(Decorator):
     def wrap(self, inner_prim: Any) -> TrackedTensor:
         return TrackedTensor(inner_prim)
 
-    def unwrap(self, prim: TrackedTensor) -> Any:
-        return prim.primitive
+    # A C-level getter: unwrapping runs for every operand of every op.
+    unwrap = staticmethod(operator.attrgetter("primitive"))
 
     def set_require_grad(self, x: TrackedTensor, flag: bool) -> TrackedTensor:
         if not flag:
