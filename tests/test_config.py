@@ -11,7 +11,7 @@ import pytest
 import ember
 from ember import Config, ConfigError
 from ember.backend.errors import ConfigFileNotFoundError
-from ember.config import _atomic_write_text
+from ember.atomic import atomic_write
 
 
 class Activation(enum.Enum):
@@ -529,7 +529,7 @@ def test_crash_during_write_keeps_the_old_file(tmp_path: Path, monkeypatch, fail
 
 def test_interrupted_write_keeps_the_old_file(tmp_path: Path, monkeypatch):
     path = tmp_path / "notes.json"
-    _atomic_write_text(path, "old\n")
+    atomic_write(path, b"old\n")
     real_fdopen = os.fdopen
 
     class HalfWriter:
@@ -549,7 +549,7 @@ def test_interrupted_write_keeps_the_old_file(tmp_path: Path, monkeypatch):
 
     monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfWriter(real_fdopen(fd, mode)))
     with pytest.raises(KeyboardInterrupt):
-        _atomic_write_text(path, "new text that never fully lands\n")
+        atomic_write(path, b"new text that never fully lands\n")
     monkeypatch.undo()
     assert path.read_text() == "old\n"
     assert sorted(os.listdir(tmp_path)) == ["notes.json"]

@@ -29,11 +29,9 @@ Example:
     True
 """
 
-import contextlib
 import os
 import types
 import typing
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -42,6 +40,7 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict
 
+from ember.atomic import atomic_write
 from ember.backend.errors import ConfigError, ConfigFileNotFoundError
 
 __all__ = ["Config", "ConfigError", "ConfigFileNotFoundError"]
@@ -282,7 +281,7 @@ class Config(BaseModel):
                 f"the directory '{parent}' does not exist",
                 file=str(path),
             )
-        _atomic_write_text(path, self.to_json() + "\n")
+        atomic_write(path, (self.to_json() + "\n").encode("utf-8"))
 
     @classmethod
     def load(cls: type[C], path: PathLike) -> C:
@@ -357,24 +356,6 @@ def _make_builder(name: str) -> Callable[[Config, Any], Config]:
     )
     builder._ember_generated = True  # type: ignore[attr-defined]
     return builder
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory."""
-    data = text.encode("utf-8")
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    # 0o666 filtered by the umask: the same permissions a plain open() would give.
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
 
 
 def _short_repr(value: Any, limit: int = 60) -> str:

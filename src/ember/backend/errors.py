@@ -66,3 +66,35 @@ class ConfigError(EmberError, ValueError):
 
 class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
     """A config file to load, or the directory to save one into, does not exist."""
+
+
+class RecordError(EmberError, ValueError):
+    """A record (saved module or optimizer state) that cannot be read or does not fit.
+
+    ``path`` is the parameter path the problem is at (``encoder.layers.0.weight``), or
+    ``None`` when it concerns the whole record; ``file`` is the file involved, or ``None``.
+    """
+
+    def __init__(self, message: str, path: str | None = None, file: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.file = file
+
+
+class RecordFormatError(RecordError):
+    """A file or byte string that is not in the recorder's format: corrupt, truncated,
+    written by another recorder, or by a newer ember."""
+
+
+class RecordMismatchError(RecordError):
+    """A record that does not fit the module: a missing or unexpected key, a shape or
+    kind mismatch. The message names the parameter path and both sides."""
+
+
+class RecordFileNotFoundError(RecordError, FileNotFoundError):
+    """A record file to load, or the directory to save one into, does not exist."""
+
+
+class UnsafePickleError(RecordError):
+    """A pickle (PyTorch weight file) that references something other than tensors,
+    storages and plain containers; nothing from it is executed."""
