@@ -10,8 +10,8 @@ import pytest
 
 import ember
 from ember import Config, ConfigError
-from ember.backend.errors import ConfigFileNotFoundError
 from ember.atomic import atomic_write
+from ember.backend.errors import ConfigFileNotFoundError
 
 
 class Activation(enum.Enum):
