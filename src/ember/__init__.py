@@ -30,6 +30,7 @@ from ember.backend import (
     device_count,
 )
 from ember.config import Config
+from ember.module import Module, Param, ParamId, RunningState
 from ember.tensor import Bool, Distribution, DType, Float, Int, Kind, Tensor, TensorData, activation
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "ArgumentError", "Backend", "BackendUnavailableError", "Bool", "Config", "ConfigError",
     "DType", "DTypeError",
     "DTypeUsage", "Device", "DeviceError", "Distribution", "EmberError", "EmberIndexError",
-    "Float", "Int", "Kind", "KindError", "ShapeError", "Tensor", "TensorData",
+    "Float", "Int", "Kind", "KindError", "Module", "Param", "ParamId", "RunningState", "ShapeError",
+    "Tensor", "TensorData",
     "UnsupportedError", "activation", "default_device", "device", "device_count", "seed",
 ]  # fmt: skip
