@@ -319,3 +319,11 @@ def test_imported_flat_names_nest_into_lists():
     # imported weights carry no ids: the module keeps its own
     target = net(NDARRAY)
     assert target.load_record(ImportedRecord(flat)).first.scale.id == target.first.scale.id
+
+
+def test_a_mapped_module_does_not_share_running_states():
+    model = net(NDARRAY)
+    for copy in (model.no_grad(), model.map(lambda _, p: p)):
+        copy.stats.update(Tensor.ones([3], NDARRAY))
+        assert model.stats.val().tolist() == [0.0, 0.0, 0.0]
+        assert copy.stats.id == model.stats.id

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ember.backend.device import Device
 from ember.backend.errors import fmt_shape
-from ember.module.param import Param
+from ember.module.param import Param, RunningState
 from ember.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -105,6 +105,9 @@ class Module:
 
         def on_param(path: str, param: Param) -> Param:
             result = mapper(path, param)
+            if result is param and isinstance(param, RunningState):
+                # running states change in place: the new module gets its own
+                return param.with_value(param.val())
             return result if isinstance(result, Param) else param.with_value(result)
 
         return _rebuild(self, "", on_param, None)

@@ -156,5 +156,5 @@ class RunningState(Param):
         self._value = value.detach()
 
     def set_require_grad(self, flag: bool) -> RunningState:
-        return self
+        return self.with_value(self._value)
 

@@ -1,0 +1,38 @@
+"""Fixtures of the nn tests: layers run on NdArray and Torch (CUDA too, where there is a GPU),
+with and without autodiff."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import ember
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _cuda() -> ember.Device:
+    if ember.device_count("torch", "cuda") == 0:
+        pytest.skip("no CUDA device: the nn tests' torch-cuda cases run only where torch sees a GPU")
+    return ember.device("torch", "cuda:0")
+
+
+BASE = {
+    "ndarray": lambda: ember.device("ndarray"),
+    "torch": lambda: ember.device("torch"),
+    "torch-cuda": _cuda,
+}
+
+
+@pytest.fixture(params=list(BASE))
+def base_device(request) -> ember.Device:
+    """A device without autodiff: layers run for inference."""
+    return BASE[request.param]()
+
+
+@pytest.fixture(params=list(BASE))
+def ad_device(request) -> ember.Device:
+    """An autodiff device: layers train and gradients flow."""
+    return BASE[request.param]().autodiff()
