@@ -112,3 +112,19 @@ def test_torch_device_without_torch_names_the_install_command():
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("BackendUnavailableError True")
     assert "pip install 'ember[torch]'" in result.stdout
+
+
+def test_int_matmul_by_blocks_matches_the_cpu_kernel_and_wraps_on_overflow():
+    # CUDA has no integer matmul; the backend's fallback runs on the CPU too, so it is checked here.
+    from ember.backends.torch.backend import _int_matmul_by_blocks
+
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-9, 9, (3, 1, 4, 5), generator=generator)
+    b = torch.randint(-9, 9, (2, 5, 7), generator=generator, dtype=torch.int32)
+    result = _int_matmul_by_blocks(a, b)
+    assert result.dtype == torch.int64
+    assert torch.equal(result, torch.matmul(a, b.long()))
+    big = torch.randint(-(2**62), 2**62, (4, 300), generator=generator)
+    assert torch.equal(_int_matmul_by_blocks(big, big.T), torch.matmul(big, big.T))
+    empty = _int_matmul_by_blocks(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long))
+    assert torch.equal(empty, torch.zeros(2, 3, dtype=torch.long))

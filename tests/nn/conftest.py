@@ -16,6 +16,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 def _cuda() -> ember.Device:
     if ember.device_count("torch", "cuda") == 0:
         pytest.skip("no CUDA device: the nn tests' torch-cuda cases run only where torch sees a GPU")
+    import torch
+
+    # Full f32 on cuDNN (not its default TF32), to compare with f32 references made on the CPU.
+    torch.backends.cudnn.allow_tf32 = False
     return ember.device("torch", "cuda:0")
 
 

@@ -12,6 +12,7 @@ share memory (CPU tensors). Primitives are never written in place.
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections.abc import Callable
@@ -113,6 +114,26 @@ _GENERATORS: dict[tuple[str, int], torch.Generator] = {}
 _GENERATOR_LOCK = threading.Lock()
 _PAD_MODE = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
 _aten = torch.ops.aten
+
+
+def _int_matmul_by_blocks(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Integer matmul where torch has no kernel (CUDA): products summed over blocks of k.
+
+    Integer arithmetic wraps on overflow here exactly as the CPU kernel's does, which a
+    detour through float64 would not. Each block's products are bounded to 2**24 elements.
+    """
+    *batch_a, m, k = a.shape
+    *batch_b, _, n = b.shape
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    out = torch.zeros((*torch.broadcast_shapes(tuple(batch_a), tuple(batch_b)), m, n),
+                      dtype=dtype, device=a.device)  # fmt: skip
+    rows = max(1, math.prod(out.shape[:-1]) * n)
+    block = max(1, (1 << 24) // rows)
+    for start in range(0, k, block):
+        lhs = a[..., start:start + block].unsqueeze(-1)
+        rhs = b[..., start:start + block, :].unsqueeze(-3)
+        out += (lhs * rhs).sum(-2, dtype=dtype)
+    return out
 
 
 def _conv_backward(x, weight, grad, o, transposed: bool, padding_out, which: int):
@@ -333,6 +354,8 @@ class Torch(Backend):
         return x.index_add(dim, _long(indices), values)
 
     def _matmul(self, a, b):
+        if a.is_cuda and not a.is_floating_point():
+            return _int_matmul_by_blocks(a, b)
         return torch.matmul(a, b)
 
     # ------------------------------------------------------------ module ops
