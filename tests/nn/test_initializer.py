@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import ember
 from ember.backend.errors import ArgumentError, ConfigError
@@ -171,3 +172,50 @@ def test_unknown_or_malformed_variants_in_json_are_config_errors():
         LinearConfig.from_dict({**base, "initializer": {"KaimingUniform": {}}})
     with pytest.raises(ConfigError, match=r"initializer.Zeros.scale: unknown field"):
         LinearConfig.from_dict({**base, "initializer": {"Zeros": {"scale": 1}}})
+
+
+# PyTorch's initializers for the same layer: torch lays weights out [fan_out, fan_in].
+FAN_IN, FAN_OUT = SHAPE
+
+
+def _torch_sample(fill) -> np.ndarray:
+    torch.manual_seed(7)
+    weight = torch.empty(FAN_OUT, FAN_IN)
+    with torch.no_grad():
+        fill(weight)
+    return weight.numpy().astype(np.float64)
+
+
+TORCH_PAIRS = {
+    "kaiming_uniform_relu": (KaimingUniform(math.sqrt(2.0)),
+                             lambda w: torch.nn.init.kaiming_uniform_(w, nonlinearity="relu")),
+    "kaiming_normal_fan_out": (KaimingNormal(math.sqrt(2.0), fan_out_only=True),
+                               lambda w: torch.nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu")),
+    "xavier_uniform": (XavierUniform(1.5), lambda w: torch.nn.init.xavier_uniform_(w, gain=1.5)),
+    "xavier_normal": (XavierNormal(0.7), lambda w: torch.nn.init.xavier_normal_(w, gain=0.7)),
+    "uniform": (Uniform(-0.5, 2.0), lambda w: torch.nn.init.uniform_(w, -0.5, 2.0)),
+    "normal": (Normal(0.3, 1.2), lambda w: torch.nn.init.normal_(w, 0.3, 1.2)),
+    # PyTorch's default for nn.Linear weights: kaiming_uniform_ with a = sqrt(5).
+    "linear_default": (LinearConfig(FAN_IN, FAN_OUT).initializer,
+                       lambda w: torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(TORCH_PAIRS))
+def test_statistics_match_torch_nn_init(base_device, name):
+    initializer, fill = TORCH_PAIRS[name]
+    ours = sample(initializer, base_device, fan_in=FAN_IN, fan_out=FAN_OUT)
+    theirs = _torch_sample(fill)
+    spread = theirs.std()
+    assert abs(ours.mean() - theirs.mean()) < 0.02 * spread
+    assert abs(ours.std() / spread - 1) < 0.02
+    # The same support (uniform) or tails (normal): compare the 0.1% and 99.9% quantiles.
+    for q in (0.001, 0.999):
+        assert abs(np.quantile(ours, q) - np.quantile(theirs, q)) < 0.05 * spread
+
+
+def test_orthogonal_matches_torch_orthogonal(base_device):
+    ours = Orthogonal(2.0).init([30, 50], base_device).to_numpy().astype(np.float64)
+    theirs = _torch_sample(lambda w: torch.nn.init.orthogonal_(w[:30, :50], gain=2.0))[:30, :50]
+    np.testing.assert_allclose(ours @ ours.T, theirs @ theirs.T, atol=1e-4)
+    assert abs(ours.std() / theirs.std() - 1) < 0.1
