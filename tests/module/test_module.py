@@ -181,6 +181,18 @@ def test_to_device_across_backends():
     np.testing.assert_array_equal(values(model)["blocks.1.scale"], [3.0, 3.0, 3.0])
 
 
+def test_fork_between_autodiff_devices_of_different_backends():
+    # Both devices run the Autodiff decorator, over different inner backends.
+    source, target = NDARRAY.autodiff(), ember.device("torch").autodiff()
+    model = net(source).fork(target)
+    assert model.devices() == [target]
+    np.testing.assert_array_equal(values(model)["blocks.1.scale"], [3.0, 3.0, 3.0])
+    grads = model(Tensor.ones([3], target)).sum().backward()
+    assert model.blocks[1].shift.val().grad(grads).device == ember.device("torch")
+    back = model.to_device(source)
+    assert back.devices() == [source]
+
+
 def test_devices_lists_each_device_once():
     mixed = Net(**{**vars(net(NDARRAY)), "offset": Tensor.ones([3], ember.device("torch"))})
     assert mixed.devices() == [NDARRAY, ember.device("torch")]

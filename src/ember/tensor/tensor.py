@@ -62,6 +62,19 @@ def _same_device(op: str, a: Tensor, b: Tensor) -> None:
         raise DeviceError(f"{op}: tensors are on different devices, {a._device} and {b._device}")
 
 
+def _backend_types(backend: Any) -> tuple[type, ...]:
+    """The classes of a backend and of every backend it decorates, outermost first.
+
+    Primitives pass between two devices only when the whole stacks match:
+    Autodiff(NdArray) and Autodiff(Torch) share a class but not their primitives.
+    """
+    types = []
+    while backend is not None:
+        types.append(type(backend))
+        backend = getattr(backend, "inner", None)
+    return tuple(types)
+
+
 def _dims(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, int):
         return (shape,)
@@ -305,7 +318,7 @@ class Tensor:
         """This tensor on ``device``; across backends the data goes through TensorData."""
         if device is self._device or device == self._device:
             return self
-        if type(device.backend) is type(self._device.backend):
+        if _backend_types(device.backend) == _backend_types(self._device.backend):
             prim = getattr(device.backend, _primitive(ops.to_device, self._kind))(self._prim, device)
             return _wrap(prim, device, self._kind)
         return Tensor.from_data(self.into_data(), device)
