@@ -657,3 +657,19 @@ def test_slicing_matches_numpy(device, case):
     assert out.shape == expected.shape
     assert out.dtype is DType.I32
     assert_close(out, expected)
+
+
+@pytest.mark.parametrize("op", ["gather", "select", "scatter", "select_assign"])
+def test_indices_out_of_range_are_index_errors(device, op):
+    if device.place == "cuda":
+        pytest.skip("an out-of-range index is a device-side assert on CUDA, fatal to the process")
+    x = Tensor.from_data([[1.0, 2.0], [3.0, 4.0]], device)
+    bad = Tensor.from_data([[0, 5]], device) if op in ("gather", "scatter") else Tensor.from_data([5], device)
+    call = {
+        "gather": lambda: x.gather(1, bad),
+        "select": lambda: x.select(1, bad),
+        "scatter": lambda: x.scatter(1, bad, Tensor.ones([1, 2], device)),
+        "select_assign": lambda: x.select_assign(1, bad, Tensor.ones([2, 1], device)),
+    }[op]
+    with pytest.raises(EmberIndexError, match=rf"{op}(_add)?: an index is outside \[0, 2\) along dim 1 of a tensor of shape \[2, 2\]"):
+        call()

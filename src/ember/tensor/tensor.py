@@ -19,6 +19,7 @@ from ember.backend.errors import (
     ArgumentError,
     DeviceError,
     DTypeError,
+    EmberIndexError,
     KindError,
     ShapeError,
     UnsupportedError,
@@ -1280,7 +1281,15 @@ class Tensor:
             prims = [x, indices._prim, v]
         name = _primitive(op, self._kind)
         op.rule(op.name, *operands, d)
-        return _wrap(getattr(self._device.backend, name)(*prims, d), self._device, self._kind)
+        try:
+            prim = getattr(self._device.backend, name)(*prims, d)
+        except (IndexError, RuntimeError) as error:
+            # Bounds are the kernels' to check: a check here would read the indices (a sync).
+            raise EmberIndexError(
+                f"{op.name}: an index is outside [0, {self.shape[d]}) along dim {d} of a tensor "
+                f"of shape {fmt_shape(self.shape)} ({error})"
+            ) from None
+        return _wrap(prim, self._device, self._kind)
 
     # ================================================================ module op on all kinds
     def pad(self, pads: Sequence[int], value: Scalar = 0, mode: str = "constant") -> Tensor:
