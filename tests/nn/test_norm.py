@@ -1,4 +1,5 @@
-"""BatchNorm: training and inference against torch.nn.BatchNorm1d / 2d, the adapter, errors."""
+"""Normalization layers against PyTorch: BatchNorm (training and inference), LayerNorm,
+GroupNorm, InstanceNorm and RmsNorm (forward and gradients); the adapter; errors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from nn_helpers import assert_close, from_torch, pytorch_record
 from ember import Tensor
 from ember.backend.errors import ConfigError, ShapeError
 from ember.nn import BatchNorm, BatchNormConfig
+from ember.nn.norm import GroupNormConfig, InstanceNormConfig, LayerNormConfig, RmsNormConfig
 from ember.record.adapter import PYTORCH
 
 SHAPES = {"rank2": (8, 3), "rank3": (4, 3, 5), "rank4": (2, 3, 4, 5)}
@@ -131,3 +133,155 @@ def test_config_errors(kwargs, message):
 def test_config_round_trips_through_json():
     config = BatchNormConfig(8, momentum=0.01)
     assert BatchNormConfig.load_json(config.to_json()) == config
+
+
+# ---------------------------------------------------------------- LayerNorm, GroupNorm, InstanceNorm, RmsNorm
+# Each case: the ember config, the PyTorch reference with the same defaults spelled out, an input shape.
+NORMS = {
+    "layer": (lambda: LayerNormConfig(6), lambda: torch.nn.LayerNorm(6, eps=1e-5), (2, 3, 6)),
+    "layer-rank1": (lambda: LayerNormConfig(5, epsilon=1e-3),
+                    lambda: torch.nn.LayerNorm(5, eps=1e-3), (5,)),
+    "group": (lambda: GroupNormConfig(2, 4), lambda: torch.nn.GroupNorm(2, 4, eps=1e-5), (3, 4, 5)),
+    "group-rank4": (lambda: GroupNormConfig(3, 6, epsilon=1e-3),
+                    lambda: torch.nn.GroupNorm(3, 6, eps=1e-3), (2, 6, 3, 2)),
+    "group-rank2": (lambda: GroupNormConfig(2, 6), lambda: torch.nn.GroupNorm(2, 6), (4, 6)),
+    "instance1d": (lambda: InstanceNormConfig(3),
+                   lambda: torch.nn.InstanceNorm1d(3, eps=1e-5, affine=True), (2, 3, 7)),
+    "instance2d": (lambda: InstanceNormConfig(3),
+                   lambda: torch.nn.InstanceNorm2d(3, affine=True), (2, 3, 4, 5)),
+    "rms": (lambda: RmsNormConfig(6), lambda: torch.nn.RMSNorm(6, eps=1e-5), (2, 3, 6)),
+}  # fmt: skip
+
+
+def torch_norm(case: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
+    torch.manual_seed(1)
+    _, make, shape = NORMS[case]
+    reference = make()
+    with torch.no_grad():  # away from the identity, so loading the weights is checked
+        for param in reference.parameters():
+            param.uniform_(-1.5, 1.5)
+    return reference, shape
+
+
+def params_of(norm) -> dict[str, object]:
+    return {name: param for name, param in norm.params()}
+
+
+@pytest.mark.parametrize("case", list(NORMS))
+def test_norm_forward_and_gradients_match_torch(ad_device, case):
+    reference, shape = torch_norm(case)
+    norm = NORMS[case][0]().init(ad_device).load_record(pytorch_record(reference))
+    x_ref = (torch.randn(shape) * 3 + 1).requires_grad_(True)
+    upstream = torch.randn(shape)
+    y_ref = reference(x_ref)
+    (y_ref * upstream).sum().backward()
+
+    x = from_torch(x_ref, ad_device).require_grad()
+    y = norm(x)
+    assert y.shape == shape
+    assert_close(y, y_ref, atol=1e-5)
+    grads = (y * from_torch(upstream, ad_device)).sum().backward()
+    assert_close(x.grad(grads), x_ref.grad, atol=1e-4)
+    torch_grads = {"gamma": reference.weight.grad}
+    if getattr(reference, "bias", None) is not None:
+        torch_grads["beta"] = reference.bias.grad
+    ember_params = params_of(norm)
+    assert sorted(ember_params) == sorted(torch_grads)
+    for name, expected in torch_grads.items():
+        assert_close(ember_params[name].val().grad(grads), expected, atol=1e-4)
+
+    # valid(): the same function on the inner device (these layers keep no batch statistics)
+    x_valid = torch.randn(shape)
+    assert_close(norm.valid()(from_torch(x_valid, ad_device.inner())), reference(x_valid), atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["layer", "group-rank4", "instance2d", "rms"])
+def test_norm_inference_on_a_base_device_matches_torch(base_device, case):
+    reference, shape = torch_norm(case)
+    norm = NORMS[case][0]().init(base_device).load_record(pytorch_record(reference))
+    x = torch.randn(shape)
+    assert_close(norm(from_torch(x, base_device)), reference(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["group", "instance"])
+def test_norms_without_affine_match_torch(ad_device, kind):
+    if kind == "group":
+        norm, reference = GroupNormConfig(2, 4, affine=False), torch.nn.GroupNorm(2, 4, affine=False)
+    else:
+        norm, reference = InstanceNormConfig(4, affine=False), torch.nn.InstanceNorm1d(4)
+    norm = norm.init(ad_device)
+    assert norm.gamma is None and norm.beta is None and norm.num_params() == 0
+    x_ref = torch.randn(2, 4, 6, requires_grad=True)
+    reference(x_ref).pow(3).sum().backward()
+    x = from_torch(x_ref, ad_device).require_grad()
+    y = norm(x)
+    assert_close(y, reference(x_ref), atol=1e-5)
+    assert_close(x.grad((y * y * y).sum().backward()), x_ref.grad, atol=1e-4)
+
+
+def test_default_configs_follow_burn():
+    layer = LayerNormConfig(4).init()
+    assert (layer.d_model, layer.epsilon) == (4, 1e-5)
+    assert layer.gamma.val().tolist() == [1.0] * 4 and layer.beta.val().tolist() == [0.0] * 4
+    group = GroupNormConfig(2, 4)
+    assert (group.epsilon, group.affine) == (1e-5, True)
+    group_norm = group.init()
+    assert group_norm.gamma.val().tolist() == [1.0] * 4 and group_norm.beta.val().tolist() == [0.0] * 4
+    instance = InstanceNormConfig(3)
+    assert (instance.epsilon, instance.affine) == (1e-5, True)
+    assert instance.init().num_params() == 6
+    rms = RmsNormConfig(5).init()
+    assert (rms.d_model, rms.epsilon) == (5, 1e-5)
+    assert sorted(rms.into_record()) == ["gamma"] and rms.gamma.val().tolist() == [1.0] * 5
+
+
+def test_pytorch_adapter_renames_weight_and_bias():
+    reference, _ = torch_norm("layer")
+    adapted = PYTORCH.adapt(LayerNormConfig(6).init(), pytorch_record(reference).tensors)
+    assert sorted(adapted) == ["beta", "gamma"]
+    rms_reference, _ = torch_norm("rms")
+    rms, report = RmsNormConfig(6).init().load_record_partial(pytorch_record(rms_reference))
+    assert report.loaded == ["gamma"] and not report.missing and not report.unexpected
+    assert_close(rms.gamma.val(), rms_reference.weight)
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "message"),
+    [(LayerNormConfig(4), [2, 3], r"LayerNorm: expected an input of shape \[\.\.\., 4\] \(d_model\), got \[2, 3\]"),
+     (LayerNormConfig(4), [], r"LayerNorm: .*got \[\]"),
+     (RmsNormConfig(3), [3, 4], r"RmsNorm: expected an input of shape \[\.\.\., 3\] \(d_model\), got \[3, 4\]"),
+     (GroupNormConfig(2, 4), [2, 3, 5], r"GroupNorm: expected an input of shape \[batch, 4 \(num_channels\), \.\.\.\], got \[2, 3, 5\]"),
+     (GroupNormConfig(2, 4), [4], r"GroupNorm: .*got \[4\]"),
+     (InstanceNormConfig(2), [3, 2], r"InstanceNorm: expected an input of shape \[batch, 2 \(num_channels\), \*spatial\] with at least one spatial dim, got \[3, 2\]"),
+     (InstanceNormConfig(2), [3, 4, 5], r"InstanceNorm: .*got \[3, 4, 5\]")],
+)  # fmt: skip
+def test_norm_input_of_the_wrong_shape_is_a_shape_error(ad_device, config, shape, message):
+    norm = config.init(ad_device)
+    with pytest.raises(ShapeError, match=message):
+        norm(Tensor.ones(shape, ad_device))
+
+
+def test_num_groups_must_divide_num_channels():
+    config = GroupNormConfig(3, 4)  # valid on its own: the check is at init, as Burn's
+    with pytest.raises(ConfigError, match=r"GroupNormConfig.num_groups: 3 groups must divide num_channels \(4\)"):
+        config.init()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [(lambda: LayerNormConfig(0), r"LayerNormConfig.d_model: expected greater than or equal to 1"),
+     (lambda: LayerNormConfig(4, epsilon=-1.0), r"LayerNormConfig.epsilon: expected greater than"),
+     (lambda: GroupNormConfig(0, 4), r"GroupNormConfig.num_groups: expected greater than or equal to 1"),
+     (lambda: GroupNormConfig(2, 4, affine="yes"), r"GroupNormConfig.affine: expected a boolean"),
+     (lambda: InstanceNormConfig(num_channels=2.5), r"InstanceNormConfig.num_channels"),
+     (lambda: RmsNormConfig(), r"RmsNormConfig.d_model")],
+)  # fmt: skip
+def test_norm_config_errors(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_norm_configs_round_trip_through_json():
+    for config in [LayerNormConfig(8, epsilon=1e-6), GroupNormConfig(2, 8, affine=False),
+                   InstanceNormConfig(4), RmsNormConfig(3)]:  # fmt: skip
+        assert type(config).load_json(config.to_json()) == config
