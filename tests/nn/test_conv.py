@@ -1,4 +1,4 @@
-"""Conv1d / Conv2d: against torch.nn.Conv1d / Conv2d, padding modes, config checks."""
+"""Conv1d / 2d / 3d: against torch.nn.Conv1d / 2d / 3d, padding modes, config checks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import ember
 from ember import Tensor
 from ember.backend.errors import ConfigError, ShapeError
 from ember.nn import Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, Initializer, PaddingConfig
+from ember.nn.conv import Conv3d, Conv3dConfig, PaddingConfig3d
 
 Same, Valid, Explicit = PaddingConfig.Same, PaddingConfig.Valid, PaddingConfig.Explicit
 
@@ -180,3 +181,79 @@ def test_input_of_the_wrong_shape_is_a_shape_error(shape, expected):
 def test_input_smaller_than_the_kernel_is_a_shape_error():
     with pytest.raises(ShapeError, match="conv1d"):
         Conv1dConfig(1, 1, 5).init()(Tensor.ones([1, 1, 3]))
+
+
+# ---------------------------------------------------------------------- Conv3d
+CASES_3D = {
+    "valid": (Valid(), 0, (2, 3, 2), (1, 1, 1), (1, 1, 1), 1, True),
+    "explicit-strided-groups":
+        (Explicit(1, 0, 1), (1, 0, 1), (3, 2, 3), (2, 1, 2), (1, 1, 1), 2, True),
+    "same-even-dilated": (Same(), "same", (2, 3, 2), (1, 1, 1), (1, 2, 1), 1, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES_3D))
+def test_conv3d_matches_torch(ad_device, case):
+    padding, torch_padding, kernel, stride, dilation, groups, bias = CASES_3D[case]
+    torch.manual_seed(0)
+    reference = torch.nn.Conv3d(4, 6, kernel, stride, torch_padding, dilation, groups, bias)
+    config = Conv3dConfig([4, 6], kernel, stride=stride, dilation=dilation, groups=groups,
+                          padding=padding, bias=bias)  # fmt: skip
+    layer = config.init(ad_device).load_record(pytorch_record(reference))
+    check_against_torch(layer, reference, torch.randn(2, 4, 5, 6, 5), ad_device)
+
+
+def test_conv3d_inference_matches_torch(base_device):
+    torch.manual_seed(2)
+    reference = torch.nn.Conv3d(2, 3, (3, 1, 2))
+    layer = Conv3dConfig([2, 3], [3, 1, 2]).init(base_device).load_record(pytorch_record(reference))
+    x = torch.randn(1, 2, 4, 3, 5)
+    assert_close(layer(from_torch(x, base_device)), reference(x), atol=1e-5)
+
+
+def test_conv3d_layout_defaults_and_json():
+    assert PaddingConfig3d is PaddingConfig
+    config = Conv3dConfig([6, 4], [3, 2, 1], groups=2)
+    assert (config.stride, config.dilation, config.padding) == ((1, 1, 1), (1, 1, 1), Valid())
+    assert config.bias
+    layer = config.init()
+    assert isinstance(layer, Conv3d)
+    assert layer.weight.shape == (4, 3, 3, 2, 1) and layer.bias.shape == (4,)
+    assert (layer.channels_in, layer.channels_out, layer.kernel_size) == (6, 4, (3, 2, 1))
+    again = Conv3dConfig.load_json(config.with_padding(Explicit(1, 2, 0)).to_json())
+    assert again.padding == Explicit(1, 2, 0) and again.kernel_size == (3, 2, 1)
+
+
+def test_conv3d_default_initializer_bound():
+    ember.seed(ember.device("ndarray"), 4)
+    layer = Conv3dConfig([4, 32], [2, 2, 2], groups=2).init(ember.device("ndarray"))
+    bound = 1 / math.sqrt(4 // 2 * 8)  # PyTorch's default bound
+    values = layer.weight.val().to_numpy()
+    assert values.min() >= -bound and values.max() < bound and values.max() > 0.9 * bound
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Conv3dConfig([4, 6], [3, 3, 3], groups=4).init(),
+         r"Conv3dConfig.groups: 4 groups must divide both channels_in \(4\) and channels_out \(6\)"),
+        (lambda: Conv3dConfig([1, 1], [3, 3, 3], padding=Explicit(1, 1)).init(),
+         r"Conv3dConfig.padding: Explicit needs 1 or 3 sizes \(one per spatial dim\), got \[1, 1\]"),
+        (lambda: Conv3dConfig([1, 1], [3, 3]),
+         r"Conv3dConfig.kernel_size\[2\]: missing required field"),
+        (lambda: Conv3dConfig([1, 1], [3, 3, 3], stride=[1, 0, 1]),
+         r"Conv3dConfig.stride\[1\]: expected greater than or equal to 1, got 0"),
+    ],
+)  # fmt: skip
+def test_conv3d_config_errors(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def test_conv3d_input_of_the_wrong_shape_is_a_shape_error():
+    layer = Conv3dConfig([2, 4], [1, 1, 1]).init()
+    expected = r"Conv3d: expected an input of shape \[batch, 2 \(channels_in\), depth, height, width\]"
+    with pytest.raises(ShapeError, match=expected + r", got \[1, 2, 3, 3\]"):
+        layer(Tensor.ones([1, 2, 3, 3]))
+    with pytest.raises(ShapeError, match=expected + r", got \[1, 3, 3, 3, 3\]"):
+        layer(Tensor.ones([1, 3, 3, 3, 3]))

@@ -1,4 +1,4 @@
-"""Convolutions: Conv1d and Conv2d, one implementation for any number of spatial dims.
+"""Convolutions: Conv1d, Conv2d and Conv3d, one implementation for any number of spatial dims.
 
 The weight is ``[channels_out, channels_in / groups, *kernel_size]``, PyTorch's
 layout, so PyTorch weights load without an adapter rule.
@@ -7,19 +7,26 @@ layout, so PyTorch weights load without an adapter rule.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from ember.backend.device import Device
 from ember.backend.errors import ConfigError, ShapeError, fmt_shape
 from ember.config import Config
 from ember.module import Module, Param
-from ember.nn._util import NonNegativeInts, PositiveInt, PositivePair
+from ember.nn._util import NonNegativeInts, PositiveInt, PositivePair, _list_as_tuple
 from ember.nn._variants import Variant
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.tensor import Tensor
 from ember.tensor import module as F
 
 _DEFAULT_INIT = KaimingUniform(gain=1 / math.sqrt(3))
+
+# Sizes per spatial dim of a 3-d layer, as PositivePair is for 2-d ones.
+PositiveTriple = Annotated[
+    tuple[PositiveInt, PositiveInt, PositiveInt], BeforeValidator(_list_as_tuple)
+]
 
 
 class PaddingConfig(Variant):
@@ -32,7 +39,8 @@ class PaddingConfig(Variant):
     * ``PaddingConfig.Explicit(p)`` or ``Explicit(p_1, ..., p_n)``: ``p`` zeros on both
       sides of every spatial dim, or one amount per spatial dim.
 
-    ``PaddingConfig1d`` and ``PaddingConfig2d`` (Burn's names) are this same family.
+    ``PaddingConfig1d``, ``PaddingConfig2d`` and ``PaddingConfig3d`` (Burn's names) are
+    this same family.
 
     Example:
         >>> from ember.nn import PaddingConfig
@@ -64,7 +72,7 @@ class Explicit(PaddingConfig):
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
-PaddingConfig1d = PaddingConfig2d = PaddingConfig
+PaddingConfig1d = PaddingConfig2d = PaddingConfig3d = PaddingConfig
 
 
 def _resolve_padding(owner: str, padding: PaddingConfig, kernel: tuple[int, ...],
@@ -110,7 +118,8 @@ def _init_conv(owner: str, module: type[_Conv], device: Device | None, channels:
 
 
 class _Conv(Module):
-    """The convolution of :class:`Conv1d` and :class:`Conv2d`; the weight's rank sets the dims."""
+    """The convolution of :class:`Conv1d`, :class:`Conv2d` and :class:`Conv3d`; the weight's
+    rank sets the dims."""
 
     weight: Param
     bias: Param | None
@@ -119,7 +128,7 @@ class _Conv(Module):
     dilation: tuple[int, ...]
     groups: int
 
-    _spatial_names = {1: "length", 2: "height, width"}
+    _spatial_names = {1: "length", 2: "height, width", 3: "depth, height, width"}
 
     @property
     def channels_in(self) -> int:
@@ -300,4 +309,74 @@ class Conv2d(_Conv):
         ((1, 2), (1, 2))
         >>> conv(Tensor.ones([2, 3, 10, 12])).shape
         (2, 8, 10, 12)
+    """
+
+
+class Conv3dConfig(Config):
+    """Configuration of a :class:`Conv3d` layer.
+
+    Args:
+        channels: ``(channels_in, channels_out)``.
+        kernel_size: ``(depth, height, width)`` of the kernel.
+        stride: step between windows per spatial dim. Default: ``(1, 1, 1)``.
+        dilation: spacing between kernel taps per spatial dim. Default: ``(1, 1, 1)``.
+        groups: blocked connections; must divide both channel counts. Default: 1.
+        padding: a :class:`PaddingConfig`. Default: ``Valid()``.
+        bias: whether to add a learned bias per output channel. Default: True.
+        initializer: how to fill the weight and the bias, with
+            ``fan_in = channels_in / groups * kd * kh * kw`` and
+            ``fan_out = channels_out / groups * kd * kh * kw``.
+            Default: ``KaimingUniform(gain=1/sqrt(3))``, as PyTorch.
+
+    Raises:
+        ConfigError: at ``init``, when ``groups`` does not divide the channels, for
+            Same padding with a stride above 1 or Explicit padding of the wrong length.
+
+    Example:
+        >>> import ember
+        >>> from ember import Tensor
+        >>> from ember.nn.conv import Conv3dConfig, PaddingConfig
+        >>> config = Conv3dConfig([2, 4], [3, 3, 3], padding=PaddingConfig.Explicit(1, 0, 0))
+        >>> conv = config.init(ember.device("ndarray"))
+        >>> conv.weight.shape, conv(Tensor.ones([1, 2, 4, 5, 6])).shape
+        ((4, 2, 3, 3, 3), (1, 4, 4, 3, 4))
+    """
+
+    channels: PositivePair
+    kernel_size: PositiveTriple
+    stride: PositiveTriple = (1, 1, 1)
+    dilation: PositiveTriple = (1, 1, 1)
+    groups: PositiveInt = 1
+    padding: PaddingConfig = Valid()
+    bias: bool = True
+    initializer: Initializer = _DEFAULT_INIT
+
+    def init(self, device: Device | None = None) -> Conv3d:
+        """A new :class:`Conv3d` with freshly initialized parameters on ``device``."""
+        return _init_conv(
+            "Conv3dConfig", Conv3d, device, self.channels, self.kernel_size, self.stride,
+            self.dilation, self.groups, self.padding, self.bias, self.initializer,
+        )  # fmt: skip
+
+
+class Conv3d(_Conv):
+    """3-d convolution (cross-correlation) over ``[batch, channels, depth, height, width]``.
+
+    Build it with :class:`Conv3dConfig`; the fields are those of :class:`Conv1d`
+    with three spatial dims (volumes, or video as frames x height x width).
+
+    Shape:
+        - Input: ``[batch, channels_in, depth, height, width]``.
+        - Output: ``[batch, channels_out, depth_out, height_out, width_out]``, each spatial
+          size as for :class:`Conv1d`.
+
+    Example:
+        >>> import ember
+        >>> from ember import Tensor
+        >>> from ember.nn.conv import Conv3dConfig, PaddingConfig
+        >>> conv = Conv3dConfig([1, 2], [2, 3, 3], padding=PaddingConfig.Same()).init()
+        >>> conv.padding
+        ((0, 1), (1, 1), (1, 1))
+        >>> conv(Tensor.ones([1, 1, 4, 6, 6])).shape
+        (1, 2, 4, 6, 6)
     """
