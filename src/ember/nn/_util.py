@@ -1,25 +1,9 @@
-"""Small pieces the layers share: constrained config field types, the training switch."""
+"""The training switch the layers share."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from pydantic import BeforeValidator, Field
-
 from ember.backend.device import Device
-
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-
-
-def _list_as_tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-# Sizes per spatial dim: a tuple, or a list as Burn's book and JSON write them ([3, 3]).
-PositivePair = Annotated[tuple[PositiveInt, PositiveInt], BeforeValidator(_list_as_tuple)]
-NonNegativeInts = Annotated[tuple[NonNegativeInt, ...], BeforeValidator(_list_as_tuple)]
+from ember.config.fields import PositiveInt  # noqa: F401  (rnn.py's import, until it moves)
 
 
 def is_training(device: Device) -> bool:

@@ -29,8 +29,8 @@ from pydantic import Field, field_validator
 from ember.backend.device import Device
 from ember.backend.errors import EmberError
 from ember.config import Config
+from ember.config.fields import PositiveInt
 from ember.module import Module, Param
-from ember.nn._util import PositiveInt
 from ember.nn.initializer import Constant
 from ember.record.adapter import PYTORCH
 from ember.tensor import Tensor

@@ -12,9 +12,9 @@ import numpy as np
 from ember.backend.device import Device, default_device
 from ember.backend.errors import ArgumentError, ConfigError, KindError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt, Probability
 from ember.module import Module
-from ember.nn._util import PositiveInt
-from ember.nn.dropout import Dropout, Probability
+from ember.nn.dropout import Dropout
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.nn.linear import Linear, LinearConfig
 from ember.record.adapter import PYTORCH

@@ -7,16 +7,13 @@ layout, so PyTorch weights load without an adapter rule.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
-
-from pydantic import BeforeValidator
+from typing import Any
 
 from ember.backend.device import Device
 from ember.backend.errors import ConfigError, ShapeError, fmt_shape
-from ember.config import Config
+from ember.config import Config, Variant
+from ember.config.fields import NonNegativeInts, PositiveInt, PositivePair, PositiveTriple
 from ember.module import Module, Param
-from ember.nn._util import NonNegativeInts, PositiveInt, PositivePair, _list_as_tuple
-from ember.nn._variants import Variant
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.tensor import Tensor
 from ember.tensor import module as F
@@ -24,9 +21,6 @@ from ember.tensor import module as F
 _DEFAULT_INIT = KaimingUniform(gain=1 / math.sqrt(3))
 
 # Sizes per spatial dim of a 3-d layer, as PositivePair is for 2-d ones.
-PositiveTriple = Annotated[
-    tuple[PositiveInt, PositiveInt, PositiveInt], BeforeValidator(_list_as_tuple)
-]
 
 
 class PaddingConfig(Variant):

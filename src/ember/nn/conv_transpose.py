@@ -14,26 +14,25 @@ taken off both ends of every output dim and ``padding_out`` adds rows at the far
 from __future__ import annotations
 
 import math
-from typing import Annotated
-
-from pydantic import BeforeValidator
 
 from ember.backend.device import Device
 from ember.backend.errors import ConfigError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import (
+    NonNegativeInt,
+    NonNegativePair,
+    NonNegativeTriple,
+    PositiveInt,
+    PositivePair,
+    PositiveTriple,
+)
 from ember.module import Module, Param
-from ember.nn._util import NonNegativeInt, PositiveInt, PositivePair, _list_as_tuple
-from ember.nn.conv import PositiveTriple
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.tensor import Tensor
 from ember.tensor import module as F
 
 _DEFAULT_INIT = KaimingUniform(gain=1 / math.sqrt(3))
 
-NonNegativePair = Annotated[tuple[NonNegativeInt, NonNegativeInt], BeforeValidator(_list_as_tuple)]
-NonNegativeTriple = Annotated[
-    tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt], BeforeValidator(_list_as_tuple)
-]
 
 
 def _init_conv_transpose(owner: str, module: type[_ConvTranspose], device: Device | None,

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import Field
-
 from ember.backend.device import Device
 from ember.config import Config
+from ember.config.fields import Probability
 from ember.module import Module
 from ember.nn._util import is_training
 from ember.tensor import Distribution, Tensor
-
-Probability = Annotated[float, Field(ge=0, le=1)]
 
 
 class DropoutConfig(Config):

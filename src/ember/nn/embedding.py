@@ -5,8 +5,8 @@ from __future__ import annotations
 from ember.backend.device import Device
 from ember.backend.errors import EmberIndexError, KindError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt
 from ember.module import Module, Param
-from ember.nn._util import PositiveInt
 from ember.nn.initializer import Initializer, Normal
 from ember.tensor import Kind, Tensor
 from ember.tensor import module as F

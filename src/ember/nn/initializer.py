@@ -51,9 +51,9 @@ import numpy as np
 
 from ember.backend.device import Device, default_device
 from ember.backend.errors import ArgumentError
+from ember.config import Variant
+from ember.config.fields import NonNegativeFloat
 from ember.module.param import Param
-from ember.nn._util import NonNegativeFloat
-from ember.nn._variants import Variant
 from ember.tensor import Distribution, Tensor, TensorData
 
 __all__ = [

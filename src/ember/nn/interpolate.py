@@ -5,19 +5,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, ClassVar
 
-from pydantic import BeforeValidator, Field
-
 from ember.backend.device import Device
 from ember.backend.errors import ConfigError, ShapeError, fmt_shape
-from ember.config import Config
+from ember.config import Config, Variant
+from ember.config.fields import AS_TUPLE, PositiveFloat, PositiveInt, PositivePair
 from ember.module import Module
-from ember.nn._util import PositiveInt, PositivePair, _list_as_tuple
-from ember.nn._variants import Variant
 from ember.tensor import Tensor
 from ember.tensor import module as F
 
-PositiveFloat = Annotated[float, Field(gt=0)]
-PositiveFloatPair = Annotated[tuple[PositiveFloat, PositiveFloat], BeforeValidator(_list_as_tuple)]
+PositiveFloatPair = Annotated[tuple[PositiveFloat, PositiveFloat], AS_TUPLE]
 
 
 class InterpolateMode(Variant):

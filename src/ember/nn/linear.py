@@ -8,8 +8,8 @@ from typing import Any
 from ember.backend.device import Device
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt
 from ember.module import Module, Param
-from ember.nn._util import PositiveInt
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.record.adapter import PYTORCH
 from ember.tensor import Tensor, TensorData

@@ -22,25 +22,23 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError, KindError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import AS_TUPLE, NonNegativeFloat, PositiveFloat, Probability
 from ember.module import Module
-from ember.nn._util import NonNegativeFloat, _list_as_tuple
 from ember.tensor import Kind, Tensor
 from ember.tensor.activation import log_sigmoid, log_softmax
 
 Reduction = Literal["mean", "sum", "none"]
 KLDivReduction = Literal["mean", "batchmean", "sum", "none"]
 
-Probability = Annotated[float, Field(ge=0, le=1)]
-PositiveFloat = Annotated[float, Field(gt=0)]
 ClassWeights = Annotated[
-    tuple[NonNegativeFloat, ...], Field(min_length=1), BeforeValidator(_list_as_tuple)
+    tuple[NonNegativeFloat, ...], Field(min_length=1), AS_TUPLE
 ]
-PadTokens = Annotated[tuple[int, ...], BeforeValidator(_list_as_tuple)]
+PadTokens = Annotated[tuple[int, ...], AS_TUPLE]
 
 # PyTorch's BCELoss clamps each log term at -100, so a saturated probability costs 100, not inf.
 _LOG_FLOOR = -100.0

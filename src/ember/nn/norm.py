@@ -12,8 +12,9 @@ from typing import Any
 from ember.backend.device import Device
 from ember.backend.errors import ConfigError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import NonNegativeFloat, PositiveInt
 from ember.module import Module, Param, RunningState
-from ember.nn._util import NonNegativeFloat, PositiveInt, is_training
+from ember.nn._util import is_training
 from ember.nn.initializer import Ones, Zeros
 from ember.record.adapter import PYTORCH
 from ember.tensor import Tensor

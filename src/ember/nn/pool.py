@@ -11,8 +11,8 @@ from __future__ import annotations
 from ember.backend.device import Device
 from ember.backend.errors import ConfigError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt, PositivePair
 from ember.module import Module
-from ember.nn._util import PositiveInt, PositivePair
 from ember.nn.conv import PaddingConfig, Valid, _resolve_padding
 from ember.tensor import Tensor
 from ember.tensor import module as F

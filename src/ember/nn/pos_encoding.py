@@ -7,8 +7,8 @@ import numpy as np
 from ember.backend.device import Device, default_device
 from ember.backend.errors import ArgumentError, ConfigError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt
 from ember.module import Module
-from ember.nn._util import PositiveInt
 from ember.tensor import Kind, Tensor
 
 

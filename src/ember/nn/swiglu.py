@@ -7,8 +7,8 @@ import math
 from ember.backend.device import Device
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt
 from ember.module import Module
-from ember.nn._util import PositiveInt
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.nn.linear import Linear, LinearConfig
 from ember.tensor import Tensor

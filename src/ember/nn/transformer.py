@@ -10,8 +10,8 @@ from typing import Any
 from ember.backend.device import Device
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt, Probability
 from ember.module import Module
-from ember.nn._util import PositiveInt
 from ember.nn.attention import (
     MhaCache,
     MultiHeadAttention,
@@ -19,7 +19,7 @@ from ember.nn.attention import (
     _check_mask,
     _combined_mask,
 )
-from ember.nn.dropout import Dropout, Probability
+from ember.nn.dropout import Dropout
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.nn.linear import Linear, LinearConfig
 from ember.nn.norm import LayerNorm, LayerNormConfig

@@ -1,4 +1,4 @@
-"""Constrained field types of the optimizer configs."""
+"""Field types of the optimizer configs (the general ones are in ``ember.config.fields``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
 # A decay rate of a running average: 0 keeps nothing of the past, 1 would never update.
 Beta = Annotated[float, Field(ge=0, lt=1)]
+# A share of the gradient (dampening) or of the old average (RMSProp's alpha).
 UnitFloat = Annotated[float, Field(ge=0, le=1)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ember.config import Config
-from ember.optim._util import NonNegativeFloat
+from ember.config.fields import NonNegativeFloat
 from ember.optim.clipping import GradientClippingConfig
 from ember.optim.decay import WeightDecayConfig
 from ember.optim.optimizer import OptimizerAdaptor, SimpleOptimizer, State

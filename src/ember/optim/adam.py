@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from ember.config import Config
-from ember.optim._util import Beta, NonNegativeFloat
+from ember.config.fields import NonNegativeFloat
+from ember.optim._util import Beta
 from ember.optim.clipping import GradientClippingConfig
 from ember.optim.decay import WeightDecayConfig
 from ember.optim.optimizer import OptimizerAdaptor, SimpleOptimizer, State

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ember.config import Config
-from ember.optim._util import Beta, NonNegativeFloat
+from ember.config.fields import NonNegativeFloat
+from ember.optim._util import Beta
 from ember.optim.adam import AdaptiveMomentum
 from ember.optim.clipping import GradientClippingConfig
 from ember.optim.optimizer import OptimizerAdaptor, SimpleOptimizer, State

@@ -25,8 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from ember.nn._variants import Variant
-from ember.optim._util import PositiveFloat
+from ember.config import Variant
+from ember.config.fields import PositiveFloat
 from ember.tensor import Tensor
 
 __all__ = ["GradientClippingConfig", "Norm", "Value"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ember.config import Config
-from ember.optim._util import NonNegativeFloat, UnitFloat
+from ember.config.fields import NonNegativeFloat
+from ember.optim._util import UnitFloat
 from ember.tensor import Tensor
 
 

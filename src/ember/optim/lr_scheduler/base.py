@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import Field
 
 from ember.backend.errors import ArgumentError, ConfigError, RecordError, RecordMismatchError
-from ember.nn._variants import Variant
+from ember.config import Variant
 
 LearningRate = float
 
@@ -22,7 +22,6 @@ C = TypeVar("C", bound="StepCounter")
 InitialLr = Annotated[float, Field(gt=0, le=1)]
 FinalLr = Annotated[float, Field(ge=0, le=1)]
 DecayFactor = Annotated[float, Field(gt=0, le=1)]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class LrScheduler(abc.ABC):

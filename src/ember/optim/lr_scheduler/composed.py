@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator
 
 from ember.backend.errors import ArgumentError
-from ember.nn._util import _list_as_tuple
+from ember.config.fields import list_as_tuple
 
 # The variants a composed config accepts are those defined before it.
 from ember.optim.lr_scheduler import constant, cosine, exponential, linear, noam, step  # noqa: F401
@@ -59,7 +59,7 @@ class ComposedLrSchedulerConfig(LrSchedulerConfig):
         [0.1, 0.2, 0.15, 0.2, 0.1]
     """
 
-    schedulers: Annotated[tuple[LrSchedulerConfig, ...], BeforeValidator(_list_as_tuple)] = ()
+    schedulers: Annotated[tuple[LrSchedulerConfig, ...], BeforeValidator(list_as_tuple)] = ()
     reduction: SchedulerReduction = "prod"
 
     def init(self) -> ComposedLrScheduler:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.backend.errors import ArgumentError, RecordMismatchError
+from ember.config.fields import FiniteFloat
 from ember.optim.lr_scheduler.base import (
-    FiniteFloat,
     LearningRate,
     LrScheduler,
     LrSchedulerConfig,

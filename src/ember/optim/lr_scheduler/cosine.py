@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ember.backend.errors import ConfigError
-from ember.nn._util import NonNegativeFloat, PositiveInt
+from ember.config.fields import NonNegativeFloat, PositiveInt
 from ember.optim.lr_scheduler.base import InitialLr, LearningRate, LrSchedulerConfig, StepCounter
 
 

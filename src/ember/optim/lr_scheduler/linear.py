@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.nn._util import PositiveInt
+from ember.config.fields import PositiveInt
 from ember.optim.lr_scheduler.base import (
     FinalLr,
     InitialLr,

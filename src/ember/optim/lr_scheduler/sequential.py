@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 
 from ember.backend.errors import ArgumentError, ConfigError, RecordMismatchError
-from ember.nn._util import PositiveInt, _list_as_tuple
+from ember.config.fields import PositiveInt, list_as_tuple
 
 # The variants a sequential config accepts are those defined before it, composed included.
 from ember.optim.lr_scheduler import composed  # noqa: F401
@@ -57,8 +57,8 @@ class SequentialLrSchedulerConfig(LrSchedulerConfig):
         [0.1, 0.2, 0.3, 0.4, 0.2, 0.0]
     """
 
-    schedulers: Annotated[tuple[LrSchedulerConfig, ...], BeforeValidator(_list_as_tuple)]
-    milestones: Annotated[tuple[PositiveInt, ...], BeforeValidator(_list_as_tuple)]
+    schedulers: Annotated[tuple[LrSchedulerConfig, ...], BeforeValidator(list_as_tuple)]
+    milestones: Annotated[tuple[PositiveInt, ...], BeforeValidator(list_as_tuple)]
 
     def init(self) -> SequentialLrScheduler:
         """A new :class:`SequentialLrScheduler` with every child at iteration 0."""

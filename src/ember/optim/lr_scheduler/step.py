@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.nn._util import PositiveInt
-from ember.optim.lr_scheduler.base import FiniteFloat, LearningRate, LrSchedulerConfig, StepCounter
+from ember.config.fields import FiniteFloat, PositiveInt
+from ember.optim.lr_scheduler.base import LearningRate, LrSchedulerConfig, StepCounter
 
 
 class StepLrSchedulerConfig(LrSchedulerConfig):

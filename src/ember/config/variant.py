@@ -15,7 +15,7 @@ an enum. Every variant is also reachable from its root (``Initializer.Zeros``).
 
 Unwrapping the name hands a variant's fields to validation as Python values, in
 the configs' strict mode, even when they come from JSON: a tuple field of a
-variant must accept a list itself (``ember.nn._util`` has such field types).
+variant must accept a list itself (``ember.config.fields`` has such field types).
 """
 
 from __future__ import annotations
