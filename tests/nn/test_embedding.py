@@ -80,8 +80,8 @@ def test_ids_out_of_range_are_an_index_error_on_every_backend(base_device, bad):
     layer = EmbeddingConfig(4, 2).init(base_device)
     ids = Tensor.from_data([[0, bad], [3, 1]], base_device)
     low, high = min(bad, 0), max(bad, 3)
-    with pytest.raises(EmberIndexError, match=rf"Embedding: ids must be in \[0, 4\) \(n_embedding\), "
-                                              rf"got ids from {low} to {high}"):  # fmt: skip
+    with pytest.raises(EmberIndexError, match=rf"Embedding: ids \(n_embedding\) must be in \[0, 4\), "
+                                              rf"got {low} to {high}"):  # fmt: skip
         layer(ids)
 
 

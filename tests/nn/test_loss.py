@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from nn_helpers import assert_close, from_torch
 
 from ember import Tensor
-from ember.backend.errors import ArgumentError, ConfigError, KindError, ShapeError
+from ember.backend.errors import ArgumentError, ConfigError, EmberIndexError, KindError, ShapeError
 from ember.nn.loss import (
     BinaryCrossEntropyLoss,
     BinaryCrossEntropyLossConfig,
@@ -219,6 +219,15 @@ def test_cross_entropy_shape_errors(base_device, logits, targets, options, error
     loss = CrossEntropyLossConfig(**options).init(base_device)
     with pytest.raises(error, match=message):
         loss(Tensor.zeros(logits, base_device), Tensor.zeros(targets, base_device).int())
+
+
+@pytest.mark.parametrize("bad", [3, -1])
+def test_cross_entropy_targets_out_of_range_are_index_errors(base_device, bad):
+    loss = CrossEntropyLossConfig(smoothing=0.1).init(base_device)  # one-hot: no gather to fail
+    logits = Tensor.zeros([2, 3], base_device)
+    with pytest.raises(EmberIndexError, match=rf"CrossEntropyLoss: targets \(class indices\) "
+                                              rf"must be in \[0, 3\), got {min(bad, 1)} to {max(bad, 1)}"):  # fmt: skip
+        loss(logits, Tensor.from_data([1, bad], base_device))
 
 
 def test_cross_entropy_kind_errors(base_device):

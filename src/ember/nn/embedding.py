@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ember.backend.device import Device
-from ember.backend.errors import EmberIndexError, KindError, fmt_shape
+from ember.backend.errors import KindError, fmt_shape
 from ember.config import Config
 from ember.config.fields import PositiveInt
 from ember.module import Module, Param
+from ember.nn._util import check_indices
 from ember.nn.initializer import Initializer, Normal
 from ember.tensor import Kind, Tensor
 from ember.tensor import module as F
@@ -65,7 +66,8 @@ class Embedding(Module):
         >>> import ember
         >>> from ember import Tensor
         >>> from ember.nn.embedding import EmbeddingConfig
-        >>> from ember.nn.initializer import Constant
+        >>> from ember.nn._util import check_indices
+from ember.nn.initializer import Constant
         >>> table = EmbeddingConfig(10, 3, initializer=Constant(0.5)).init()
         >>> ids = Tensor.from_data([[1, 4, 4], [0, 9, 2]])
         >>> y = table(ids)
@@ -89,12 +91,5 @@ class Embedding(Module):
                 f"Embedding: expected Int ids of shape [batch, seq_length], got a "
                 f"{ids.kind.value} tensor of shape {fmt_shape(ids.shape)}"
             )
-        if ids.num_elements():
-            # The backends disagree on bad ids (NumPy wraps negative ones): one check for all.
-            low, high = Tensor.cat([ids.min().reshape([1]), ids.max().reshape([1])], 0).tolist()
-            if low < 0 or high >= self.n_embedding:
-                raise EmberIndexError(
-                    f"Embedding: ids must be in [0, {self.n_embedding}) (n_embedding), got ids "
-                    f"from {low} to {high}"
-                )
+        check_indices("Embedding", "ids (n_embedding)", ids, self.n_embedding)
         return F.embedding(self.weight.val(), ids)

@@ -29,6 +29,7 @@ from ember.backend.errors import ArgumentError, KindError, ShapeError, fmt_shape
 from ember.config import Config
 from ember.config.fields import AS_TUPLE, NonNegativeFloat, PositiveFloat, Probability
 from ember.module import Module
+from ember.nn._util import check_indices
 from ember.tensor import Kind, Tensor
 from ember.tensor.activation import log_sigmoid, log_softmax
 
@@ -184,6 +185,7 @@ class CrossEntropyLoss(Module):
             ignored = hit if ignored is None else ignored.bool_or(hit)
         if ignored is not None:  # any valid class keeps gather in range; the loss is masked
             targets = targets.mask_fill(ignored, 0)
+        check_indices("CrossEntropyLoss", "targets (class indices)", targets, classes)
 
         weights = None if self.weights is None else _beside(self.weights, logits)
         target_weights = None if weights is None else weights.gather(0, targets)
