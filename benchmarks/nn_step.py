@@ -1,0 +1,119 @@
+"""Training steps of nn layers (forward + backward), ember beside PyTorch autograd, same weights.
+
+Run: ``.venv/bin/python benchmarks/nn_step.py [--threads 1] [--cuda] [--repeat 5]``
+
+* a transformer encoder: 2 layers, d_model 256, 8 heads, d_ff 1024, GELU, dropout 0,
+  post-norm; input ``[16, 128, 256]``;
+* an LSTM: d_input 256, d_hidden 256, batch first; input ``[16, 128, 256]``.
+
+Each row is the median time of one step: the forward pass, ``sum()`` of the output, and
+the backward pass to every parameter and the input. ember's layers load the PyTorch
+modules' weights through the PyTorch adapter, so both sides compute the same numbers.
+``--cuda`` adds the same steps on the GPU (torch autograd vs ember autodiff(torch cuda)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timing import median_seconds, pin_threads, print_table
+
+BATCH, SEQ, D_MODEL = 16, 128, 256
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--cuda", action="store_true", help="also time the steps on a CUDA GPU")
+    args = parser.parse_args()
+    pin_threads(args.threads)
+
+    import numpy as np
+    import torch
+
+    import ember
+    from ember import Tensor, TensorData
+    from ember.nn import LstmConfig, TransformerEncoderConfig, TransformerEncoderInput
+    from ember.record import ImportedRecord
+    from ember.record.adapter import PYTORCH
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x_host = np.random.default_rng(0).standard_normal((BATCH, SEQ, D_MODEL), dtype=np.float32)
+
+    def torch_encoder() -> torch.nn.Module:
+        layer = torch.nn.TransformerEncoderLayer(
+            D_MODEL, 8, 1024, dropout=0.0, activation="gelu", batch_first=True
+        )
+        return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    models = {
+        "transformer encoder (2 layers, d_model 256, seq 128, batch 16)": (
+            torch_encoder(),
+            lambda: TransformerEncoderConfig(D_MODEL, 1024, 8, 2, dropout=0.0),
+            lambda model, x: model(TransformerEncoderInput(x)),
+        ),
+        "LSTM (256 -> 256, seq 128, batch 16)": (
+            torch.nn.LSTM(D_MODEL, D_MODEL, batch_first=True),
+            lambda: LstmConfig(D_MODEL, D_MODEL, bias=True),
+            lambda model, x: model(x)[0],
+        ),
+    }
+
+    def torch_step(reference: torch.nn.Module, where: str):
+        module = reference.to(where)
+        params = list(module.parameters())
+        x = torch.from_numpy(x_host).to(where).requires_grad_(True)
+        sync = torch.cuda.synchronize if where == "cuda" else (lambda: None)
+
+        def step():
+            output = module(x)
+            output = output[0] if isinstance(output, tuple) else output
+            grads = torch.autograd.grad(output.sum(), [x, *params])
+            sync()
+            return grads
+
+        return step
+
+    def ember_step(reference: torch.nn.Module, config, forward, device: ember.Device):
+        state = {k: TensorData(v.detach().cpu().numpy()) for k, v in reference.state_dict().items()}
+        model = config().init(device).load_record(ImportedRecord(state, adapter=PYTORCH))
+        params = [p.val() for _, p in model.params()]
+        x = Tensor.from_data(x_host, device).require_grad()
+
+        def step():
+            grads = forward(model, x).sum().backward()
+            result = [t.grad(grads) for t in (x, *params)]
+            device.sync()
+            return result
+
+        return step
+
+    places = [("cpu", "cpu", ember.device("torch"))]
+    if args.cuda:
+        if not torch.cuda.is_available():
+            raise SystemExit("--cuda: torch sees no CUDA device")
+        places.append(("cuda", "cuda", ember.device("torch", "cuda:0")))
+
+    print(f"threads={args.threads}  torch={torch.__version__}")
+    for title, (reference, config, forward) in models.items():
+        rows = []
+        for label, where, torch_device in places:
+            t_ref = median_seconds(torch_step(reference, where), repeat=args.repeat) * 1e3
+            rows.append([f"torch autograd ({label})", f"{t_ref:.2f}", "1.00x"])
+            devices = {f"ember autodiff(torch {label})": torch_device.autodiff()}
+            if where == "cpu":
+                devices = {"ember autodiff(ndarray)": ember.device("ndarray").autodiff(), **devices}
+            for name, device in devices.items():
+                step = ember_step(reference, config, forward, device)
+                t = median_seconds(step, repeat=args.repeat) * 1e3
+                rows.append([name, f"{t:.2f}", f"{t / t_ref:.2f}x"])
+        print_table(f"{title}: forward + backward, ms", ["impl", "ms", "vs torch"], rows)
+
+
+if __name__ == "__main__":
+    main()
