@@ -1,0 +1,1 @@
+"""Training: the Learner, metrics, renderers (dashboard, plain), checkpoints and logging."""
