@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ember.backend.device import Device
 from ember.backend.errors import EmberIndexError
-from ember.config.fields import PositiveInt  # noqa: F401  (rnn.py's import, until it moves)
 from ember.tensor import Tensor
 
 

@@ -29,15 +29,13 @@ input size and ``fan_out = d_hidden``. PyTorch draws everything from
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError, ShapeError, fmt_shape
 from ember.config import Config
+from ember.config.fields import PositiveInt
 from ember.module import Module
-from ember.nn._util import PositiveInt
 from ember.nn.initializer import Initializer, XavierNormal
 from ember.nn.linear import Linear
 from ember.record.adapter import PYTORCH
@@ -126,22 +124,6 @@ def _lstm_initial(layer: str, state: Any, shape: list[int], like: Tensor) -> tup
     )
 
 
-def _time_steps(xs: Tensor) -> Iterator[Tensor]:
-    """The steps ``xs[t:t + 1]`` along dim 0, first to last.
-
-    The gradient of a slice is a zero tensor the size of what it was sliced from, so
-    slicing every step from the whole sequence would make the backward pass quadratic
-    in the sequence length. Slicing in two levels, blocks of about ``sqrt(seq)`` steps
-    and then steps, keeps it to about ``2 * sqrt(seq)`` sequence-sized tensors.
-    """
-    seq = xs.shape[0]
-    size = max(1, math.isqrt(seq))
-    for start in range(0, seq, size):
-        block = xs.narrow(0, start, min(size, seq - start))
-        for t in range(block.shape[0]):
-            yield block.narrow(0, t, 1)
-
-
 def _block(gates: Tensor, index: int, d_hidden: int) -> Tensor:
     """Gate block ``index`` (``d_hidden`` columns) of fused gates."""
     return gates.narrow(-1, index * d_hidden, d_hidden)
@@ -162,7 +144,7 @@ def _lstm_scan(
     """
     d = w_hh.shape[-2]
     outputs = []
-    for x_t in _time_steps(xp):
+    for x_t in xp.split(1, dim=0):
         gates = x_t + hidden.matmul(w_hh)
         # One sigmoid over all four blocks (the candidate's goes unused): fewer ops per step.
         act = gates.sigmoid()
@@ -194,7 +176,7 @@ def _gru_scan(
     if not reset_after:
         w_rz, w_n = w_hh.split([2 * d, d], dim=-1)
     outputs = []
-    for x_t in _time_steps(xp):
+    for x_t in xp.split(1, dim=0):
         if reset_after:
             hp = hidden.matmul(w_hh)
             if b_hh is not None:

@@ -22,6 +22,7 @@ from ember.backend.errors import ArgumentError, UnsupportedError
 from ember.backend.ops import OpDef
 from ember.backends.autodiff import rules as _rules  # noqa: F401  (registers every rule)
 from ember.backends.autodiff.graph import Gradients, Node, Recompute, TrackedTensor, backward
+from ember.backends.autodiff.partial import Accumulator
 from ember.backends.autodiff.rule import RULES, Saved
 
 
@@ -48,6 +49,9 @@ class Autodiff(Decorator):
         if checkpointing not in (None, "balanced"):
             raise ArgumentError(f"checkpointing must be None or 'balanced', got {checkpointing!r}")
         self.checkpointing = checkpointing
+        self._accumulator = Accumulator(inner)
+        self._inner_shape, self._inner_dtype = inner.shape, inner.dtype
+        self._plans: dict[str, _Plan] = {}  # per primitive name, made on its first call
 
     def _config(self) -> tuple:
         return (*super()._config(), self.checkpointing)
@@ -58,38 +62,70 @@ class Autodiff(Decorator):
 
     # ------------------------------------------------------------ the generic path
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
-        inner_args = self.unwrap_args(op, args)
-        parents = [None if t is None else t.node for t in self.operands(op, args)]
-        tracked = parents.count(None) != len(parents)
+        plan = self._plans.get(name)
+        if plan is None:
+            plan = self._plans[name] = _Plan(op, getattr(self.inner, name))
+        if not plan.simple:
+            return self._call_list_or_device(op, plan, args)
+        # Fixed tensor operands, then attributes: the common case, unwrapped in one loop.
+        n = plan.n
+        prims, parents, tracked = [], [], False
+        for t in args[:n]:
+            if t is None:
+                prims.append(None)
+                parents.append(None)
+            else:
+                prims.append(t.primitive)
+                node = t.node
+                parents.append(node)
+                if node is not None:
+                    tracked = True
+        out = plan.run(*prims, *args[n:])
+        if not tracked:
+            if type(out) is tuple:
+                return tuple([TrackedTensor(o) for o in out])
+            return TrackedTensor(out)
+        return self._wrap_tracked(op, plan, parents, [*prims, *args[n:]], prims, out, args)
 
-        out = getattr(self.inner, name)(*inner_args)
+    def _call_list_or_device(self, op: OpDef, plan: _Plan, args: tuple) -> Any:
+        """``call`` for ops that take a list of tensors (cat), a device, or return data."""
+        inner_args = self.unwrap_args(op, args)
+        out = plan.run(*inner_args)
         if op.name == "into_data":
             return out
+        parents = [None if t is None else t.node for t in self.operands(op, args)]
+        if parents.count(None) == len(parents):
+            if type(out) is tuple:
+                return tuple([TrackedTensor(o) for o in out])
+            return TrackedTensor(out)
+        inputs = self.operands(op, inner_args)
+        return self._wrap_tracked(op, plan, parents, inner_args, inputs, out, args)
+
+    def _wrap_tracked(self, op: OpDef, plan: _Plan, parents: list, inner_args: list, inputs: list,
+                      out: Any, args: tuple) -> Any:  # fmt: skip
+        """The outputs of an op with a tracked input; a Float (first) output gets a node."""
         if type(out) is tuple:
             first = out[0]
-            node = self._record(op, name, parents, inner_args, out, args) if tracked and self._is_float(first) else None
+            node = None
+            if self._inner_dtype(first).is_float:
+                node = self._record(op, plan, parents, inner_args, inputs, out, args)
             return (TrackedTensor(first, node), *(TrackedTensor(o) for o in out[1:]))
-        node = self._record(op, name, parents, inner_args, out, args) if tracked and self._is_float(out) else None
+        node = None
+        if self._inner_dtype(out).is_float:
+            node = self._record(op, plan, parents, inner_args, inputs, out, args)
         return TrackedTensor(out, node)
 
-    def _is_float(self, prim: Any) -> bool:
-        return self.inner.dtype(prim).is_float
-
-    def _record(self, op: OpDef, name: str, parents: list, inner_args: list, out: Any, args: tuple) -> Node:
-        rule = RULES.get(op.name)
+    def _record(self, op: OpDef, plan: _Plan, parents: list, inner_args: list, inputs: list,
+                out: Any, args: tuple) -> Node:  # fmt: skip
+        rule = plan.rule or RULES.get(op.name)  # a rule registered after the op's first call
         if rule is None:
             raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
-        n = len(op.inputs)
-        inputs = self.operands(op, inner_args)
-        inner = self.inner
-        shapes = tuple([None if x is None else inner.shape(x) for x in inputs])
-        dtypes = tuple([None if x is None else inner.dtype(x) for x in inputs])
+        n = plan.n
+        shape, dtype = self._inner_shape, self._inner_dtype
+        shapes = tuple([None if x is None else shape(x) for x in inputs])
+        dtypes = tuple([None if x is None else dtype(x) for x in inputs])
         attrs = tuple(inner_args[n:])
         needs = tuple([p is not None for p in parents])
-        fn = rule.fn
-
-        def run_rule(g, s):
-            return fn(inner, g, s)
 
         if self.checkpointing is None:
             saved = Saved(
@@ -97,7 +133,7 @@ class Autodiff(Decorator):
                 out if rule.keep_output else None,
                 attrs, shapes, dtypes, needs,
             )  # fmt: skip
-            return Node(op.name, tuple(parents), run_rule, saved)
+            return Node(op.name, tuple(parents), rule.fn, saved)
 
         # Balanced checkpointing: every node keeps a recipe instead of tensors; compute-bound
         # ops (matmul, convolutions, pooling) also keep their output, so recomputation in the
@@ -107,11 +143,11 @@ class Autodiff(Decorator):
             return Saved(flat, output, attrs, shapes, dtypes, needs)
 
         recipe = Recompute(
-            getattr(inner, name), _refs(op, args, inner_args), n,
+            plan.run, _refs(op, args, inner_args), n,
             make_saved, rule.keep_inputs, rule.keep_output,
         )  # fmt: skip
         keep = out if op.group in _COMPUTE_BOUND else None
-        return Node(op.name, tuple(parents), run_rule, recipe, keep)
+        return Node(op.name, tuple(parents), rule.fn, recipe, keep)
 
     # ------------------------------------------------------------ tracked tensors
     def wrap(self, inner_prim: Any) -> TrackedTensor:
@@ -143,7 +179,7 @@ class Autodiff(Decorator):
             )
         inner, prim = self.inner, x.primitive
         seed = inner.float_ones(inner.shape(prim), inner.device_of(prim), inner.dtype(prim))
-        return backward(x.node, seed, inner.float_add)
+        return backward(x.node, seed, inner, self._accumulator)
 
     def grad(self, x: TrackedTensor, grads: Gradients) -> Any:
         return grads.get(x.node)
@@ -164,6 +200,22 @@ class Autodiff(Decorator):
 
 
 _COMPUTE_BOUND = frozenset({"matmul", "module"})
+
+
+class _Plan:
+    """What ``call`` needs of one primitive, looked up once: the inner backend's bound
+    method, the number of tensor operands, whether the plain path applies (fixed tensor
+    operands, no device attribute, tensor outputs) and the op's backward rule."""
+
+    __slots__ = ("n", "rule", "run", "simple")
+
+    def __init__(self, op: OpDef, run: Any) -> None:
+        self.run = run
+        self.n = len(op.inputs)
+        self.simple = (
+            "*tensors" not in op.inputs and "device" not in op.attrs and op.name != "into_data"
+        )
+        self.rule = RULES.get(op.name)
 
 
 def _refs(op: OpDef, args: tuple, inner_args: list) -> list:

@@ -9,6 +9,12 @@ Nodes get increasing ids as they are created, so a child always has a larger
 id than its parents: the backward pass visits the nodes reachable from the
 root in decreasing id order, and each node's gradient is complete when it is
 visited. A node's saved state is dropped as soon as its rule has run.
+
+Gradients are summed per node as they arrive. A rule may return a
+:class:`~ember.backends.autodiff.partial.Partial` gradient (a slice's: a piece
+of its input's gradient); the node keeps such pieces and the
+:class:`~ember.backends.autodiff.partial.Accumulator` assembles them once, when
+the node is visited.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.backend.errors import EmberError
+from ember.backends.autodiff.partial import INCOMPLETE, Accumulator
 
 _ids = itertools.count()  # thread-safe under the GIL; ids only need to increase
 
@@ -32,7 +39,8 @@ class Node:
     Args:
         parents: one entry per tensor input of the op: its node, or None when that input is
             untracked or not differentiable.
-        backward: ``backward(grad, saved) -> tuple`` of one gradient (or None) per input.
+        backward: the op's rule, ``backward(inner, grad, saved) -> tuple`` of one gradient (or
+            None) per input.
         saved: what ``backward`` needs, captured at forward time.
     """
 
@@ -99,23 +107,27 @@ class Gradients:
         return f"Gradients({len(self._grads)} tensors)"
 
 
-def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gradients:
+def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator) -> Gradients:
     """Runs every backward rule reachable from ``root`` once, in reverse creation order.
 
     Args:
         root: the node of the tensor ``backward()`` was called on.
         seed: the gradient of the root (ones of its shape).
-        accumulate: adds two gradients of one node (the inner backend's add).
+        inner: the backend the rules run on.
+        accumulator: adds the gradients of one node (with the inner backend's ops).
     """
     order = _reachable(root)
     recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
     pending: dict[int, Any] = {root.id: seed}
     grads = Gradients()
+    merge, resolve = accumulator.merge, accumulator.resolve
     for node in order:
         grad = pending.pop(node.id, None)
         if grad is None:
             recomputed.pop(node.id, None)
             continue
+        if type(grad) in INCOMPLETE:
+            grad = resolve(grad)
         if node.is_leaf:
             grads.replace(node, grad)
             continue
@@ -129,13 +141,13 @@ def backward(root: Node, seed: Any, accumulate: Callable[[Any, Any], Any]) -> Gr
             saved = saved.restore(node, recomputed)
         # Every consumer of this node's output has a larger id and ran already.
         recomputed.pop(node.id, None)
-        input_grads = node.backward(grad, saved)
+        input_grads = node.backward(inner, grad, saved)
         node.saved, node.freed = None, True  # nothing later needs it
         for parent, g in zip(node.parents, input_grads):
             if parent is None or g is None:
                 continue
             previous = pending.get(parent.id)
-            pending[parent.id] = g if previous is None else accumulate(previous, g)
+            pending[parent.id] = g if previous is None else merge(previous, g)
     return grads
 
 

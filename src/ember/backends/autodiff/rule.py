@@ -11,7 +11,10 @@ table name::
 ``B`` is the inner backend, ``g`` the gradient of the op's (first) output as an
 inner primitive, and ``s`` the :class:`Saved` state. A rule returns one
 gradient (or None) per tensor input; ``s.needs[i]`` says whether input ``i`` is
-tracked, so a rule may skip costly gradients nobody will read. ``keep`` names
+tracked, so a rule may skip costly gradients nobody will read. A gradient that is
+zero outside one region of its input may be returned as a
+:class:`~ember.backends.autodiff.partial.Partial` (the slice rule does): the
+engine assembles each input's pieces once. ``keep`` names
 what the forward pass must save: ``"inputs"``, ``"output"``, both, or nothing (input shapes, dtypes and
 the attributes are always kept; they are small).
 """
