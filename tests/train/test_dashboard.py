@@ -391,7 +391,7 @@ def test_renderer_in_a_real_terminal_stops_on_q_and_restores_the_terminal():
     screen = output.decode("utf-8", "replace")
     assert "\x1b[?1049h" in screen  # the alternate screen was entered...
     assert screen.rfind("\x1b[?1049l") > screen.rfind("\x1b[?1049h")  # ...and left
-    assert "stopping after the current iteration" in screen
+    # (the footer's stop message is checked headless: here the app may close before it paints)
     after = screen[screen.rfind("\x1b[?1049l") :]
     assert "printed during the run" in after  # replayed once the screen was given back
     assert "RESULT stopped=True restored=True error=None" in after

@@ -1,5 +1,6 @@
 """Data for training: datasets, their transforms, and the loaders that batch them."""
 
+from ember.data.dataloader import Batcher, DataLoader, DataLoaderBuilder
 from ember.data.dataset import (
     ComposedDataset,
     Dataset,
@@ -17,16 +18,24 @@ from ember.data.dataset import (
     SqliteDatasetWriter,
     WindowsDataset,
 )
+from ember.data.vision import ImageFolderDataset, ImageFolderItem, MnistDataset, MnistItem
 
 __all__ = [
+    "Batcher",
     "ComposedDataset",
+    "DataLoader",
+    "DataLoaderBuilder",
     "Dataset",
     "DatasetError",
     "DatasetFileNotFoundError",
     "HuggingfaceDatasetLoader",
+    "ImageFolderDataset",
+    "ImageFolderItem",
     "InMemDataset",
     "MapperDataset",
     "MissingDependencyError",
+    "MnistDataset",
+    "MnistItem",
     "PartialDataset",
     "SamplerDataset",
     "ShuffledDataset",

@@ -66,8 +66,7 @@ class Embedding(Module):
         >>> import ember
         >>> from ember import Tensor
         >>> from ember.nn.embedding import EmbeddingConfig
-        >>> from ember.nn._util import check_indices
-from ember.nn.initializer import Constant
+        >>> from ember.nn.initializer import Constant
         >>> table = EmbeddingConfig(10, 3, initializer=Constant(0.5)).init()
         >>> ids = Tensor.from_data([[1, 4, 4], [0, 9, 2]])
         >>> y = table(ids)

@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -96,7 +97,7 @@ class Metric(abc.ABC):
     ``input_type = None`` and receives ``None``.
     """
 
-    name: ClassVar[str]
+    name: str  # a class attribute, or set per instance (``TopKAccuracy@5``)
     input_type: ClassVar[type | None]
 
     @abc.abstractmethod
@@ -120,11 +121,20 @@ class Numeric(abc.ABC):
     lower_is_better: ClassVar[bool] = False
 
 
+def format_entry(name: str, epoch: float, batch: float, precision: int = 2,
+                 unit: str = "") -> MetricEntry:  # fmt: skip
+    """The entry of a numeric metric: both values shown, the batch's serialized."""
+    formatted = f"epoch {epoch:.{precision}f}{unit} - batch {batch:.{precision}f}{unit}"
+    return MetricEntry(name, formatted, repr(float(batch)))
+
+
 class NumericMetricState:
     """A running mean over an epoch, weighted by batch size, with the last batch's value.
 
     ``update(value, batch_size, name, precision)`` returns the entry that shows both
-    (``"epoch 0.52 - batch 0.48"``) and serializes the batch's value.
+    (``"epoch 0.52 - batch 0.48"``) and serializes the batch's value. A batch whose
+    value is undefined (NaN: only padding, a single class for the AUROC) or that weighs
+    nothing is reported as NaN and left out of the mean.
     """
 
     def __init__(self) -> None:
@@ -133,19 +143,17 @@ class NumericMetricState:
     def reset(self) -> None:
         self._sum = 0.0
         self._count = 0
-        self._last = float("nan")
 
     def update(self, value: float, batch_size: int, name: str, precision: int = 2,
                unit: str = "") -> MetricEntry:  # fmt: skip
-        self._last = float(value)
-        self._sum += self._last * batch_size
-        self._count += batch_size
-        epoch, batch = self.value(), self._last
-        formatted = f"epoch {epoch:.{precision}f}{unit} - batch {batch:.{precision}f}{unit}"
-        return MetricEntry(name, formatted, repr(batch))
+        value = float(value)
+        if batch_size > 0 and not math.isnan(value):
+            self._sum += value * batch_size
+            self._count += batch_size
+        return format_entry(name, self.value(), value, precision, unit)
 
     def value(self) -> float:
-        """The mean over the epoch so far (NaN before the first update)."""
+        """The mean over the epoch so far (NaN before the first counted update)."""
         return self._sum / self._count if self._count else float("nan")
 
 

@@ -3,8 +3,13 @@
 from ember.train.renderer.base import (
     MetricsRenderer,
     MetricUpdate,
+    Split,
     TrainingInterrupter,
     TrainingProgress,
 )
+from ember.train.renderer.plain import PlainRenderer
 
-__all__ = ["MetricUpdate", "MetricsRenderer", "TrainingInterrupter", "TrainingProgress"]
+__all__ = [
+    "MetricUpdate", "MetricsRenderer", "PlainRenderer", "Split", "TrainingInterrupter",
+    "TrainingProgress",
+]  # fmt: skip
