@@ -745,3 +745,17 @@ def test_print_large_tensor_is_summarized(device, monkeypatch):
     monkeypatch.setenv("EMBER_PRINT_THRESHOLD", "5000")
     assert "..." not in str(t)
     assert str(t).count(",") == 1999 + 6  # elements and metadata lines
+
+
+def test_rng_state_round_trip(device):
+    # A checkpoint saves the generator's state so that a resumed run draws the same numbers.
+    ember.seed(device, 5)
+    Tensor.random([10], device=device)
+    state = device.backend.rng_state(device)
+    assert isinstance(state, str)
+    expected = Tensor.random([32], Distribution.normal(0.0, 1.0), device).tolist()
+    Tensor.random([7], device=device)  # move on, then go back
+    device.backend.set_rng_state(device, state)
+    assert Tensor.random([32], Distribution.normal(0.0, 1.0), device).tolist() == expected
+    with pytest.raises(ember.ArgumentError, match="not a random generator state"):
+        device.backend.set_rng_state(device, "garbage")

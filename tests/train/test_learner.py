@@ -12,6 +12,7 @@ import pytest
 from learner_support import (
     DEVICE,
     CallbackRenderer,
+    Classifier,
     ScriptedMetric,
     assert_same_weights,
     autodiff_device,
@@ -22,6 +23,7 @@ from learner_support import (
 
 import ember
 from ember.backend.errors import ArgumentError, DeviceError
+from ember.nn.dropout import Dropout, DropoutConfig
 from ember.optim.adam import AdamConfig
 from ember.optim.grads import GradientsParams
 from ember.optim.lr_scheduler.linear import LinearLrSchedulerConfig
@@ -172,6 +174,33 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, backend):
     assert len(log_tree(tmp_path / "full")) == 16
     assert second.history.to_record() == full.history.to_record()
     assert "resumed from the checkpoint of epoch 2" in (tmp_path / "parts/experiment.log").read_text()
+
+
+class DropoutClassifier(Classifier):
+    dropout: Dropout
+
+    def forward(self, x):
+        return self.linear(self.dropout(x))
+
+
+@pytest.mark.parametrize("backend", ["ndarray", "torch"])
+def test_resume_with_dropout_draws_on_as_an_uninterrupted_run(tmp_path, backend):
+    # The checkpoint keeps the device's generator state: the resumed run's masks are the same.
+    device = autodiff_device(backend)
+    train, valid = loaders(device=device)
+
+    def model(seed):
+        base = classifier(seed, device)
+        return DropoutClassifier(base.linear, base.loss, DropoutConfig(0.5).init())
+
+    full = builder(tmp_path / "full", 4).build(model(0), AdamConfig().init(), scheduler())
+    uninterrupted = full.fit(train, valid)
+    builder(tmp_path / "parts", 2).build(model(0), AdamConfig().init(), scheduler()).fit(train, valid)
+    resumed = builder(tmp_path / "parts", 4).checkpoint(2).build(
+        model(9), AdamConfig().init(), scheduler()  # model(9) reseeds the device: restored next
+    ).fit(train, valid)
+    assert_same_weights(resumed, uninterrupted)
+    assert log_tree(tmp_path / "parts") == log_tree(tmp_path / "full")
 
 
 def test_resume_from_a_missing_checkpoint(tmp_path):

@@ -155,6 +155,14 @@ class Backend:
     def seed(self, device: Device, seed: int) -> None:
         raise UnsupportedError(f"backend {self.name!r} does not implement seed")
 
+    def rng_state(self, device: Device) -> str:
+        """The state of ``device``'s random generator as text, for checkpoints."""
+        raise UnsupportedError(f"backend {self.name!r} does not implement rng_state")
+
+    def set_rng_state(self, device: Device, state: str) -> None:
+        """Restores a state :meth:`rng_state` gave: the same draws follow."""
+        raise UnsupportedError(f"backend {self.name!r} does not implement set_rng_state")
+
     def sync(self, device: Device) -> None:
         """Waits for queued work on ``device``; eager CPU backends have none."""
 

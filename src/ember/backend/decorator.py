@@ -135,6 +135,12 @@ class Decorator(Backend):
     def seed(self, device: Device, seed: int) -> None:
         self.inner.seed(self.inner_device(device), seed)
 
+    def rng_state(self, device: Device) -> str:
+        return self.inner.rng_state(self.inner_device(device))
+
+    def set_rng_state(self, device: Device, state: str) -> None:
+        self.inner.set_rng_state(self.inner_device(device), state)
+
     def sync(self, device: Device) -> None:
         self.inner.sync(self.inner_device(device))
 

@@ -12,6 +12,7 @@ share buffers freely because no primitive mutates its input.
 
 from __future__ import annotations
 
+import json
 import threading
 import warnings
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import numpy as np
 
 from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
+from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
@@ -185,6 +187,20 @@ class NdArray(Backend):
     def seed(self, device: Device, seed: int) -> None:
         with _RNG_LOCK:
             _RNGS[(self.name, device.place, device.index)] = np.random.default_rng(seed)
+
+    def rng_state(self, device: Device) -> str:
+        # JSON keeps the 128-bit PCG64 words exact, which MessagePack's integers cannot.
+        return json.dumps(self._rng(device).bit_generator.state)
+
+    def set_rng_state(self, device: Device, state: str) -> None:
+        try:
+            decoded = json.loads(state)
+            rng = np.random.Generator(getattr(np.random, decoded["bit_generator"])())
+            rng.bit_generator.state = decoded
+        except (TypeError, ValueError, KeyError, AttributeError) as error:
+            raise ArgumentError(f"ndarray: not a random generator state ({error})") from None
+        with _RNG_LOCK:
+            _RNGS[(self.name, device.place, device.index)] = rng
 
     def _rng(self, device: Device) -> np.random.Generator:
         key = (self.name, device.place, device.index)

@@ -12,6 +12,7 @@ share memory (CPU tensors). Primitives are never written in place.
 
 from __future__ import annotations
 
+import base64
 import math
 import threading
 import warnings
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
+from ember.backend.errors import ArgumentError
 from ember.backend.options import (
     ConvOptions,
     ConvTransposeOptions,
@@ -188,6 +190,20 @@ class Torch(Backend):
     def seed(self, device: Device, seed: int) -> None:
         generator = torch.Generator(device=self.torch_device(device))
         generator.manual_seed(seed)
+        with _GENERATOR_LOCK:
+            _GENERATORS[(device.place, device.index)] = generator
+
+    def rng_state(self, device: Device) -> str:
+        state = self._generator(device).get_state()
+        return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+    def set_rng_state(self, device: Device, state: str) -> None:
+        generator = torch.Generator(device=self.torch_device(device))
+        try:
+            raw = np.frombuffer(base64.b64decode(state, validate=True), dtype=np.uint8)
+            generator.set_state(torch.from_numpy(raw.copy()))
+        except (ValueError, RuntimeError) as error:
+            raise ArgumentError(f"torch: not a random generator state for {device} ({error})") from None
         with _GENERATOR_LOCK:
             _GENERATORS[(device.place, device.index)] = generator
 

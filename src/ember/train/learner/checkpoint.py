@@ -84,6 +84,8 @@ class TrainingState:
         history: every numeric metric's value at the end of every complete epoch.
         early_stopping: the early-stopping state (``MetricEarlyStopping.to_record()``),
             or None without early stopping.
+        rng: the random generator state of each training device (``backend.rng_state``),
+            keyed by ``str(device)``, so dropout draws on after a resume as it would have.
     """
 
     epoch: int
@@ -91,6 +93,7 @@ class TrainingState:
     iteration: int | None = None
     history: MetricHistory = field(default_factory=MetricHistory)
     early_stopping: dict[str, Any] | None = None
+    rng: dict[str, str] | None = None
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -100,6 +103,7 @@ class TrainingState:
             "iteration": self.iteration,
             "history": self.history.to_record(),
             "early_stopping": self.early_stopping,
+            "rng": self.rng,
         }
 
     @staticmethod
@@ -109,7 +113,7 @@ class TrainingState:
         Raises:
             RecordMismatchError: ``record`` is not a training state of this version.
         """
-        keys = {"version", "epoch", "complete", "iteration", "history", "early_stopping"}
+        keys = {"version", "epoch", "complete", "iteration", "history", "early_stopping", "rng"}
         if not isinstance(record, dict) or set(record) != keys:
             found = sorted(record) if isinstance(record, dict) else type(record).__name__
             raise RecordMismatchError(
@@ -127,6 +131,7 @@ class TrainingState:
             iteration=record["iteration"],
             history=MetricHistory.from_record(record["history"]),
             early_stopping=record["early_stopping"],
+            rng=record["rng"],
         )
 
 

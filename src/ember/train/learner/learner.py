@@ -37,8 +37,8 @@ default full-precision recorder and a deterministic ``train_step``, the final we
 and the metric logs equal those of an uninterrupted run. A run interrupted during an
 epoch resumes from the last complete epoch (see
 :mod:`ember.train.learner.checkpoint`); its incomplete checkpoint is there to use the
-weights it reached. A model that draws random numbers while training (dropout) resumes
-with a fresh generator state: ember's backends do not expose theirs.
+weights it reached. The state of each training device's random generator is saved
+too, so a model that draws random numbers (dropout) draws on as it would have.
 
 **Artifacts.** Under the artifact directory: ``experiment.log`` (every ``ember``
 log record of the run, INFO and up, appended to), ``train/`` and ``valid/`` (the
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.backend.device import Device
-from ember.backend.errors import ArgumentError
+from ember.backend.errors import ArgumentError, UnsupportedError
 from ember.module import Module
 from ember.optim.accumulator import GradientsAccumulator
 from ember.optim.lr_scheduler.base import LrScheduler
@@ -195,7 +195,7 @@ class Learner:
             stop = self._check_early_stopping(epoch)
             if self.checkpointer is not None:
                 early = None if self.early_stopping is None else self.early_stopping.to_record()
-                state = TrainingState(epoch, True, None, self.history, early)
+                state = TrainingState(epoch, True, None, self.history, early, self._rng_states())
                 self.checkpointer.save(epoch, model, self.optimizer, self.scheduler, state)
                 log.info("saved the checkpoint of epoch %d in %s", epoch,
                          self.checkpointer.directory)  # fmt: skip
@@ -225,6 +225,10 @@ class Learner:
         self.history.truncate(epoch)
         if self.early_stopping is not None and state.early_stopping is not None:
             self.early_stopping.load_record(state.early_stopping)
+        for device in self.devices:
+            saved = (state.rng or {}).get(str(device))
+            if saved is not None:
+                device.backend.set_rng_state(device, saved)
         log.info("resumed from the checkpoint of epoch %d", epoch)
         return model, epoch + 1
 
@@ -333,13 +337,20 @@ class Learner:
         )  # fmt: skip
         return True
 
+    def _rng_states(self) -> dict[str, str] | None:
+        """Each device's generator state; None where a backend keeps none it can report."""
+        try:
+            return {str(device): device.backend.rng_state(device) for device in self.devices}
+        except UnsupportedError:
+            return None
+
     def _interrupted(self, model: Module, epoch: int, iteration: int) -> None:
         if self.checkpointer is None:
             log.warning("training stopped during epoch %d (iteration %d); no checkpointer is "
                         "configured, so nothing was saved", epoch, iteration)  # fmt: skip
             return
         early = None if self.early_stopping is None else self.early_stopping.to_record()
-        state = TrainingState(epoch, False, iteration, self.history, early)
+        state = TrainingState(epoch, False, iteration, self.history, early, self._rng_states())
         self.checkpointer.save(epoch, model, self.optimizer, self.scheduler, state)
         complete = [e for e in self.checkpointer.epochs() if e < epoch]
         log.warning(
