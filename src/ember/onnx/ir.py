@@ -1,0 +1,251 @@
+"""The importer's view of an ONNX model: a graph of nodes over named values.
+
+:func:`parse` reads a ``ModelProto`` (or a file) into a :class:`Graph`: the opsets it
+imports, its inputs and outputs with static and dynamic dims, its nodes with parsed
+attributes, and its constants. Weights stored as initializers become constants here;
+``Constant`` nodes stay nodes and become constants when the translator folds them.
+Shapes and dtypes of intermediate values come from ONNX shape inference, when it can
+tell them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.backend.errors import BackendUnavailableError
+from ember.onnx.registry import OnnxFileNotFoundError, OnnxImportError, canonical_domain
+from ember.tensor import DType
+
+Dim = int | str | None
+"""A dim: its size, the name of a dynamic dim (``"batch"``), or None when unknown."""
+
+
+def require_onnx() -> Any:
+    """The ``onnx`` package, or an error saying how to install it."""
+    try:
+        import onnx
+    except ImportError:
+        raise BackendUnavailableError(
+            "ONNX import needs the onnx package: pip install 'ember[onnx]' "
+            "(or pip install onnx==1.22.0)"
+        ) from None
+    return onnx
+
+
+# ONNX TensorProto element types ember has a dtype for.
+_DTYPES = {
+    1: DType.F32, 2: DType.U8, 3: DType.I8, 5: DType.I16, 6: DType.I32, 7: DType.I64,
+    9: DType.BOOL, 10: DType.F16, 11: DType.F64, 16: DType.BF16,
+}  # fmt: skip
+
+
+def ember_dtype(elem_type: int) -> DType | None:
+    """The ember dtype of an ONNX element type, or None when ember has none (strings, u32...)."""
+    return _DTYPES.get(elem_type)
+
+
+def onnx_type_name(elem_type: int) -> str:
+    onnx = require_onnx()
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"type {elem_type}"
+
+
+@dataclass
+class ValueInfo:
+    """What is known about a value before running the model.
+
+    Args:
+        name: the ONNX value name.
+        elem_type: the ONNX element type (0 when unknown).
+        shape: one :data:`Dim` per axis, or None when even the rank is unknown.
+    """
+
+    name: str
+    elem_type: int = 0
+    shape: tuple[Dim, ...] | None = None
+
+    @property
+    def dtype(self) -> DType | None:
+        return ember_dtype(self.elem_type)
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        """The shape when every dim is a known size, else None."""
+        if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+            return None
+        return self.shape  # type: ignore[return-value]
+
+
+@dataclass
+class Node:
+    """One ONNX node with its attributes parsed to Python values.
+
+    Attributes hold ints, floats, strings, NumPy arrays (tensors), lists of those, and
+    ``GraphProto`` objects for subgraphs. An absent optional input is the name ``""``.
+    """
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any]
+    index: int
+
+    @property
+    def label(self) -> str:
+        """The node's name, or a made-up one (``Add_3``) when the model gives none."""
+        return self.name or f"{self.op_type}_{self.index}"
+
+    @property
+    def has_subgraph(self) -> bool:
+        onnx = require_onnx()
+        return any(isinstance(v, onnx.GraphProto) or (isinstance(v, list) and v
+                   and isinstance(v[0], onnx.GraphProto)) for v in self.attrs.values())
+
+
+@dataclass
+class Graph:
+    """A parsed model.
+
+    Args:
+        name: the graph's name.
+        opsets: opset version per domain (``""`` is the default ONNX domain).
+        inputs: the values the caller feeds, in order (initializers excluded unless the
+            model also lists them as inputs, which makes them overridable).
+        outputs: the values the model returns, in order.
+        nodes: the nodes in topological order.
+        constants: initializers by name, as NumPy arrays.
+        values: every value info known, inputs and outputs included.
+    """
+
+    name: str
+    opsets: dict[str, int]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    nodes: list[Node]
+    constants: dict[str, np.ndarray]
+    values: dict[str, ValueInfo] = field(default_factory=dict)
+    producer: str = ""
+
+    def opset(self, domain: str) -> int:
+        return self.opsets.get(canonical_domain(domain), 0)
+
+
+def load(source: Any) -> Any:
+    """A ``ModelProto`` from a path, bytes or a ``ModelProto`` (returned as is)."""
+    onnx = require_onnx()
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, bytes | bytearray):
+        return onnx.load_from_string(bytes(source))
+    path = Path(source)
+    if not path.is_file():
+        raise OnnxFileNotFoundError(f"ONNX import: no model file at {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as error:  # protobuf raises its own DecodeError types
+        raise OnnxImportError(f"ONNX import: {path} is not an ONNX model ({error})") from None
+
+
+def _dims(type_proto: Any) -> tuple[Dim, ...] | None:
+    tensor = type_proto.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for d in tensor.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
+def _value_info(proto: Any) -> ValueInfo:
+    if not proto.type.HasField("tensor_type"):
+        # A sequence, map or optional: no tensor dtype; converters reject such inputs.
+        return ValueInfo(proto.name, -1, None)
+    return ValueInfo(proto.name, proto.type.tensor_type.elem_type, _dims(proto.type))
+
+
+def to_array(tensor: Any) -> np.ndarray:
+    """A ``TensorProto`` as a NumPy array (external data must already be loaded)."""
+    from onnx import numpy_helper
+
+    return np.asarray(numpy_helper.to_array(tensor))
+
+
+def _short_float(value: float) -> float:
+    """An attribute float (stored as f32) as the shortest decimal of that f32: 0.35, not
+    0.3499999940395355, so generated code reads well and means the same f32."""
+    return float(str(np.float32(value)))
+
+
+def _attr_value(attr: Any) -> Any:
+    from onnx import AttributeProto, helper
+
+    value = helper.get_attribute_value(attr)
+    if attr.type == AttributeProto.FLOAT:
+        return _short_float(value)
+    if attr.type == AttributeProto.FLOATS:
+        return [_short_float(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, list):
+        return [v.decode("utf-8", errors="replace") if isinstance(v, bytes)
+                else to_array(v) if type(v).__name__ == "TensorProto" else v for v in value]
+    if type(value).__name__ == "TensorProto":
+        return to_array(value)
+    return value
+
+
+def infer_shapes(model: Any) -> Any:
+    """The model with ONNX's shape inference applied; the model as is if inference fails."""
+    onnx = require_onnx()
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # inference is a help, not a requirement: converters cope without it
+        return model
+
+
+def parse(source: Any) -> Graph:
+    """Reads a model (a path, bytes or ``ModelProto``) into a :class:`Graph`.
+
+    Raises:
+        OnnxFileNotFoundError: no file at the path.
+        OnnxImportError: the bytes are not an ONNX model.
+    """
+    model = infer_shapes(load(source))
+    graph = model.graph
+    opsets: dict[str, int] = {}
+    for entry in model.opset_import:
+        opsets[canonical_domain(entry.domain)] = int(entry.version)
+    if "" not in opsets:
+        # IR version 2 models predate opset_import; they are opset 1.
+        opsets[""] = 1
+    constants = {t.name: to_array(t) for t in graph.initializer}
+    values: dict[str, ValueInfo] = {}
+    for proto in [*graph.value_info, *graph.input, *graph.output]:
+        values[proto.name] = _value_info(proto)
+    for name, array in constants.items():
+        values.setdefault(name, ValueInfo(name, 0, tuple(array.shape)))
+    inputs = [values[p.name] for p in graph.input]
+    outputs = [values[p.name] for p in graph.output]
+    input_names = {v.name for v in inputs}
+    # An initializer listed as a graph input is only a default: the caller may feed it.
+    constants = {k: v for k, v in constants.items() if k not in input_names}
+    nodes = [
+        Node(n.name, n.op_type, canonical_domain(n.domain), list(n.input), list(n.output),
+             {a.name: _attr_value(a) for a in n.attribute}, i)
+        for i, n in enumerate(graph.node)
+    ]
+    return Graph(graph.name, opsets, inputs, outputs, nodes, constants, values,
+                 model.producer_name)

@@ -1,0 +1,296 @@
+"""Graph to program: runs each node's converter, folding what is known at import time.
+
+The translator walks the nodes that the outputs depend on, in order. A node whose
+inputs are all constants is folded: its converter's lines run right away on ember's
+NdArray backend and its outputs become constants. Every other node's lines go into the
+generated ``forward``. Constants that runtime code reads become module fields.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ember.onnx.context import NodeContext
+from ember.onnx.ir import Graph, Node, ValueInfo, onnx_type_name
+from ember.onnx.registry import OnnxImportError, UnsupportedOnnxError, lookup, missing_reason
+from ember.tensor import DType, Tensor
+from ember.tensor.data import dtype_of_numpy
+
+# Names the generated module itself uses; ONNX value names never take them.
+RESERVED = {
+    "self", "device", "directory", "folder", "Tensor", "Module", "Param", "Path", "Model", "build",
+    "load", "rt", "F", "activation", "WEIGHTS", "RECORDER", "annotations", "np", "ember",
+}  # fmt: skip
+
+
+class Namer:
+    """Turns ONNX value names into unique Python identifiers (``"/conv1/Conv_output_0"`` to
+    ``conv1_conv_output_0``)."""
+
+    def __init__(self, reserved: set[str] = RESERVED) -> None:
+        self.used: set[str] = set(reserved)
+
+    @staticmethod
+    def sanitize(text: str) -> str:
+        name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_").lower()
+        name = re.sub(r"_+", "_", name)
+        if not name:
+            name = "v"
+        if name[0].isdigit():
+            name = f"v{name}"
+        if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+            name += "_"
+        return name
+
+    def fresh(self, hint: str) -> str:
+        base = self.sanitize(hint)
+        name, n = base, 1
+        while name in self.used:
+            name = f"{base}_{n}"
+            n += 1
+        self.used.add(name)
+        return name
+
+
+@dataclass
+class Field:
+    """A field of the generated module: a Param or an ember layer.
+
+    ``params`` maps each parameter path inside the field (``""`` for a bare Param,
+    ``"weight"`` inside a layer) to its imported value.
+    """
+
+    name: str
+    annotation: str
+    build: str
+    params: dict[str, np.ndarray]
+    imports: tuple[str, ...] = ()
+
+
+@dataclass
+class Program:
+    """What the translator produced, for codegen to write out."""
+
+    graph: Graph
+    inputs: list[tuple[str, ValueInfo]]
+    outputs: list[tuple[str, ValueInfo]]
+    fields: list[Field] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def _fold_device() -> Any:
+    import ember
+
+    return ember.device("ndarray")
+
+
+class Translator:
+    """Translates one :class:`Graph` into a :class:`Program` (see :meth:`translate`)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.names = Namer()
+        self.fields: list[Field] = []
+        self.lines: list[str] = []
+        self.vars: dict[str, str] = {}
+        self.consts: dict[str, np.ndarray] = dict(graph.constants)
+        self.trainable = {k for k, v in graph.constants.items() if v.dtype.kind == "f"}
+        self._const_exprs: dict[str, str] = {}
+        self._used: set[str] = set()
+        self._fold_env: dict[str, Any] | None = None
+        self._fold_count = 0
+
+    # ------------------------------------------------------------------ queries for converters
+    def const_value(self, name: str) -> np.ndarray | None:
+        return self.consts.get(name)
+
+    def shape_of(self, name: str) -> tuple[Any, ...] | None:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        info = self.graph.values.get(name)
+        return info.shape if info is not None else None
+
+    def dtype_of(self, name: str) -> DType | None:
+        if name in self.consts:
+            return dtype_of_numpy(self.consts[name].dtype)
+        info = self.graph.values.get(name)
+        return info.dtype if info is not None else None
+
+    def is_used(self, name: str) -> bool:
+        return bool(name) and name in self._used
+
+    def expr_of(self, name: str, node: NodeContext | None) -> str:
+        if node is not None and node.folding and name in self.consts:
+            return self._bind(Tensor.from_data(self.consts[name], _fold_device()))
+        if name in self.vars:
+            return self.vars[name]
+        if name in self.consts:
+            if name not in self._const_exprs:
+                trainable = name in self.trainable
+                self._const_exprs[name] = self.add_param(self.consts[name], name, trainable, None)
+            return self._const_exprs[name]
+        raise OnnxImportError(f"ONNX import: the value {name!r} is used before any node makes it")
+
+    # ------------------------------------------------------------------ declarations
+    def _bind(self, value: Any) -> str:
+        assert self._fold_env is not None
+        self._fold_count += 1
+        name = f"_fold_{self._fold_count}"
+        self._fold_env[name] = value
+        return name
+
+    def add_param(self, value: np.ndarray, hint: str, trainable: bool | None,
+                  node: NodeContext | None) -> str:  # fmt: skip
+        if node is not None and node.folding:
+            return self._bind(Tensor.from_data(value, _fold_device()))
+        if trainable is None:
+            trainable = value.dtype.kind == "f"
+        name = self.names.fresh(hint)
+        dtype = dtype_of_numpy(value.dtype)
+        frozen = "" if trainable and dtype.is_float else ", trainable=False"
+        build = f'rt.param({list(value.shape)}, "{dtype.value}", device{frozen})'
+        self.fields.append(Field(name, "Param", build, {"": value}))
+        return f"self.{name}.val()"
+
+    def add_layer(self, hint: str, annotation: str, build: str, params: dict[str, np.ndarray],
+                  imports: tuple[str, ...], node: NodeContext) -> str:  # fmt: skip
+        if node.folding:
+            from ember.onnx.codegen import instantiate
+
+            layer = instantiate(Field(hint, annotation, build, params, imports), _fold_device())
+            return self._bind(layer)
+        name = self.names.fresh(hint)
+        self.fields.append(Field(name, annotation, build, params, imports))
+        return f"self.{name}"
+
+    # ------------------------------------------------------------------ the walk
+    def translate(self) -> Program:
+        graph = self.graph
+        inputs = []
+        for info in graph.inputs:
+            if info.dtype is None:
+                raise OnnxImportError(
+                    f"ONNX import: graph input {info.name!r} has type "
+                    f"{onnx_type_name(info.elem_type) if info.elem_type > 0 else 'non-tensor'}"
+                    ", which ember has no tensor dtype for"
+                )
+            var = self.names.fresh(info.name)
+            self.vars[info.name] = var
+            inputs.append((var, info))
+        for node in self._live_nodes():
+            self._convert(node)
+        outputs = []
+        for info in graph.outputs:
+            outputs.append((self.expr_of(info.name, None), info))
+        return Program(graph, inputs, outputs, self.fields, self.lines)
+
+    def _live_nodes(self) -> list[Node]:
+        """The nodes the graph's outputs depend on, in order; the others are dead code."""
+        needed = {info.name for info in self.graph.outputs}
+        self._used = set(needed)
+        live = []
+        for node in reversed(self.graph.nodes):
+            if any(o in needed for o in node.outputs):
+                live.append(node)
+                needed.update(i for i in node.inputs if i)
+                self._used.update(i for i in node.inputs if i)
+        return live[::-1]
+
+    def _convert(self, node: Node) -> None:
+        opset = self.graph.opset(node.domain)
+        spec = lookup(node.op_type, node.domain, opset)
+        if spec is None:
+            raise UnsupportedOnnxError(node.label, node.op_type, node.domain, opset,
+                                       missing_reason(node.op_type, node.domain, opset))
+        if spec.attrs is not None:
+            extra = sorted(set(node.attrs) - spec.attrs)
+            if extra:
+                known = ", ".join(sorted(spec.attrs)) or "none"
+                raise UnsupportedOnnxError(
+                    node.label, node.op_type, node.domain, opset,
+                    f"attribute {', '.join(map(repr, extra))} is not supported "
+                    f"(supported attributes: {known}); a converter handling it is needed",
+                )
+        for name in node.inputs:
+            info = self.graph.values.get(name)
+            if name and name not in self.consts and info is not None and info.elem_type \
+                    and info.dtype is None:
+                raise UnsupportedOnnxError(
+                    node.label, node.op_type, node.domain, opset,
+                    f"input {name!r} has type {onnx_type_name(info.elem_type)}, which ember "
+                    f"has no tensor dtype for",
+                )
+        folding = (spec.foldable and not node.has_subgraph
+                   and all(not i or i in self.consts for i in node.inputs))  # fmt: skip
+        if folding:
+            self._fold(node, spec, opset)
+            return
+        outputs = [self.names.fresh(o or f"{node.op_type}_unused") for o in node.outputs]
+        ctx = NodeContext(self, node, spec, opset, outputs, folding=False)
+        lines = _as_lines(spec.fn(ctx))
+        self.lines.extend(lines)
+        for i, (onnx_name, var) in enumerate(zip(node.outputs, outputs)):
+            if i in ctx.constants:
+                self.consts[onnx_name] = ctx.constants[i]
+            elif onnx_name:
+                self.vars[onnx_name] = var
+
+    def _fold(self, node: Node, spec: Any, opset: int) -> None:
+        from ember.onnx.codegen import runtime_globals
+
+        self._fold_env = {}
+        outputs = [f"_out_{i}" for i in range(len(node.outputs))]
+        ctx = NodeContext(self, node, spec, opset, outputs, folding=True)
+        try:
+            lines = _as_lines(spec.fn(ctx))
+            env = {**runtime_globals(), **self._fold_env}
+            if lines:
+                exec(compile("\n".join(lines), f"<fold {node.label}>", "exec"), env)
+        except UnsupportedOnnxError:
+            raise
+        except Exception as error:
+            raise OnnxImportError(
+                f"ONNX import: node {node.label!r} ({node.op_type}) failed when evaluated at "
+                f"import time on constant inputs: {type(error).__name__}: {error}"
+            ) from error
+        finally:
+            self._fold_env = None
+        from_trainable = any(i in self.trainable for i in node.inputs if i)
+        for i, onnx_name in enumerate(node.outputs):
+            if not onnx_name:
+                continue
+            if i in ctx.constants:
+                value = ctx.constants[i]
+            elif outputs[i] in env:
+                value = _to_numpy(env[outputs[i]])
+            else:
+                raise OnnxImportError(f"ONNX import: the converter of {node.op_type} did not "
+                                      f"assign output {i} of node {node.label!r}")
+            self.consts[onnx_name] = value
+            if from_trainable and value.dtype.kind == "f":
+                self.trainable.add(onnx_name)
+
+
+def _as_lines(result: Any) -> list[str]:
+    if result is None:
+        return []
+    if isinstance(result, str):
+        return result.splitlines()
+    return [line for chunk in result for line in chunk.splitlines()]
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, Tensor):
+        return np.array(value.into_data().to_numpy())
+    return np.asarray(value)
+
+
+def translate(graph: Graph) -> Program:
+    """The program of ``graph``; raises :class:`UnsupportedOnnxError` for a node it cannot
+    translate."""
+    return Translator(graph).translate()
