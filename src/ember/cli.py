@@ -1,0 +1,253 @@
+"""The ``ember`` command.
+
+Commands::
+
+    ember guide train        train the guide's model on MNIST (the dashboard on a terminal)
+    ember guide infer        classify test digits with the trained model
+    ember guide custom-loop  train the same model with a hand-written loop
+
+``ember guide <command> --help`` lists each command's options. ``python -m ember`` is
+the same command. Errors (no trained model, an unknown backend, missing data) print
+one message on standard error and exit with status 1; bad options exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ember.backend.device import Device, device
+from ember.backend.errors import EmberError
+
+if TYPE_CHECKING:
+    from ember.guide.training import TrainingConfig
+
+DEFAULT_ARTIFACT_DIR = "/tmp/guide"
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _add_device_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=("ndarray", "torch"),
+        default="ndarray",
+        help="the backend to run on (default: ndarray, NumPy)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="SPEC",
+        help="the device of the backend: cpu, cuda:0, ... (default: cpu)",
+    )
+
+
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a training run; None leaves the TrainingConfig default."""
+    parser.add_argument(
+        "--epochs",
+        type=_at_least(1),
+        metavar="N",
+        help="passes over the training set (default: 10)",
+    )
+    parser.add_argument(
+        "--batch-size", type=_at_least(1), metavar="N", help="digits per batch (default: 64)"
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=_at_least(0),
+        metavar="N",
+        help="threads preparing batches (default: 0, or 1 on CUDA)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=_at_least(0),
+        metavar="N",
+        help="seeds the weights, dropout and shuffling (default: 42)",
+    )
+    parser.add_argument(
+        "--lr", type=_positive_float, metavar="X", help="the learning rate (default: 1e-4)"
+    )
+    _add_device_options(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``ember`` command and its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="ember", description="ember: deep learning on the design of Burn."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    guide = commands.add_parser(
+        "guide",
+        help="the Burn book's guide: a CNN on MNIST",
+        description="The guide's workflow: train a CNN on MNIST, then use it for inference.",
+    )
+    steps = guide.add_subparsers(dest="step", required=True, metavar="STEP")
+    # ``ember onnx ...`` is parsed by ember.onnx.cli (see main); listed here for --help.
+    commands.add_parser("onnx", help="import ONNX models as ember code plus weights",
+                        add_help=False)  # fmt: skip
+
+    train = steps.add_parser(
+        "train",
+        help="train the model with the learner",
+        description="Trains the guide's model with the learner and "
+        "saves it in the artifact folder.",
+    )
+    train.add_argument(
+        "--artifact-dir",
+        default=DEFAULT_ARTIFACT_DIR,
+        metavar="DIR",
+        help=f"where the run's files go (default: {DEFAULT_ARTIFACT_DIR})",
+    )
+    _add_training_options(train)
+    train.add_argument(
+        "--renderer",
+        choices=("auto", "dashboard", "plain"),
+        default="auto",
+        help="auto: the dashboard on a terminal, plain lines otherwise",
+    )
+    train.set_defaults(run=_train)
+
+    infer = steps.add_parser(
+        "infer",
+        help="classify test digits with the trained model",
+        description="Loads the trained model and prints its predictions for the first test digits.",
+    )
+    infer.add_argument(
+        "--artifact-dir",
+        default=DEFAULT_ARTIFACT_DIR,
+        metavar="DIR",
+        help=f"the folder of a training run (default: {DEFAULT_ARTIFACT_DIR})",
+    )
+    infer.add_argument(
+        "--count",
+        type=_at_least(1),
+        default=10,
+        metavar="N",
+        help="how many test digits to classify (default: 10)",
+    )
+    _add_device_options(infer)
+    infer.set_defaults(run=_infer)
+
+    loop = steps.add_parser(
+        "custom-loop",
+        help="train with a hand-written loop",
+        description="Trains the guide's model with a loop written out "
+        "by hand (no learner), printing losses and accuracies.",
+    )
+    _add_training_options(loop)
+    loop.add_argument(
+        "--log-every",
+        type=_at_least(0),
+        default=100,
+        metavar="N",
+        help="a line every N training iterations; 0: epoch lines only (default: 100)",
+    )
+    loop.set_defaults(run=_custom_loop)
+    return parser
+
+
+def _device(args: argparse.Namespace) -> Device:
+    return device(args.backend, args.device)
+
+
+def _training_config(args: argparse.Namespace, on: Device) -> TrainingConfig:
+    from ember.guide.training import default_config
+
+    config = default_config()
+    options = {
+        "num_epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "num_workers": args.num_workers,
+        "seed": args.seed,
+        "learning_rate": args.lr,
+    }
+    if options["num_workers"] is None and on.place == "cuda":
+        options["num_workers"] = 1  # measured fastest on CUDA (ember.data.dataloader.loader)
+    for name, value in options.items():
+        if value is not None:
+            config = getattr(config, f"with_{name}")(value)
+    return config
+
+
+def _train(args: argparse.Namespace) -> None:
+    from ember.guide.training import MODEL_FILE, RECORDER, train
+
+    on = _device(args)
+    renderer = None
+    if args.renderer == "plain":
+        from ember.train.renderer.plain import PlainRenderer
+
+        renderer = PlainRenderer()
+    elif args.renderer == "dashboard":
+        from ember.train.renderer.dashboard import DashboardRenderer
+
+        renderer = DashboardRenderer()
+    train(args.artifact_dir, _training_config(args, on), on, renderer=renderer)
+    model_path = RECORDER().path_for(Path(args.artifact_dir) / MODEL_FILE)
+    print(
+        f"The trained model is in {model_path}; try it with "
+        f"`ember guide infer --artifact-dir {args.artifact_dir}`"
+    )
+
+
+def _infer(args: argparse.Namespace) -> None:
+    from ember.guide.inference import infer
+
+    infer(args.artifact_dir, _device(args), count=args.count)
+
+
+def _custom_loop(args: argparse.Namespace) -> None:
+    from ember.guide.custom_training_loop import run
+
+    on = _device(args)
+    run(_training_config(args, on), on, log_every=args.log_every)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``ember`` command with ``argv`` (default: the process's arguments).
+
+    Returns 0 on success; exits with status 1 after an ember error (its message on
+    standard error) and 2 after a usage error.
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["onnx"]:
+        from ember.onnx.cli import main as onnx_main
+
+        return onnx_main(arguments[1:])
+    parser = build_parser()
+    args = parser.parse_args(arguments)
+    try:
+        args.run(args)
+    except EmberError as error:
+        command = f"{parser.prog} {args.command} {args.step}"
+        parser.exit(1, f"{command}: error: {error}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
