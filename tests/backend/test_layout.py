@@ -314,6 +314,16 @@ def test_pad_float(device, subtests, mode, shape, pads):
     each_case(subtests, check, dtype=FLOAT_DTYPES)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_pad_more_than_three_dims(device, mode):
+    # torch's own reflect / replicate kernels stop at 3 padded dims; NumPy's pad is the reference.
+    x, t = pair((2, 3, 4, 5, 3), DType.F32, device)
+    pads = (1, 1, 0, 2, 1, 0, 2, 1, 0, 1)  # (left, right) of the last dim first, as torch
+    widths = [pads[i : i + 2] for i in range(0, len(pads), 2)][::-1]
+    expected = np.pad(t.numpy(), widths, mode="reflect" if mode == "reflect" else "edge")
+    assert_same(x.pad(pads, mode=mode), torch.from_numpy(expected))
+
+
 @pytest.mark.parametrize("dtype", INT_DTYPES + [DType.BOOL])
 @pytest.mark.parametrize(("shape", "pads"), [((2, 5), (2, 1)), ((2, 4, 5), (1, 2, 0, 3)), ((3,), (1, 1))])
 def test_pad_constant_int_bool(device, dtype, shape, pads):

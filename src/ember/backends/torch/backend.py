@@ -118,6 +118,15 @@ _PAD_MODE = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
 _aten = torch.ops.aten
 
 
+def _pad_trailing(x: torch.Tensor, pads: list[tuple[int, int]], mode: str) -> torch.Tensor:
+    """Reflect or replicate padding of the last ``len(pads)`` (at most 3) dims of ``x``."""
+    # torch's reflect / replicate pad the trailing dims of a [N, C, ...] input.
+    lead = x.shape[: x.dim() - len(pads)]
+    y = x.reshape((1, -1) + tuple(x.shape[len(lead) :]))
+    y = F.pad(y, [side for pair in reversed(pads) for side in pair], _PAD_MODE[mode])
+    return y.reshape(tuple(lead) + tuple(y.shape[2:]))
+
+
 def _int_matmul_by_blocks(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Integer matmul where torch has no kernel (CUDA): products summed over blocks of k.
 
@@ -448,11 +457,20 @@ class Torch(Backend):
         flat = [side for pair in reversed(o.pads) for side in pair]
         if o.mode == "constant":
             return F.pad(x, flat, "constant", o.value)
-        # torch's reflect / replicate pad the trailing dims of a [N, C, ...] input.
-        lead = x.shape[: x.dim() - len(o.pads)]
-        y = x.reshape((1, -1) + tuple(x.shape[len(lead) :]))
-        y = F.pad(y, flat, _PAD_MODE[o.mode])
-        return y.reshape(tuple(lead) + tuple(y.shape[2:]))
+        pads = list(o.pads)
+        while pads and pads[0] == (0, 0):
+            pads.pop(0)
+        if len(pads) > 3:
+            # torch reflects / replicates at most 3 trailing dims; both modes are separable,
+            # so the dims are padded one at a time.
+            first = x.dim() - len(pads)
+            for offset, pair in enumerate(pads):
+                if pair != (0, 0):
+                    dim = first + offset
+                    y = _pad_trailing(x.movedim(dim, -1), [pair], o.mode)
+                    x = y.movedim(-1, dim)
+            return x
+        return _pad_trailing(x, pads, o.mode) if pads else x
 
     # ------------------------------------------------------------ faster composites
     def relu(self, x):
