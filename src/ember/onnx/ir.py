@@ -117,8 +117,8 @@ class Graph:
     Args:
         name: the graph's name.
         opsets: opset version per domain (``""`` is the default ONNX domain).
-        inputs: the values the caller feeds, in order (initializers excluded unless the
-            model also lists them as inputs, which makes them overridable).
+        inputs: the values the caller feeds, in order (initializers are weights, even
+            where an old model lists them as inputs too).
         outputs: the values the model returns, in order.
         nodes: the nodes in topological order.
         constants: initializers by name, as NumPy arrays.
@@ -237,11 +237,10 @@ def parse(source: Any) -> Graph:
         values[proto.name] = _value_info(proto)
     for name, array in constants.items():
         values.setdefault(name, ValueInfo(name, 0, tuple(array.shape)))
-    inputs = [values[p.name] for p in graph.input]
+    # Models of IR version < 4 list every initializer as a graph input too; like onnxruntime,
+    # ember takes those as weights, not as values the caller feeds.
+    inputs = [values[p.name] for p in graph.input if p.name not in constants]
     outputs = [values[p.name] for p in graph.output]
-    input_names = {v.name for v in inputs}
-    # An initializer listed as a graph input is only a default: the caller may feed it.
-    constants = {k: v for k, v in constants.items() if k not in input_names}
     nodes = [
         Node(n.name, n.op_type, canonical_domain(n.domain), list(n.input), list(n.output),
              {a.name: _attr_value(a) for a in n.attribute}, i)
