@@ -57,7 +57,7 @@ def _op_names() -> list[str]:
 
 
 # Case names that do not start with their op's name.
-_CASE_ALIASES = {"tril": "Trilu", "triu": "Trilu", "constantpad": "Pad", "edgepad": "Pad",
+_CASE_ALIASES = {"tril": "Trilu", "triu": "Trilu", "constantpad": "Pad", "edgepad": "Pad", "simplernn": "RNN",
                  "reflectpad": "Pad", "wrappad": "Pad"}  # fmt: skip
 
 
