@@ -58,7 +58,9 @@ def _op_names() -> list[str]:
 
 # Case names that do not start with their op's name.
 _CASE_ALIASES = {"tril": "Trilu", "triu": "Trilu", "constantpad": "Pad", "edgepad": "Pad", "simplernn": "RNN",
-                 "reflectpad": "Pad", "wrappad": "Pad"}  # fmt: skip
+                 "reflectpad": "Pad", "wrappad": "Pad",
+                 "batchnorm": "BatchNormalization", "instancenorm": "InstanceNormalization",
+                 "mvn": "MeanVarianceNormalization"}  # fmt: skip
 
 
 @cache
