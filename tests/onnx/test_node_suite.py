@@ -13,80 +13,10 @@ from onnx_node_cases import case_names, light_names, run_case, run_light
 
 # Cases known to fail, with the reason. Keep this list short and explicit.
 EXPECTED_FAILURES: dict[str, str] = {
+    "test_gridsample_bicubic":
+        "the expected data is rounded to 4 decimals (-0.1406 for -0.140625); ember is exact",
     "test_averagepool_2d_ceil_last_window_starts_on_pad":
         "the expected data is rounded to 4 decimals; ember equals onnxruntime and ONNX's reference exactly",
-    "test_l2normalization_axis_0":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_resize_downsample_scales_cubic":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_cubic_align_corners":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_cubic_antialias":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_linear":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_linear_align_corners":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_linear_antialias":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_linear_half_pixel_symmetric":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_scales_nearest":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_sizes_nearest_not_larger":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_downsample_sizes_nearest_not_smaller":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_tf_crop_and_resize":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_tf_crop_and_resize_axes_2_3":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_tf_crop_and_resize_axes_3_2":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_tf_crop_and_resize_extrapolation_value":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_cubic":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_cubic_align_corners":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_cubic_asymmetric":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_linear":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_linear_align_corners":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_linear_half_pixel_symmetric":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_nearest":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_nearest_axes_2_3":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_scales_nearest_axes_3_2":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_sizes_nearest_not_larger":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_resize_upsample_sizes_nearest_not_smaller":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
-    "test_rotary_embedding_3d_input_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_interleaved_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_no_position_ids_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_no_position_ids_interleaved_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_no_position_ids_rotary_dim_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_with_interleaved_rotary_dim_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
-    "test_rotary_embedding_with_rotary_dim_expanded":
-        "under investigation: a converter of the expanded graph disagrees",
     "test_training_dropout":
         "training-mode dropout draws a random mask: its values cannot match the reference generator's",
     "test_training_dropout_default":
@@ -95,8 +25,6 @@ EXPECTED_FAILURES: dict[str, str] = {
         "training-mode dropout draws a random mask: its values cannot match the reference generator's",
     "test_training_dropout_mask":
         "training-mode dropout draws a random mask: its values cannot match the reference generator's",
-    "test_upsample_nearest":
-        "scales / sizes / roi given at run time: ember resolves them at import time (runtime resize to come)",
 }
 
 

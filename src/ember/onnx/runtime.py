@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ember.backend.device import Device
-from ember.backend.errors import ShapeError, fmt_shape
+from ember.backend.errors import ArgumentError, DTypeError, ShapeError, fmt_shape
 from ember.module import Param
 from ember.tensor import DType, Tensor
+from ember.tensor.data import numpy_dtype
 
 IntsLike = Sequence[int] | Tensor
 
@@ -151,3 +153,233 @@ def concat(tensors: Sequence[Tensor], dim: int) -> Tensor:
     if len(parts) == 1:
         return parts[0]
     return Tensor.cat(parts, d)
+
+
+# ------------------------------------------------------------------------------ Resize
+# ONNX's resizing is separable: each resized dim is resampled on its own, by picking input
+# positions (nearest) or by an ``[out, in]`` interpolation matrix (linear, cubic). The plan
+# and the matrices are NumPy work on sizes and scales: importers make them once when those
+# are known at import time, and ``resize`` makes them from the values it gets otherwise.
+_RESIZE_MODES = ("nearest", "linear", "cubic")
+_RESIZE_COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                       "align_corners", "asymmetric", "tf_crop_and_resize")  # fmt: skip
+# "simple" is Upsample's and Resize-10's: down when enlarging, else up.
+_RESIZE_ROUNDINGS = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+_RESIZE_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How ONNX ``Resize`` resamples one dim: its attributes, with ONNX's defaults."""
+
+    mode: str = "nearest"
+    coordinates: str = "half_pixel"
+    nearest: str = "round_prefer_floor"
+    cubic_a: float = -0.75
+    exclude_outside: bool = False
+    extrapolation: float = 0.0
+    antialias: bool = False
+
+    def check(self) -> None:
+        """Raises :class:`ArgumentError` for a mode, coordinate transformation or rounding
+        that ONNX does not have."""
+        for what, value, known in (("mode", self.mode, _RESIZE_MODES),
+                                   ("coordinate_transformation_mode", self.coordinates,
+                                    _RESIZE_COORDINATES),
+                                   ("nearest_mode", self.nearest, _RESIZE_ROUNDINGS)):  # fmt: skip
+            if value not in known:
+                raise ArgumentError(f"Resize: {what} {value!r} is not one of {', '.join(known)}")
+
+    def source(self, size: int, out: int, scale: float,
+               roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """The input coordinate of each output position, and (``tf_crop_and_resize``) which
+        positions fall outside the input."""
+        y = np.arange(out, dtype=np.float64)
+        width = scale * size  # ONNX's unrounded output width
+        mode = self.coordinates
+        if mode == "align_corners":
+            x = np.zeros(out) if width == 1 else y * (size - 1) / (width - 1)
+        elif mode == "asymmetric":
+            x = y / scale
+        elif mode == "pytorch_half_pixel":
+            x = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+        elif mode == "half_pixel":
+            x = (y + 0.5) / scale - 0.5
+        elif mode == "half_pixel_symmetric":
+            offset = size / 2 * (1 - out / width)
+            x = offset + (y + 0.5) / scale - 0.5
+        else:  # tf_crop_and_resize
+            start, end = roi
+            x = (np.full(out, (end - start) * (size - 1) / 2) if width == 1
+                 else y * (end - start) * (size - 1) / (width - 1))  # fmt: skip
+            x = x + start * (size - 1)
+            return x, (x < 0) | (x > size - 1)
+        return x, None
+
+    def nearest_index(self, x: np.ndarray, scale: float) -> np.ndarray:
+        """The nearest input position of each coordinate, by the rounding mode."""
+        rounding = self.nearest
+        if rounding == "simple":
+            rounding = "floor" if scale >= 1 else "ceil"
+        if rounding == "round_prefer_floor":
+            return np.ceil(x - 0.5)
+        if rounding == "round_prefer_ceil":
+            return np.floor(x + 0.5)
+        if rounding == "floor":
+            return np.floor(x)
+        return np.ceil(x)
+
+    def kernel(self, t: np.ndarray) -> np.ndarray:
+        """The interpolation kernel at distances ``t``: the triangle (linear), or Keys' cubic
+        with coefficient ``cubic_a``."""
+        t = np.abs(t)
+        if self.mode == "linear":
+            return np.clip(1 - t, 0, None)
+        a = self.cubic_a
+        near = ((a + 2) * t - (a + 3)) * t * t + 1
+        far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+        return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+    def weights(self, size: int, out: int, scale: float,
+                roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """The ``[out, size]`` matrix that resamples one dim, and the constant each output
+        position gets outside a crop (``tf_crop_and_resize``), or None."""
+        x, outside = self.source(size, out, scale, roi)
+        matrix = np.zeros((out, size))
+        rows = np.arange(out)
+        if self.mode == "nearest":
+            index = np.clip(self.nearest_index(x, scale), 0, size - 1).astype(np.int64)
+            matrix[rows, index] = 1.0
+        else:
+            # Taps at base + i around x; an x on a tap takes it as its right neighbour.
+            base = np.floor(x)
+            ratio = x - base
+            on_tap = ratio == 0
+            base, ratio = np.where(on_tap, base - 1, base), np.where(on_tap, 1.0, ratio)
+            reach = 1 if self.mode == "linear" else 2
+            shrink = min(scale, 1.0) if self.antialias else 1.0
+            start = math.floor(-reach / shrink) + 1
+            offsets = np.arange(start, 2 - start)
+            coeffs = self.kernel((offsets[None, :] - ratio[:, None]) * shrink)
+            if self.antialias:
+                coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+            taps = base[:, None].astype(np.int64) + offsets[None, :]
+            if self.exclude_outside:
+                coeffs = np.where((taps < 0) | (taps >= size), 0.0, coeffs)
+                total = coeffs.sum(axis=1, keepdims=True)
+                coeffs = coeffs / np.where(total == 0, 1.0, total)
+            np.add.at(matrix, (np.repeat(rows, len(offsets)),
+                               np.clip(taps, 0, size - 1).ravel()), coeffs.ravel())  # fmt: skip
+        extra = None
+        if outside is not None and outside.any():
+            matrix[outside] = 0.0
+            extra = np.where(outside, self.extrapolation, 0.0)
+        return matrix, extra
+
+
+class ResizedDim(NamedTuple):
+    """One dim a resize changes: its index, input and output sizes, scale and ROI."""
+
+    dim: int
+    size: int
+    out: int
+    scale: float
+    roi: tuple[float, float]
+
+
+def resize_plan(dims: Sequence[Any], axes: Sequence[int], scales: Sequence[float] | None,
+                sizes: Sequence[int] | None, roi: Sequence[float] | None,
+                policy: str = "stretch") -> list[ResizedDim] | None:  # fmt: skip
+    """The dims ``Resize`` changes, from the input's ``dims`` (a non-int: not known yet),
+    the non-negative ``axes`` it resizes and one of ``scales`` and ``sizes`` per axis;
+    None when a resized dim is not known."""
+    n = len(axes)
+    for what, given in (("scales", scales), ("sizes", sizes)):
+        if given is not None and len(given) != n:
+            raise ShapeError(f"Resize: {what} has {len(given)} values for {n} resized axes")
+    if sizes is None and scales is None:
+        raise ArgumentError("Resize: needs scales or sizes")
+    if policy not in _RESIZE_POLICIES:
+        raise ArgumentError(f"Resize: keep_aspect_ratio_policy {policy!r} is not one of "
+                            f"{', '.join(_RESIZE_POLICIES)}")
+    boxes = [(0.0, 1.0) if roi is None or len(roi) != 2 * n else (roi[i], roi[n + i])
+             for i in range(n)]  # fmt: skip
+    # A dim scaled by 1 stays as it is, known or not (a dynamic batch dim).
+    kept = {a for i, a in enumerate(axes)
+            if sizes is None and scales[i] == 1.0 and boxes[i] == (0.0, 1.0)}  # type: ignore[index]
+    if any(a not in kept and not isinstance(dims[a], int) for a in axes):
+        return None
+    ins = [dims[a] for a in axes]
+    if sizes is not None:
+        factors = [out / size for out, size in zip(sizes, ins)]
+        if policy != "stretch":
+            common = min(factors) if policy == "not_larger" else max(factors)
+            factors = [common] * n
+            sizes = [int(common * size + 0.5) for size in ins]
+    else:
+        factors = [float(s) for s in scales]  # type: ignore[union-attr]
+        sizes = [size if a in kept else int(s * size) for a, s, size in zip(axes, factors, ins)]
+    plan = []
+    for a, size, out, scale, box in zip(axes, ins, sizes, factors, boxes):
+        if a in kept or (out == size and math.isclose(scale, 1.0) and box == (0.0, 1.0)):
+            continue
+        if out <= 0:
+            raise ShapeError(f"Resize: dim {a} of size {size} would be resized to {out}")
+        plan.append(ResizedDim(a, size, int(out), scale, box))
+    return plan
+
+
+def _floats_or_none(value: Tensor | Sequence[float] | None) -> list[float] | None:
+    """A 1-d float operand as a list; None when absent or empty (ONNX's unused input)."""
+    if value is None:
+        return None
+    array = value.to_numpy() if isinstance(value, Tensor) else value
+    values = [float(v) for v in np.asarray(array, dtype=np.float64).reshape(-1)]
+    return values or None
+
+
+def resize(x: Tensor, roi: Tensor | Sequence[float] | None,
+           scales: Tensor | Sequence[float] | None, sizes: IntsLike | None, *,
+           axes: Sequence[int] | None = None, mode: str = "nearest",
+           coordinates: str = "half_pixel", nearest: str = "round_prefer_floor",
+           cubic_a: float = -0.75, exclude_outside: bool = False, extrapolation: float = 0.0,
+           antialias: bool = False, policy: str = "stretch") -> Tensor:  # fmt: skip
+    """ONNX ``Resize`` with ``roi``, ``scales`` and ``sizes`` known when it runs: one per
+    resized axis (``axes``, by default all), ``sizes`` taking precedence; ``roi`` counts
+    only for ``tf_crop_and_resize``. The keywords are ONNX's attributes.
+
+    Example:
+        >>> import ember
+        >>> from ember import Tensor
+        >>> from ember.onnx import runtime as rt
+        >>> x = Tensor.from_data([[1.0, 3.0]], ember.device("ndarray"))
+        >>> rt.resize(x, None, [1.0, 2.0], None, mode="linear").tolist()
+        [[1.0, 1.5, 2.5, 3.0]]
+    """
+    o = Resampling(mode, coordinates, nearest, float(cubic_a), bool(exclude_outside),
+                   float(extrapolation), bool(antialias))  # fmt: skip
+    o.check()
+    rank = x.rank
+    picked = list(range(rank)) if axes is None else [axis(a, rank) for a in axes]
+    size_list = None if sizes is None else ints(sizes) or None
+    scale_list = None if size_list is not None else _floats_or_none(scales)
+    box = _floats_or_none(roi) if coordinates == "tf_crop_and_resize" else None
+    plan = resize_plan(x.shape, picked, scale_list, size_list, box, policy)
+    for d in plan or ():
+        matrix, extra = o.weights(d.size, d.out, d.scale, d.roi)
+        if mode == "nearest" and extra is None:
+            index = matrix.argmax(axis=1).astype(np.int64)
+            x = x.select(d.dim, Tensor.from_data(index, x.device))
+            continue
+        if not x.dtype.is_float:
+            raise DTypeError(f"Resize: {mode} resizing needs a float tensor, got {x.dtype}")
+        dtype = numpy_dtype(x.dtype)
+        weights = Tensor.from_data(matrix.T.astype(dtype), x.device)
+        if d.dim == rank - 1:
+            x = x.matmul(weights)
+        else:
+            x = x.swap_dims(d.dim, -1).matmul(weights).swap_dims(d.dim, -1)
+        if extra is not None:
+            shift = extra.reshape([d.out] + [1] * (rank - d.dim - 1)).astype(dtype)
+            x = x + Tensor.from_data(shift, x.device)
+    return x

@@ -97,9 +97,12 @@ def _slice(node: NodeContext, x: Value, starts: Value | list[int], ends: Value |
     y = node.outputs[0]
     count = len(start) if isinstance(start, list) else len(end) if isinstance(end, list) else \
         (node.input(1).static_shape or [None])[0]  # fmt: skip
-    if isinstance(given, str) or count is None:
-        # Axes known only at run time: one (start, end, step) range per axis, None elsewhere.
-        rank = _rank(node, x)
+    # Negative and non-negative axes of a tensor whose rank is unknown, like axes known only
+    # at run time, are resolved against the rank the tensor has when it runs.
+    mixed = isinstance(given, list) and x.rank is None and len({a < 0 for a in given}) > 1
+    if isinstance(given, str) or count is None or mixed:
+        # One (start, end, step) range per axis, None elsewhere.
+        rank = x.rank if x.rank is not None else f"{x.expr}.rank"
         spans = [start if isinstance(start, str) else literal(start),
                  end if isinstance(end, str) else literal(end)]
         if step is not None:
@@ -115,12 +118,15 @@ def _slice(node: NodeContext, x: Value, starts: Value | list[int], ends: Value |
         return lines
     axis_list = list(range(count)) if given is None else list(given)  # type: ignore[arg-type]
     rank = x.rank
-    if rank is None and any(a >= 0 for a in axis_list):
-        rank = _rank(node, x)
-    if rank is None:  # only negative axes: they count from the end, after an ellipsis
+    if rank is None and all(a < 0 for a in axis_list):
+        # Negative axes count from the end, after an ellipsis.
         key = {a: _slice_text(start, end, step, i) for i, a in enumerate(axis_list)}
         first = min(key)
         parts = ["..."] + [key.get(a, ":") for a in range(first, 0)]
+    elif rank is None and all(a >= 0 for a in axis_list):
+        # Non-negative axes count from the front; the dims after the last one are kept whole.
+        key = {a: _slice_text(start, end, step, i) for i, a in enumerate(axis_list)}
+        parts = [key.get(d, ":") for d in range(max(key) + 1)]
     else:
         key = {a % rank: _slice_text(start, end, step, i) for i, a in enumerate(axis_list)}
         parts = [key.get(d, ":") for d in range(rank)]
@@ -169,7 +175,7 @@ def _split(node: NodeContext, sizes: Value | list[int] | None, equal_parts: bool
             node.unsupported(f"dim {axis} of size {size} does not split into {count} equal parts")
         return [f"{lhs} = {x.expr}.split({[part] * (count - 1) + [size - part * (count - 1)]}, "
                 f"{axis})"]
-    dim = _dim(x, axis % _rank(node, x))
+    dim = _dim(x, axis if x.rank is None else axis % x.rank)
     part = f"{dim} // {count}" if equal_parts else f"-(-{dim} // {count})"
     return [f"{lhs} = {x.expr}.split({part}, {axis})"]
 

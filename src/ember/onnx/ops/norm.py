@@ -265,14 +265,17 @@ def group_norm(node: NodeContext) -> str | list[str]:
 
 # ---------------------------------------------------------------------- other normalizations
 @converter("LpNormalization", since=1, attrs=("axis", "p"))
-def lp_norm(node: NodeContext) -> str:
-    """``x`` divided by its L1 or L2 norm along ``axis`` (no epsilon, as ONNX)."""
+def lp_norm(node: NodeContext) -> list[str]:
+    """``x`` divided by its L1 or L2 norm along ``axis`` (no epsilon, as ONNX); a slice whose
+    norm is 0 stays 0 rather than becoming ``0 / 0``."""
     x, axis, p = node.input(0), int(node.attr("axis", -1)), int(node.attr("p", 2))
     if p not in (1, 2):
         node.unsupported(f"p={p}; LpNormalization has p 1 or 2")
-    norm = (f"{x.expr}.abs().sum_dim({axis})" if p == 1
-            else f"({x.expr} * {x.expr}).sum_dim({axis}).sqrt()")  # fmt: skip
-    return f"{node.outputs[0]} = {x.expr} / {norm}"
+    norm = node.tmp("norm")
+    total = (f"{x.expr}.abs().sum_dim({axis})" if p == 1
+             else f"({x.expr} * {x.expr}).sum_dim({axis}).sqrt()")  # fmt: skip
+    return [f"{norm} = {total}",
+            f"{node.outputs[0]} = {x.expr} / {norm}.mask_fill({norm}.equal(0), 1)"]  # fmt: skip
 
 
 def _mean_over(expr: str, axes: Sequence[int]) -> str:
