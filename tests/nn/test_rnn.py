@@ -169,6 +169,24 @@ def test_a_longer_sequence_matches_torch(ad_device):
     assert_close(x.grad((y * y).sum().backward()), x_ref.grad, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_parameter_gradients_of_an_untracked_input_match_torch(ad_device, kind):
+    """The input needs no gradient: the fused cells still give every weight its gradient."""
+    reference = torch_rnn(kind)
+    layer = CONFIGS[kind](D_INPUT, D_HIDDEN).init(ad_device)
+    layer = layer.load_record(pytorch_record(reference))
+    x_ref = torch.randn(BATCH, SEQ, D_INPUT)
+    y_ref, _ = reference(x_ref)
+    y_ref.pow(2).sum().backward()
+    y, _ = layer(from_torch(x_ref, ad_device))
+    assert_close(y, y_ref)
+    grads = (y * y).sum().backward()
+    torch_params = dict(reference.named_parameters())
+    for path, param in layer.params():
+        expected = as_ember_layout(torch_params[torch_name(path)].grad)
+        assert_close(param.val().grad(grads), expected, atol=1e-4)
+
+
 def test_outputs_end_with_the_final_hidden_state(base_device):
     lstm = LstmConfig(D_INPUT, D_HIDDEN).init(base_device)
     y, state = lstm(Tensor.random([BATCH, SEQ, D_INPUT], device=base_device))

@@ -21,7 +21,7 @@ from ember.tensor.data import dtype_of_numpy
 
 if TYPE_CHECKING:
     from ember.onnx.ir import Dim, Node
-    from ember.onnx.translate import Translator
+    from ember.onnx.translate import Body, Translator
 
 _REQUIRED = object()
 
@@ -182,6 +182,21 @@ class NodeContext:
         except Exception:
             self.unsupported(f"the constant output has dtype {array.dtype}, which ember lacks")
         self.constants[index] = array
+
+    def body(self, attr: str, bind: Sequence[str | None] | None = None,
+             keep: Sequence[bool] | None = None) -> Body:  # fmt: skip
+        """Translates the subgraph attribute ``attr`` (``"then_branch"``, ``"body"``).
+
+        Its nodes read this graph's values by name. ``bind`` names the local variable of
+        each subgraph input (None: a fresh one); the converter assigns those variables
+        before the body's lines (``Body.lines``) and reads its outputs with
+        ``Body.output(i)`` after them. ``keep`` says which outputs are needed (None:
+        all); only the nodes that those depend on are translated.
+        """
+        proto = self.attr(attr)
+        if type(proto).__name__ != "GraphProto":
+            self.unsupported(f"the attribute {attr!r} must be a graph")
+        return self._translator.body(proto, bind, keep)
 
     def tmp(self, hint: str = "t") -> str:
         """A fresh local variable name for an intermediate result."""

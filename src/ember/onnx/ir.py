@@ -11,6 +11,7 @@ tell them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,23 @@ class Node:
 
     @property
     def has_subgraph(self) -> bool:
+        return bool(self.subgraphs)
+
+    @cached_property
+    def subgraphs(self) -> list[Any]:
+        """The ``GraphProto`` attributes (bodies of If, Loop, Scan), in attribute order."""
         onnx = require_onnx()
-        return any(isinstance(v, onnx.GraphProto) or (isinstance(v, list) and v
-                   and isinstance(v[0], onnx.GraphProto)) for v in self.attrs.values())
+        found = []
+        for value in self.attrs.values():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, onnx.GraphProto):
+                    found.append(item)
+        return found
+
+    @cached_property
+    def captures(self) -> frozenset[str]:
+        """The outer values its subgraphs read by name (ONNX's implicit inputs)."""
+        return frozenset().union(*(outer_names(g) for g in self.subgraphs))
 
 
 @dataclass
@@ -170,6 +185,8 @@ def _dims(type_proto: Any) -> tuple[Dim, ...] | None:
 
 
 def _value_info(proto: Any) -> ValueInfo:
+    if proto.type.WhichOneof("value") is None:
+        return ValueInfo(proto.name)  # untyped (a subgraph input may leave its type out)
     if not proto.type.HasField("tensor_type"):
         # A sequence, map or optional: no tensor dtype; converters reject such inputs.
         return ValueInfo(proto.name, -1, None)
@@ -216,6 +233,44 @@ def infer_shapes(model: Any) -> Any:
         return model
 
 
+def outer_names(proto: Any) -> frozenset[str]:
+    """The names a ``GraphProto`` reads from enclosing graphs: what its nodes (and their
+    own subgraphs) use or it returns, less what it defines."""
+    onnx = require_onnx()
+    defined = {p.name for p in proto.input} | {t.name for t in proto.initializer}
+    used = {p.name for p in proto.output}
+    for node in proto.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+            for graph in graphs:
+                used.update(outer_names(graph))
+        defined.update(node.output)
+    return frozenset(used - defined - {""})
+
+
+def graph_of(proto: Any, opsets: dict[str, int], producer: str = "") -> Graph:
+    """A :class:`Graph` of a ``GraphProto``: a model's main graph, or a subgraph (the body
+    of an If, Loop or Scan), which takes its model's ``opsets``."""
+    constants = {t.name: to_array(t) for t in proto.initializer}
+    values: dict[str, ValueInfo] = {}
+    for info in [*proto.value_info, *proto.input, *proto.output]:
+        values[info.name] = _value_info(info)
+    for name, array in constants.items():
+        values.setdefault(name, ValueInfo(name, 0, tuple(array.shape)))
+    # Models of IR version < 4 list every initializer as a graph input too; like onnxruntime,
+    # ember takes those as weights, not as values the caller feeds.
+    inputs = [values[p.name] for p in proto.input if p.name not in constants]
+    outputs = [values[p.name] for p in proto.output]
+    nodes = [
+        Node(n.name, n.op_type, canonical_domain(n.domain), list(n.input), list(n.output),
+             {a.name: _attr_value(a) for a in n.attribute}, i)
+        for i, n in enumerate(proto.node)
+    ]
+    return Graph(proto.name, dict(opsets), inputs, outputs, nodes, constants, values, producer)
+
+
 def parse(source: Any) -> Graph:
     """Reads a model (a path, bytes or ``ModelProto``) into a :class:`Graph`.
 
@@ -224,27 +279,10 @@ def parse(source: Any) -> Graph:
         OnnxImportError: the bytes are not an ONNX model.
     """
     model = infer_shapes(load(source))
-    graph = model.graph
     opsets: dict[str, int] = {}
     for entry in model.opset_import:
         opsets[canonical_domain(entry.domain)] = int(entry.version)
     if "" not in opsets:
         # IR version 2 models predate opset_import; they are opset 1.
         opsets[""] = 1
-    constants = {t.name: to_array(t) for t in graph.initializer}
-    values: dict[str, ValueInfo] = {}
-    for proto in [*graph.value_info, *graph.input, *graph.output]:
-        values[proto.name] = _value_info(proto)
-    for name, array in constants.items():
-        values.setdefault(name, ValueInfo(name, 0, tuple(array.shape)))
-    # Models of IR version < 4 list every initializer as a graph input too; like onnxruntime,
-    # ember takes those as weights, not as values the caller feeds.
-    inputs = [values[p.name] for p in graph.input if p.name not in constants]
-    outputs = [values[p.name] for p in graph.output]
-    nodes = [
-        Node(n.name, n.op_type, canonical_domain(n.domain), list(n.input), list(n.output),
-             {a.name: _attr_value(a) for a in n.attribute}, i)
-        for i, n in enumerate(graph.node)
-    ]
-    return Graph(graph.name, opsets, inputs, outputs, nodes, constants, values,
-                 model.producer_name)
+    return graph_of(model.graph, opsets, model.producer_name)

@@ -4,27 +4,36 @@ The translator walks the nodes that the outputs depend on, in order. A node whos
 inputs are all constants is folded: its converter's lines run right away on ember's
 NdArray backend and its outputs become constants. Every other node's lines go into the
 generated ``forward``. Constants that runtime code reads become module fields.
+
+A node with subgraphs (If, Loop, Scan) has its converter translate each body with a
+child translator (:meth:`Translator.body`): the body's lines become a block of Python
+control flow inside ``forward``, and its nodes read outer values by their names, as
+ONNX scoping allows. Parent and child share the module's fields and local names.
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ember.onnx.context import NodeContext
-from ember.onnx.ir import Graph, Node, ValueInfo, onnx_type_name
+from ember.onnx.ir import Graph, Node, ValueInfo, graph_of, onnx_type_name
 from ember.onnx.registry import OnnxImportError, UnsupportedOnnxError, lookup, missing_reason
 from ember.tensor import DType, Tensor
 from ember.tensor.data import dtype_of_numpy
 
-# Names the generated module itself uses; ONNX value names never take them.
+# Names the generated module itself uses, and the builtins generated code calls; ONNX value
+# names never take them.
 RESERVED = {
     "self", "device", "directory", "folder", "Tensor", "Module", "Param", "Path", "Model", "build",
     "load", "rt", "F", "activation", "WEIGHTS", "RECORDER", "annotations", "np", "ember",
+    "range", "int", "float", "bool", "len", "list", "tuple", "min", "max", "abs", "sum", "slice",
+    "round", "zip", "enumerate", "isinstance",
 }  # fmt: skip
 
 
@@ -90,43 +99,73 @@ def _fold_device() -> Any:
 
 
 class Translator:
-    """Translates one :class:`Graph` into a :class:`Program` (see :meth:`translate`)."""
+    """Translates one :class:`Graph` into a :class:`Program` (see :meth:`translate`).
 
-    def __init__(self, graph: Graph) -> None:
+    A child translator (``parent`` given) translates a subgraph: it sees the values of its
+    enclosing graphs and declares fields and local names in the parent's program.
+    """
+
+    def __init__(self, graph: Graph, parent: Translator | None = None) -> None:
         self.graph = graph
-        self.names = Namer()
-        self.fields: list[Field] = []
+        self.parent = parent
         self.lines: list[str] = []
         self.vars: dict[str, str] = {}
         self.consts: dict[str, np.ndarray] = dict(graph.constants)
-        self.trainable = {k for k, v in graph.constants.items() if v.dtype.kind == "f"}
-        self._const_exprs: dict[str, str] = {}
+        trainable = {k for k, v in graph.constants.items() if v.dtype.kind == "f"}
+        if parent is None:
+            self.names = Namer()
+            self.fields: list[Field] = []
+            self.trainable = trainable
+            self._const_exprs: dict[str, str] = {}
+        else:
+            self.names, self.fields = parent.names, parent.fields
+            self.trainable = parent.trainable
+            self.trainable.update(trainable)
+            self._const_exprs = parent._const_exprs
+        # What this graph itself defines; any other name is an enclosing graph's value.
+        self._defined = {i.name for i in graph.inputs} | set(graph.constants) | {
+            o for n in graph.nodes for o in n.outputs if o}
         self._used: set[str] = set()
+        self._keep: Sequence[bool] | None = None
         self._fold_env: dict[str, Any] | None = None
         self._fold_count = 0
 
     # ------------------------------------------------------------------ queries for converters
     def const_value(self, name: str) -> np.ndarray | None:
-        return self.consts.get(name)
+        if name in self.consts:
+            return self.consts[name]
+        if self.parent is None or name in self._defined:
+            return None
+        return self.parent.const_value(name)
+
+    def info_of(self, name: str) -> ValueInfo | None:
+        """What shape inference knows of ``name``, here or in an enclosing graph."""
+        if self.parent is not None and name not in self._defined:
+            return self.parent.info_of(name)
+        return self.graph.values.get(name)
 
     def shape_of(self, name: str) -> tuple[Any, ...] | None:
-        if name in self.consts:
-            return tuple(self.consts[name].shape)
-        info = self.graph.values.get(name)
+        const = self.const_value(name)
+        if const is not None:
+            return tuple(const.shape)
+        info = self.info_of(name)
         return info.shape if info is not None else None
 
     def dtype_of(self, name: str) -> DType | None:
-        if name in self.consts:
-            return dtype_of_numpy(self.consts[name].dtype)
-        info = self.graph.values.get(name)
+        const = self.const_value(name)
+        if const is not None:
+            return dtype_of_numpy(const.dtype)
+        info = self.info_of(name)
         return info.dtype if info is not None else None
 
     def is_used(self, name: str) -> bool:
         return bool(name) and name in self._used
 
     def expr_of(self, name: str, node: NodeContext | None) -> str:
-        if node is not None and node.folding and name in self.consts:
-            return self._bind(Tensor.from_data(self.consts[name], _fold_device()))
+        if node is not None and node.folding:
+            const = self.const_value(name)
+            if const is not None:
+                return self._bind(Tensor.from_data(const, _fold_device()))
         if name in self.vars:
             return self.vars[name]
         if name in self.consts:
@@ -134,6 +173,8 @@ class Translator:
                 trainable = name in self.trainable
                 self._const_exprs[name] = self.add_param(self.consts[name], name, trainable, None)
             return self._const_exprs[name]
+        if self.parent is not None:
+            return self.parent.expr_of(name, None)
         raise OnnxImportError(f"ONNX import: the value {name!r} is used before any node makes it")
 
     # ------------------------------------------------------------------ declarations
@@ -190,16 +231,46 @@ class Translator:
         return Program(graph, inputs, outputs, self.fields, self.lines)
 
     def _live_nodes(self) -> list[Node]:
-        """The nodes the graph's outputs depend on, in order; the others are dead code."""
-        needed = {info.name for info in self.graph.outputs}
+        """The nodes the graph's outputs depend on, in order; the others are dead code.
+        A node with subgraphs also depends on the outer values they read."""
+        needed = {info.name for i, info in enumerate(self.graph.outputs)
+                  if self._keep is None or self._keep[i]}
         self._used = set(needed)
         live = []
         for node in reversed(self.graph.nodes):
             if any(o in needed for o in node.outputs):
                 live.append(node)
-                needed.update(i for i in node.inputs if i)
-                self._used.update(i for i in node.inputs if i)
+                reads = [i for i in node.inputs if i] + sorted(node.captures)
+                needed.update(reads)
+                self._used.update(reads)
         return live[::-1]
+
+    def body(self, proto: Any, bind: Sequence[str | None] | None = None,
+             keep: Sequence[bool] | None = None) -> Body:  # fmt: skip
+        """Translates the subgraph ``proto`` (the body of an If, Loop or Scan).
+
+        Args:
+            proto: the ``GraphProto``.
+            bind: per subgraph input, the local variable to hold it, or None for a fresh
+                one; the converter assigns these variables before the body's lines run.
+            keep: per subgraph output, whether it is needed (None: all are); the nodes
+                only unneeded outputs depend on are left out.
+
+        Returns:
+            the :class:`Body`: its input variables, lines and outputs.
+        """
+        graph = graph_of(proto, self.graph.opsets)
+        child = Translator(graph, parent=self)
+        child._keep = keep
+        variables = []
+        for i, info in enumerate(graph.inputs):
+            wanted = bind[i] if bind is not None and i < len(bind) else None
+            var = wanted or self.names.fresh(info.name)
+            child.vars[info.name] = var
+            variables.append(var)
+        for inner in child._live_nodes():
+            child._convert(inner)
+        return Body(child, variables)
 
     def _convert(self, node: Node) -> None:
         opset = self.graph.opset(node.domain)
@@ -217,16 +288,16 @@ class Translator:
                     f"(supported attributes: {known}); a converter handling it is needed",
                 )
         for name in node.inputs:
-            info = self.graph.values.get(name)
-            if name and name not in self.consts and info is not None and info.elem_type \
-                    and info.dtype is None:
-                raise UnsupportedOnnxError(
-                    node.label, node.op_type, node.domain, opset,
-                    f"input {name!r} has type {onnx_type_name(info.elem_type)}, which ember "
-                    f"has no tensor dtype for",
-                )
+            info = self.info_of(name) if name else None
+            if name and self.const_value(name) is None and info is not None \
+                    and info.elem_type and info.dtype is None:
+                what = "is a sequence, map or optional value, not a tensor" \
+                    if info.elem_type < 0 else \
+                    f"has type {onnx_type_name(info.elem_type)}, which ember has no tensor dtype for"
+                raise UnsupportedOnnxError(node.label, node.op_type, node.domain, opset,
+                                           f"input {name!r} {what}")
         folding = (spec.foldable and not node.has_subgraph
-                   and all(not i or i in self.consts for i in node.inputs))  # fmt: skip
+                   and all(not i or self.const_value(i) is not None for i in node.inputs))
         if folding:
             self._fold(node, spec, opset)
             return
@@ -274,6 +345,50 @@ class Translator:
             self.consts[onnx_name] = value
             if from_trainable and value.dtype.kind == "f":
                 self.trainable.add(onnx_name)
+
+
+class Body:
+    """A subgraph translated for its node's converter.
+
+    Attributes:
+        inputs: the local variable of each subgraph input (the converter assigns them).
+        lines: the body's code; it reads ``inputs`` and outer values.
+    """
+
+    def __init__(self, translator: Translator, inputs: list[str]) -> None:
+        self._translator = translator
+        self.inputs = inputs
+        self.lines = translator.lines
+        self._outputs = [info.name for info in translator.graph.outputs]
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self._outputs)
+
+    def output(self, index: int) -> str:
+        """The expression of output ``index`` after the body's lines (a constant becomes a
+        module field)."""
+        return self._translator.expr_of(self._outputs[index], None)
+
+    def output_const(self, index: int) -> np.ndarray | None:
+        """Output ``index`` when it is known at import time, else None."""
+        return self._translator.const_value(self._outputs[index])
+
+    def output_trainable(self, index: int) -> bool:
+        """Whether output ``index`` is (or is computed from constants only out of) trainable
+        weights, which should stay module parameters rather than fixed constants."""
+        return self._outputs[index] in self._translator.trainable
+
+    def output_shape(self, index: int) -> tuple[Any, ...] | None:
+        return self._translator.shape_of(self._outputs[index])
+
+    def output_dtype(self, index: int) -> DType | None:
+        return self._translator.dtype_of(self._outputs[index])
+
+    def input_used(self, index: int) -> bool:
+        """Whether the body reads input ``index`` (a loop's counter often is not)."""
+        name = self._translator.graph.inputs[index].name
+        return self._translator.is_used(name)
 
 
 def _as_lines(result: Any) -> list[str]:
