@@ -13,6 +13,10 @@ from onnx_node_cases import case_names, light_names, run_case, run_light
 
 # Cases known to fail, with the reason. Keep this list short and explicit.
 EXPECTED_FAILURES: dict[str, str] = {
+    "test_roialign_aligned_false":
+        "the expected data is rounded to 4 decimals; ember equals ONNX's reference within 1.2e-7",
+    "test_roialign_aligned_true":
+        "the expected data is rounded to 4 decimals; ember equals ONNX's reference within 6e-8",
     "test_gridsample_bicubic":
         "the expected data is rounded to 4 decimals (-0.1406 for -0.140625); ember is exact",
     "test_averagepool_2d_ceil_last_window_starts_on_pad":

@@ -26,16 +26,18 @@ ALIASES = {
     "rt": "from ember.onnx import runtime as rt",
     "activation": "from ember.tensor import activation",
     "F": "from ember.tensor import module as F",
+    "Distribution": "from ember.tensor import Distribution",
 }
 
 
 def runtime_globals() -> dict[str, Any]:
     """The names of :data:`ALIASES`, bound, for running converter lines at import time."""
     from ember.onnx import runtime
-    from ember.tensor import activation
+    from ember.tensor import Distribution, activation
     from ember.tensor import module as functional
 
-    return {"Tensor": Tensor, "rt": runtime, "activation": activation, "F": functional}
+    return {"Tensor": Tensor, "rt": runtime, "activation": activation, "F": functional,
+            "Distribution": Distribution}  # fmt: skip
 
 
 def instantiate(item: Field, device: Any) -> Any:
