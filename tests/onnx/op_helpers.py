@@ -9,6 +9,7 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="the ONNX tests need the onnx package (ember[onnx])")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx_node_cases import compare  # noqa: E402
 
 import ember  # noqa: E402
 from ember.onnx.importer import Conversion, convert  # noqa: E402
@@ -51,3 +52,35 @@ def check(model: bytes, x: np.ndarray, device_name: str = "ndarray", rtol: float
         assert g.dtype == e.dtype and g.shape == e.shape, (g.dtype, g.shape, e.dtype, e.shape)
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
     return conversion
+
+
+def graph_model(nodes, inputs, outputs, constants=(), opset: int = 17):
+    """A model of ``nodes``: inputs and outputs are ``(name, elem_type, dims)``, constants
+    ``(name, array)`` pairs stored as initializers."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
+        [helper.make_tensor_value_info(*o) for o in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in constants])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_model(model, *inputs, device=None):
+    """Imports ``model`` and runs it on ``inputs``: ``(generated source, outputs)``."""
+    conversion = convert(model)
+    device = device or ember.device("ndarray")
+    out = conversion.build(device)(*(ember.Tensor.from_data(x, device) for x in inputs))
+    return conversion.source, out
+
+
+def check_with_ort(model, *inputs) -> str:
+    """Runs the import on NdArray, compares every output with onnxruntime's, and returns
+    the generated source."""
+    source, got = run_model(model, *inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    names = [i.name for i in model.graph.input]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, dict(zip(names, inputs)))
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        compare(g.to_numpy(), np.asarray(w), f"output {i}")
+    return source

@@ -4,16 +4,17 @@ regions, dynamic shapes), checked against onnxruntime."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="the ONNX tests need the onnx package (ember[onnx])")
 ort = pytest.importorskip("onnxruntime", reason="these tests compare with onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx_node_cases import compare  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+from op_helpers import check_with_ort as _check  # noqa: E402
+from op_helpers import graph_model  # noqa: E402
 
-import ember  # noqa: E402
-from ember import Tensor  # noqa: E402
 from ember.onnx.importer import convert  # noqa: E402
 from ember.onnx.registry import UnsupportedOnnxError  # noqa: E402
 
@@ -21,29 +22,7 @@ RNG = np.random.default_rng(9)
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def _model(nodes, inputs, outputs, constants=(), opset=18):
-    """A model of ``nodes``; inputs and outputs are ``(name, elem_type, dims)``."""
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs],
-        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in constants])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _check(model, *inputs) -> str:
-    """Runs the import on NdArray, compares every output with onnxruntime's, and returns
-    the generated source."""
-    conversion = convert(model)
-    device = ember.device("ndarray")
-    got = conversion.build(device)(*(Tensor.from_data(x, device) for x in inputs))
-    got = got if isinstance(got, tuple) else (got,)
-    names = [i.name for i in model.graph.input]
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = session.run(None, dict(zip(names, inputs)))
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        compare(g.to_numpy(), np.asarray(w), f"output {i}")
-    return conversion.source
+_model = partial(graph_model, opset=18)
 
 
 def _x(*shape):

@@ -8,31 +8,16 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="the ONNX tests need the onnx package (ember[onnx])")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+from op_helpers import graph_model as _model  # noqa: E402
+from op_helpers import run_model as _run  # noqa: E402
 
 import ember  # noqa: E402
-from ember import Tensor  # noqa: E402
 from ember.onnx.importer import convert  # noqa: E402
 from ember.onnx.registry import UnsupportedOnnxError  # noqa: E402
 
 RNG = np.random.default_rng(11)
 F32, I32 = TensorProto.FLOAT, TensorProto.INT32
-
-
-def _model(nodes, inputs, outputs, constants=(), opset=17):
-    """A model of ``nodes``; inputs and outputs are ``(name, elem_type, dims)``."""
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs],
-        initializer=[numpy_helper.from_array(v, k) for k, v in constants])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _run(model, *inputs, device=None):
-    conversion = convert(model)
-    device = device or ember.device("ndarray")
-    out = conversion.build(device)(*(Tensor.from_data(x, device) for x in inputs))
-    return conversion.source, out
 
 
 def test_cast_opset1_takes_the_type_name():
