@@ -74,7 +74,7 @@ CASES: dict[str, tuple[type, type, Callable[[], object], str]] = {
     "dtype": (ember.DTypeError, TypeError, _arange_float_dtype,
               "arange makes Int tensors; got dtype f32"),
     "dtype_parse": (ember.DTypeError, TypeError, lambda: DType.parse("f128"),
-                    "unknown dtype 'f128'; expected one of f64, f32, f16, bf16, i64, i32, i16, i8, u8, bool"),
+                    "unknown dtype 'f128'; expected one of f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, bool"),
     "device": (ember.DeviceError, ValueError, lambda: ember.device("tpu"),
                "unknown backend 'tpu'; registered backends: .*ndarray"),
     "device_index": (ember.DeviceError, ValueError, lambda: ember.device("ndarray", "cpu:3"),

@@ -16,14 +16,19 @@ import torch
 import ember
 from ember import DType, Tensor, TensorData
 
-ALL_DTYPES = list(DType)
+# torch stores u16 / u32 / u64 but cannot compute with them, so ember's Torch backend rejects them.
+ALL_DTYPES = [
+    d if ember.device("torch").backend.supports_dtype(ember.device("torch"), d)
+    else pytest.param(d, marks=pytest.mark.skip(reason=f"the torch backend does not support {d}"))
+    for d in DType
+]  # fmt: skip
 
 
 def _sample(dtype: DType) -> TensorData:
     values = np.array([[0, 1, -2, 3], [5, -7, 11, 13], [-1, 2, 100, -100]], dtype=np.float64)
     if dtype is DType.BOOL:
         values = values > 0
-    elif dtype is DType.U8:
+    elif dtype.is_unsigned:
         values = np.abs(values)
     elif dtype.is_float:
         values = values / 8.0  # exactly representable in every float dtype, bf16 included

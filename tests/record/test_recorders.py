@@ -41,6 +41,7 @@ from ember.record.recorder import (
     PrettyJsonFileRecorder,
     SensitiveCompactRecorder,
 )
+from ember.record.safetensors import read_safetensors, write_safetensors
 from ember.tensor.data import numpy_dtype
 
 FILE_RECORDERS = [NamedMpkFileRecorder, NamedMpkGzFileRecorder, BinFileRecorder,
@@ -186,6 +187,21 @@ def test_bool_and_u8_keep_their_dtype_and_ints_widen():
     loaded = recorder.from_bytes(recorder.to_bytes(record))
     assert [loaded[k].dtype for k in "bui"] == [DType.BOOL, DType.U8, DType.I16]
     assert PrecisionSettings("x", "f32", "i64").target(DType.I8) is DType.I64
+
+
+@pytest.mark.parametrize("recorder_type", RECORDERS, ids=_name)
+def test_unsigned_ints_keep_their_dtype_and_full_range(recorder_type, tmp_path):
+    # A signed int_dtype cannot hold u16 / u32 / u64 values: unsigned tensors stay unsigned.
+    record = {name: TensorData(np.array([0, 1, np.iinfo(dtype).max], dtype))
+              for name, dtype in (("u16", np.uint16), ("u32", np.uint32), ("u64", np.uint64))}
+    recorder = recorder_type(FullPrecision)
+    loaded = recorder.from_bytes(recorder.to_bytes(record))
+    for name, expected in record.items():
+        assert loaded[name].dtype is expected.dtype
+        np.testing.assert_array_equal(loaded[name].to_numpy(), expected.to_numpy())
+    write_safetensors(tmp_path / "u.safetensors", record)
+    back, _ = read_safetensors(tmp_path / "u.safetensors")
+    assert {name: t.dtype for name, t in back.items()} == {n: t.dtype for n, t in record.items()}
 
 
 def test_floats_beyond_half_range_become_inf_not_an_error():

@@ -39,13 +39,14 @@ def require_onnx() -> Any:
 
 # ONNX TensorProto element types ember has a dtype for.
 _DTYPES = {
-    1: DType.F32, 2: DType.U8, 3: DType.I8, 5: DType.I16, 6: DType.I32, 7: DType.I64,
-    9: DType.BOOL, 10: DType.F16, 11: DType.F64, 16: DType.BF16,
+    1: DType.F32, 2: DType.U8, 3: DType.I8, 4: DType.U16, 5: DType.I16, 6: DType.I32,
+    7: DType.I64, 9: DType.BOOL, 10: DType.F16, 11: DType.F64, 12: DType.U32, 13: DType.U64,
+    16: DType.BF16,
 }  # fmt: skip
 
 
 def ember_dtype(elem_type: int) -> DType | None:
-    """The ember dtype of an ONNX element type, or None when ember has none (strings, u32...)."""
+    """The ember dtype of an ONNX element type, or None when ember has none (strings, f8...)."""
     return _DTYPES.get(elem_type)
 
 

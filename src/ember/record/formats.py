@@ -359,8 +359,13 @@ class _JsonLeaves(Leaves):
         try:
             # Floats parse as float64 first: it reads "nan" / "inf" / "-inf" and holds every
             # f32 / f16 / bf16 value exactly.
-            parsed = np.array(values, dtype=np.float64) if dtype.is_float else np.array(values)
-        except (ValueError, TypeError) as exc:
+            if dtype.is_float:
+                parsed = np.array(values, dtype=np.float64)
+            elif dtype is DType.U64 and all(type(v) is int for v in values):
+                parsed = np.array(values, dtype=np.uint64)  # beyond int64, NumPy would pick object
+            else:
+                parsed = np.array(values)
+        except (ValueError, TypeError, OverflowError) as exc:
             raise self.error(f"bad {dtype.value} tensor values ({exc})", path) from None
         if dtype.is_int:
             ok = parsed.dtype.kind in "iu" and _fits(parsed, np_dtype)

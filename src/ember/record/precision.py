@@ -66,7 +66,7 @@ class PrecisionSettings:
         if not float_dtype.is_float:
             raise ArgumentError(f"precision {self.name!r}: float_dtype must be a float dtype, "
                                 f"got {float_dtype}")
-        if not int_dtype.is_int or int_dtype is DType.U8:
+        if not int_dtype.is_int or int_dtype.is_unsigned:
             raise ArgumentError(f"precision {self.name!r}: int_dtype must be a signed int dtype, "
                                 f"got {int_dtype}")
         object.__setattr__(self, "float_dtype", float_dtype)
@@ -76,7 +76,8 @@ class PrecisionSettings:
         """The dtype a tensor of ``dtype`` is saved as under these settings."""
         if dtype.is_float:
             return self.float_dtype
-        if dtype.is_int and dtype is not DType.U8:
+        # Unsigned ints keep their dtype: a signed int_dtype could not hold their range.
+        if dtype.is_int and not dtype.is_unsigned:
             return self.int_dtype
         return dtype
 

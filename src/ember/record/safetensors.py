@@ -26,13 +26,14 @@ from ember.tensor.data import numpy_dtype
 _CODES = {
     DType.F64: "F64", DType.F32: "F32", DType.F16: "F16", DType.BF16: "BF16",
     DType.I64: "I64", DType.I32: "I32", DType.I16: "I16", DType.I8: "I8",
-    DType.U8: "U8", DType.BOOL: "BOOL",
+    DType.U64: "U64", DType.U32: "U32", DType.U16: "U16", DType.U8: "U8", DType.BOOL: "BOOL",
 }  # fmt: skip
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 _SPEC_NAMES = {
     DType.F64: "float64", DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16",
     DType.I64: "int64", DType.I32: "int32", DType.I16: "int16", DType.I8: "int8",
-    DType.U8: "uint8", DType.BOOL: "bool",
+    DType.U64: "uint64", DType.U32: "uint32", DType.U16: "uint16", DType.U8: "uint8",
+    DType.BOOL: "bool",
 }  # fmt: skip
 
 

@@ -26,6 +26,9 @@ _TO_NUMPY: dict[DType, np.dtype] = {
     DType.I32: np.dtype(np.int32),
     DType.I16: np.dtype(np.int16),
     DType.I8: np.dtype(np.int8),
+    DType.U64: np.dtype(np.uint64),
+    DType.U32: np.dtype(np.uint32),
+    DType.U16: np.dtype(np.uint16),
     DType.U8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.bool_),
 }

@@ -47,6 +47,9 @@ class DType(enum.Enum):
     I32 = "i32"
     I16 = "i16"
     I8 = "i8"
+    U64 = "u64"
+    U32 = "u32"
+    U16 = "u16"
     U8 = "u8"
     BOOL = "bool"
 
@@ -67,6 +70,11 @@ class DType(enum.Enum):
     @property
     def is_int(self) -> bool:
         return _KIND[self] is Kind.INT
+
+    @property
+    def is_unsigned(self) -> bool:
+        """Whether this is an unsigned int dtype (u8, u16, u32, u64)."""
+        return self in _UNSIGNED
 
     def __repr__(self) -> str:
         return f"DType.{self.name}"
@@ -90,32 +98,44 @@ class DType(enum.Enum):
 _KIND = {
     DType.F64: Kind.FLOAT, DType.F32: Kind.FLOAT, DType.F16: Kind.FLOAT, DType.BF16: Kind.FLOAT,
     DType.I64: Kind.INT, DType.I32: Kind.INT, DType.I16: Kind.INT, DType.I8: Kind.INT,
-    DType.U8: Kind.INT, DType.BOOL: Kind.BOOL,
+    DType.U64: Kind.INT, DType.U32: Kind.INT, DType.U16: Kind.INT, DType.U8: Kind.INT,
+    DType.BOOL: Kind.BOOL,
 }  # fmt: skip
 _ITEMSIZE = {
     DType.F64: 8, DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I64: 8, DType.I32: 4,
-    DType.I16: 2, DType.I8: 1, DType.U8: 1, DType.BOOL: 1,
+    DType.I16: 2, DType.I8: 1, DType.U64: 8, DType.U32: 4, DType.U16: 2, DType.U8: 1,
+    DType.BOOL: 1,
 }  # fmt: skip
 _ALIASES = {d.value: d for d in DType} | {
     "float64": DType.F64, "double": DType.F64, "float32": DType.F32, "float": DType.F32,
     "float16": DType.F16, "half": DType.F16, "bfloat16": DType.BF16, "int64": DType.I64,
     "long": DType.I64, "int32": DType.I32, "int": DType.I32, "int16": DType.I16,
-    "int8": DType.I8, "uint8": DType.U8, "bool_": DType.BOOL,
+    "int8": DType.I8, "uint8": DType.U8, "uint16": DType.U16, "uint32": DType.U32,
+    "uint64": DType.U64, "bool_": DType.BOOL,
 }  # fmt: skip
 
 # Rank of each float dtype when two are combined: f16 with bf16 gives f32, as in PyTorch.
 _FLOAT_RANK = {DType.F16: 1, DType.BF16: 1, DType.F32: 2, DType.F64: 3}
-_INT_ORDER = [DType.U8, DType.I8, DType.I16, DType.I32, DType.I64]
+_UNSIGNED = frozenset({DType.U8, DType.U16, DType.U32, DType.U64})
+# Signed int dtypes by width: an unsigned operand needs a strictly wider one to fit.
+_SIGNED_BY_SIZE = {1: DType.I8, 2: DType.I16, 4: DType.I32, 8: DType.I64}
 
 
 def promote(a: DType, b: DType) -> DType:
     """The dtype two same-kind operands are brought to before a binary op.
 
-    Mirrors PyTorch's promotion within one kind; mixing kinds is rejected by the
-    Tensor layer before this is called.
+    Mirrors PyTorch's promotion within one kind (NumPy's where PyTorch has no
+    rule, for u16 / u32 / u64 with a signed dtype); mixing kinds is rejected by
+    the Tensor layer before this is called.
+
+    Raises:
+        DTypeError: u64 with a signed int dtype: no int dtype holds both ranges,
+            and ember never falls back to a float silently.
 
     >>> promote(DType.F16, DType.BF16)
     DType.F32
+    >>> promote(DType.U16, DType.I16)
+    DType.I32
     """
     if a is b:
         return a
@@ -124,8 +144,13 @@ def promote(a: DType, b: DType) -> DType:
         if ra == rb:
             return DType.F32
         return a if ra > rb else b
-    if a is DType.U8 or b is DType.U8:
-        other = b if a is DType.U8 else a
-        # u8 with a signed type needs the next wider signed type, as in PyTorch.
-        return DType.I16 if other is DType.I8 else other
-    return a if _INT_ORDER.index(a) > _INT_ORDER.index(b) else b
+    if a.is_unsigned == b.is_unsigned:
+        return a if a.itemsize > b.itemsize else b
+    unsigned, signed = (a, b) if a.is_unsigned else (b, a)
+    if unsigned is DType.U64:
+        raise DTypeError(
+            f"cannot combine {a} with {b}: no int dtype holds both u64 and {signed} values; "
+            "cast one operand first"
+        )
+    # The signed result must be wider than the unsigned operand and at least as wide as the other.
+    return _SIGNED_BY_SIZE[max(2 * unsigned.itemsize, signed.itemsize)]

@@ -44,8 +44,11 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 _TO_TORCH: dict[DType, torch.dtype] = {
     DType.F64: torch.float64, DType.F32: torch.float32, DType.F16: torch.float16,
     DType.BF16: torch.bfloat16, DType.I64: torch.int64, DType.I32: torch.int32,
-    DType.I16: torch.int16, DType.I8: torch.int8, DType.U8: torch.uint8, DType.BOOL: torch.bool,
+    DType.I16: torch.int16, DType.I8: torch.int8, DType.U64: torch.uint64,
+    DType.U32: torch.uint32, DType.U16: torch.uint16, DType.U8: torch.uint8, DType.BOOL: torch.bool,
 }  # fmt: skip
+# torch stores these but has almost no kernels for them (no add, compare or index on CPU).
+_STORAGE_ONLY = frozenset({DType.U16, DType.U32, DType.U64})
 _FROM_TORCH: dict[torch.dtype, DType] = {v: k for k, v in _TO_TORCH.items()}
 _BF16_NUMPY = np.dtype(ml_dtypes.bfloat16)
 _LONG = torch.int64
@@ -232,6 +235,8 @@ class Torch(Backend):
             torch.mps.synchronize()
 
     def dtype_usage(self, device: Device, dtype: DType) -> DTypeUsage:
+        if dtype in _STORAGE_ONLY:
+            return DTypeUsage.STORAGE
         usage = DTypeUsage.general()
         if device.place == "cuda":
             if dtype is DType.BF16 and not torch.cuda.is_bf16_supported():

@@ -9,8 +9,9 @@ from ember.tensor import DType
 from ember.tensor.data import numpy_dtype
 
 # Bytes per element of the dtypes whose bit patterns NumPy stores as ONNX does.
-_WIDTH = {DType.F64: 8, DType.I64: 8, DType.F32: 4, DType.I32: 4, DType.F16: 2, DType.I16: 2,
-          DType.I8: 1, DType.U8: 1, DType.BOOL: 1}  # fmt: skip
+_WIDTH = {DType.F64: 8, DType.I64: 8, DType.U64: 8, DType.F32: 4, DType.I32: 4, DType.U32: 4,
+          DType.F16: 2, DType.I16: 2, DType.U16: 2, DType.I8: 1, DType.U8: 1,
+          DType.BOOL: 1}  # fmt: skip
 
 
 @converter("BitCast", since=26, attrs=("to",),

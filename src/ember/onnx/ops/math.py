@@ -81,18 +81,19 @@ def dtype_attr(node: NodeContext, name: str) -> DType | None:
     dtype = ember_dtype(int(code))
     if dtype is None:
         node.unsupported(f"the type {onnx_type_name(int(code))} has no ember dtype (ember has "
-                         f"{_EMBER_DTYPES}); strings, unsigned 16/32/64-bit, float8 and 4-bit "
+                         f"{_EMBER_DTYPES}); strings, float8 and 4-bit "
                          f"types are not supported")
     return dtype
 
 
 # ---------------------------------------------------------------------------- casts
 @converter("Cast", since=1, attrs=("to", "saturate", "round_mode"),
-           limits="strings, unsigned 16/32/64-bit, float8 and 4-bit types have no ember dtype")
+           limits="strings, float8 and 4-bit types have no ember dtype")
 def cast(node: NodeContext) -> str | None:
     """``saturate`` and ``round_mode`` only concern float8 targets, which ember lacks.
 
-    A constant of a type ember lacks (a ``uint32`` initializer) is cast at import time.
+    A constant of a wide unsigned type (a ``uint32`` initializer) is cast at import time,
+    so the model also runs on backends that only store those dtypes (Torch).
     """
     target = dtype_attr(node, "to")
     if target is None:
@@ -105,7 +106,7 @@ def cast(node: NodeContext) -> str | None:
 
 
 @converter("CastLike", since=15, attrs=("saturate", "round_mode"),
-           limits="strings, unsigned 16/32/64-bit, float8 and 4-bit types have no ember dtype")
+           limits="strings, float8 and 4-bit types have no ember dtype")
 def cast_like(node: NodeContext) -> str:
     x, like = node.input(0), node.input(1)
     if like.dtype is not None:

@@ -1,9 +1,9 @@
 """Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the
 integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
 
-Quantized values are ember's 8 and 16-bit integer dtypes (u8, i8, i16); the arithmetic
+Quantized values are ember's 8 and 16-bit integer dtypes (u8, i8, u16, i16); the arithmetic
 runs in floats (exact for these ranges) and rounds half to even, as ONNX does.
-ONNX's 2/4-bit, unsigned 16-bit and float8 types have no ember dtype.
+ONNX's 2/4-bit and float8 types have no ember dtype.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from ember.tensor import DType
 from ember.tensor.data import dtype_of_numpy
 
 # The integer range of each quantized dtype ember has.
-_RANGES = {DType.U8: (0, 255), DType.I8: (-128, 127), DType.I16: (-32768, 32767)}
-_LACKING = ("ONNX's 2/4-bit, unsigned 16-bit and float8 quantized types have no ember dtype "
-            "(ember quantizes to u8, i8 and i16)")  # fmt: skip
+_RANGES = {DType.U8: (0, 255), DType.I8: (-128, 127), DType.U16: (0, 65535),
+           DType.I16: (-32768, 32767)}  # fmt: skip
+_LACKING = ("ONNX's 2/4-bit and float8 quantized types have no ember dtype "
+            "(ember quantizes to u8, i8, u16 and i16)")  # fmt: skip
 
 
 def _dtype(node: NodeContext, v: Value) -> DType | None:
@@ -72,7 +73,7 @@ def quantize_linear(node: NodeContext) -> str:
     if target is None:
         node.unsupported("the zero point's dtype must be known at import time")
     if target not in _RANGES:
-        node.unsupported(f"the quantized dtype {target.value} is not one of u8, i8, i16")
+        node.unsupported(f"the quantized dtype {target.value} is not one of u8, i8, u16, i16")
     low, high = _RANGES[target]
     precision = dtype_attr(node, "precision")
     x_expr, s_expr = x.expr, _broadcastable(node, scale, x, axis, block)
@@ -183,7 +184,7 @@ def _requantize(node: NodeContext, acc: str, scale: str, y_zero: Value, like: Va
     of ``like``)."""
     target = _dtype(node, y_zero) if y_zero.present else _dtype(node, like)
     if target not in _RANGES:
-        node.unsupported(f"the quantized dtype {target} is not one of u8, i8, i16")
+        node.unsupported(f"the quantized dtype {target} is not one of u8, i8, u16, i16")
     low, high = _RANGES[target]
     y = f"({acc} * {scale})"
     if y_zero.present:
