@@ -112,11 +112,15 @@ def test_builtin_except_clauses_catch_ember_errors():
         _missing_primitive()
 
 
-def test_unsupported_dtype_for_cast():
-    x = Tensor.from_data([1.0], NoHalfBackend().default_device())
-    with pytest.raises(ember.UnsupportedError, match="cast: backend 'nohalf' does not support f16"):
-        x.cast("f16")
+def test_cast_needs_storage_only_and_a_dtype_not_stored_is_rejected():
+    # A storage-only dtype is held and cast (how float8 weights load); creating one is not.
+    x = Tensor.from_data([1.5], NoHalfBackend().default_device())
+    half = x.cast("f16")
+    assert half.dtype is DType.F16 and half.cast("f32").tolist() == [1.5]
     assert not x.device.backend.supports_dtype(x.device, DType.F16)
+    on_torch = Tensor.from_data([1.5], ember.device("torch"))
+    with pytest.raises(ember.UnsupportedError, match="cast: backend 'torch' does not store i4"):
+        on_torch.cast("i4")
 
 
 def test_missing_primitives_lists_unimplemented_ops():

@@ -128,7 +128,9 @@ def _index(path: Path) -> int:
 def compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    if want.dtype == ml_dtypes.bfloat16:  # as float32, where NaN equals NaN
+    if want.dtype.type.__module__ == ml_dtypes.__name__:
+        # ml_dtypes (bfloat16, float8, 4-bit...) as float32, which holds them exactly and
+        # where NaN equals NaN
         got, want = got.astype(np.float32), want.astype(np.float32)
     if want.dtype in TOLERANCE:
         rtol, atol = TOLERANCE[want.dtype]

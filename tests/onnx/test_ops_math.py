@@ -30,10 +30,46 @@ def test_cast_opset1_takes_the_type_name():
 
 
 def test_cast_to_a_type_ember_lacks_says_so():
-    model = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN)],
-                   [("x", F32, [3])], [("y", TensorProto.FLOAT8E4M3FN, [3])])
-    with pytest.raises(UnsupportedOnnxError, match=r"FLOAT8E4M3FN has no ember dtype"):
+    model = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.COMPLEX64)],
+                   [("x", F32, [3])], [("y", TensorProto.COMPLEX64, [3])])
+    with pytest.raises(UnsupportedOnnxError, match=r"COMPLEX64 has no ember dtype"):
         convert(model)
+
+
+# Edge values for the low-precision casts: overflow, infinities, NaN, f32 subnormals, ties.
+EDGES = np.array([0.0, -0.0, 1e-40, 2.0**-127, 3e-39, 2.0**-126, 0.3, 1.5, -3.0, 3.5, 6.0, 7.0,
+                  300.0, 449.0, 1e6, -1e6, 2.0**127 * 1.5, np.inf, -np.inf, np.nan], np.float32)
+
+
+def _onnx_reference(model, x):
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("target", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
+                                    TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ,
+                                    TensorProto.FLOAT4E2M1])  # fmt: skip
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_cast_to_low_precision_floats_saturates_as_onnx(target, saturate):
+    model = _model([helper.make_node("Cast", ["x"], ["y"], to=target, saturate=saturate)],
+                   [("x", F32, [EDGES.size])], [("y", target, [EDGES.size])], opset=25)
+    expected = _onnx_reference(model, EDGES)
+    _, y = _run(model, EDGES)
+    assert y.to_numpy().dtype == expected.dtype
+    np.testing.assert_array_equal(y.to_numpy().astype(np.float32), expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_cast_to_e8m0_rounds_the_exponent_as_onnx(round_mode, saturate):
+    e8m0 = TensorProto.FLOAT8E8M0
+    model = _model([helper.make_node("Cast", ["x"], ["y"], to=e8m0, saturate=saturate,
+                                     round_mode=round_mode)],
+                   [("x", F32, [EDGES.size])], [("y", e8m0, [EDGES.size])], opset=25)  # fmt: skip
+    expected = _onnx_reference(model, EDGES)
+    _, y = _run(model, EDGES)
+    np.testing.assert_array_equal(y.to_numpy().astype(np.float32), expected.astype(np.float32))
 
 
 def test_cast_of_a_constant_ember_lacks_a_type_for_happens_at_import():

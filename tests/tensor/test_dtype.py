@@ -24,6 +24,10 @@ FLOATS = [DType.F64, DType.F32, DType.F16, DType.BF16]
 SIGNED = [DType.I64, DType.I32, DType.I16, DType.I8]
 UNSIGNED = [DType.U64, DType.U32, DType.U16, DType.U8]
 INTS = SIGNED + UNSIGNED
+# Storage dtypes (no arithmetic, no promotion): tests/tensor/test_low_precision.py covers them.
+LOW_FLOATS = [DType.F8E4M3FN, DType.F8E4M3FNUZ, DType.F8E5M2, DType.F8E5M2FNUZ, DType.F8E8M0FNU,
+              DType.F4E2M1FN]  # fmt: skip
+LOW_INTS = [DType.I4, DType.U4, DType.I2, DType.U2]
 # The ints whose promotion PyTorch defines (it has none for u16 / u32 / u64 with another dtype).
 TORCH_INTS = SIGNED + [DType.U8]
 ALIASES = {
@@ -63,7 +67,7 @@ def test_parse_non_string(bad):
 
 
 # ---------------------------------------------------------------- properties
-@pytest.mark.parametrize("dtype", list(DType), ids=str)
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPE), ids=str)
 def test_kind_and_itemsize_match_torch(dtype):
     ref = TORCH_DTYPE[dtype]
     expected_kind = Bool if ref == torch.bool else Float if ref.is_floating_point else Int
@@ -75,8 +79,9 @@ def test_kind_and_itemsize_match_torch(dtype):
 
 
 def test_kinds_partition_the_dtypes():
-    assert [d for d in DType if d.kind is Float] == FLOATS
-    assert [d for d in DType if d.kind is Int] == INTS
+    assert [d for d in DType if d.kind is Float] == FLOATS + LOW_FLOATS
+    assert [d for d in DType if d.kind is Int] == INTS + LOW_INTS
+    assert [d for d in DType if d.is_low_precision] == LOW_FLOATS + LOW_INTS
     assert [d for d in DType if d.kind is Bool] == [DType.BOOL]
 
 

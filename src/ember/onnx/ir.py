@@ -41,12 +41,14 @@ def require_onnx() -> Any:
 _DTYPES = {
     1: DType.F32, 2: DType.U8, 3: DType.I8, 4: DType.U16, 5: DType.I16, 6: DType.I32,
     7: DType.I64, 9: DType.BOOL, 10: DType.F16, 11: DType.F64, 12: DType.U32, 13: DType.U64,
-    16: DType.BF16,
+    16: DType.BF16, 17: DType.F8E4M3FN, 18: DType.F8E4M3FNUZ, 19: DType.F8E5M2,
+    20: DType.F8E5M2FNUZ, 21: DType.U4, 22: DType.I4, 23: DType.F4E2M1FN, 24: DType.F8E8M0FNU,
+    25: DType.U2, 26: DType.I2,
 }  # fmt: skip
 
 
 def ember_dtype(elem_type: int) -> DType | None:
-    """The ember dtype of an ONNX element type, or None when ember has none (strings, f8...)."""
+    """The ember dtype of an ONNX element type, or None when ember has none (strings, complex...)."""
     return _DTYPES.get(elem_type)
 
 

@@ -383,3 +383,38 @@ def resize(x: Tensor, roi: Tensor | Sequence[float] | None,
             shift = extra.reshape([d.out] + [1] * (rank - d.dim - 1)).astype(dtype)
             x = x + Tensor.from_data(shift, x.device)
     return x
+
+
+def float8_e8m0(x: Tensor, round_mode: str = "up", saturate: bool = True) -> Tensor:
+    """``x`` cast to f8e8m0fnu (a power of two) as ONNX's Cast does: from the exponent of the
+    f32 value, sign dropped, raised by one when ``round_mode`` is ``"up"`` and the mantissa is
+    not zero, or ``"nearest"`` and it is at least one half; ``"down"`` keeps the exponent.
+    A result past 2**127 is 2**127 with ``saturate``, else NaN; NaN and infinities give NaN.
+
+    Example:
+        >>> import ember
+        >>> x = Tensor.from_data([0.0, 0.124, 3.0, 4.0], ember.device("ndarray"))
+        >>> float8_e8m0(x).cast("f32").tolist()
+        [5.877471754111438e-39, 0.125, 4.0, 4.0]
+    """
+    if round_mode not in ("up", "down", "nearest"):
+        raise ArgumentError(f"float8_e8m0: round_mode must be 'up', 'down' or 'nearest', got {round_mode!r}")
+    # f64 holds every power of two in reach exactly; the value is rounded to f32 first, as ONNX does.
+    a = x.cast("f32").cast("f64").abs()
+    smallest_normal, below = 2.0**-126, 2.0**-127
+    normal = a.greater_equal(smallest_normal)
+    # ln / ln 2 may miss an exact power of two by an ulp: one step either way fixes it.
+    d = a.full_like(2.0).pow((a.clamp_min(smallest_normal).log() / math.log(2.0)).floor())
+    d = d.mask_where(d.greater(a), d / 2.0)
+    d = d.mask_where((d * 2.0).lower_equal(a), d * 2.0)
+    # f32 subnormals have the exponent field 0, whose e8m0 value is 2**-127.
+    subnormal = normal.bool_not()
+    d = d.mask_where(subnormal, a.full_like(below))
+    if round_mode != "down":
+        up = round_mode == "up"
+        d = d.mask_where(normal.bool_and(a.greater(d) if up else a.greater_equal(d * 1.5)), d * 2.0)
+        sub_up = subnormal.bool_and(a.greater(0.0) if up else a.greater(below))
+        d = d.mask_where(sub_up, a.full_like(smallest_normal))
+    d = d.clamp_max(2.0**127) if saturate else d.mask_fill(d.greater(2.0**127), math.nan)
+    d = d.mask_fill(a.is_nan().bool_or(a.is_inf()), math.nan)
+    return d.cast("f8e8m0fnu")

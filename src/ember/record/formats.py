@@ -60,6 +60,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import ml_dtypes
 import msgpack
 import numpy as np
 
@@ -338,6 +339,8 @@ class _JsonLeaves(Leaves):
                 values[np.isposinf(array)] = "inf"
                 values[np.isneginf(array)] = "-inf"
                 array = values
+        elif data.dtype.is_low_precision:
+            array = array.astype(np.int64)  # JSON numbers from ml_dtypes' 4 / 2-bit ints
         return {"dtype": data.dtype.value, "shape": list(data.shape), "values": array.tolist()}
 
     def encode_bytes(self, value: bytes) -> Any:
@@ -399,7 +402,7 @@ def _block(opening: str, items: list[str], closing: str, indent: int, depth: int
 
 
 def _fits(values: np.ndarray, np_dtype: np.dtype) -> bool:
-    info = np.iinfo(np_dtype)
+    info = ml_dtypes.iinfo(np_dtype)  # NumPy's iinfo lacks int4 / int2
     return bool(values.min() >= info.min and values.max() <= info.max)
 
 

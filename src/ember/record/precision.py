@@ -74,6 +74,10 @@ class PrecisionSettings:
 
     def target(self, dtype: DType) -> DType:
         """The dtype a tensor of ``dtype`` is saved as under these settings."""
+        # Low-precision storage dtypes (float8, 4-bit...) are already what the model chose to
+        # store; widening or narrowing them would change the values or waste the saving.
+        if dtype.is_low_precision:
+            return dtype
         if dtype.is_float:
             return self.float_dtype
         # Unsigned ints keep their dtype: a signed int_dtype could not hold their range.

@@ -27,13 +27,17 @@ _CODES = {
     DType.F64: "F64", DType.F32: "F32", DType.F16: "F16", DType.BF16: "BF16",
     DType.I64: "I64", DType.I32: "I32", DType.I16: "I16", DType.I8: "I8",
     DType.U64: "U64", DType.U32: "U32", DType.U16: "U16", DType.U8: "U8", DType.BOOL: "BOOL",
+    DType.F8E4M3FN: "F8_E4M3", DType.F8E4M3FNUZ: "F8_E4M3FNUZ", DType.F8E5M2: "F8_E5M2",
+    DType.F8E5M2FNUZ: "F8_E5M2FNUZ", DType.F8E8M0FNU: "F8_E8M0",
 }  # fmt: skip
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 _SPEC_NAMES = {
     DType.F64: "float64", DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16",
     DType.I64: "int64", DType.I32: "int32", DType.I16: "int16", DType.I8: "int8",
     DType.U64: "uint64", DType.U32: "uint32", DType.U16: "uint16", DType.U8: "uint8",
-    DType.BOOL: "bool",
+    DType.BOOL: "bool", DType.F8E4M3FN: "float8_e4m3fn", DType.F8E4M3FNUZ: "float8_e4m3fnuz",
+    DType.F8E5M2: "float8_e5m2", DType.F8E5M2FNUZ: "float8_e5m2fnuz",
+    DType.F8E8M0FNU: "float8_e8m0fnu",
 }  # fmt: skip
 
 
@@ -44,6 +48,12 @@ def write_safetensors(
     path = Path(path)
     if not path.parent.is_dir():
         raise RecordFileNotFoundError(f"cannot save {path}: directory {path.parent} does not exist", file=str(path))
+    for name, data in tensors.items():
+        if data.dtype not in _SPEC_NAMES:
+            # safetensors packs 4-bit values two to a byte (F4) and has no 4 / 2-bit ints.
+            raise RecordFormatError(f"cannot save {path}: tensor {name!r} has dtype {data.dtype}, "
+                                    "which safetensors cannot store; cast it first",
+                                    path=name, file=str(path))
     arrays = {name: data.to_numpy() for name, data in tensors.items()}  # C-contiguous already
     specs = {
         name: safetensors.TensorSpec(

@@ -31,8 +31,29 @@ _TO_NUMPY: dict[DType, np.dtype] = {
     DType.U16: np.dtype(np.uint16),
     DType.U8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.bool_),
+    DType.F8E4M3FN: np.dtype(ml_dtypes.float8_e4m3fn),
+    DType.F8E4M3FNUZ: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    DType.F8E5M2FNUZ: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    DType.F8E8M0FNU: np.dtype(ml_dtypes.float8_e8m0fnu),
+    DType.F4E2M1FN: np.dtype(ml_dtypes.float4_e2m1fn),
+    DType.I4: np.dtype(ml_dtypes.int4),
+    DType.U4: np.dtype(ml_dtypes.uint4),
+    DType.I2: np.dtype(ml_dtypes.int2),
+    DType.U2: np.dtype(ml_dtypes.uint2),
 }
 _FROM_NUMPY: dict[np.dtype, DType] = {v: k for k, v in _TO_NUMPY.items()}
+# ml_dtypes types, which Python's numbers and NumPy's printing see as opaque: shown through the
+# f32 / i64 that holds each of them exactly.
+_PLAIN: dict[np.dtype, np.dtype] = {
+    _TO_NUMPY[d]: np.dtype(np.float32 if d.is_float else np.int64)
+    for d in DType if d is DType.BF16 or d.is_low_precision
+}
+
+
+def _plain(array: np.ndarray) -> np.ndarray:
+    plain = _PLAIN.get(array.dtype)
+    return array if plain is None else array.astype(plain)
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
@@ -128,16 +149,13 @@ class TensorData:
 
     def tolist(self) -> Any:
         """Nested Python lists (a Python scalar for rank 0)."""
-        if self._array.dtype == _TO_NUMPY[DType.BF16]:
-            return self._array.astype(np.float32).tolist()
-        return self._array.tolist()
+        return _plain(self._array).tolist()
 
     def item(self) -> float | int | bool:
         """The single element of a one-element TensorData."""
         if self._array.size != 1:
             raise ShapeError(f"item() needs exactly one element, got shape {fmt_shape(self.shape)}")
-        value = self._array.reshape(()).item()
-        return float(value) if self.dtype is DType.BF16 else value
+        return _plain(self._array.reshape(())).item()
 
     def convert(self, dtype: DType | str) -> TensorData:
         """A copy with the elements converted to ``dtype`` (self when it already is)."""
@@ -148,9 +166,7 @@ class TensorData:
 
     def format(self, threshold: int = 1000, edge_items: int = 3) -> str:
         """The elements as nested brackets; past ``threshold`` elements only the edges show."""
-        array = self._array
-        if array.dtype == _TO_NUMPY[DType.BF16]:
-            array = array.astype(np.float32)
+        array = _plain(self._array)
         return np.array2string(
             array, separator=", ", threshold=threshold, edgeitems=edge_items,
             formatter={"float_kind": _format_float}, max_line_width=100,
@@ -185,8 +201,8 @@ class TensorData:
         if strict and self.dtype is not other.dtype:
             raise AssertionError(f"dtypes differ: {self.dtype} != {other.dtype}")
         self._check_shape(other)
-        a, b = self._array, other._array
-        if a.dtype.kind == "f" or b.dtype.kind == "f" or a.dtype == _TO_NUMPY[DType.BF16]:
+        a, b = _plain(self._array), _plain(other._array)
+        if a.dtype.kind == "f" or b.dtype.kind == "f":
             a, b = a.astype(np.float64), b.astype(np.float64)
         equal = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
         if not np.all(equal):

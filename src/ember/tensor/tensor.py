@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ember.backend import rules
+from ember.backend.base import DTypeUsage
 from ember.backend.device import Device, default_device
 from ember.backend.errors import (
     ArgumentError,
@@ -129,7 +130,7 @@ class Tensor:
             target = backend.default_dtype(kind)
         else:
             target = td.dtype if keep else backend.default_dtype(td.kind)
-        Tensor._check_dtype("from_data", device, target)
+        Tensor._check_storage("from_data", device, target)
         td = td.convert(target)
         return _wrap(getattr(backend, _primitive(ops.from_data, target.kind))(td, device), device, target.kind)
 
@@ -144,6 +145,13 @@ class Tensor:
     @staticmethod
     def from_bools(values: Any, device: Device | None = None) -> Tensor:
         return Tensor.from_data(values, device, kind=Kind.BOOL)
+
+    @staticmethod
+    def _check_storage(op: str, device: Device, dtype: DType) -> None:
+        # Holding data and casting need only storage: a storage-only dtype (float8) is loaded
+        # and cast to one the backend computes with.
+        if not device.backend.dtype_usage(device, dtype) & DTypeUsage.STORAGE:
+            raise UnsupportedError(f"{op}: backend {device.backend.name!r} does not store {dtype} on {device}")
 
     @staticmethod
     def _check_dtype(op: str, device: Device, dtype: DType) -> None:
@@ -329,7 +337,7 @@ class Tensor:
         target = DType.parse(dtype)
         if target is self.dtype:
             return self
-        Tensor._check_dtype("cast", self._device, target)
+        Tensor._check_storage("cast", self._device, target)
         prim = getattr(self._device.backend, _primitive(ops.cast, self._kind))(self._prim, target)
         return _wrap(prim, self._device, target.kind)
 

@@ -179,6 +179,8 @@ class NdArray(Backend):
         return Device(self, "cpu", 0)
 
     def dtype_usage(self, device: Device, dtype: DType) -> DTypeUsage:
+        if dtype.is_low_precision:
+            return DTypeUsage.STORAGE  # ml_dtypes holds and casts them; ops would run off-spec
         usage = DTypeUsage.general()
         if dtype in (DType.F32, DType.F64):
             usage |= DTypeUsage.ACCELERATED  # BLAS matmul

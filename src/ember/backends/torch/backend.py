@@ -33,7 +33,7 @@ from ember.backend.options import (
     PadOptions,
     PoolOptions,
 )
-from ember.tensor.data import TensorData
+from ember.tensor.data import TensorData, numpy_dtype
 from ember.tensor.distribution import Distribution
 from ember.tensor.dtype import DType, Kind
 
@@ -46,11 +46,23 @@ _TO_TORCH: dict[DType, torch.dtype] = {
     DType.BF16: torch.bfloat16, DType.I64: torch.int64, DType.I32: torch.int32,
     DType.I16: torch.int16, DType.I8: torch.int8, DType.U64: torch.uint64,
     DType.U32: torch.uint32, DType.U16: torch.uint16, DType.U8: torch.uint8, DType.BOOL: torch.bool,
+    DType.F8E4M3FN: torch.float8_e4m3fn, DType.F8E4M3FNUZ: torch.float8_e4m3fnuz,
+    DType.F8E5M2: torch.float8_e5m2, DType.F8E5M2FNUZ: torch.float8_e5m2fnuz,
 }  # fmt: skip
 # torch stores these but has almost no kernels for them (no add, compare or index on CPU).
-_STORAGE_ONLY = frozenset({DType.U16, DType.U32, DType.U64})
+_STORAGE_ONLY = frozenset({DType.U16, DType.U32, DType.U64}) | {
+    d for d in _TO_TORCH if d.is_low_precision
+}
 _FROM_TORCH: dict[torch.dtype, DType] = {v: k for k, v in _TO_TORCH.items()}
-_BF16_NUMPY = np.dtype(ml_dtypes.bfloat16)
+# ml_dtypes arrays cross into torch as the raw bytes of a same-width int: (NumPy's int, torch's
+# int, the torch dtype) for each.
+_BITS_NUMPY: dict[np.dtype, tuple[type, torch.dtype, torch.dtype]] = {
+    np.dtype(ml_dtypes.bfloat16): (np.int16, torch.int16, torch.bfloat16),
+    **{numpy_dtype(d): (np.uint8, torch.uint8, _TO_TORCH[d]) for d in _TO_TORCH if d.is_low_precision},
+}
+_BITS_TORCH: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
+    t: (torch_bits, np_dtype) for np_dtype, (_, torch_bits, t) in _BITS_NUMPY.items()
+}
 _LONG = torch.int64
 
 
@@ -237,6 +249,8 @@ class Torch(Backend):
     def dtype_usage(self, device: Device, dtype: DType) -> DTypeUsage:
         if dtype in _STORAGE_ONLY:
             return DTypeUsage.STORAGE
+        if dtype not in _TO_TORCH:
+            return DTypeUsage(0)  # float8_e8m0fnu, float4 and 2/4-bit ints: no torch dtype
         usage = DTypeUsage.general()
         if device.place == "cuda":
             if dtype is DType.BF16 and not torch.cuda.is_bf16_supported():
@@ -259,16 +273,18 @@ class Torch(Backend):
     # ------------------------------------------------------------ creation and data
     def _from_data(self, data: TensorData, device: Device) -> torch.Tensor:
         array = data.buffer()
-        if array.dtype == _BF16_NUMPY:
-            tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        bits = _BITS_NUMPY.get(array.dtype)
+        if bits is not None:
+            tensor = torch.from_numpy(array.view(bits[0])).view(bits[2])
         else:
             tensor = torch.from_numpy(array)
         return tensor if device.place == "cpu" else tensor.to(self.torch_device(device))
 
     def _into_data(self, x: torch.Tensor) -> TensorData:
         x = x.detach().cpu().contiguous()  # no copy for contiguous CPU tensors
-        if x.dtype == torch.bfloat16:
-            return TensorData._wrap(x.view(torch.int16).numpy().view(_BF16_NUMPY))
+        bits = _BITS_TORCH.get(x.dtype)
+        if bits is not None:
+            return TensorData._wrap(x.view(bits[0]).numpy().view(bits[1]))
         return TensorData._wrap(x.numpy())
 
     def _to_device(self, x: torch.Tensor, device: Device) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ember.onnx.context import NodeContext, Value, literal
@@ -81,16 +82,48 @@ def dtype_attr(node: NodeContext, name: str) -> DType | None:
     dtype = ember_dtype(int(code))
     if dtype is None:
         node.unsupported(f"the type {onnx_type_name(int(code))} has no ember dtype (ember has "
-                         f"{_EMBER_DTYPES}); strings, float8 and 4-bit "
-                         f"types are not supported")
+                         f"{_EMBER_DTYPES}); strings and complex types are not supported")
     return dtype
+
+
+def float8_max(dtype: DType) -> float:
+    """The largest finite value of a low-precision float dtype (448 for f8e4m3fn)."""
+    return float(ml_dtypes.finfo(numpy_dtype(dtype)).max)
+
+
+def cast_expr(node: NodeContext, x: Value, target: DType, target_expr: str) -> str:
+    """``x`` cast to ``target``, honouring ``saturate`` for low-precision float targets: with
+    it (the default) values beyond the finite range, infinities included, become the largest
+    finite value of their sign; without it they become what the type has for overflow (inf
+    for f8e5m2, NaN for the others). f8e8m0fnu follows ``round_mode`` (see
+    :func:`ember.onnx.runtime.float8_e8m0`)."""
+    cast = f"{x.expr}.cast({target_expr})"
+    if not (target.is_float and target.is_low_precision):
+        return cast
+    if target is DType.F8E8M0FNU:
+        round_mode = node.attr("round_mode", "up")
+        if round_mode not in ("up", "down", "nearest"):
+            node.unsupported(f"round_mode {round_mode!r} is not one of 'up', 'down', 'nearest'")
+        saturate = bool(node.attr("saturate", 1))
+        return f"rt.float8_e8m0({x.expr}, {round_mode!r}, {saturate})"
+    if not node.attr("saturate", 1) or x.dtype is DType.BOOL:
+        return cast
+    top = literal(float8_max(target))
+    if x.dtype is None:
+        return (f'({x.expr}.cast("f32").clamp(-{top}, {top}).cast({target_expr}) '
+                f"if {x.expr}.dtype.is_float or {x.expr}.dtype.is_int else {cast})")
+    source = x.expr
+    if x.dtype.is_int or x.dtype.is_low_precision:
+        source = f'{source}.cast("f32")'  # exact for every int the clamp keeps, and for float8
+    return f"{source}.clamp(-{top}, {top}).cast({target_expr})"
 
 
 # ---------------------------------------------------------------------------- casts
 @converter("Cast", since=1, attrs=("to", "saturate", "round_mode"),
-           limits="strings, float8 and 4-bit types have no ember dtype")
+           limits="strings and complex types have no ember dtype")
 def cast(node: NodeContext) -> str | None:
-    """``saturate`` and ``round_mode`` only concern float8 targets, which ember lacks.
+    """``saturate`` concerns low-precision float targets (float8, float4): see
+    :func:`cast_expr`.
 
     A constant of a wide unsigned type (a ``uint32`` initializer) is cast at import time,
     so the model also runs on backends that only store those dtypes (Torch).
@@ -102,15 +135,15 @@ def cast(node: NodeContext) -> str | None:
     if x.const is not None and x.const.dtype.kind == "u" and x.const.dtype != np.uint8:
         node.set_constant(0, x.const.astype(numpy_dtype(target)))
         return None
-    return f'{node.outputs[0]} = {x.expr}.cast("{target.value}")'
+    return f"{node.outputs[0]} = {cast_expr(node, x, target, repr(target.value))}"
 
 
 @converter("CastLike", since=15, attrs=("saturate", "round_mode"),
-           limits="strings, float8 and 4-bit types have no ember dtype")
+           limits="strings and complex types have no ember dtype")
 def cast_like(node: NodeContext) -> str:
     x, like = node.input(0), node.input(1)
     if like.dtype is not None:
-        return f'{node.outputs[0]} = {x.expr}.cast("{like.dtype.value}")'
+        return f"{node.outputs[0]} = {cast_expr(node, x, like.dtype, repr(like.dtype.value))}"
     return f"{node.outputs[0]} = {x.expr}.cast({like.expr}.dtype)"
 
 

@@ -1,9 +1,9 @@
 """Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the
 integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
 
-Quantized values are ember's 8 and 16-bit integer dtypes (u8, i8, u16, i16); the arithmetic
-runs in floats (exact for these ranges) and rounds half to even, as ONNX does.
-ONNX's 2/4-bit and float8 types have no ember dtype.
+Quantized values are ember's 2, 4, 8 and 16-bit integer dtypes (u2, i2, u4, i4, u8, i8, u16,
+i16) or its float8 / float4 storage dtypes; the arithmetic runs in floats (exact for these
+ranges) and rounds half to even, as ONNX does. Float targets round in the final cast.
 """
 
 from __future__ import annotations
@@ -11,16 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 from ember.onnx.context import NodeContext, Value
-from ember.onnx.ops.math import dtype_attr
+from ember.onnx.ops.math import dtype_attr, float8_max
 from ember.onnx.registry import converter
 from ember.tensor import DType
 from ember.tensor.data import dtype_of_numpy
 
-# The integer range of each quantized dtype ember has.
+# The integer range of each quantized int dtype.
 _RANGES = {DType.U8: (0, 255), DType.I8: (-128, 127), DType.U16: (0, 65535),
-           DType.I16: (-32768, 32767)}  # fmt: skip
-_LACKING = ("ONNX's 2/4-bit and float8 quantized types have no ember dtype "
-            "(ember quantizes to u8, i8, u16 and i16)")  # fmt: skip
+           DType.I16: (-32768, 32767), DType.U4: (0, 15), DType.I4: (-8, 7), DType.U2: (0, 3),
+           DType.I2: (-2, 1)}  # fmt: skip
+# The quantized float dtypes; f8e8m0fnu (a scale type, not a value type) is not one.
+_FLOATS = (DType.F8E4M3FN, DType.F8E4M3FNUZ, DType.F8E5M2, DType.F8E5M2FNUZ, DType.F4E2M1FN)
+_NAMES = ", ".join(d.value for d in (*_RANGES, *_FLOATS))
+_LACKING = f"the quantized dtype must be one of {_NAMES}"
 
 
 def _dtype(node: NodeContext, v: Value) -> DType | None:
@@ -66,23 +69,36 @@ def _axis_block(node: NodeContext) -> tuple[int, int]:
            limits=_LACKING)  # fmt: skip
 def quantize_linear(node: NodeContext) -> str:
     """``saturate(round(x / scale) + zero_point)`` in the zero point's dtype (``output_dtype``,
-    else u8, without one); ``saturate`` concerns float8 targets only."""
+    else u8, without one); float targets skip the rounding, which their cast does, and
+    ``saturate`` (float8 only) clamps them to their finite range."""
     x, scale, zero = node.input(0), node.input(1), node.input(2)
     axis, block = _axis_block(node)
     target = _dtype(node, zero) if zero.present else dtype_attr(node, "output_dtype") or DType.U8
     if target is None:
         node.unsupported("the zero point's dtype must be known at import time")
-    if target not in _RANGES:
-        node.unsupported(f"the quantized dtype {target.value} is not one of u8, i8, u16, i16")
-    low, high = _RANGES[target]
+    if target not in _RANGES and target not in _FLOATS:
+        node.unsupported(f"the quantized dtype {target.value} is not one of {_NAMES}")
     precision = dtype_attr(node, "precision")
     x_expr, s_expr = x.expr, _broadcastable(node, scale, x, axis, block)
     if precision is not None:
         x_expr, s_expr = f'{x_expr}.cast("{precision.value}")', f'{s_expr}.cast("{precision.value}")'
-    q = f"({x_expr} / {s_expr}).round()"
+    q = f"({x_expr} / {s_expr})"
+    if target in _RANGES:
+        q = f"{q}.round()"
     if zero.present:
-        q = f"({q} + {_broadcastable(node, zero, x, axis, block)}.cast({x_expr}.dtype))"
-    return f'{node.outputs[0]} = {q}.clamp({low}, {high}).cast("{target.value}")'
+        # A float8 zero point is cast through f32: a storage dtype has no arithmetic.
+        zp = _broadcastable(node, zero, x, axis, block)
+        if target in _FLOATS:
+            zp = f'{zp}.cast("f32")'
+        q = f"({q} + {zp}.cast({x_expr}.dtype))"
+    if target in _RANGES:
+        low, high = _RANGES[target]
+        q = f"{q}.clamp({low}, {high})"
+    # float4 has no infinity or NaN to overflow to: it always saturates.
+    elif node.attr("saturate", 1) or target is DType.F4E2M1FN:
+        top = float8_max(target)
+        q = f"{q}.clamp({-top}, {top})"
+    return f'{node.outputs[0]} = {q}.cast("{target.value}")'
 
 
 @converter("DequantizeLinear", since=10, attrs=("axis", "block_size", "output_dtype"),
@@ -184,7 +200,8 @@ def _requantize(node: NodeContext, acc: str, scale: str, y_zero: Value, like: Va
     of ``like``)."""
     target = _dtype(node, y_zero) if y_zero.present else _dtype(node, like)
     if target not in _RANGES:
-        node.unsupported(f"the quantized dtype {target} is not one of u8, i8, u16, i16")
+        node.unsupported(f"the quantized dtype {target} is not one of "
+                         f"{', '.join(d.value for d in _RANGES)}")
     low, high = _RANGES[target]
     y = f"({acc} * {scale})"
     if y_zero.present:
