@@ -94,9 +94,8 @@ def _resolve_padding(owner: str, padding: PaddingConfig, kernel: tuple[int, ...]
     return tuple((r // 2, r - r // 2) for r in reach)
 
 
-def _init_conv(owner: str, module: type[_Conv], device: Device | None, channels: tuple[int, int],
-               kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
-               groups: int, padding: PaddingConfig, bias: bool, initializer: Initializer) -> _Conv:  # fmt: skip
+def check_groups(owner: str, channels: tuple[int, int], groups: int) -> None:
+    """Raises ConfigError unless ``groups`` divides both channel counts."""
     c_in, c_out = channels
     if c_in % groups or c_out % groups:
         raise ConfigError(
@@ -104,6 +103,13 @@ def _init_conv(owner: str, module: type[_Conv], device: Device | None, channels:
             f"and channels_out ({c_out})",
             fields=(f"{owner}.groups",),
         )
+
+
+def _init_conv(owner: str, module: type[_Conv], device: Device | None, channels: tuple[int, int],
+               kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+               groups: int, padding: PaddingConfig, bias: bool, initializer: Initializer) -> _Conv:  # fmt: skip
+    c_in, c_out = channels
+    check_groups(owner, channels, groups)
     pads = _resolve_padding(owner, padding, kernel, stride, dilation)
     fans = {"fan_in": c_in // groups * math.prod(kernel), "fan_out": c_out // groups * math.prod(kernel)}
     weight = initializer.init_param([c_out, c_in // groups, *kernel], device, **fans)

@@ -27,6 +27,7 @@ from ember.config.fields import (
     PositiveTriple,
 )
 from ember.module import Module, Param
+from ember.nn.conv import check_groups
 from ember.nn.initializer import Initializer, KaimingUniform
 from ember.tensor import Tensor
 from ember.tensor import module as F
@@ -41,12 +42,7 @@ def _init_conv_transpose(owner: str, module: type[_ConvTranspose], device: Devic
                          padding: tuple[int, ...], padding_out: tuple[int, ...], bias: bool,
                          initializer: Initializer) -> _ConvTranspose:  # fmt: skip
     c_in, c_out = channels
-    if c_in % groups or c_out % groups:
-        raise ConfigError(
-            f"{owner}.groups: {groups} groups must divide both channels_in ({c_in}) "
-            f"and channels_out ({c_out})",
-            fields=(f"{owner}.groups",),
-        )
+    check_groups(owner, channels, groups)
     for p, s, d in zip(padding_out, stride, dilation):
         if p >= max(s, d):
             raise ConfigError(

@@ -1,6 +1,7 @@
 """Metrics of a training run: the protocol (``base``) and the built-in metrics."""
 
 from ember.train.metric.base import (
+    MeanMetric,
     Metric,
     MetricEntry,
     MetricMetadata,
@@ -13,7 +14,7 @@ from ember.train.metric.base import (
 )
 
 __all__ = [
-    "Metric", "MetricEntry", "MetricMetadata", "Numeric", "NumericMetricState", "Progress",
+    "MeanMetric", "Metric", "MetricEntry", "MetricMetadata", "Numeric", "NumericMetricState", "Progress",
     "adapt", "adaptor", "format_entry",
 ]  # fmt: skip
 

@@ -10,7 +10,7 @@ from ember.backend.errors import ArgumentError, fmt_shape
 from ember.tensor import Tensor
 from ember.tensor.dtype import Kind
 from ember.train.metric._common import check_batch, check_classes, read, top_k
-from ember.train.metric.base import Metric, MetricEntry, MetricMetadata, Numeric, NumericMetricState
+from ember.train.metric.base import MeanMetric, MetricEntry, MetricMetadata
 
 
 @dataclass
@@ -44,7 +44,7 @@ def _check_pad(owner: str, pad_token: int | None) -> int | None:
     return pad_token
 
 
-class AccuracyMetric(Numeric, Metric):
+class AccuracyMetric(MeanMetric):
     """The share of items whose highest score is their target's, in percent.
 
     Args:
@@ -74,7 +74,7 @@ class AccuracyMetric(Numeric, Metric):
 
     def __init__(self, pad_token: int | None = None) -> None:
         self.pad_token = _check_pad("AccuracyMetric", pad_token)
-        self.state = NumericMetricState()
+        super().__init__()
 
     def with_pad_token(self, pad_token: int) -> AccuracyMetric:
         """A new metric that does not count the targets equal to ``pad_token``."""
@@ -88,14 +88,9 @@ class AccuracyMetric(Numeric, Metric):
         value = 100.0 * hits.sum() / count if count else float("nan")
         return self.state.update(value, count, self.name, unit="%")
 
-    def clear(self) -> None:
-        self.state.reset()
-
-    def value(self) -> float:
-        return self.state.value()
 
 
-class TopKAccuracyMetric(Numeric, Metric):
+class TopKAccuracyMetric(MeanMetric):
     """The share of items whose target is among their ``k`` highest scores, in percent.
 
     Its name, and so its log file's, carries ``k``: ``"TopKAccuracy@5"``.
@@ -125,7 +120,7 @@ class TopKAccuracyMetric(Numeric, Metric):
         self.k = k
         self.name = f"TopKAccuracy@{k}"
         self.pad_token = _check_pad("TopKAccuracyMetric", pad_token)
-        self.state = NumericMetricState()
+        super().__init__()
 
     def update(self, item: TopKAccuracyInput, metadata: MetricMetadata) -> MetricEntry:
         scores, classes, counted = _read("TopKAccuracyMetric", item.outputs, item.targets,
@@ -140,8 +135,3 @@ class TopKAccuracyMetric(Numeric, Metric):
         value = 100.0 * hits.sum() / count if count else float("nan")
         return self.state.update(value, count, self.name, unit="%")
 
-    def clear(self) -> None:
-        self.state.reset()
-
-    def value(self) -> float:
-        return self.state.value()

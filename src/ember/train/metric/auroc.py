@@ -9,7 +9,7 @@ import numpy as np
 from ember.tensor import Tensor
 from ember.tensor.dtype import Kind
 from ember.train.metric._common import check_batch, check_classes, read
-from ember.train.metric.base import Metric, MetricEntry, MetricMetadata, Numeric, NumericMetricState
+from ember.train.metric.base import MeanMetric, MetricEntry, MetricMetadata
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-class AurocMetric(Numeric, Metric):
+class AurocMetric(MeanMetric):
     """The area under the ROC curve of class scores, in percent.
 
     ``outputs`` are logits ``[N, C]`` and ``targets`` class indices ``[N]``:
@@ -89,9 +89,6 @@ class AurocMetric(Numeric, Metric):
     name = "AUROC"
     input_type = AurocInput
 
-    def __init__(self) -> None:
-        self.state = NumericMetricState()
-
     def update(self, item: AurocInput, metadata: MetricMetadata) -> MetricEntry:
         owner = "AurocMetric"
         outputs = read(owner, "outputs", item.outputs, 2, (Kind.FLOAT,))
@@ -110,8 +107,3 @@ class AurocMetric(Numeric, Metric):
             area = defined.mean() if defined.size else np.nan
         return self.state.update(100.0 * float(area), len(targets), self.name, unit="%")
 
-    def clear(self) -> None:
-        self.state.reset()
-
-    def value(self) -> float:
-        return self.state.value()

@@ -157,6 +157,24 @@ class NumericMetricState:
         return self._sum / self._count if self._count else float("nan")
 
 
+class MeanMetric(Numeric, Metric):
+    """A numeric metric whose value is the running mean of its batches over the epoch.
+
+    Subclasses call ``super().__init__()`` and report each batch through
+    ``self.state.update(value, batch_size, self.name, ...)``; clearing and the value
+    come from the :class:`NumericMetricState`.
+    """
+
+    def __init__(self) -> None:
+        self.state = NumericMetricState()
+
+    def clear(self) -> None:
+        self.state.reset()
+
+    def value(self) -> float:
+        return self.state.value()
+
+
 # ---------------------------------------------------------------------- adaptors
 Adaptor = Callable[[Any], Any]
 _ADAPTORS: dict[tuple[type, type], Adaptor] = {}

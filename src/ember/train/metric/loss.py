@@ -9,7 +9,7 @@ import numpy as np
 from ember.backend.errors import ArgumentError, KindError, ShapeError, fmt_shape
 from ember.tensor import Tensor
 from ember.tensor.dtype import Kind
-from ember.train.metric.base import Metric, MetricEntry, MetricMetadata, Numeric, NumericMetricState
+from ember.train.metric.base import MeanMetric, MetricEntry, MetricMetadata
 
 
 @dataclass
@@ -26,7 +26,7 @@ class LossInput:
     batch_size: int | None = None
 
 
-class LossMetric(Numeric, Metric):
+class LossMetric(MeanMetric):
     """The loss: the batch's mean, and over the epoch a mean weighted by batch size.
 
     A NaN or infinite loss is reported as it is: a diverging run should show it.
@@ -46,9 +46,6 @@ class LossMetric(Numeric, Metric):
     input_type = LossInput
     lower_is_better = True
 
-    def __init__(self) -> None:
-        self.state = NumericMetricState()
-
     def update(self, item: LossInput, metadata: MetricMetadata) -> MetricEntry:
         tensor = item.tensor
         if tensor.kind is not Kind.FLOAT:
@@ -63,8 +60,3 @@ class LossMetric(Numeric, Metric):
             raise ArgumentError(f"LossMetric: batch_size must be positive, got {batch_size}")
         return self.state.update(loss, batch_size, self.name, precision=3)
 
-    def clear(self) -> None:
-        self.state.reset()
-
-    def value(self) -> float:
-        return self.state.value()
