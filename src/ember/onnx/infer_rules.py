@@ -378,8 +378,14 @@ def concat(site: Site) -> Fact:
     sizes = [p.shape[axis] if p.shape is not None else None for p in parts]
     dims[axis] = sum(sizes) if known(sizes) else None  # type: ignore[arg-type]
     value = None
-    if rank == 1 and all(p.value is not None for p in parts):
-        value = _value([v for p in parts for v in p.value])  # type: ignore[union-attr]
+    if rank == 1 and elem in INT_TYPES:
+        # Elements of the parts, a part of known length but unknown elements as Nones: a
+        # shape built of known and computed dims.
+        elems = [p.value if p.value is not None else
+                 (None,) * p.shape[0] if p.shape is not None and isinstance(p.shape[0], int)
+                 and p.shape[0] <= MAX_VALUE else None for p in parts]  # fmt: skip
+        if all(e is not None for e in elems):
+            value = _value([v for e in elems for v in e])  # type: ignore[union-attr]
     return Fact(elem, tuple(dims), value)
 
 
@@ -871,7 +877,15 @@ def loop(site: Site) -> list[Fact]:
     steps: Dim = trips[0] if trips is not None and len(trips) == 1 else None
     scans = [o.with_shape(None if o.shape is None else (steps, *o.shape))
              for o in outputs[1 + n :]]  # fmt: skip
-    return [*(Fact(f.elem_type, f.shape) for f in facts), *scans]
+    return [*_finals(facts, outputs[1 : 1 + n], steps), *scans]
+
+
+def _finals(facts: list[Fact], stepped: list[Fact], steps: Dim) -> list[Fact]:
+    """The carried values after the loop: a step's output when at least one step surely
+    runs, else what holds from the start on."""
+    if isinstance(steps, int) and steps > 0 and len(stepped) == len(facts):
+        return [Fact(s.elem_type or f.elem_type, s.shape) for f, s in zip(facts, stepped)]
+    return [Fact(f.elem_type, f.shape) for f in facts]
 
 
 @rule("Scan")
@@ -905,5 +919,5 @@ def scan(site: Site) -> list[Fact]:
             scans.append(Fact(o.elem_type))
         else:
             scans.append(o.with_shape((*o.shape[:at], length, *o.shape[at:])))  # type: ignore[index]
-    return [*(Fact(f.elem_type, f.shape) for f in facts), *scans]
+    return [*_finals(facts, outputs[:n], length), *scans]
 
