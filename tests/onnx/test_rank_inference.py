@@ -21,7 +21,7 @@ import ember  # noqa: E402
 from ember import Tensor  # noqa: E402
 from ember.onnx.facts import Fact, broadcast_shapes, fits, join, merge  # noqa: E402
 from ember.onnx.importer import Conversion, convert  # noqa: E402
-from ember.onnx.infer import infer  # noqa: E402
+from ember.onnx.infer import infer, infer_values  # noqa: E402
 from ember.onnx.ir import Graph, graph_of  # noqa: E402
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -555,6 +555,37 @@ def test_scan_outputs_gain_the_sequence_dim():
     assert values["b"][1] == (2, 4, "t")
 
 
+def test_shape_arithmetic_carries_elements():
+    """Integer tensors of shape arithmetic carry their elements (a dim's name where the
+    model gives one, None where nothing tells): what PyTorch and Paddle exports compute
+    their reshape targets with."""
+    nodes = [
+        _n("Shape", ["x"], ["sx"]),
+        _n("Slice", ["sx", "one", "big"], ["tail"]),
+        _n("Gather", ["sx", "last"], ["width"]),
+        _n("Div", ["width", "two"], ["half"]),
+        _n("Mul", ["half", "three"], ["more"]),
+        _n("Unsqueeze", ["half", "axes0"], ["half1"]),
+        _n("Concat", ["half1", "t", "tail"], ["target"], axis=0),
+        _n("Cast", ["target"], ["as_int"], to=TensorProto.INT32),
+        _n("Slice", ["sx", "big_neg", "minus_big", "zero1", "minus_one"], ["reversed"]),
+    ]
+    proto = helper.make_graph(nodes, "values", [_info("x", F, ["n", 3, 8]), _info("t", I64, [2])],
+                              [], initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in (
+                                  ("one", [1]), ("big", [2**62]), ("last", -1), ("two", 2),
+                                  ("three", 3), ("axes0", [0]), ("big_neg", [-1]),
+                                  ("minus_big", [-(2**62)]), ("zero1", [0]),
+                                  ("minus_one", [-1]))])  # fmt: skip
+    facts = infer_values(graph_of(proto, {"": 17}))
+    assert facts["sx"].value == ("n", 3, 8)
+    assert facts["tail"].value == (3, 8)
+    assert facts["width"] == Fact(I64, (), (8,))
+    assert facts["half"].value == (4,) and facts["more"].value == (12,)
+    assert facts["target"] == Fact(I64, (5,), (4, None, None, 3, 8))
+    assert facts["as_int"] == Fact(TensorProto.INT32, (5,), (4, None, None, 3, 8))
+    assert facts["reversed"].value == (8, 3, "n")
+
+
 def test_facts_merge_join_fit():
     """ONNX's word stands (its rank, its sizes); rules fill the gaps."""
     assert merge(Fact(1, (2, None)), Fact(0, (None, 3))) == Fact(1, (2, 3))
@@ -595,3 +626,107 @@ def test_nested_loops_stay_within_budget():
     values = _inferred(nodes, [("x", F, [2])], [("two", np.array(2)), ("zero", np.array([0]))])
     assert time.perf_counter() - start < 10
     assert values["y"][1] is None
+
+
+# ------------------------------------------------------------------ more ops on inputs of unknown rank
+def _x(*shape):
+    return _floats(*shape)
+
+
+# (id, nodes, inputs, constants, opset, feeds): ``x`` is declared without a shape; each
+# feed is one set of inputs, of different ranks where the op allows.
+GENERIC_CASES = [
+    ("hardmax-13", [_n("Hardmax", ["x"], ["y"], axis=1)], [("x", F, None)], (), 13,
+     [(_x(2, 3),), (_x(2, 3, 4),)]),
+    ("batch-norm-runtime-stats", [_n("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+     [("x", F, None), ("s", F, [3]), ("b", F, [3]), ("m", F, [3]), ("v", F, [3])], (), 15,
+     [(_x(2, 3, 4), _x(3), _x(3), _x(3), np.abs(_x(3)) + 0.5),
+      (_x(2, 3, 4, 5), _x(3), _x(3), _x(3), np.abs(_x(3)) + 0.5)]),
+    ("batch-norm-layer", [_n("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+     [("x", F, None)], [("s", _x(3)), ("b", _x(3)), ("m", _x(3)), ("v", np.abs(_x(3)) + 0.5)], 15,
+     [(_x(2, 3, 4, 5),)]),
+    ("batch-norm-training", [_n("BatchNormalization", ["x", "s", "b", "m", "v"],
+                                ["y", "running_mean", "running_var"], training_mode=1)],
+     [("x", F, None)], [("s", _x(3)), ("b", _x(3)), ("m", _x(3)), ("v", np.abs(_x(3)) + 0.5)], 15,
+     [(_x(2, 3, 4),), (_x(2, 3, 4, 5),)]),
+    ("rms-norm", [_n("RMSNormalization", ["x", "g"], ["y"], axis=-2)], [("x", F, None)],
+     [("g", _x(3, 4))], 23, [(_x(3, 4),), (_x(2, 3, 4),)]),
+    ("layer-norm-last", [_n("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"])],
+     [("x", F, None)], [("g", _x(4)), ("b", _x(4))], 17, [(_x(3, 4),), (_x(2, 3, 4),)]),
+    ("layer-norm-axis-1", [_n("LayerNormalization", ["x", "g"], ["y", "mean", "inv"], axis=1)],
+     [("x", F, None)], [("g", _x(3, 4))], 17, [(_x(2, 3, 4),)]),
+    ("gather-elements", [_n("GatherElements", ["x", "i"], ["y"], axis=-1)],
+     [("x", F, None), ("i", I64, None)], (), 13,
+     [(_x(3, 4), np.array([[0, -1], [2, 3], [1, 1]])),
+      (_x(2, 3, 4), np.array([[[0, -1]] * 3] * 2))]),
+    ("scatter-elements", [_n("ScatterElements", ["x", "i", "u"], ["y"], axis=-1)],
+     [("x", F, None), ("i", I64, None), ("u", F, None)], (), 13,
+     [(_x(3, 4), np.array([[0], [3], [-1]]), _x(3, 1)),
+      (_x(2, 3, 4), np.array([[[1]] * 3] * 2), _x(2, 3, 1))]),
+    ("one-hot", [_n("OneHot", ["i", "depth", "values"], ["y"], axis=0),
+                 _n("OneHot", ["i", "depth", "values"], ["z"])],
+     [("i", I64, None)], [("depth", np.array(4)), ("values", np.array([0.0, 1.0], np.float32))],
+     11, [(np.array([0, 3, -1]),), (np.array([[1, 2], [0, -4]]),)]),
+    ("reverse-sequence", [_n("ReverseSequence", ["x", "lens"], ["y"], time_axis=0, batch_axis=1)],
+     [("x", F, None), ("lens", I64, [2])], (), 10,
+     [(_x(4, 2), np.array([3, 1])), (_x(4, 2, 3), np.array([4, 2]))]),
+    ("pad-rank-from-pads", [_n("Pad", ["x", "pads"], ["y"], mode="reflect")], [("x", F, None)],
+     [("pads", np.array([1, 0, 2, 1]))], 13, [(_x(3, 4),)]),
+    ("quantize-per-axis", [_n("QuantizeLinear", ["x", "scale", "zero"], ["y"], axis=1)],
+     [("x", F, None)], [("scale", np.array([0.1, 0.2, 0.05], np.float32)),
+                        ("zero", np.array([0, 10, 128], np.uint8))], 13,
+     [(_x(2, 3),), (_x(2, 3, 4),)]),
+    ("conv-transpose-rank-from-weight", [_n("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])],
+     [("x", F, None)], [("w", _x(3, 2, 3, 3))], 13, [(_x(1, 3, 4, 4),)]),
+    ("instance-norm", [_n("InstanceNormalization", ["x", "s", "b"], ["y"])],
+     [("x", F, None)], [("s", _x(3)), ("b", _x(3))], 13, [(_x(2, 3, 5),), (_x(2, 3, 4, 5),)]),
+    ("transpose-default", [_n("Transpose", ["x"], ["y"])], [("x", F, None)], (), 13,
+     [(_x(2, 3),), (_x(2, 3, 4),)]),
+]
+
+
+@pytest.mark.parametrize("nodes,inputs,constants,opset,feeds", [c[1:] for c in GENERIC_CASES],
+                         ids=[c[0] for c in GENERIC_CASES])
+def test_op_on_input_of_unknown_rank(nodes, inputs, constants, opset, feeds):
+    outputs = [o for node in nodes for o in node.output]
+    model = _model(nodes, inputs, outputs, constants, opset)
+    assert _onnx_shapes(model)[inputs[0][0]] is None
+    _check(model, *feeds)
+
+
+# ------------------------------------------------------------------ a real export
+def test_pytorch_export_with_convolutions_inside_if():
+    """A scripted PyTorch module (TorchScript exporter, opset 11) whose ``if`` on a tensor
+    becomes an If with a Conv and a pooling in each branch, on a reshape to a run-time
+    shape, then an LSTM and a Softmax: ONNX gives the Conv's input no rank."""
+    torch = pytest.importorskip("torch")
+    import io
+    import warnings
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.conv2 = torch.nn.Conv2d(3, 4, 1)
+            self.lstm = torch.nn.LSTM(4, 5, batch_first=True)
+
+        def forward(self, x, flag):
+            h = x.reshape(x.shape[0], 3, -1, 4)
+            if bool(flag.sum() > 0):
+                y = torch.nn.functional.max_pool2d(self.conv(h), 2)
+            else:
+                y = torch.nn.functional.avg_pool2d(self.conv2(h), 2)
+            out, (last, _) = self.lstm(y.flatten(2).transpose(1, 2))
+            return torch.softmax(out, dim=-1), last
+
+    torch.manual_seed(0)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch.jit.script(Net().eval()), (torch.randn(2, 48), torch.ones(1)),
+                          buffer, dynamo=False, opset_version=11, input_names=["x", "flag"],
+                          dynamic_axes={"x": {0: "batch", 1: "length"}})  # fmt: skip
+    model = onnx.load_from_string(buffer.getvalue())
+    assert any(n.op_type == "If" for n in model.graph.node)
+    _check(model, (_floats(3, 48), np.array([1.0], np.float32)),
+           (_floats(2, 96), np.array([-1.0], np.float32)))  # fmt: skip

@@ -163,11 +163,12 @@ def _budget(graph: Graph) -> int:
 
 def infer(graph: Graph) -> None:
     """Completes ``graph``'s value infos (and its subgraphs') with what ember's rules tell
-    beyond ONNX's inference. Leaves the graph as it is when the walk runs out of budget."""
+    beyond ONNX's inference. Leaves the graph as it is when the walk runs out of budget or
+    trips on a malformed model (the translator then reports what is wrong with it)."""
     walker = _Walker(_budget(graph))
     try:
         inferred, _ = walker.run(graph, None, [])
-    except _Exhausted:
+    except Exception:  # _Exhausted, or a model too broken to walk: inference is a help
         return
     _commit(inferred)
 
@@ -178,6 +179,6 @@ def infer_values(graph: Graph) -> dict[str, Fact]:
     walker = _Walker(_budget(graph))
     try:
         inferred, _ = walker.run(graph, None, [])
-    except _Exhausted:
+    except Exception:
         return {}
     return inferred.facts

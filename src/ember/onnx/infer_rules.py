@@ -172,7 +172,8 @@ def quantize(site: Site) -> Fact:
 
 @rule("DequantizeLinear")
 def dequantize(site: Site) -> Fact:
-    return Fact(site.input(1).elem_type, site.input(0).shape)
+    elem = int(site.attr("output_dtype", 0)) or site.input(1).elem_type
+    return Fact(elem, site.input(0).shape)
 
 
 # ------------------------------------------------------------------------ constants
@@ -423,10 +424,15 @@ def gather_nd(site: Site) -> Fact:
     return data.with_shape((*indices.shape[:-1], *data.shape[batch + depth :]))
 
 
-def _slice_len(size: Dim, start: int, end: int, step: int) -> Dim:
-    if not isinstance(size, int) or step == 0:
-        return None
-    return len(range(size)[slice(start, end, step)])
+def _sliced(size: int, start: int, end: int, step: int) -> range:
+    """The positions ONNX's Slice takes along a dim of ``size`` (``step`` not 0): negative
+    bounds count from the end, then are clamped to ``[0, size]`` (``[-1, size - 1]``
+    walking backwards)."""
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    if step > 0:
+        return range(min(max(start, 0), size), min(max(end, 0), size), step)
+    return range(min(max(start, 0), size - 1), min(max(end, -1), size - 1), step)
 
 
 @rule("Slice")
@@ -457,9 +463,10 @@ def slice_(site: Site) -> Fact:
         at = axis_of(a, rank)
         if at is None or st == 0:
             return x.with_shape((None,) * rank)
-        dims[at] = _slice_len(dims[at], s, e, st)
+        size = dims[at]
+        dims[at] = len(_sliced(size, s, e, st)) if isinstance(size, int) else None
         if value is not None:
-            value = value[s:e:st]
+            value = [value[i] for i in _sliced(len(value), s, e, st)]
     return Fact(x.elem_type, tuple(dims), _value(value))
 
 
