@@ -484,6 +484,9 @@ RULE_CASES = [
     ("unknown-ops", [_n("Einsum", ["x"], ["a"], equation="ij->ji"), _n("Relu", ["a"], ["b"]),
                      helper.make_node("Foo", ["x"], ["c"], domain="com.example")],
      [("x", F, [2, 3])], (), 17, {"a": None, "b": None, "c": None}),
+    ("hostile-lengths", [_n("Reshape", ["x", "s"], ["r"]), _n("ConstantOfShape", ["s"], ["k"]),
+                         _n("Expand", ["x", "s"], ["e"])],
+     [("x", F, [2, 3]), ("s", I64, [10**12])], (), 17, {"r": None, "k": None, "e": None}),
     ("malformed-nodes", [_n("Concat", ["x", "x"], ["a"], axis=5),
                          _n("Transpose", ["x"], ["b"], perm=[0, 0]),
                          _n("Gather", ["x", "i"], ["c"], axis=-7),
@@ -584,6 +587,19 @@ def test_shape_arithmetic_carries_elements():
     assert facts["target"] == Fact(I64, (5,), (4, None, None, 3, 8))
     assert facts["as_int"] == Fact(TensorProto.INT32, (5,), (4, None, None, 3, 8))
     assert facts["reversed"].value == (8, 3, "n")
+
+
+def test_shape_arithmetic_stays_bounded():
+    """Squaring a known int 300 times would make a number of 2^300 digits: elements past
+    int64 are dropped, quickly."""
+    nodes = [_n("Mul", [f"v{i}", f"v{i}"], [f"v{i + 1}"]) for i in range(300)]
+    proto = helper.make_graph(nodes, "squares", [], [],
+                              initializer=[numpy_helper.from_array(np.array([3]), "v0")])
+    start = time.perf_counter()
+    facts = infer_values(graph_of(proto, {"": 17}))
+    assert time.perf_counter() - start < 5
+    assert facts["v5"].value == (3**32,)
+    assert facts["v6"].value == (None,) and facts["v300"] == Fact(I64, (1,), (None,))
 
 
 def test_facts_merge_join_fit():

@@ -29,6 +29,9 @@ FLOAT, INT64, BOOL = 1, 7, 9
 INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
 # The elements of integer tensors up to this size are tracked (shapes, axes, sizes).
 MAX_VALUE = 64
+# No tensor has more dims (NumPy's limit): a rank read from a model's numbers beyond it is
+# not believed (nor allocated).
+MAX_RANK = 64
 
 Shape = tuple[Dim, ...]
 

@@ -19,6 +19,7 @@ from ember.onnx.facts import (
     FLOAT,
     INT64,
     INT_TYPES,
+    MAX_RANK,
     MAX_VALUE,
     UNKNOWN,
     Fact,
@@ -51,6 +52,14 @@ def _vector(elem: int, elems: Sequence[Dim] | None) -> Fact:
     if elems is None:
         return Fact(elem, (None,))
     return Fact(elem, (len(elems),), _value(elems))
+
+
+def _length(fact: Fact) -> int | None:
+    """The length of a 1-d tensor (a shape) when known and a rank can be that long."""
+    shape = fact.shape
+    if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+        return None
+    return shape[0] if 0 <= shape[0] <= MAX_RANK else None
 
 
 def _const_ints(site: Site, index: int) -> list[int] | None:
@@ -93,19 +102,26 @@ def dropout(site: Site) -> list[Fact]:
     return [x.with_shape(x.shape), Fact(BOOL, x.shape)]
 
 
+_INT64_RANGE = range(-(2**63), 2**63)
+
+
 def _arithmetic(op: str, a: Dim, b: Dim) -> Dim:
+    """``a op b`` on known ints; None past int64 (a chain of products must not grow
+    without bound) or for a division by zero."""
     if not isinstance(a, int) or not isinstance(b, int):
         return None
     if op == "Add":
-        return a + b
-    if op == "Sub":
-        return a - b
-    if op == "Mul":
-        return a * b
-    if b == 0:
+        result = a + b
+    elif op == "Sub":
+        result = a - b
+    elif op == "Mul":
+        result = a * b
+    elif b == 0:
         return None
-    quotient = abs(a) // abs(b)  # integer Div truncates toward zero
-    return quotient if (a < 0) == (b < 0) else -quotient
+    else:
+        quotient = abs(a) // abs(b)  # integer Div truncates toward zero
+        result = quotient if (a < 0) == (b < 0) else -quotient
+    return result if result in _INT64_RANGE else None
 
 
 @rule("Add", "Sub", "Mul", "Div")
@@ -205,10 +221,8 @@ def constant_of_shape(site: Site) -> Fact:
                 and elem in INT_TYPES and fill is not None and fill.size == 1):  # fmt: skip
             elems = (int(fill[0]),) * dims[0]
         return Fact(elem, tuple(dims), elems)
-    length = site.input(0).shape
-    if length is not None and len(length) == 1 and isinstance(length[0], int):
-        return Fact(elem, (None,) * length[0])
-    return Fact(elem)
+    length = _length(site.input(0))
+    return Fact(elem, None if length is None else (None,) * length)
 
 
 @rule("Range")
@@ -287,10 +301,8 @@ def reshape(site: Site) -> Fact:
         shape_out = _reshaped(list(target.value), x.shape, allowzero)
         value = x.value if x.value is not None and len(shape_out) <= 1 else None
         return Fact(x.elem_type, shape_out, value)
-    length = target.shape
-    if length is not None and len(length) == 1 and isinstance(length[0], int):
-        return x.with_shape((None,) * length[0])
-    return x.with_shape(None)
+    length = _length(target)
+    return x.with_shape(None if length is None else (None,) * length)
 
 
 @rule("Flatten")
@@ -502,10 +514,9 @@ def expand(site: Site) -> Fact:
     x, target = site.input(0), site.input(1)
     if target.value is not None:
         return x.with_shape(broadcast_shapes([x.shape, tuple(target.value)]))
-    length = target.shape
-    if x.shape is not None and length is not None and len(length) == 1 \
-            and isinstance(length[0], int):
-        return x.with_shape((None,) * max(len(x.shape), length[0]))
+    length = _length(target)
+    if x.shape is not None and length is not None:
+        return x.with_shape((None,) * max(len(x.shape), length))
     return x.with_shape(None)
 
 
