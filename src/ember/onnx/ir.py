@@ -141,6 +141,8 @@ class Graph:
         nodes: the nodes in topological order.
         constants: initializers by name, as NumPy arrays.
         values: every value info known, inputs and outputs included.
+        producer: the tool that wrote the model.
+        bodies: subgraphs parsed ahead, with their value infos completed (see :meth:`body`).
     """
 
     name: str
@@ -151,9 +153,19 @@ class Graph:
     constants: dict[str, np.ndarray]
     values: dict[str, ValueInfo] = field(default_factory=dict)
     producer: str = ""
+    bodies: dict[int, tuple[Any, Graph]] = field(default_factory=dict)
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(canonical_domain(domain), 0)
+
+    def body(self, proto: Any) -> Graph:
+        """The :class:`Graph` of ``proto``, a subgraph of one of this graph's nodes: the
+        one ember's shape inference completed (kept in ``bodies`` by the proto's id), else
+        parsed now."""
+        found = self.bodies.get(id(proto))
+        if found is not None and found[0] is proto:
+            return found[1]
+        return graph_of(proto, self.opsets)
 
 
 def load(source: Any) -> Any:

@@ -88,6 +88,83 @@ def flatten(x: Tensor, dim: int = 1) -> Tensor:
     return x.reshape([math.prod(dims[:d]), math.prod(dims[d:])])
 
 
+def hardmax(x: Tensor, dim: int) -> Tensor:
+    """ONNX ``Hardmax`` along ``dim`` of a tensor of any rank: 1 at the first maximum."""
+    d = axis(dim, x.rank)
+    positions = Tensor.arange(x.shape[d], device=x.device)
+    positions = positions.reshape([-1 if i == d else 1 for i in range(x.rank)])
+    return positions.equal(x.argmax(d)).cast(x.dtype)
+
+
+def per_channel(v: Tensor, x: Tensor) -> Tensor:
+    """A ``[C]`` vector shaped to broadcast along dim 1 of ``x`` (``[N, C, ...]``)."""
+    return v.reshape([1, -1, *[1] * (x.rank - 2)])
+
+
+_GLOBAL_POOLS = ("mean_dim", "max_dim", "sum_dim")
+
+
+def global_pool(x: Tensor, reduce: str) -> Tensor:
+    """ONNX's global poolings of ``[N, C, ...]`` of any rank: ``reduce`` (``"mean_dim"``,
+    ``"max_dim"`` or ``"sum_dim"``) over every spatial dim, kept with size 1."""
+    if reduce not in _GLOBAL_POOLS:
+        raise ArgumentError(f"global_pool: reduce must be one of {', '.join(_GLOBAL_POOLS)}, "
+                            f"got {reduce!r}")
+    for d in range(2, x.rank):
+        x = getattr(x, reduce)(d)
+    return x
+
+
+def _same_pads(sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+               dilations: Sequence[int], upper: bool) -> tuple[list[int], list[int]]:  # fmt: skip
+    """ONNX's SAME padding: ``ceil(size / stride)`` outputs, the odd pad at the end
+    (``upper``) or at the start."""
+    begin, end = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+        small, large = total // 2, total - total // 2
+        begin.append(small if upper else large)
+        end.append(large if upper else small)
+    return begin, end
+
+
+def conv(x: Tensor, w: Tensor, b: Tensor | None = None, *, strides: Sequence[int] | None = None,
+         pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+         group: int = 1, auto_pad: str = "NOTSET") -> Tensor:  # fmt: skip
+    """ONNX ``Conv`` whose number of spatial dims (1 to 3) is the input's rank less 2, read
+    when the model runs; the keywords are ONNX's attributes (None: their defaults)."""
+    n = x.rank - 2
+    if not 1 <= n <= 3 or w.rank != x.rank:
+        raise ShapeError(f"Conv: ember convolves 1 to 3 spatial dims with a weight of the "
+                         f"input's rank, got input {fmt_shape(x.shape)} and weight "
+                         f"{fmt_shape(w.shape)}")
+    from ember.tensor import module as functional
+
+    strides = list(strides) if strides else [1] * n
+    dilations = list(dilations) if dilations else [1] * n
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = _same_pads(x.shape[2:], w.shape[2:], strides, dilations,
+                                auto_pad == "SAME_UPPER")
+    elif auto_pad == "VALID":
+        begin, end = [0] * n, [0] * n
+    elif auto_pad in ("NOTSET", ""):
+        given = list(pads) if pads else [0] * (2 * n)
+        begin, end = given[:n], given[n:]
+    else:
+        raise ArgumentError(f"Conv: auto_pad {auto_pad!r} is not an ONNX padding mode")
+    if len(strides) != n or len(dilations) != n or len(begin) != n or len(end) != n:
+        raise ShapeError(f"Conv: strides {strides}, dilations {dilations} and pads do not fit "
+                         f"{n} spatial dims")
+    # ember pads both ends alike: the common part there, the rest onto the input first.
+    common = [min(a, e) for a, e in zip(begin, end)]
+    extra = [v for a, e, c in zip(reversed(begin), reversed(end), reversed(common))
+             for v in (a - c, e - c)]  # fmt: skip
+    if any(extra):
+        x = x.pad(extra)
+    op = (functional.conv1d, functional.conv2d, functional.conv3d)[n - 1]
+    return op(x, w, b, strides, common, dilations, group)
+
+
 def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
     """ONNX ``Transpose``: ``perm`` or, by default, the dims reversed."""
     order = list(range(x.rank))[::-1] if perm is None else list(perm)

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ember.onnx.context import NodeContext
-from ember.onnx.ir import Graph, Node, ValueInfo, graph_of, onnx_type_name
+from ember.onnx.infer import infer
+from ember.onnx.ir import Graph, Node, ValueInfo, onnx_type_name
 from ember.onnx.registry import OnnxImportError, UnsupportedOnnxError, lookup, missing_reason
 from ember.tensor import DType, Tensor
 from ember.tensor.data import dtype_of_numpy
@@ -259,7 +260,7 @@ class Translator:
         Returns:
             the :class:`Body`: its input variables, lines and outputs.
         """
-        graph = graph_of(proto, self.graph.opsets)
+        graph = self.graph.body(proto)
         child = Translator(graph, parent=self)
         child._keep = keep
         variables = []
@@ -407,5 +408,6 @@ def _to_numpy(value: Any) -> np.ndarray:
 
 def translate(graph: Graph) -> Program:
     """The program of ``graph``; raises :class:`UnsupportedOnnxError` for a node it cannot
-    translate."""
+    translate. Ranks ONNX's inference left unknown are inferred first (:mod:`ember.onnx.infer`)."""
+    infer(graph)
     return Translator(graph).translate()

@@ -5,7 +5,8 @@ ONNX pads each spatial dim by its own ``(begin, end)``; ember's convolutions pad
 ends alike. The common part goes to the convolution, and what one end has beyond the
 other is padded onto the input first (Conv) or trimmed from the output (ConvTranspose).
 The window helpers here (kernel, strides, dilations, pads with ``auto_pad``) serve the
-pooling converters as well.
+pooling converters as well. A convolution whose rank, kernel or SAME padding is only known
+when the model runs becomes ``rt.conv``, which reads them from the tensors.
 """
 
 from __future__ import annotations
@@ -24,15 +25,27 @@ _TRANSPOSE_IMPORTS = ("from ember.nn.conv_transpose import ConvTranspose{n}d, "
                       "ConvTranspose{n}dConfig",)  # fmt: skip
 
 
-def spatial_rank(node: NodeContext, x: Value) -> int:
-    """The number of spatial dims of ``x`` (``[N, C, *spatial]``)."""
-    if x.rank is None:
+def known_rank(node: NodeContext, x: Value, w: Value | None = None) -> int | None:
+    """The rank of ``x`` (``[N, C, *spatial]``) at import time: its own, else that of the
+    node's ``kernel_shape`` or of the weight ``w``, which the input's must match."""
+    if x.rank is not None:
+        return x.rank
+    kernel = node.attr("kernel_shape", None)
+    if kernel is not None:
+        return len(kernel) + 2
+    return w.rank if w is not None else None
+
+
+def spatial_rank(node: NodeContext, x: Value, w: Value | None = None) -> int:
+    """The number of spatial dims of ``x`` (``[N, C, *spatial]``), see :func:`known_rank`."""
+    rank = known_rank(node, x, w)
+    if rank is None:
         node.unsupported("the input's rank must be known at import time; run ONNX shape "
                          "inference or give the input a static rank")
-    if x.rank < 3:
+    if rank < 3:
         node.unsupported(f"the input needs at least one spatial dim ([N, C, ...]), got rank "
-                         f"{x.rank}")
-    return x.rank - 2
+                         f"{rank}")
+    return rank - 2
 
 
 def spatial_sizes(x: Value) -> list[int] | None:
@@ -91,14 +104,36 @@ def _is_weight(w: Value, b: Value) -> bool:
 
 
 # ---------------------------------------------------------------------------------- Conv
+_AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+def _conv_at_run_time(node: NodeContext, x: Value, w: Value, b: Value) -> str:
+    """``rt.conv``: the convolution whose rank, kernel or SAME padding is read from the
+    tensors when the model runs."""
+    auto_pad = node.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto_pad not in _AUTO_PADS:
+        node.unsupported(f"auto_pad {auto_pad!r} is not an ONNX padding mode")
+    options = [f"{name}={[int(v) for v in node.attr(name)]}"
+               for name in ("strides", "pads", "dilations") if node.attr(name, None)]
+    if int(node.attr("group", 1)) != 1:
+        options.append(f"group={int(node.attr('group'))}")
+    if auto_pad != "NOTSET":
+        options.append(f"auto_pad={auto_pad!r}")
+    bias = b.expr if b.present else "None"
+    return f"{node.outputs[0]} = rt.conv({', '.join([x.expr, w.expr, bias, *options])})"
+
+
 @converter("Conv", since=1, attrs=_CONV_ATTRS)
 def conv(node: NodeContext) -> str:
     x, w, b = node.input(0), node.input(1), node.input(2)
-    n = spatial_rank(node, x)
+    rank = known_rank(node, x, w)
+    kernel_known = w.shape is not None and all(isinstance(d, int) for d in w.shape[2:])
+    same = node.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER")
+    if rank is None or not kernel_known or (same and spatial_sizes(x) is None):
+        return _conv_at_run_time(node, x, w, b)
+    n = spatial_rank(node, x, w)
     if n > 3:
         node.unsupported(f"ember has 1-d, 2-d and 3-d convolutions, not {n}-d")
-    if w.shape is None or not all(isinstance(d, int) for d in w.shape[2:]):
-        node.unsupported("the weight's kernel dims must be known at import time")
     kernel = [int(k) for k in node.attr("kernel_shape", w.shape[2:])]
     group = int(node.attr("group", 1))
     strides, dilations, begin, end = window(node, x, kernel)
@@ -185,7 +220,7 @@ def conv_transpose(node: NodeContext) -> str:
     """``y`` is the full transposed convolution (size ``s * (in - 1) + d * (k - 1) + 1``)
     with ``pads`` trimmed from its ends and ``output_padding`` added at the end."""
     x, w, b = node.input(0), node.input(1), node.input(2)
-    n = spatial_rank(node, x)
+    n = spatial_rank(node, x, w)
     if n > 3:
         node.unsupported(f"ember has 1-d, 2-d and 3-d transposed convolutions, not {n}-d")
     if w.shape is None or not all(isinstance(d, int) for d in w.shape[2:]):

@@ -24,16 +24,17 @@ from ember.tensor.data import numpy_dtype
 _INLINE = 16
 
 
-def _rank(node: NodeContext, x: Value) -> int:
-    if x.rank is None:
-        node.unsupported("the input's rank must be known at import time (run ONNX shape "
-                         "inference, or give the model's inputs static ranks)")
-    return x.rank  # type: ignore[return-value]
+def _axis(x: Value, axis: int) -> int | str:
+    """An ONNX ``axis`` of ``x``: non-negative when the rank or the axis is known to be,
+    else the expression that makes it so when the model runs."""
+    if x.rank is not None:
+        return axis % max(x.rank, 1)
+    return axis if axis >= 0 else f"rt.axis({axis}, {x.expr}.rank)"
 
 
-def _dim(x: Value, i: int) -> str:
+def _dim(x: Value, i: int | str) -> str:
     shape = x.shape
-    if shape is not None and isinstance(shape[i], int):
+    if shape is not None and isinstance(i, int) and isinstance(shape[i], int):
         return str(shape[i])
     return f"{x.expr}.shape[{i}]"
 
@@ -45,11 +46,11 @@ def _static(node: NodeContext, x: Value, what: str) -> tuple[int, ...]:
     return shape  # type: ignore[return-value]
 
 
-def _indices(node: NodeContext, indices: Value, data: Value, axis: int) -> str:
+def _indices(node: NodeContext, indices: Value, data: Value, axis: int | str) -> str:
     """Non-negative indices along ``axis`` of ``data``: constants are mapped at import
     time, runtime ones with ``%``."""
     const = indices.const
-    if const is not None and data.static_shape is not None:
+    if const is not None and data.static_shape is not None and isinstance(axis, int):
         size = data.static_shape[axis]
         mapped = np.where(const < 0, const + size, const).astype(np.int64)
         if mapped.size <= _INLINE:
@@ -62,7 +63,7 @@ def _indices(node: NodeContext, indices: Value, data: Value, axis: int) -> str:
 @converter("GatherElements", since=11, attrs=("axis",))
 def gather_elements(node: NodeContext) -> str:
     data, indices = node.input(0), node.input(1)
-    axis = int(node.attr("axis", 0)) % _rank(node, data)
+    axis = _axis(data, int(node.attr("axis", 0)))
     where = _indices(node, indices, data, axis)
     return f"{node.outputs[0]} = {data.expr}.gather({axis}, {where})"
 
@@ -139,8 +140,7 @@ def _dense(node: NodeContext, base: str, at: str, values: str, dim: int, size: s
 
 def _scatter(node: NodeContext, reduction: str) -> list[str]:
     data, indices, updates = node.input(0), node.input(1), node.input(2)
-    rank = _rank(node, data)
-    axis = int(node.attr("axis", 0)) % rank
+    axis = _axis(data, int(node.attr("axis", 0)))
     where = _indices(node, indices, data, axis)
     y = node.outputs[0]
     if reduction == "add":
@@ -244,9 +244,10 @@ def one_hot(node: NodeContext) -> list[str]:
     ``values[0]``; the classes form a new dim at ``axis``. Out-of-range indices give all
     ``values[0]``."""
     indices, depth, values = node.input(0), node.input(1), node.input(2)
-    rank = _rank(node, indices)
+    rank = indices.rank
     axis = int(node.attr("axis", -1))
-    axis = axis + rank + 1 if axis < 0 else axis
+    if rank is not None:
+        axis = axis + rank + 1 if axis < 0 else axis
     count = str(int(np.asarray(depth.const).reshape(-1)[0])) if depth.is_const else \
         f"int({depth.expr})"  # fmt: skip
     index, hits, y = node.tmp("index"), node.tmp("hits"), node.outputs[0]
@@ -256,7 +257,7 @@ def one_hot(node: NodeContext) -> list[str]:
              f"{hits} = {index}.unsqueeze_dim(-1).equal(Tensor.arange({count}, "
              f"device={index}.device))"]
     picked = f"{values.expr}.select(0, {hits}.int().reshape([-1])).reshape({hits}.shape)"
-    if axis != rank:
+    if axis != (rank if rank is not None else -1):  # the classes' dim is made last
         picked = f"{picked}.movedim(-1, {axis})"
     lines.append(f"{y} = {picked}")
     return lines
@@ -314,7 +315,7 @@ def reverse_sequence(node: NodeContext) -> list[str]:
     """Reverses the first ``sequence_lens[b]`` time steps of each batch entry ``b``: time
     step ``t < len`` reads step ``len - 1 - t``, the others stay."""
     x, lengths = node.input(0), node.input(1)
-    rank = _rank(node, x)
+    rank = x.rank
     batch_axis, time_axis = int(node.attr("batch_axis", 1)), int(node.attr("time_axis", 0))
     if {batch_axis, time_axis} != {0, 1}:
         node.unsupported("ReverseSequence needs batch_axis and time_axis to be 0 and 1")
@@ -328,7 +329,10 @@ def reverse_sequence(node: NodeContext) -> list[str]:
                  f"{size} = {lengths.expr}.reshape([-1, 1])"]
     lines.append(f"{source} = ({size} - 1 - {step}).mask_where({step}.greater_equal({size}), "
                  f"{step})")
-    if rank > 2:
+    if rank is None:
+        lines.append(f"{source} = {source}.reshape([*{source}.shape, *[1] * ({x.expr}.rank - 2)])"
+                     f".expand({x.expr}.shape)")
+    elif rank > 2:
         trailing = ", ".join(["1"] * (rank - 2))
         lines.append(f"{source} = {source}.reshape([*{source}.shape, {trailing}])"
                      f".expand({x.expr}.shape)")

@@ -287,7 +287,6 @@ def _pad(node: NodeContext, pads: Value | list[int], value: float | int | str,
     if mode not in _MODES:
         node.unsupported(f"pad mode {node.attr('mode')!r} (ember pads constant, reflect, edge, "
                          f"wrap)")
-    rank = _rank(node, x)
     lines: list[str] = []
     if isinstance(pads, Value):
         amounts, lines = _operand(node, pads, "pads")
@@ -301,6 +300,10 @@ def _pad(node: NodeContext, pads: Value | list[int], value: float | int | str,
         lines += more
     else:
         picked = None if isinstance(axes, Value) else axes
+    rank = x.rank
+    if rank is None and picked is None and count:
+        rank = count  # without axes, the pads name every dim
+    rank = _rank(node, x) if rank is None else rank
     y = node.outputs[0]
     fill = _fill(node, x, value) if mode == "constant" else None
     if isinstance(picked, str) or (count == 0 and isinstance(amounts, str)):

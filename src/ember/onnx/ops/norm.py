@@ -34,16 +34,11 @@ def _consts(*values: Value) -> list[np.ndarray] | None:
     return out
 
 
-def _rank(node: NodeContext, x: Value) -> int:
+def _per_channel(expr: str, x: Value) -> str:
+    """A ``[C]`` vector shaped to broadcast along dim 1 of ``x`` (of any rank)."""
     if x.rank is None:
-        node.unsupported("the input's rank must be known at import time; run ONNX shape "
-                         "inference or give the input a static rank")
-    return x.rank
-
-
-def _per_channel(expr: str, rank: int) -> str:
-    """A ``[C]`` vector shaped to broadcast along dim 1 of a rank-``rank`` tensor."""
-    return f"{expr}.reshape([1, -1{', 1' * (rank - 2)}])"
+        return f"rt.per_channel({expr}, {x.expr})"
+    return f"{expr}.reshape([1, -1{', 1' * (x.rank - 2)}])"
 
 
 def _eps(node: NodeContext, default: float = 1e-5) -> float:
@@ -71,10 +66,9 @@ def _batch_norm_inference(node: NodeContext, momentum: float) -> str:
     stats = _consts(s, b, mean, var)
     if stats is not None and x.dtype is DType.F32:
         return _batch_norm_layer(node, x, stats, momentum)
-    r = _rank(node, x)
-    inv = f"({_per_channel(var.expr, r)} + {_eps(node)!r}).rsqrt()"
-    return (f"{node.outputs[0]} = ({x.expr} - {_per_channel(mean.expr, r)}) * {inv} * "
-            f"{_per_channel(s.expr, r)} + {_per_channel(b.expr, r)}")
+    inv = f"({_per_channel(var.expr, x)} + {_eps(node)!r}).rsqrt()"
+    return (f"{node.outputs[0]} = ({x.expr} - {_per_channel(mean.expr, x)}) * {inv} * "
+            f"{_per_channel(s.expr, x)} + {_per_channel(b.expr, x)}")
 
 
 @converter("BatchNormalization", since=1,
@@ -97,17 +91,22 @@ def batch_norm(node: NodeContext) -> str | list[str]:
     if not node.attr("training_mode", 0):
         return _batch_norm_inference(node, momentum)
     x, s, b, mean, var = (node.input(i) for i in range(5))
-    r = _rank(node, x)
-    reduce = "".join(f".mean_dim({d})" for d in (0, *range(2, r)))
+
+    def statistic(expr: str) -> str:
+        """The mean of ``expr`` over every dim but the channels', kept with size 1."""
+        if x.rank is None:
+            return f"rt.global_pool({expr}.mean_dim(0), 'mean_dim')"
+        return expr + "".join(f".mean_dim({d})" for d in (0, *range(2, x.rank)))
+
     batch_mean, centered, batch_var = node.tmp("batch_mean"), node.tmp("centered"), \
         node.tmp("batch_var")  # fmt: skip
     y = node.outputs[0]
     lines = [
-        f"{batch_mean} = {x.expr}{reduce}",
+        f"{batch_mean} = {statistic(x.expr)}",
         f"{centered} = {x.expr} - {batch_mean}",
-        f"{batch_var} = ({centered} * {centered}){reduce}",
+        f"{batch_var} = {statistic(f'({centered} * {centered})')}",
         f"{y} = {centered} * ({batch_var} + {_eps(node)!r}).rsqrt() * "
-        f"{_per_channel(s.expr, r)} + {_per_channel(b.expr, r)}",
+        f"{_per_channel(s.expr, x)} + {_per_channel(b.expr, x)}",
     ]
     keep = 1 - momentum
     for i, (running, batch) in enumerate(((mean, batch_mean), (var, batch_var)), start=1):
@@ -132,15 +131,27 @@ def _flatten_from(x: Value, axis: int) -> str:
     return f"{x.expr}.reshape({lead[:-1]}{', ' if lead != '[]' else ''}-1])"
 
 
-def _stat_shape(x: Value, axis: int, rank: int) -> str:
+def _stat_shape(x: Value, axis: int, rank: int | None) -> str:
+    """The shape of the statistics: the dims before ``axis``, then ones (``axis`` is
+    negative or ``rank`` known, or the ones are counted when the model runs)."""
     lead = _leading(x, axis)
-    ones = ", ".join(["1"] * (rank - axis))
+    if rank is None and axis >= 0:
+        return f"{lead[:-1]}{', ' if lead != '[]' else ''}*[1] * ({x.expr}.rank - {axis})]"
+    ones = ", ".join(["1"] * (-axis if rank is None else rank - axis))
     return f"{lead[:-1]}{', ' if lead != '[]' else ''}{ones}]"
 
 
-def _last_dim_vector(x: Value, v: Value, const: np.ndarray | None, axis: int, rank: int) -> bool:
+def _axis(node: NodeContext, x: Value) -> int:
+    """The ``axis`` attribute, non-negative when the input's rank is known (Python's
+    negative slicing serves the dims from it otherwise)."""
+    axis = int(node.attr("axis", -1))
+    return axis % x.rank if x.rank is not None else axis
+
+
+def _last_dim_vector(x: Value, v: Value, const: np.ndarray | None, axis: int,
+                     rank: int | None) -> bool:  # fmt: skip
     """Whether ``v`` is a constant ``[D]`` over the last dim, the only normalized one."""
-    return (const is not None and axis == rank - 1 and const.ndim == 1
+    return (const is not None and rank is not None and axis == rank - 1 and const.ndim == 1
             and x.shape is not None and const.shape[0] == x.shape[-1])  # fmt: skip
 
 
@@ -149,8 +160,7 @@ def layer_norm(node: NodeContext) -> list[str]:
     """Normalizes over the dims from ``axis`` on; outputs 1 and 2 are the mean and the
     inverse standard deviation, shaped ``[*dims before axis, 1, ...]``."""
     x, scale, bias = node.input(0), node.input(1), node.input(2)
-    r = _rank(node, x)
-    axis = int(node.attr("axis", -1)) % r
+    r, axis = x.rank, _axis(node, x)
     consts = _consts(scale, bias)
     stats_used = any(node.output_used(i) for i in (1, 2))
     if (consts is not None and x.dtype is DType.F32 and not stats_used
@@ -183,8 +193,7 @@ def layer_norm(node: NodeContext) -> list[str]:
 def rms_norm(node: NodeContext) -> str | list[str]:
     """``x / sqrt(mean(x^2) + epsilon) * scale`` over the dims from ``axis`` on."""
     x, scale = node.input(0), node.input(1)
-    r = _rank(node, x)
-    axis = int(node.attr("axis", -1)) % r
+    r, axis = x.rank, _axis(node, x)
     consts = _consts(scale)
     if (consts is not None and x.dtype is DType.F32
             and _last_dim_vector(x, scale, consts[0], axis, r)):  # fmt: skip

@@ -5,7 +5,9 @@ no dilation for averages) becomes ``F.avg_pool2d`` / ``F.max_pool2d``. Other win
 composed: a maximum is taken one group of dims at a time (max over a box is separable)
 on an input padded with ``-inf``; an average is a sum over the window (a convolution with
 a kernel of ones) divided by the number of values each window counts, which ONNX's rules
-(``count_include_pad``, ``ceil_mode``) fix at import time.
+(``count_include_pad``, ``ceil_mode``) fix at import time. The number of spatial dims
+comes from ``kernel_shape`` where the input's rank is unknown; the global poolings of
+such an input reduce whatever spatial dims it has when the model runs.
 """
 
 from __future__ import annotations
@@ -227,11 +229,18 @@ def _max_with_indices(node: NodeContext, w: _Window, source: str) -> list[str]:
     return lines
 
 
+def _over_spatial(node: NodeContext, x: Value, source: str, reduce: str) -> str:
+    """``source`` (``x`` or a function of it) reduced over every spatial dim of ``x``;
+    when its rank is only known at run time, by ``rt.global_pool``."""
+    if x.rank is None:
+        return f"rt.global_pool({source}, {reduce!r})"
+    rank = spatial_rank(node, x) + 2
+    return source + "".join(f".{reduce}({d})" for d in range(2, rank))
+
+
 def _global(node: NodeContext, reduce: str) -> str:
     x = node.input(0)
-    rank = spatial_rank(node, x) + 2
-    chain = "".join(f".{reduce}({d})" for d in range(2, rank))
-    return f"{node.outputs[0]} = {x.expr}{chain}"
+    return f"{node.outputs[0]} = {_over_spatial(node, x, x.expr, reduce)}"
 
 
 @converter("GlobalAveragePool", since=1, attrs=())
@@ -248,8 +257,6 @@ def global_max_pool(node: NodeContext) -> str:
 def global_lp_pool(node: NodeContext) -> str:
     """``(sum |x|^p)^(1/p)`` over all spatial dims."""
     x, p = node.input(0), node.attr("p", 2)
-    rank = spatial_rank(node, x) + 2
     power = f"({x.expr} * {x.expr})" if p == 2 else f"{x.expr}.abs().pow({float(p)!r})"
     root = ".sqrt()" if p == 2 else f".pow({1 / p!r})"
-    chain = "".join(f".sum_dim({d})" for d in range(2, rank))
-    return f"{node.outputs[0]} = {power}{chain}{root}"
+    return f"{node.outputs[0]} = {_over_spatial(node, x, power, 'sum_dim')}{root}"

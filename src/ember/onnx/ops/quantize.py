@@ -44,12 +44,18 @@ def _broadcastable(node: NodeContext, v: Value, x: Value, axis: int, block: int)
     shape = v.shape
     if shape is None:
         node.unsupported(f"the shape of {v.name!r} must be known at import time")
-    rank = x.rank
-    if rank is None:
-        node.unsupported("the input's rank must be known at import time")
-    a = axis + rank if axis < 0 else axis
     if all(isinstance(d, int) for d in shape) and int(np.prod(shape)) == 1 and not block:
         return v.expr
+    rank = x.rank
+    if rank is None and not block:
+        # Along an axis of an input of unknown rank: the dims after it, counted when the
+        # model runs (or from the end, for a negative axis).
+        if axis < 0:
+            return f"{v.expr}.reshape([-1{', 1' * (-axis - 1)}])" if axis != -1 else v.expr
+        return f"{v.expr}.reshape([-1, *[1] * ({x.expr}.rank - {axis + 1})])"
+    if rank is None:
+        node.unsupported("blocked quantization needs the input's rank at import time")
+    a = axis + rank if axis < 0 else axis
     if not block:
         trailing = rank - a - 1
         return f"{v.expr}.reshape([-1{', 1' * trailing}])" if trailing else v.expr
@@ -164,7 +170,7 @@ def _conv(node: NodeContext, x: str, w: str, xv: Value, wv: Value) -> str:
     """The expression of ONNX Conv (attributes of the node) of ``x`` by ``w``, in f64."""
     from ember.onnx.ops.conv import pad_args, spatial_rank, window
 
-    n = spatial_rank(node, xv)
+    n = spatial_rank(node, xv, wv)
     if n > 3 or wv.shape is None or not all(isinstance(d, int) for d in wv.shape[2:]):
         node.unsupported("needs a 1-d, 2-d or 3-d convolution with kernel dims known at import time")
     kernel = [int(k) for k in node.attr("kernel_shape", wv.shape[2:])]

@@ -76,10 +76,9 @@ def _axes(node: NodeContext) -> list[int] | Value | None:
 
 
 def _normalized(node: NodeContext, axes: list[int], rank: int | None) -> list[int]:
+    """The axes sorted, non-negative where the rank is known (else all of one sign: see
+    :func:`_mixed`)."""
     if rank is None:
-        if any(a < 0 for a in axes) and any(a >= 0 for a in axes):
-            node.unsupported("axes of mixed signs need the input's rank; run ONNX shape "
-                             "inference or give the input a static rank")
         return sorted(set(axes))
     bad = [a for a in axes if not -rank <= a < rank]
     if bad:
@@ -130,12 +129,20 @@ def _squeezed(expr: str, axes: list[int], keepdims: bool) -> str:
     return expr if keepdims or not axes else f"{expr}.squeeze_dims({axes})"
 
 
-def _runtime_axes(node: NodeContext, x: Value, given: Value) -> tuple[str, list[str]]:
-    """A local holding the axes read from ``given`` at run time (sorted, non-negative);
-    an empty ``axes`` means every axis unless ``noop_with_empty_axes``."""
+def _mixed(axes: list[int] | None, rank: int | None) -> bool:
+    """Whether axes of both signs (or every axis of a log-sum-exp) need the input's rank,
+    which is only known when the model runs."""
+    return rank is None and axes is not None and len({a < 0 for a in axes}) > 1
+
+
+def _runtime_axes(node: NodeContext, x: Value, given: Value | list[int]) -> tuple[str, list[str]]:
+    """A local holding the axes (``given`` read at run time, or a list whose signs need the
+    input's rank) sorted and non-negative; an empty ``axes`` means every axis unless
+    ``noop_with_empty_axes``."""
     name = node.tmp("axes")
     rank = x.rank if x.rank is not None else f"{x.expr}.rank"
-    line = f"{name} = sorted({{a % {rank} for a in rt.ints({given.expr})}})"
+    source = f"rt.ints({given.expr})" if isinstance(given, Value) else literal(given)
+    line = f"{name} = sorted({{rt.axis(a, {rank}) for a in {source}}})"
     if not node.attr("noop_with_empty_axes", 0):
         line += f" or list(range({rank}))"
     return name, [line]
@@ -162,17 +169,17 @@ def _reduce(node: NodeContext) -> str | list[str] | None:
         reduction = _BOOL_REDUCTIONS[node.op_type]
     rank = x.rank
     axes = _axes(node)
-    if isinstance(axes, Value):
-        return _reduce_runtime(node, x, axes, keepdims, reduction)
+    if isinstance(axes, Value) or _mixed(axes, rank) or (
+            rank is None and axes is None and node.op_type == "ReduceLogSumExp"):
+        # Axes normalized when the model runs, against the input's rank then.
+        return _reduce_runtime(node, x, [] if axes is None else axes, keepdims, reduction)
     if axes is not None:
         axes = _normalized(node, axes, rank)
     if _empty_set(node, x, axes, keepdims, reduction):
         return None
     if node.op_type == "ReduceLogSumExp":
         if axes is None:
-            if rank is None:
-                node.unsupported("ReduceLogSumExp over every axis needs the input's rank")
-            axes = list(range(rank))
+            axes = list(range(rank))  # type: ignore[arg-type]  (rank None went to run time)
         return _log_sum_exp(node, x, repr(axes), keepdims, static=True)
     source = reduction.pre.format(x=x.expr)
     if axes is None and (not keepdims or rank is None):
@@ -187,9 +194,10 @@ def _reduce(node: NodeContext) -> str | list[str] | None:
     return f"{y} = {_squeezed(reduced, axes, keepdims)}"
 
 
-def _reduce_runtime(node: NodeContext, x: Value, given: Value, keepdims: bool,
+def _reduce_runtime(node: NodeContext, x: Value, given: Value | list[int], keepdims: bool,
                     reduction: _Reduction) -> list[str]:  # fmt: skip
-    """Axes known only at run time: a loop over them."""
+    """Axes known only at run time (``given`` an input, or a list that needs the rank): a
+    loop over them."""
     axes, lines = _runtime_axes(node, x, given)
     if node.op_type == "ReduceLogSumExp":
         return lines + _log_sum_exp(node, x, axes, keepdims, static=False)

@@ -4,7 +4,8 @@ Before opset 13 these ops see the input as a matrix: the dims before ``axis`` (d
 1) are the rows, the dims from ``axis`` on one row each, normalized together. From opset
 13 they normalize along the one dim ``axis`` (default -1). Both become ember's
 ``activation.softmax`` / ``log_softmax`` along one dim (of the input reshaped to that
-matrix where needed); Hardmax is a one at the first maximum.
+matrix where needed); Hardmax is a one at the first maximum. An input whose rank is not
+known at import time is made that matrix when the model runs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _along(node: NodeContext, x: str, axis: int, rank: int | None) -> str:
     if node.op_type != "Hardmax":
         return f"{_FUNCTIONS[node.op_type]}({x}, {axis})"
     if rank is None:
-        node.unsupported("Hardmax needs the input's rank at import time")
+        return f"rt.hardmax({x}, {axis})"
     # The positions along axis, shaped to broadcast, equal to the (first) argmax.
     dim = axis % rank
     shape = ", ".join("-1" if d == dim else "1" for d in range(rank))
@@ -36,10 +37,13 @@ def _along(node: NodeContext, x: str, axis: int, rank: int | None) -> str:
 def softmax_2d(node: NodeContext) -> str | list[str]:
     """Opsets 1 to 12: normalized over all the dims from ``axis`` on, as one."""
     x = node.input(0)
-    if x.rank is None:
-        node.unsupported("the input's rank must be known at import time")
-    axis = int(node.attr("axis", 1)) % max(x.rank, 1)
     y = node.outputs[0]
+    if x.rank is None:
+        # Any rank: the matrix is made when the model runs (rt.flatten reads the dims).
+        rows = node.tmp("rows")
+        return [f"{rows} = rt.flatten({x.expr}, {int(node.attr('axis', 1))})",
+                f"{y} = {_along(node, rows, 1, 2)}.reshape({x.expr}.shape)"]
+    axis = int(node.attr("axis", 1)) % max(x.rank, 1)
     if axis == x.rank - 1:  # only the last dim: the same as the opset 13 op
         return f"{y} = {_along(node, x.expr, axis, x.rank)}"
     static = x.static_shape
