@@ -402,7 +402,11 @@ def parse(source: Any) -> Graph:
     model = infer_shapes(model)
     opsets: dict[str, int] = {}
     for entry in model.opset_import:
-        opsets[canonical_domain(entry.domain)] = int(entry.version)
+        domain = canonical_domain(entry.domain)
+        if domain in opsets:
+            raise OnnxImportError(f"ONNX import: the model's opset_import lists the domain "
+                                  f"{entry.domain!r} twice")
+        opsets[domain] = int(entry.version)
     if "" not in opsets:
         # IR version 2 models predate opset_import; they are opset 1.
         opsets[""] = 1
