@@ -328,7 +328,7 @@ class Translator:
             check_lines(lines, _where(ctx), lambda n: n in bound or n in self.names.made,
                         lambda _: False)  # fmt: skip
             if lines:
-                exec(compile("\n".join(lines), "<ember.onnx fold>", "exec"), env)
+                exec(compile("\n".join(lines), f"<fold {node.label!r}>", "exec"), env)
         except OnnxImportError:  # UnsupportedOnnxError too
             raise
         except Exception as error:
