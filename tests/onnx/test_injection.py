@@ -716,6 +716,22 @@ def test_a_converter_writing_model_text_into_its_lines_is_refused(monkeypatch, t
     assert not marker.exists()
 
 
+def test_a_converter_that_fails_on_an_odd_node_gives_a_typed_error(monkeypatch):
+    from ember.onnx import registry
+
+    spec = registry.lookup("Relu", "", OPSET)
+
+    def fragile(node):
+        return f"{node.outputs[0]} = {node.input(0).expr}" + node.attr("missing", None)
+
+    patched = registry.ConverterSpec(spec.op_type, spec.domain, spec.since, fragile,
+                                     spec.attrs, spec.limits, spec.foldable)  # fmt: skip
+    monkeypatch.setitem(registry._REGISTRY, ("", "Relu"), [patched])
+    with pytest.raises(OnnxImportError, match=r"node 'relu' \(Relu\): the converter failed on "
+                                              r"this node: TypeError"):  # fmt: skip
+        convert(simple())
+
+
 @pytest.mark.parametrize("line", [
     "y = __import__('os')",
     "y = x.__class__",

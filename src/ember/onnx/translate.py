@@ -307,7 +307,13 @@ class Translator:
             return
         outputs = [self.names.fresh(o or f"{node.op_type}_unused") for o in node.outputs]
         ctx = NodeContext(self, node, spec, opset, outputs, folding=False)
-        lines = _as_lines(spec.fn(ctx))
+        try:
+            lines = _as_lines(spec.fn(ctx))
+        except OnnxImportError:  # UnsupportedOnnxError too
+            raise
+        except Exception as error:  # a model the converter did not foresee: still typed
+            raise OnnxImportError(f"ONNX import: {_where(ctx)}: the converter failed on this "
+                                  f"node: {type(error).__name__}: {error}") from error
         check_lines(lines, _where(ctx), lambda n: n in self.names.made or n in self.imported,
                     self.field_names.__contains__)  # fmt: skip
         self.lines.extend(lines)
