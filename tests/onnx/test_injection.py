@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx", reason="the ONNX tests need the onnx package (ember[onnx])")
 ort = pytest.importorskip("onnxruntime")
@@ -668,6 +670,20 @@ def test_names_that_sanitise_alike_stay_distinct_and_in_order():
     feeds = [np.array([10.0**i, -(10.0**i)], np.float32) for i in range(len(names))]
     got = _run(conversion.build(DEVICE), feeds)[0]
     np.testing.assert_allclose(got, sum((i + 1) * f for i, f in enumerate(feeds)))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.text(max_size=80), min_size=1, max_size=20))
+def test_made_names_are_plain_unique_identifiers(texts):
+    from ember.onnx.translate import RESERVED, Namer
+
+    namer = Namer()
+    made = [namer.fresh(t) for t in texts]
+    assert len(set(made)) == len(made)
+    for name in made:
+        assert name.isidentifier() and name.isascii() and name == name.lower()
+        assert not name.startswith("_") and "__" not in name and len(name) <= 80
+        assert name not in RESERVED and not __import__("keyword").iskeyword(name)
 
 
 @pytest.mark.parametrize("name", sorted({*__import__("keyword").kwlist,

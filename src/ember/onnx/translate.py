@@ -47,9 +47,10 @@ class Namer:
     """Turns ONNX value names into unique Python identifiers (``"/conv1/Conv_output_0"`` to
     ``conv1_conv_output_0``).
 
-    A made name is lower-case ASCII letters, digits and single underscores, never starts
-    with an underscore or a digit, and is never a keyword, a builtin or a reserved name:
-    nothing of the model's text survives in it but letters and digits.
+    A made name is lower-case ASCII letters, digits and underscores (never two in a row),
+    never starts with an underscore or a digit, is at most about 64 characters, and is
+    never a keyword, a builtin or a reserved name: nothing of the model's text survives in
+    it but letters and digits.
     """
 
     def __init__(self, reserved: frozenset[str] | set[str] = RESERVED) -> None:
@@ -72,7 +73,7 @@ class Namer:
             base += "_"  # ``input_``, ``class_``: as PEP 8 suggests
         name, n = base, 1
         while name in self.used:
-            name = f"{base}_{n}"
+            name = f"{base.rstrip('_')}_{n}"
             n += 1
         self.used.add(name)
         self.made.add(name)
