@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import keyword
 import sys
 import warnings
 from collections import Counter
@@ -683,11 +684,11 @@ def test_made_names_are_plain_unique_identifiers(texts):
     for name in made:
         assert name.isidentifier() and name.isascii() and name == name.lower()
         assert not name.startswith("_") and "__" not in name and len(name) <= 80
-        assert name not in RESERVED and not __import__("keyword").iskeyword(name)
+        assert name not in RESERVED and not keyword.iskeyword(name)
 
 
-@pytest.mark.parametrize("name", sorted({*__import__("keyword").kwlist,
-                                         *__import__("keyword").softkwlist,
+@pytest.mark.parametrize("name", sorted({*keyword.kwlist,
+                                         *keyword.softkwlist,
                                          *dir(builtins), "self", "Tensor", "rt", "F",
                                          "activation", "forward", "load", "build", "Model",
                                          "WEIGHTS", "RECORDER", "GRAPH_NAME", "device",
@@ -699,7 +700,7 @@ def test_a_value_named_like_a_keyword_builtin_or_reserved_name_gets_its_own_iden
                    and n.name == "forward")  # fmt: skip
     (arg,) = [a.arg for a in forward.args.args[1:]]
     assert arg != name and arg.isidentifier()
-    assert not __import__("keyword").iskeyword(arg) and arg not in dir(builtins)
+    assert not keyword.iskeyword(arg) and arg not in dir(builtins)
     assert generated_code_problems(conversion.source) == []
     got = _run(conversion.build(DEVICE), [X])[0]
     np.testing.assert_allclose(got, np.maximum(X, 0) + W)
