@@ -1,6 +1,8 @@
 """The ``ember onnx`` command: ``import MODEL --out DIR [--name NAME]`` and ``coverage``.
 
 ``main(argv)`` parses the arguments after ``ember onnx`` and returns an exit status.
+What it prints of a model (names in messages) has its control characters escaped, so a
+hostile name cannot move the cursor or rewrite the terminal.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (newlines, escape sequences,
+    unicode line separators) written as a Python escape (``\\n``, ``\\x1b``)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``ember onnx`` with ``argv`` (the arguments after ``onnx``); returns the exit status."""
     args = parser().parse_args(argv)
@@ -45,10 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = import_onnx(args.model, args.out, name=args.name)
     except (EmberError, FileNotFoundError) as error:
-        print(f"ember onnx import: {error}", file=sys.stderr)
+        print(f"ember onnx import: {printable(str(error))}", file=sys.stderr)
         return 1
     print(f"wrote {result.code} and {result.weights}")
-    print(f"inputs: {', '.join(result.inputs)}; outputs: {', '.join(result.outputs)}")
+    print(printable(f"inputs: {', '.join(map(repr, result.inputs))}; "
+                    f"outputs: {', '.join(map(repr, result.outputs))}"))
     print(f"use it: load_model({str(result.code.parent)!r}, device, name={args.name!r})")
     return 0
 

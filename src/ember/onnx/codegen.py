@@ -4,10 +4,16 @@ The generated module holds a ``Model(Module)`` whose fields are the imported wei
 (``Param`` fields and ember layers), whose ``forward`` is the straight-line code of the
 converters, a ``build(device)`` function that makes the model with placeholder
 weights, and ``load(device)`` that fills them from the record saved beside the file.
+
+A model's own text (its graph, input and output names, producer, opset domains, the
+file it came from) is kept as module constants written with ``repr``, never inside a
+docstring or a comment, where a quote or a backslash in it could end the string; the
+code itself reads only names ember made (see :mod:`ember.onnx.vocabulary`).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import types
@@ -17,41 +23,12 @@ from typing import Any
 import numpy as np
 
 from ember.onnx.registry import OnnxImportError
-from ember.onnx.translate import Field, Program
+from ember.onnx.translate import Namer, Program
+from ember.onnx.vocabulary import ALIASES, Field, instantiate, runtime_globals
 from ember.tensor import Tensor
 
-# Module-level names converters may use in their lines, with the import each needs.
-ALIASES = {
-    "Tensor": "from ember import Tensor",
-    "rt": "from ember.onnx import runtime as rt",
-    "activation": "from ember.tensor import activation",
-    "F": "from ember.tensor import module as F",
-    "Distribution": "from ember.tensor import Distribution",
-}
-
-
-def runtime_globals() -> dict[str, Any]:
-    """The names of :data:`ALIASES`, bound, for running converter lines at import time."""
-    from ember.onnx import runtime
-    from ember.tensor import Distribution, activation
-    from ember.tensor import module as functional
-
-    return {"Tensor": Tensor, "rt": runtime, "activation": activation, "F": functional,
-            "Distribution": Distribution}  # fmt: skip
-
-
-def instantiate(item: Field, device: Any) -> Any:
-    """The value of one field on ``device``, holding the imported weights."""
-    from ember.module import Param
-
-    namespace: dict[str, Any] = runtime_globals()
-    for line in item.imports:
-        exec(line, namespace)
-    value = eval(item.build, {**namespace, "device": device})
-    if isinstance(value, Param):
-        return value.with_value(Tensor.from_data(item.params[""], device).cast(value.dtype))
-    return value.map(lambda path, p: p.with_value(
-        Tensor.from_data(item.params[path], device).cast(p.dtype)))
+__all__ = ["ALIASES", "build_with_weights", "exec_module", "instantiate", "needs_double",
+           "render", "runtime_globals"]  # fmt: skip
 
 
 def needs_double(fields: Iterable[Field]) -> bool:
@@ -107,22 +84,51 @@ def _annotation(count: int) -> str:
     return "Tensor" if count == 1 else f"tuple[{', '.join(['Tensor'] * count)}]"
 
 
+def _constant(name: str, value: Any) -> str:
+    """``NAME = <repr of value>``; a tuple or dict too long for one line gets a line per item."""
+    line = f"{name} = {value!r}"
+    if len(line) <= 100 or not value or not isinstance(value, tuple | dict):
+        return line
+    if isinstance(value, dict):
+        items = "".join(f"    {k!r}: {v!r},\n" for k, v in value.items())
+        return f"{name} = {{\n{items}}}"
+    return f"{name} = (\n{''.join(f'    {v!r},{chr(10)}' for v in value)})"
+
+
+def _metadata(program: Program, source: str) -> str:
+    """The model's own text as module constants, each value written by ``repr``."""
+    graph = program.graph
+    opsets = {domain or "ai.onnx": version for domain, version in sorted(graph.opsets.items())}
+    constants = [
+        ("GRAPH_NAME", graph.name),
+        ("SOURCE", source),
+        ("PRODUCER", graph.producer),
+        ("OPSETS", opsets),
+        ("ONNX_INPUTS", tuple(info.name for _, info in program.inputs)),
+        ("ONNX_OUTPUTS", tuple(info.name for _, info in program.outputs)),
+    ]
+    return "\n".join(_constant(key, value) for key, value in constants)
+
+
 def render(program: Program, name: str, source: str = "") -> str:
     """The Python source of the generated module for ``program``; its weights are the file
-    ``{name}.mpk`` beside it."""
-    graph = program.graph
+    ``{name}.mpk`` beside it. ``source`` names the model file, kept as data (``SOURCE``).
+
+    Raises:
+        OnnxImportError: ``name`` is not an identifier, or the module would not parse
+            (which a converter's bug, never a model's text, could cause).
+    """
+    if not name.isidentifier():
+        raise OnnxImportError(f"ONNX import: name {name!r} is not a Python identifier")
     double = needs_double(program.fields)
     body_lines = program.lines or []
     outputs = ", ".join(expr for expr, _ in program.outputs)
     body = "\n".join([*body_lines, f"return {outputs}"])
     build_args = "".join(f"        {f.name}={f.build},\n" for f in program.fields)
     signature = ", ".join(["self", *(f"{var}: Tensor" for var, _ in program.inputs)])
-    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(graph.opsets.items()))
-    origin = f" from {source}" if source else ""
-    producer = f", made by {graph.producer}" if graph.producer else ""
     recorder = "NamedMpkFileRecorder(DoublePrecision)" if double else "DefaultRecorder()"
     inputs_doc = "".join(
-        f"        {var}: {_describe(info)}\n" for var, info in program.inputs
+        f"        {var}: {_describe(info, i)}\n" for i, (var, info) in enumerate(program.inputs)
     ) or "        none\n"
     fields = "".join(f"    {f.name}: {f.annotation}\n" for f in program.fields)
     if fields:
@@ -130,10 +136,13 @@ def render(program: Program, name: str, source: str = "") -> str:
     indented = "\n".join(f"        {line}" if line else "" for line in body.splitlines())
     imports = "\n".join(_imports(program, body + build_args, double))
     build_body = f"    return Model(\n{build_args}    )" if build_args else "    return Model()"
-    return f'''"""The ONNX model{origin} as an ember module (opsets: {opsets}{producer}).
+    text = f'''"""An ONNX model imported as an ember module.
 
 Generated by ember.onnx. ``load(device)`` gives the model with its imported weights, read
-from ``{name}.mpk`` beside this file; ``build(device)`` gives it with placeholder weights.
+from the file ``WEIGHTS`` beside this file; ``build(device)`` gives it with placeholder
+weights. What the model says of itself is data here: ``GRAPH_NAME``, ``SOURCE`` (the
+file it was imported from), ``PRODUCER``, ``OPSETS``, ``ONNX_INPUTS`` and ``ONNX_OUTPUTS``
+(its inputs' and outputs' names, in ``forward``'s order).
 """
 
 from __future__ import annotations
@@ -142,12 +151,13 @@ from pathlib import Path
 
 {imports}
 
-WEIGHTS = "{name}.mpk"
+{_metadata(program, source)}
+WEIGHTS = {name + ".mpk"!r}
 RECORDER = {recorder}
 
 
 class Model(Module):
-    """The ONNX graph {graph.name!r}.
+    """The ONNX graph ``GRAPH_NAME``.
 
     Args:
 {inputs_doc}    """
@@ -167,13 +177,23 @@ def load(device: Device | None = None, directory: str | Path | None = None) -> M
     folder = Path(directory) if directory is not None else Path(__file__).parent
     return build(device).load_file(folder / WEIGHTS, RECORDER, device)
 '''
+    try:
+        ast.parse(text)
+    except SyntaxError as error:
+        raise OnnxImportError(f"ONNX import: the generated module does not parse "
+                              f"({error.msg}, line {error.lineno}): a converter wrote bad "
+                              f"code") from None
+    return text
 
 
-def _describe(info: Any) -> str:
-    dims = "unknown shape" if info.shape is None else \
-        "[" + ", ".join("?" if d is None else str(d) for d in info.shape) + "]"
+def _describe(info: Any, index: int) -> str:
+    """An input's dtype and dims for the docstring: a dynamic dim by its name made an
+    identifier (the name itself is model text, which a docstring must not hold)."""
+    dims = "unknown shape" if info.shape is None else "[" + ", ".join(
+        "?" if d is None else str(d) if isinstance(d, int) else Namer.sanitize(d)
+        for d in info.shape) + "]"  # fmt: skip
     dtype = info.dtype.value if info.dtype is not None else "?"
-    return f"{dtype} {dims} (ONNX input {info.name!r})"
+    return f"{dtype} {dims} (ONNX_INPUTS[{index}])"
 
 
 def exec_module(source: str, module_name: str, filename: str = "<ember.onnx>") -> types.ModuleType:

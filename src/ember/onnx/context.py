@@ -6,24 +6,84 @@ whose inputs are all constants, the lines run on NumPy (ember's NdArray backend)
 the outputs become constants (constant folding); otherwise the lines become part of
 the generated ``forward``. A converter does not need to know which: it writes
 expressions from ``node.input(i).expr`` and the declarations it asks for.
+
+The node context sits between the model's IR and the translator: it knows the translator
+only as a :class:`Scope` (what a node needs of it), so the importer's modules depend one
+way, ``ir`` -> ``context`` -> ``translate`` -> ``codegen`` -> ``importer``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from ember.onnx.ir import Dim, Node
 from ember.onnx.registry import ConverterSpec, UnsupportedOnnxError
 from ember.tensor import DType
 from ember.tensor.data import dtype_of_numpy
 
-if TYPE_CHECKING:
-    from ember.onnx.ir import Dim, Node
-    from ember.onnx.translate import Body, Translator
-
 _REQUIRED = object()
+
+
+class Names(Protocol):
+    """Where fresh local names come from (:class:`ember.onnx.translate.Namer`)."""
+
+    def fresh(self, hint: str) -> str: ...
+
+
+class Subgraph(Protocol):
+    """A subgraph translated for its node's converter (:class:`ember.onnx.translate.Body`).
+
+    Attributes:
+        inputs: the local variable of each subgraph input (the converter assigns them).
+        lines: the body's code; it reads ``inputs`` and outer values.
+    """
+
+    inputs: list[str]
+    lines: list[str]
+
+    @property
+    def num_outputs(self) -> int: ...
+
+    def output(self, index: int) -> str: ...
+
+    def output_const(self, index: int) -> np.ndarray | None: ...
+
+    def output_trainable(self, index: int) -> bool: ...
+
+    def output_shape(self, index: int) -> tuple[Any, ...] | None: ...
+
+    def output_dtype(self, index: int) -> DType | None: ...
+
+    def input_used(self, index: int) -> bool: ...
+
+
+class Scope(Protocol):
+    """What a node needs of the translator (:class:`ember.onnx.translate.Translator`):
+    what is known of values by their ONNX names, and ways to declare module state."""
+
+    names: Names
+
+    def const_value(self, name: str) -> np.ndarray | None: ...
+
+    def expr_of(self, name: str, node: NodeContext | None) -> str: ...
+
+    def shape_of(self, name: str) -> tuple[Any, ...] | None: ...
+
+    def dtype_of(self, name: str) -> DType | None: ...
+
+    def is_used(self, name: str) -> bool: ...
+
+    def add_param(self, value: np.ndarray, hint: str, trainable: bool | None,
+                  node: NodeContext | None) -> str: ...  # fmt: skip
+
+    def add_layer(self, hint: str, annotation: str, build: str, params: dict[str, np.ndarray],
+                  imports: tuple[str, ...], node: NodeContext) -> str: ...  # fmt: skip
+
+    def body(self, proto: Any, bind: Sequence[str | None] | None = None,
+             keep: Sequence[bool] | None = None) -> Subgraph: ...  # fmt: skip
 
 
 class Value:
@@ -102,7 +162,7 @@ class NodeContext:
         folding: True when the lines run at import time (all inputs are constants).
     """
 
-    def __init__(self, translator: Translator, node: Node, spec: ConverterSpec, opset: int,
+    def __init__(self, translator: Scope, node: Node, spec: ConverterSpec, opset: int,
                  outputs: Sequence[str], folding: bool) -> None:  # fmt: skip
         self._translator = translator
         self._node = node
@@ -184,13 +244,13 @@ class NodeContext:
         self.constants[index] = array
 
     def body(self, attr: str, bind: Sequence[str | None] | None = None,
-             keep: Sequence[bool] | None = None) -> Body:  # fmt: skip
+             keep: Sequence[bool] | None = None) -> Subgraph:  # fmt: skip
         """Translates the subgraph attribute ``attr`` (``"then_branch"``, ``"body"``).
 
         Its nodes read this graph's values by name. ``bind`` names the local variable of
         each subgraph input (None: a fresh one); the converter assigns those variables
-        before the body's lines (``Body.lines``) and reads its outputs with
-        ``Body.output(i)`` after them. ``keep`` says which outputs are needed (None:
+        before the body's lines (``Subgraph.lines``) and reads its outputs with
+        ``Subgraph.output(i)`` after them. ``keep`` says which outputs are needed (None:
         all); only the nodes that those depend on are translated.
         """
         proto = self.attr(attr)
@@ -227,4 +287,5 @@ def literal(value: Any) -> str:
     return repr(value)
 
 
-__all__ = ["NodeContext", "UnsupportedOnnxError", "Value", "literal"]
+__all__ = ["Names", "NodeContext", "Scope", "Subgraph", "UnsupportedOnnxError", "Value",
+           "literal"]  # fmt: skip

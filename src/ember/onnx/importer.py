@@ -4,6 +4,10 @@
 and ``load``) and ``{name}.mpk`` (the weights, saved with ember's NamedMpk recorder)
 into a directory; :func:`load_model` gives the model back from there. :func:`convert`
 does the same in memory, for tests and tools that do not need the files.
+
+The generated module is Python: loading it runs it. A model's text reaches it only as
+``repr`` literals and identifiers ember made, so importing a hostile model is safe; a
+``.py`` file from elsewhere is code like any other, so load only modules you generated.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ember.atomic import atomic_write
 from ember.backend.device import Device
 from ember.module import Module
 from ember.onnx import codegen
@@ -118,7 +123,7 @@ def import_onnx(model: Any, out_dir: str | Path, *, name: str = "model") -> Impo
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     code = folder / f"{name}.py"
-    code.write_text(conversion.source, encoding="utf-8")
+    atomic_write(code, conversion.source.encode("utf-8"))
     module = conversion.module()
     model_ = codegen.build_with_weights(module, conversion.program, None)
     weights = model_.save_file(folder / name, module.RECORDER)
@@ -127,7 +132,13 @@ def import_onnx(model: Any, out_dir: str | Path, *, name: str = "model") -> Impo
 
 
 def load_model(out_dir: str | Path, device: Device | None = None, *, name: str = "model") -> Module:
-    """The model :func:`import_onnx` wrote to ``out_dir``, with its weights, on ``device``."""
+    """The model :func:`import_onnx` wrote to ``out_dir``, with its weights, on ``device``.
+
+    This runs ``{name}.py`` as Python: load only a folder that :func:`import_onnx` (or
+    ``ember onnx import``) wrote for you, as you would run only code you trust.
+    """
+    if not name.isidentifier():
+        raise OnnxImportError(f"ONNX import: name {name!r} is not a Python identifier")
     code = Path(out_dir) / f"{name}.py"
     if not code.is_file():
         raise OnnxFileNotFoundError(f"ONNX import: no generated module at {code} "

@@ -6,12 +6,17 @@ attributes, and its constants. Weights stored as initializers become constants h
 ``Constant`` nodes stay nodes and become constants when the translator folds them.
 Shapes and dtypes of intermediate values come from ONNX shape inference, when it can
 tell them.
+
+Every string here (names, dims, attributes, the producer) is the model's text, which
+may be hostile: later stages turn it into identifiers of their own or ``repr`` literals,
+never into code. An attribute must have the type its op's schema declares, so that a
+number a converter writes out is a number, not a string in disguise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +189,29 @@ def load(source: Any) -> Any:
         raise OnnxImportError(f"ONNX import: {path} is not an ONNX model ({error})") from None
 
 
+def check_text(message: Any, path: str = "model") -> None:
+    """Raises :class:`OnnxImportError` for a text field of ``message`` (a name, a doc string,
+    a dim's name...) that is not valid UTF-8, naming the field: protobuf hands such a field
+    over as bytes rather than text."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    for descriptor, value in message.ListFields():
+        repeated = descriptor.is_repeated if hasattr(descriptor, "is_repeated") \
+            else descriptor.label == FieldDescriptor.LABEL_REPEATED
+        if descriptor.type == FieldDescriptor.TYPE_STRING:
+            for i, item in enumerate(value if repeated else [value]):
+                if not isinstance(item, str):
+                    where = f"{path}.{descriptor.name}" + (f"[{i}]" if repeated else "")
+                    raise OnnxImportError(f"ONNX import: {where} is not valid UTF-8 text: "
+                                          f"{bytes(item)[:200]!r}")
+        elif descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+            if descriptor.message_type.GetOptions().map_entry:
+                continue
+            items = value if repeated else [value]
+            for i, item in enumerate(items):
+                check_text(item, f"{path}.{descriptor.name}" + (f"[{i}]" if repeated else ""))
+
+
 def _dims(type_proto: Any) -> tuple[Dim, ...] | None:
     tensor = type_proto.tensor_type
     if not tensor.HasField("shape"):
@@ -209,10 +237,18 @@ def _value_info(proto: Any) -> ValueInfo:
 
 
 def to_array(tensor: Any) -> np.ndarray:
-    """A ``TensorProto`` as a NumPy array (external data must already be loaded)."""
+    """A ``TensorProto`` as a NumPy array (external data must already be loaded).
+
+    Raises:
+        OnnxImportError: data that does not make the array its dims and type declare.
+    """
     from onnx import numpy_helper
 
-    return np.asarray(numpy_helper.to_array(tensor))
+    try:
+        return np.asarray(numpy_helper.to_array(tensor))
+    except Exception as error:  # onnx raises ValueError, TypeError... on malformed data
+        raise OnnxImportError(f"ONNX import: tensor {tensor.name!r} is malformed: "
+                              f"{type(error).__name__}: {error}") from None
 
 
 def _short_float(value: float) -> float:
@@ -224,7 +260,11 @@ def _short_float(value: float) -> float:
 def _attr_value(attr: Any) -> Any:
     from onnx import AttributeProto, helper
 
-    value = helper.get_attribute_value(attr)
+    try:
+        value = helper.get_attribute_value(attr)
+    except Exception as error:  # an attribute of no type, or a type onnx does not know
+        raise OnnxImportError(f"ONNX import: attribute {attr.name!r} has no value of a known "
+                              f"type ({error.__class__.__name__})") from None
     if attr.type == AttributeProto.FLOAT:
         return _short_float(value)
     if attr.type == AttributeProto.FLOATS:
@@ -237,6 +277,80 @@ def _attr_value(attr: Any) -> Any:
     if type(value).__name__ == "TensorProto":
         return to_array(value)
     return value
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """What the importer checks of a node against its op's schema."""
+
+    attr_types: dict[str, int]
+    required_inputs: tuple[int, ...]
+
+
+@cache
+def _schema(op_type: str, domain: str, opset: int) -> _Schema | None:
+    """The op's schema at ``opset``, or None for an op (or opset) onnx has none for."""
+    onnx = require_onnx()
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # no schema: the converter's own checks are all there is
+        return None
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    return _Schema({name: int(a.type) for name, a in schema.attributes.items()},
+                   tuple(i for i, p in enumerate(schema.inputs) if p.option == single))
+
+
+def _check_node(node: Any, domain: str, opsets: dict[str, int]) -> None:
+    """Raises :class:`OnnxImportError` for an attribute whose type is not the one the op's
+    schema declares (a string where a float belongs) or a required input left out, as
+    onnxruntime refuses them."""
+    schema = _schema(node.op_type, domain, opsets.get(domain, 0))
+    if schema is None:
+        return
+    onnx = require_onnx()
+    kinds = onnx.AttributeProto.AttributeType
+    label = node.name or node.op_type
+    for attr in node.attribute:
+        want = schema.attr_types.get(attr.name)
+        if want is not None and want != onnx.AttributeProto.UNDEFINED and attr.type != want:
+            got = kinds.Name(attr.type) if attr.type in kinds.values() else str(attr.type)
+            raise OnnxImportError(
+                f"ONNX import: node {label!r} ({node.op_type!r}): attribute {attr.name!r} has "
+                f"type {got}, its schema says {kinds.Name(want)}")
+    for i in schema.required_inputs:
+        if i >= len(node.input) or not node.input[i]:
+            raise OnnxImportError(f"ONNX import: node {label!r} ({node.op_type!r}): required "
+                                  f"input {i} is missing (an empty name)")
+
+
+def _check_definitions(proto: Any) -> None:
+    """Raises :class:`OnnxImportError` for a graph input, output or initializer with an
+    empty name, or a value defined twice (ONNX values are assigned once)."""
+    where = f"graph {proto.name!r}"
+    for kind, items in (("input", proto.input), ("output", proto.output),
+                        ("initializer", proto.initializer)):  # fmt: skip
+        for i, item in enumerate(items):
+            if not item.name:
+                raise OnnxImportError(f"ONNX import: {where}: {kind} {i} has an empty name")
+    defined: dict[str, str] = {}
+
+    def define(name: str, what: str) -> None:
+        if name in defined:
+            raise OnnxImportError(f"ONNX import: {where}: the value {name!r} is defined twice "
+                                  f"({defined[name]} and {what})")
+        defined[name] = what
+
+    initializers = set()
+    for i, tensor in enumerate(proto.initializer):
+        define(tensor.name, f"initializer {i}")
+        initializers.add(tensor.name)
+    for i, info in enumerate(proto.input):
+        if info.name not in initializers:  # IR < 4 lists initializers as inputs too
+            define(info.name, f"input {i}")
+    for node in proto.node:
+        for k, name in enumerate(node.output):
+            if name:
+                define(name, f"output {k} of node {node.name or node.op_type!r}")
 
 
 def infer_shapes(model: Any) -> Any:
@@ -268,6 +382,7 @@ def outer_names(proto: Any) -> frozenset[str]:
 def graph_of(proto: Any, opsets: dict[str, int], producer: str = "") -> Graph:
     """A :class:`Graph` of a ``GraphProto``: a model's main graph, or a subgraph (the body
     of an If, Loop or Scan), which takes its model's ``opsets``."""
+    _check_definitions(proto)
     constants = {t.name: to_array(t) for t in proto.initializer}
     values: dict[str, ValueInfo] = {}
     for info in [*proto.value_info, *proto.input, *proto.output]:
@@ -278,11 +393,12 @@ def graph_of(proto: Any, opsets: dict[str, int], producer: str = "") -> Graph:
     # ember takes those as weights, not as values the caller feeds.
     inputs = [values[p.name] for p in proto.input if p.name not in constants]
     outputs = [values[p.name] for p in proto.output]
-    nodes = [
-        Node(n.name, n.op_type, canonical_domain(n.domain), list(n.input), list(n.output),
-             {a.name: _attr_value(a) for a in n.attribute}, i)
-        for i, n in enumerate(proto.node)
-    ]
+    nodes = []
+    for i, n in enumerate(proto.node):
+        domain = canonical_domain(n.domain)
+        _check_node(n, domain, opsets)
+        nodes.append(Node(n.name, n.op_type, domain, list(n.input), list(n.output),
+                          {a.name: _attr_value(a) for a in n.attribute}, i))
     return Graph(proto.name, dict(opsets), inputs, outputs, nodes, constants, values, producer)
 
 
@@ -293,11 +409,18 @@ def parse(source: Any) -> Graph:
         OnnxFileNotFoundError: no file at the path.
         OnnxImportError: the bytes are not an ONNX model.
     """
-    model = infer_shapes(load(source))
+    model = load(source)
+    check_text(model)
+    model = infer_shapes(model)
     opsets: dict[str, int] = {}
     for entry in model.opset_import:
-        opsets[canonical_domain(entry.domain)] = int(entry.version)
+        domain = canonical_domain(entry.domain)
+        if domain in opsets:
+            raise OnnxImportError(f"ONNX import: the model's opset_import lists the domain "
+                                  f"{entry.domain!r} twice")
+        opsets[domain] = int(entry.version)
     if "" not in opsets:
         # IR version 2 models predate opset_import; they are opset 1.
         opsets[""] = 1
-    return graph_of(model.graph, opsets, model.producer_name)
+    producer = " ".join(p for p in (model.producer_name, model.producer_version) if p)
+    return graph_of(model.graph, opsets, producer)

@@ -23,12 +23,9 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from ember.backend.errors import EmberError, UnsupportedError
-
-if TYPE_CHECKING:
-    from ember.onnx.context import NodeContext
 
 Lines = str | list[str] | None
 
@@ -47,10 +44,11 @@ class Converter(Protocol):
     expressions (``node.input(i).expr``). A converter that knows an output at import
     time calls ``node.set_constant(i, value)`` instead and may return nothing. It
     raises through ``node.unsupported(...)`` for an attribute value or input it cannot
-    translate.
+    translate. (The registry sits below the node context in the importer's layers, so
+    the node is typed ``Any`` here; converters annotate it as ``NodeContext``.)
     """
 
-    def __call__(self, node: NodeContext) -> Lines: ...
+    def __call__(self, node: Any) -> Lines: ...
 
 
 @dataclass(frozen=True)
@@ -161,8 +159,9 @@ class OnnxFileNotFoundError(OnnxImportError, FileNotFoundError):
     """A model file to import, or a generated module to load, that does not exist."""
 
 
-class UnsupportedOnnxError(UnsupportedError):
-    """A node the importer cannot translate: an unknown op, opset, attribute or input form.
+class UnsupportedOnnxError(OnnxImportError, UnsupportedError):
+    """A node the importer cannot translate: an unknown op, opset, attribute or input form
+    (or an attribute value it refuses). It is an :class:`OnnxImportError` too.
 
     The message names the node, its op type and the opset, says why, and what would be
     needed. The same facts are attributes: ``node``, ``op_type``, ``domain``, ``opset``,

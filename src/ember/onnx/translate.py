@@ -13,7 +13,6 @@ ONNX scoping allows. Parent and child share the module's fields and local names.
 
 from __future__ import annotations
 
-import keyword
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,61 +24,61 @@ from ember.onnx.context import NodeContext
 from ember.onnx.infer import infer
 from ember.onnx.ir import Graph, Node, ValueInfo, onnx_type_name
 from ember.onnx.registry import OnnxImportError, UnsupportedOnnxError, lookup, missing_reason
+from ember.onnx.vocabulary import (
+    Field,
+    check_field,
+    check_lines,
+    imported_names,
+    instantiate,
+    reserved_names,
+    runtime_globals,
+)
 from ember.tensor import DType, Tensor
 from ember.tensor.data import dtype_of_numpy
 
-# Names the generated module itself uses, and the builtins generated code calls; ONNX value
-# names never take them.
-RESERVED = {
-    "self", "device", "directory", "folder", "Tensor", "Module", "Param", "Path", "Model", "build",
-    "load", "rt", "F", "activation", "WEIGHTS", "RECORDER", "annotations", "np", "ember",
-    "range", "int", "float", "bool", "len", "list", "tuple", "min", "max", "abs", "sum", "slice",
-    "round", "zip", "enumerate", "isinstance",
-}  # fmt: skip
+# Names a value never takes: keywords, builtins, the generated module's own names and
+# ``Module``'s attributes (see :func:`ember.onnx.vocabulary.reserved_names`).
+RESERVED = reserved_names()
+
+# The longest identifier made from a name; a longer name is cut (the dedup keeps it unique).
+_MAX_NAME = 64
 
 
 class Namer:
     """Turns ONNX value names into unique Python identifiers (``"/conv1/Conv_output_0"`` to
-    ``conv1_conv_output_0``)."""
+    ``conv1_conv_output_0``).
 
-    def __init__(self, reserved: set[str] = RESERVED) -> None:
+    A made name is lower-case ASCII letters, digits and underscores (never two in a row),
+    never starts with an underscore or a digit, is at most about 64 characters, and is
+    never a keyword, a builtin or a reserved name: nothing of the model's text survives in
+    it but letters and digits.
+    """
+
+    def __init__(self, reserved: frozenset[str] | set[str] = RESERVED) -> None:
+        self.reserved = frozenset(reserved)
         self.used: set[str] = set(reserved)
+        self.made: set[str] = set()
 
     @staticmethod
     def sanitize(text: str) -> str:
-        name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_").lower()
-        name = re.sub(r"_+", "_", name)
+        name = re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()[:_MAX_NAME].rstrip("_")
         if not name:
             name = "v"
         if name[0].isdigit():
             name = f"v{name}"
-        if keyword.iskeyword(name) or keyword.issoftkeyword(name):
-            name += "_"
         return name
 
     def fresh(self, hint: str) -> str:
         base = self.sanitize(hint)
+        if base in self.reserved:
+            base += "_"  # ``input_``, ``class_``: as PEP 8 suggests
         name, n = base, 1
         while name in self.used:
-            name = f"{base}_{n}"
+            name = f"{base.rstrip('_')}_{n}"
             n += 1
         self.used.add(name)
+        self.made.add(name)
         return name
-
-
-@dataclass
-class Field:
-    """A field of the generated module: a Param or an ember layer.
-
-    ``params`` maps each parameter path inside the field (``""`` for a bare Param,
-    ``"weight"`` inside a layer) to its imported value.
-    """
-
-    name: str
-    annotation: str
-    build: str
-    params: dict[str, np.ndarray]
-    imports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -116,10 +115,13 @@ class Translator:
         if parent is None:
             self.names = Namer()
             self.fields: list[Field] = []
+            self.field_names: set[str] = set()
+            self.imported: set[str] = set()  # what the fields' imports bring (``LstmState``)
             self.trainable = trainable
             self._const_exprs: dict[str, str] = {}
         else:
             self.names, self.fields = parent.names, parent.fields
+            self.field_names, self.imported = parent.field_names, parent.imported
             self.trainable = parent.trainable
             self.trainable.update(trainable)
             self._const_exprs = parent._const_exprs
@@ -195,19 +197,22 @@ class Translator:
         name = self.names.fresh(hint)
         dtype = dtype_of_numpy(value.dtype)
         frozen = "" if trainable and dtype.is_float else ", trainable=False"
-        build = f'rt.param({list(value.shape)}, "{dtype.value}", device{frozen})'
+        build = f"rt.param({list(value.shape)}, {dtype.value!r}, device{frozen})"
         self.fields.append(Field(name, "Param", build, {"": value}))
+        self.field_names.add(name)
         return f"self.{name}.val()"
 
     def add_layer(self, hint: str, annotation: str, build: str, params: dict[str, np.ndarray],
                   imports: tuple[str, ...], node: NodeContext) -> str:  # fmt: skip
         if node.folding:
-            from ember.onnx.codegen import instantiate
-
             layer = instantiate(Field(hint, annotation, build, params, imports), _fold_device())
             return self._bind(layer)
         name = self.names.fresh(hint)
-        self.fields.append(Field(name, annotation, build, params, imports))
+        item = Field(name, annotation, build, params, imports)
+        check_field(item, _where(node))
+        self.imported.update(imported_names(item))
+        self.fields.append(item)
+        self.field_names.add(name)
         return f"self.{name}"
 
     # ------------------------------------------------------------------ the walk
@@ -304,7 +309,15 @@ class Translator:
             return
         outputs = [self.names.fresh(o or f"{node.op_type}_unused") for o in node.outputs]
         ctx = NodeContext(self, node, spec, opset, outputs, folding=False)
-        lines = _as_lines(spec.fn(ctx))
+        try:
+            lines = _as_lines(spec.fn(ctx))
+        except OnnxImportError:  # UnsupportedOnnxError too
+            raise
+        except Exception as error:  # a model the converter did not foresee: still typed
+            raise OnnxImportError(f"ONNX import: {_where(ctx)}: the converter failed on this "
+                                  f"node: {type(error).__name__}: {error}") from error
+        check_lines(lines, _where(ctx), lambda n: n in self.names.made or n in self.imported,
+                    self.field_names.__contains__)  # fmt: skip
         self.lines.extend(lines)
         for i, (onnx_name, var) in enumerate(zip(node.outputs, outputs)):
             if i in ctx.constants:
@@ -313,17 +326,18 @@ class Translator:
                 self.vars[onnx_name] = var
 
     def _fold(self, node: Node, spec: Any, opset: int) -> None:
-        from ember.onnx.codegen import runtime_globals
-
         self._fold_env = {}
         outputs = [f"_out_{i}" for i in range(len(node.outputs))]
         ctx = NodeContext(self, node, spec, opset, outputs, folding=True)
         try:
             lines = _as_lines(spec.fn(ctx))
             env = {**runtime_globals(), **self._fold_env}
+            bound = {*self._fold_env, *outputs}
+            check_lines(lines, _where(ctx), lambda n: n in bound or n in self.names.made,
+                        lambda _: False)  # fmt: skip
             if lines:
-                exec(compile("\n".join(lines), f"<fold {node.label}>", "exec"), env)
-        except UnsupportedOnnxError:
+                exec(compile("\n".join(lines), f"<fold {node.label!r}>", "exec"), env)
+        except OnnxImportError:  # UnsupportedOnnxError too
             raise
         except Exception as error:
             raise OnnxImportError(
@@ -390,6 +404,10 @@ class Body:
         """Whether the body reads input ``index`` (a loop's counter often is not)."""
         name = self._translator.graph.inputs[index].name
         return self._translator.is_used(name)
+
+
+def _where(node: NodeContext) -> str:
+    return f"node {node.name!r} ({node.op_type})"
 
 
 def _as_lines(result: Any) -> list[str]:

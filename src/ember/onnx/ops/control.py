@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.onnx.context import NodeContext, Value
+from ember.onnx.context import NodeContext, Subgraph, Value
 from ember.onnx.registry import converter
-from ember.onnx.translate import Body
 
 _INDENT = "    "
 
@@ -26,7 +25,7 @@ def _block(lines: list[str]) -> list[str]:
     return [_INDENT + line for line in lines] or [_INDENT + "pass"]
 
 
-def _check_outputs(node: NodeContext, body: Body, expected: int, what: str) -> None:
+def _check_outputs(node: NodeContext, body: Subgraph, expected: int, what: str) -> None:
     if body.num_outputs != expected:
         node.unsupported(f"{what} has {body.num_outputs} outputs, {expected} were expected")
 
@@ -40,7 +39,7 @@ def _device(node: NodeContext, inputs: list[Value]) -> str:
     node.unsupported("the node has no input to take the device from")
 
 
-def _stack(items: str, dim: int, body: Body, index: int, device: str | None) -> str:
+def _stack(items: str, dim: int, body: Subgraph, index: int, device: str | None) -> str:
     """Stacking per-step results along a new ``dim``; with no step, an empty tensor when the
     step's shape is known."""
     stacked = f"Tensor.stack({items}, {dim})"

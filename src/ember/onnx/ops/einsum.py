@@ -42,15 +42,15 @@ def _split_term(node: NodeContext, term: str) -> tuple[list[str], bool]:
     while rest:
         if rest.startswith("..."):
             if ellipsis:
-                node.unsupported(f"the term {term!r} has two ellipses")
+                node.unsupported(f"the equation's term {term!r} has two ellipses")
             labels.append("...")
             ellipsis, rest = True, rest[3:]
-        elif rest[0].isalpha():
+        elif rest[0].isascii() and rest[0].isalpha():
             labels.append(rest[0])
             rest = rest[1:]
         else:
-            node.unsupported(f"the term {term!r} has the character {rest[0]!r}; Einsum terms "
-                             f"hold letters and at most one '...'")
+            node.unsupported(f"the equation's term {term!r} has the character {rest[0]!r}; "
+                             f"Einsum terms hold letters and at most one '...'")
     return labels, ellipsis
 
 
@@ -79,7 +79,7 @@ def _parse(node: NodeContext, inputs: list[Value]) -> tuple[list[list[str]], lis
             counts.append(0)
             continue
         if value.rank < letters or (not ellipsis and value.rank != letters):
-            node.unsupported(f"the term {''.join(labels)!r} does not fit an operand of rank "
+            node.unsupported(f"the equation's term {''.join(labels)!r} does not fit an operand of rank "
                              f"{value.rank}")
         counts.append(value.rank - letters)
     width = max(counts, default=0)
@@ -97,7 +97,7 @@ def _parse(node: NodeContext, inputs: list[Value]) -> tuple[list[list[str]], lis
         known = {label for labels in operands for label in labels}
         unknown = [label for label in output if label not in known]
         if unknown or len(set(output)) != len(output):
-            node.unsupported(f"the output term {rhs!r} repeats a letter or has letters no "
+            node.unsupported(f"the equation's output term {rhs!r} repeats a letter or has letters no "
                              f"operand has")
     else:
         # Implicit output: the ellipsis dims, then the letters used once, alphabetically.

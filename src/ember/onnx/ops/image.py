@@ -75,6 +75,6 @@ def image_decoder(node: NodeContext) -> list[str]:
     decode = node.tmp("decode_image")
     return [
         f"from ember.onnx.ops.image import decode_image as {decode}",
-        f'{node.outputs[0]} = Tensor.from_data({decode}({x.expr}.to_numpy(), "{fmt}"), '
+        f'{node.outputs[0]} = Tensor.from_data({decode}({x.expr}.to_numpy(), {fmt!r}), '
         f'{x.expr}.device, "u8")',
     ]
