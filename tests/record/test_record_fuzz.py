@@ -233,6 +233,7 @@ def fuzz(recorder_type, cases: int, seed: int = 0) -> Counter:
     return counts
 
 
+@pytest.mark.filterwarnings("error")  # a warning (NumPy overflow...) counts as a raw error
 @pytest.mark.parametrize("recorder_type", RECORDERS, ids=lambda r: r.__name__)
 def test_every_mutant_loads_or_fails_with_an_ember_error(recorder_type):
     counts = fuzz(recorder_type, CASES_PER_FORMAT)

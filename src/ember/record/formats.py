@@ -282,7 +282,7 @@ def _aligned(offset: int) -> int:
 
 
 class _BinLeaves(Leaves):
-    def __init__(self, source: str | None = None, data: np.ndarray | None = None,
+    def __init__(self, source: str | None = None, data: memoryview | None = None,
                  start: int = 0) -> None:
         super().__init__(source)
         self.buffers: list[memoryview] = []  # encoding: the tensor bytes, in offset order
@@ -349,19 +349,18 @@ class BinEncoding(Encoding):
     def decode(self, content: Content, max_values: int | None = None
                ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
         source = content.source
-        content.need(_BIN_HEADER.size, "the Bin header")
-        _, index_nbytes, data_nbytes = _BIN_HEADER.unpack_from(content.view)
+        head = content.read(0, _BIN_HEADER.size, "the Bin header")
+        _, index_nbytes, data_nbytes = _BIN_HEADER.unpack_from(head)
         start = _aligned(_BIN_HEADER.size + index_nbytes)
-        # The header declares the file's size: checked against the limit before any
-        # inflating, and (for gzip) the exact room for it, reserved once.
-        content.reserve(start + data_nbytes)
-        content.need(start + data_nbytes, f"the Bin header's index of {index_nbytes} bytes and "
-                                          f"data section of {data_nbytes} bytes")
+        # The header declares the file's size: for gzip, checked against the limit before
+        # anything is inflated, then inflated into one buffer of that size.
+        rest = content.read(_BIN_HEADER.size, start + data_nbytes - _BIN_HEADER.size,
+                            f"the Bin index of {index_nbytes} bytes and data section of "
+                            f"{data_nbytes} bytes")
         content.finish(start + data_nbytes)
-        index = content.array[_BIN_HEADER.size:_BIN_HEADER.size + index_nbytes]
-        top = unpack(Content(index, source), "the Bin index", max_values)
+        top = unpack(Content(rest[:index_nbytes], source), "the Bin index", max_values)
         tree, metadata = self.split_top(top, source)
-        leaves = _BinLeaves(source, content.array, start)
+        leaves = _BinLeaves(source, rest, start - _BIN_HEADER.size)
         record = decode_tree(tree, leaves)
         leaves.check_overlaps()
         return record, metadata
@@ -421,7 +420,8 @@ class _JsonLeaves(Leaves):
             ok = dtype.is_float or parsed.dtype == np.bool_
         if parsed.ndim != 1 or not ok:
             raise self.error(f"tensor values are not a flat list of {dtype.value} values", path)
-        array = parsed.astype(np_dtype).reshape(shape)
+        with np.errstate(over="ignore"):  # a float beyond the dtype's range is inf, as in a cast
+            array = parsed.astype(np_dtype).reshape(shape)
         array.flags.writeable = False
         return TensorData._wrap(array)
 
@@ -478,10 +478,10 @@ class JsonEncoding(Encoding):
     def decode(self, content: Content, max_values: int | None = None
                ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
         source = content.source
-        nbytes = content.read_all()
-        content.finish(nbytes)
+        raw = content.read_rest(0)
+        content.finish(raw.nbytes)
         try:
-            text = str(content.view[:nbytes], "utf-8")
+            text = str(raw, "utf-8")
         except UnicodeDecodeError as exc:
             raise format_error(source, f"the JSON is not UTF-8 ({exc.reason} at byte "
                                        f"{exc.start})") from None

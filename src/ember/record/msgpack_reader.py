@@ -51,6 +51,23 @@ _EXTENSIONS = frozenset(range(0xC7, 0xCA)) | frozenset(range(0xD4, 0xD9))
 _MAX_DEPTH = MAX_DEPTH + 4
 
 
+def _kind(code: int) -> str:
+    """What a MessagePack type byte announces, for error messages."""
+    if code <= 0x7F or code >= 0xE0 or 0xCC <= code <= 0xD3:
+        return "an int"
+    if code <= 0x8F or code in (0xDE, 0xDF):
+        return "a map"
+    if code <= 0x9F or code in (0xDC, 0xDD):
+        return "an array"
+    if code <= 0xBF or code in (0xD9, 0xDA, 0xDB):
+        return "a str"
+    names = {0xC0: "nil", 0xC2: "a bool", 0xC3: "a bool", 0xC4: "a byte string",
+             0xC5: "a byte string", 0xC6: "a byte string", 0xCA: "a float", 0xCB: "a float"}
+    if code in names:
+        return names[code]
+    return "an extension type" if code in _EXTENSIONS else f"the unused byte 0x{code:02x}"
+
+
 def unpack(content: Content, what: str, max_values: int | None = None) -> Any:
     """The one MessagePack value ``content`` holds, bins as memoryviews of its buffer.
 
@@ -142,11 +159,7 @@ class _Reader:
         path = self.path
         for _ in range(count):
             start = self.pos
-            key = self.value(depth + 1)
-            if type(key) is not str:
-                shown = f"{len(key)} bytes" if isinstance(key, memoryview) else repr(key)[:60]
-                raise self.error(f"a map key must be a str, found {type(key).__name__} "
-                                 f"{shown} at byte {start}")
+            key = self.key()
             if key in items:
                 raise self.error(f"the key {key!r:.60} appears twice in one map (at byte {start})")
             path.append(key)
@@ -154,25 +167,37 @@ class _Reader:
             path.pop()
         return items
 
+    def key(self) -> str:
+        """A map key: a str, refused by its type byte before anything else is decoded."""
+        self.values_left -= 1
+        if self.values_left < 0:
+            raise self.too_many()
+        start = self.pos
+        code = self.take(1)[0]
+        if 0xA0 <= code <= 0xBF:
+            return self.text(code & 0x1F)
+        sized = _SIZED.get(code)
+        if sized is None or sized[1] != "str":
+            raise self.error(f"a map key must be a str, found {_kind(code)} at byte {start}")
+        length = sized[0]
+        return self.text(length.unpack(self.take(length.size))[0])
+
     def check_container(self, count: int, min_nbytes: int, depth: int, kind: str) -> None:
         if depth > _MAX_DEPTH:
             raise self.error(f"maps and arrays nested deeper than {MAX_DEPTH} levels")
         if self.pos + min_nbytes > self.content.most:
             raise self.error(f"truncated or corrupt: {kind} of {count} entries at byte "
-                             f"{self.pos} needs at least {min_nbytes} more bytes, the data "
-                             f"holds {self.content.most - self.pos}")
+                             f"{self.pos} needs at least {min_nbytes} more bytes, at most "
+                             f"{self.content.most - self.pos} follow")
         if count > self.values_left:
             raise self.too_many(f"{kind} of {count} entries at byte {self.pos}")
 
     # ------------------------------------------------------------------ bytes
     def take(self, nbytes: int, what: str = "a value") -> memoryview:
-        """The next ``nbytes`` bytes, as a view of the content buffer."""
-        start, end = self.pos, self.pos + nbytes
-        content = self.content
-        if end > content.size:
-            content.need(end, f"{what} at byte {start} of {self.what}", self.where())
-        self.pos = end
-        return content.view[start:end]
+        """The next ``nbytes`` bytes (a view of the content's buffer where it has one)."""
+        start = self.pos
+        self.pos = start + nbytes
+        return self.content.read(start, nbytes, what, self.where)
 
     # ------------------------------------------------------------------ errors
     def error(self, what: str) -> RecordFormatError:
