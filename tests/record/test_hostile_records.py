@@ -479,3 +479,17 @@ def test_loaded_tensors_are_aligned_views(recorder_type, tmp_path):
         np.testing.assert_array_equal(array, value.to_numpy())
     if recorder_type is BinFileRecorder:  # Bin aligns every tensor: all are views
         assert all(loaded[key].buffer().base is not None for key in record)
+
+
+def test_running_out_of_memory_is_a_record_error_naming_the_file(tmp_path, monkeypatch):
+    from ember.record import content
+
+    path = BinFileRecorder().save({"w": TensorData(np.ones(8), "f32")}, tmp_path / "m")
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(content, "aligned_empty", exhausted)
+    with pytest.raises(RecordError, match="not enough memory to load the record") as info:
+        BinFileRecorder().load(path)
+    assert info.value.file == str(path) and not isinstance(info.value, MemoryError)

@@ -36,6 +36,7 @@ loaded.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -141,8 +142,9 @@ class Recorder:
                 truncated or corrupt, was written by a newer ember, or holds more than the
                 content limit (``max_bytes``).
         """
-        # A private copy unless data is immutable bytes: loaded tensors are views of it.
-        return self._decode(private_copy(data), source)
+        with _memory_error_typed(source):
+            # A private copy unless data is immutable bytes: loaded tensors are views of it.
+            return self._decode(private_copy(data), source)
 
     def _decode(self, data: np.ndarray, source: str | None) -> tuple[Any, dict[str, Any]]:
         """The record in ``data`` (a read-only uint8 buffer that loaded tensors may view)."""
@@ -165,9 +167,6 @@ class Recorder:
         except RecordFormatError:
             content.check_stream()  # corrupt gzip data explains any error best
             raise
-        except MemoryError:
-            raise RecordError(f"{source or 'record bytes'}: not enough memory to load the "
-                              f"record", file=source) from None
         metadata["compression"] = "gzip" if self.compressed else None
         return record, metadata
 
@@ -189,6 +188,17 @@ class Recorder:
 
 
 _HEAD_NBYTES = 128  # enough for every format to recognize its own files
+
+
+@contextlib.contextmanager
+def _memory_error_typed(source: str | None) -> Iterator[None]:
+    """A MemoryError (a record bigger than the memory free, within its limits) as a
+    RecordError naming the file."""
+    try:
+        yield
+    except MemoryError:
+        raise RecordError(f"{source or 'record bytes'}: not enough memory to load the record",
+                          file=source) from None
 
 
 class FileRecorder(Recorder):
@@ -249,7 +259,8 @@ class FileRecorder(Recorder):
             if candidate.is_file():
                 source = str(candidate)
                 limit = content_limit(None, self.max_bytes)  # explicit limits bound files too
-                return self._decode(read_file(candidate, source, limit), source)
+                with _memory_error_typed(source):
+                    return self._decode(read_file(candidate, source, limit), source)
         raise RecordFileNotFoundError(
             f"no record file at {' or '.join(str(p) for p in tried)}", file=str(tried[-1])
         )
