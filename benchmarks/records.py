@@ -8,6 +8,12 @@ file, fsync'd by ember's atomic writes; ``torch.save`` does not fsync) and of
 load (file to tensors on the device: ember's ``load_file`` into the module,
 ``torch.load`` into a state dict then ``load_state_dict``), the file size, and
 the ratios to ``torch.save`` / ``torch.load``.
+
+ember's load is the hostile-file-safe path: every size in the file is checked
+before anything is allocated, the file is read once into one private buffer and
+the module's parameters are views of it (``ember.record.content``), and gzip is
+inflated in bounded pieces. ``benchmarks/record_bombs.py`` measures the other
+side: how fast and how cheaply gzip bombs fail.
 """
 
 from __future__ import annotations

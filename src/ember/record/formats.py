@@ -47,11 +47,23 @@ Gzip (``.mpk.gz``, ``.bin.gz``, ``.json.gz``)
     weights are high-entropy floats that deflate shrinks by some 7 % at any
     level; higher levels only cost time (on f32 weights, level 6 took 13 % longer
     for 0.2 % less size). The member's CRC-32 catches corruption at any level.
+
+Reading
+    Every file may be hostile. Readers check each declared size, shape, dtype,
+    offset and type before allocating anything for it, and inflate gzip data only
+    as far as the content limit of :mod:`ember.record.limits` allows; MessagePack
+    is read by :mod:`ember.record.msgpack_reader`, which checks lengths and nesting
+    and gives tensors as views of the file's buffer (:mod:`ember.record.content`).
+    A Bin tensor's ``offset`` must be a multiple of 64, its ``nbytes`` equal
+    ``prod(shape) * itemsize`` and its bytes lie inside the data section without
+    overlapping another tensor's. Anything else is a ``RecordFormatError`` naming
+    the file, the record path and the offending value.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 import struct
@@ -65,6 +77,9 @@ import msgpack
 import numpy as np
 
 from ember.backend.errors import RecordError
+from ember.record.content import Content
+from ember.record.limits import describe, raise_hint
+from ember.record.msgpack_reader import unpack
 from ember.record.precision import PrecisionSettings
 from ember.record.tree import (
     BYTES,
@@ -109,8 +124,18 @@ class Encoding:
     def encode(self, record: Any, precision: PrecisionSettings) -> Iterator[Buffer]:
         raise NotImplementedError
 
-    def decode(self, data: bytes, source: str | None) -> tuple[Any, dict[str, Any]]:
-        """The record and the metadata (the top map without ``record``)."""
+    def decode(self, content: Content, max_values: int | None = None
+               ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+        """The record ``content`` holds, and its metadata (the top map without ``record``).
+
+        Args:
+            content: the bytes, read or inflated (its ``source`` is named in errors).
+            max_values: the most values outside tensors to decode (``None``: as many as
+                the bytes can hold).
+
+        Raises:
+            RecordFormatError: anything malformed, named by file, record path and value.
+        """
         raise NotImplementedError
 
     def recognizes(self, head: bytes) -> bool:
@@ -137,17 +162,11 @@ class Encoding:
                                        f"this ember reads up to {VERSION}); upgrade ember")
         precision = top.get("precision")
         if (not isinstance(top.get("ember_version"), str) or "record" not in top
-                or not isinstance(precision, dict) or set(precision) != {"name", "float", "int"}):
+                or not isinstance(precision, dict) or set(precision) != {"name", "float", "int"}
+                or not all(isinstance(v, str) for v in precision.values())):
             raise format_error(source, "the top map lacks ember_version, precision or record")
-        return top["record"], {k: v for k, v in top.items() if k != "record"}
-
-
-def _unpack(data: Buffer, source: str | None, what: str) -> Any:
-    try:
-        return msgpack.unpackb(data, raw=False)
-    except (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException) as exc:
-        raise format_error(source, f"{what} is truncated or corrupt "
-                                   f"({type(exc).__name__}: {exc})") from None
+        metadata = {key: top[key] for key in ("format", "version", "ember_version")}
+        return top["record"], {**metadata, "precision": dict(precision)}
 
 
 def _byte_view(data: TensorData) -> memoryview:
@@ -158,20 +177,23 @@ def _byte_view(data: TensorData) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def _array(buffer: Buffer, dtype: DType, shape: tuple[int, ...], offset: int = 0) -> TensorData:
-    """A read-only tensor over ``buffer`` (no copy); the byte count was checked by the caller."""
-    count = int(np.prod(shape, dtype=np.int64))
+def _array(buffer: Buffer | np.ndarray, dtype: DType, shape: tuple[int, ...], nbytes: int,
+           offset: int = 0) -> TensorData:
+    """A read-only tensor over ``buffer`` from ``offset``; the caller checked that the buffer
+    holds its ``nbytes``. A view, except where the bytes are not aligned for the dtype
+    (Named MessagePack places them anywhere): NumPy and torch compute slowly, or not at
+    all, on misaligned arrays, so those are copied once here."""
     np_dtype = numpy_dtype(dtype)
-    if count == 0:
-        return TensorData._wrap(np.zeros(shape, np_dtype))
-    array = np.frombuffer(buffer, np_dtype, count, offset).reshape(shape)
-    if not _LITTLE_ENDIAN:
-        array = array.byteswap()
+    if nbytes == 0:
+        array = np.zeros(shape, np_dtype)
+    else:
+        array = np.frombuffer(buffer, np_dtype, nbytes // np_dtype.itemsize, offset).reshape(shape)
+        if not array.flags.aligned:
+            array = array.copy()
+        if not _LITTLE_ENDIAN:
+            array = array.byteswap()
+    array.flags.writeable = False
     return TensorData._wrap(array)
-
-
-def _expected_nbytes(dtype: DType, shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 # ------------------------------------------------------------------ Named MessagePack
@@ -185,13 +207,12 @@ class _MpkLeaves(Leaves):
         return {"dtype": data.dtype.value, "shape": list(data.shape), "data": view}
 
     def decode_tensor(self, payload: Any, path: str) -> TensorData:
-        dtype, shape, (raw,) = self.tensor_fields(payload, ("data",), path)
-        expected = _expected_nbytes(dtype, shape)
-        if not isinstance(raw, bytes) or len(raw) != expected:
-            got = f"{len(raw)} bytes" if isinstance(raw, bytes) else type(raw).__name__
+        dtype, shape, expected, (raw,) = self.tensor_fields(payload, ("data",), path)
+        if not isinstance(raw, memoryview) or raw.nbytes != expected:
+            got = f"{raw.nbytes} bytes" if isinstance(raw, memoryview) else describe(raw)
             raise self.error(f"tensor data holds {got}, shape {list(shape)} of {dtype.value} "
                              f"needs {expected} bytes", path)
-        return _array(raw, dtype, shape)
+        return _array(raw, dtype, shape, expected)
 
 
 def _bin_header(nbytes: int) -> bytes:
@@ -239,9 +260,11 @@ class NamedMpkEncoding(Encoding):
         top = self.top(precision, encode_tree(record, precision, _MpkLeaves()))
         return _pack_chunks(top)
 
-    def decode(self, data: bytes, source: str | None) -> tuple[Any, dict[str, Any]]:
-        tree, metadata = self.split_top(_unpack(data, source, "MessagePack data"), source)
-        return decode_tree(tree, _MpkLeaves(source)), metadata
+    def decode(self, content: Content, max_values: int | None = None
+               ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+        top = unpack(content, "MessagePack data", max_values)
+        tree, metadata = self.split_top(top, content.source)
+        return decode_tree(tree, _MpkLeaves(content.source)), metadata
 
     def recognizes(self, head: bytes) -> bool:
         # A fixmap (0x80 - 0x8f) whose first entry is "format": "ember.named-mpk".
@@ -259,11 +282,15 @@ def _aligned(offset: int) -> int:
 
 
 class _BinLeaves(Leaves):
-    def __init__(self, source: str | None = None, data: Buffer = b"", start: int = 0) -> None:
+    def __init__(self, source: str | None = None, data: memoryview | None = None,
+                 start: int = 0) -> None:
         super().__init__(source)
         self.buffers: list[memoryview] = []  # encoding: the tensor bytes, in offset order
         self.end = 0  # encoding: the data section's length so far
-        self.data, self.start = data, start  # decoding: the file and its data section's start
+        # Decoding: the file, its data section's start, and each tensor's (offset, nbytes,
+        # path), to check that no two overlap.
+        self.data, self.start = data, start
+        self.spans: list[tuple[int, int, str]] = []
 
     def encode_tensor(self, data: TensorData, path: str) -> Any:
         view = _byte_view(data)
@@ -274,16 +301,28 @@ class _BinLeaves(Leaves):
                 "nbytes": view.nbytes}
 
     def decode_tensor(self, payload: Any, path: str) -> TensorData:
-        dtype, shape, (offset, nbytes) = self.tensor_fields(payload, ("offset", "nbytes"), path)
-        expected = _expected_nbytes(dtype, shape)
-        if nbytes != expected:
-            raise self.error(f"tensor nbytes is {nbytes!r}, shape {list(shape)} of {dtype.value} "
-                             f"needs {expected} bytes", path)
+        fields = ("offset", "nbytes")
+        dtype, shape, expected, (offset, nbytes) = self.tensor_fields(payload, fields, path)
+        if type(nbytes) is not int or nbytes != expected:
+            raise self.error(f"tensor nbytes is {describe(nbytes)}, shape {list(shape)} of "
+                             f"{dtype.value} needs {expected} bytes", path)
+        if type(offset) is not int or offset % _ALIGN:
+            raise self.error(f"tensor offset {describe(offset)} is not a multiple of {_ALIGN}",
+                             path)
         available = len(self.data) - self.start
-        if type(offset) is not int or not 0 <= offset <= available - nbytes:
-            raise self.error(f"tensor bytes [{offset!r}, +{nbytes}) lie outside the data section "
+        if not 0 <= offset <= available - nbytes:
+            raise self.error(f"tensor bytes [{offset}, +{nbytes}) lie outside the data section "
                              f"({available} bytes)", path)
-        return _array(self.data, dtype, shape, self.start + offset)
+        self.spans.append((offset, nbytes, path))
+        return _array(self.data, dtype, shape, nbytes, self.start + offset)
+
+    def check_overlaps(self) -> None:
+        """Refuses two tensors sharing bytes: a writer never makes them, a forger might."""
+        spans = sorted(span for span in self.spans if span[1])
+        for (offset, nbytes, path), (next_offset, _, next_path) in itertools.pairwise(spans):
+            if next_offset < offset + nbytes:
+                raise self.error(f"tensor bytes [{next_offset}, ...) overlap those of {path} "
+                                 f"[{offset}, {offset + nbytes})", next_path)
 
 
 class BinEncoding(Encoding):
@@ -307,19 +346,24 @@ class BinEncoding(Encoding):
             yield view
             written += padding + view.nbytes
 
-    def decode(self, data: bytes, source: str | None) -> tuple[Any, dict[str, Any]]:
-        if len(data) < _BIN_HEADER.size:
-            raise format_error(source, f"truncated: {len(data)} bytes, shorter than the "
-                                       f"{_BIN_HEADER.size}-byte Bin header")
-        _, index_nbytes, data_nbytes = _BIN_HEADER.unpack_from(data)
+    def decode(self, content: Content, max_values: int | None = None
+               ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+        source = content.source
+        head = content.read(0, _BIN_HEADER.size, "the Bin header")
+        _, index_nbytes, data_nbytes = _BIN_HEADER.unpack_from(head)
         start = _aligned(_BIN_HEADER.size + index_nbytes)
-        if len(data) != start + data_nbytes:
-            state = "truncated" if len(data) < start + data_nbytes else "longer than it should be"
-            raise format_error(source, f"{state}: {len(data)} bytes where the header announces "
-                                       f"{start + data_nbytes}")
-        index = memoryview(data)[_BIN_HEADER.size:_BIN_HEADER.size + index_nbytes]
-        tree, metadata = self.split_top(_unpack(index, source, "the Bin index"), source)
-        return decode_tree(tree, _BinLeaves(source, data, start)), metadata
+        # The header declares the file's size: for gzip, checked against the limit before
+        # anything is inflated, then inflated into one buffer of that size.
+        rest = content.read(_BIN_HEADER.size, start + data_nbytes - _BIN_HEADER.size,
+                            f"the Bin index of {index_nbytes} bytes and data section of "
+                            f"{data_nbytes} bytes")
+        content.finish(start + data_nbytes)
+        top = unpack(Content(rest[:index_nbytes], source), "the Bin index", max_values)
+        tree, metadata = self.split_top(top, source)
+        leaves = _BinLeaves(source, rest, start - _BIN_HEADER.size)
+        record = decode_tree(tree, leaves)
+        leaves.check_overlaps()
+        return record, metadata
 
     def recognizes(self, head: bytes) -> bool:
         return head.startswith(BIN_MAGIC)
@@ -351,10 +395,10 @@ class _JsonLeaves(Leaves):
         return value if name is None else tag(FLOAT, name)
 
     def decode_tensor(self, payload: Any, path: str) -> TensorData:
-        dtype, shape, (values,) = self.tensor_fields(payload, ("values",), path)
-        count = int(np.prod(shape, dtype=np.int64))
+        dtype, shape, nbytes, (values,) = self.tensor_fields(payload, ("values",), path)
+        count = nbytes // dtype.itemsize
         if not isinstance(values, list) or len(values) != count:
-            got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
+            got = f"{len(values)} values" if isinstance(values, list) else describe(values)
             raise self.error(f"tensor holds {got}, shape {list(shape)} needs {count}", path)
         np_dtype = numpy_dtype(dtype)
         if count == 0:
@@ -376,7 +420,10 @@ class _JsonLeaves(Leaves):
             ok = dtype.is_float or parsed.dtype == np.bool_
         if parsed.ndim != 1 or not ok:
             raise self.error(f"tensor values are not a flat list of {dtype.value} values", path)
-        return TensorData._wrap(parsed.astype(np_dtype).reshape(shape))
+        with np.errstate(over="ignore"):  # a float beyond the dtype's range is inf, as in a cast
+            array = parsed.astype(np_dtype).reshape(shape)
+        array.flags.writeable = False
+        return TensorData._wrap(array)
 
 
 _JSON_OPTIONS: dict[str, Any] = {"allow_nan": False, "ensure_ascii": False}
@@ -399,6 +446,10 @@ def _pretty(value: Any, indent: int, depth: int) -> str:
 def _block(opening: str, items: list[str], closing: str, indent: int, depth: int) -> str:
     inner = "\n" + " " * (indent * (depth + 1))
     return opening + inner + ("," + inner).join(items) + "\n" + " " * (indent * depth) + closing
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON; ember writes non-finite floats as strings")
 
 
 def _fits(values: np.ndarray, np_dtype: np.dtype) -> bool:
@@ -424,9 +475,25 @@ class JsonEncoding(Encoding):
             text = _pretty(top, self.indent, 0)
         return iter((text.encode("utf-8"),))
 
-    def decode(self, data: bytes, source: str | None) -> tuple[Any, dict[str, Any]]:
+    def decode(self, content: Content, max_values: int | None = None
+               ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+        source = content.source
+        raw = content.read_rest(0)
+        content.finish(raw.nbytes)
         try:
-            top = json.loads(data)
+            text = str(raw, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise format_error(source, f"the JSON is not UTF-8 ({exc.reason} at byte "
+                                       f"{exc.start})") from None
+        if max_values is not None:
+            # Each value costs a Python object; a separator precedes all but one of them.
+            values = text.count(",") + text.count(":") + 1
+            if values > max_values:
+                raise format_error(source, f"the JSON holds about {values} values, more than "
+                                           f"the content limit allows ({max_values}); "
+                                           f"{raise_hint()}")
+        try:
+            top = json.loads(text, parse_constant=_refuse_constant)
         except (ValueError, RecursionError) as exc:
             raise format_error(source, f"JSON is truncated or corrupt ({exc})") from None
         tree, metadata = self.split_top(top, source)
@@ -447,21 +514,6 @@ def gzip_chunks(chunks: Iterable[Buffer]) -> Iterator[bytes]:
     yield compressor.flush()
 
 
-def gunzip(data: bytes, source: str | None) -> bytes:
-    """The content of a single gzip member; RecordFormatError when it is truncated or corrupt."""
-    decompressor = zlib.decompressobj(31)
-    try:
-        content = decompressor.decompress(data)
-    except zlib.error as exc:
-        raise format_error(source, f"corrupt gzip data ({exc})") from None
-    if not decompressor.eof:
-        raise format_error(source, "truncated gzip data (the stream ends early)")
-    if decompressor.unused_data:
-        raise format_error(source, f"{len(decompressor.unused_data)} unexpected bytes after "
-                                   f"the gzip data")
-    return content
-
-
 # ---------------------------------------------------------------------- identification
 NAMED_MPK = NamedMpkEncoding()
 BIN = BinEncoding()
@@ -469,25 +521,29 @@ JSON = JsonEncoding()
 _HEAD_NBYTES = 128
 
 
-def identify(data: bytes) -> tuple[str | None, str]:
+def identify(data: Buffer | np.ndarray) -> tuple[str | None, str]:
     """What ``data`` is, for error messages.
 
     Returns:
         the extension of the ember format it is in (``"mpk"``, ``"bin.gz"``, ...) or
         ``None``, and a description of it.
     """
-    if not data:
+    view = memoryview(data).cast("B")
+    if not view.nbytes:
         return None, "empty"
-    if data.startswith(GZIP_MAGIC):
+    head = bytes(view[:_HEAD_NBYTES])
+    if head.startswith(GZIP_MAGIC):
         try:
-            head = zlib.decompressobj(31).decompress(data, _HEAD_NBYTES)
+            # A few KiB of compressed data always hold the first 128 bytes, and only they
+            # are read: no bomb goes off here.
+            head = zlib.decompressobj(31).decompress(view[:1 << 16], _HEAD_NBYTES)
         except zlib.error:
             return None, "corrupt gzip data"
         inner, description = _identify_plain(head)
         if inner is None:
             return None, f"gzip data holding {description}"
         return f"{inner}.gz", f"gzip data holding {description}"
-    return _identify_plain(data[:_HEAD_NBYTES])
+    return _identify_plain(head)
 
 
 def _identify_plain(head: bytes) -> tuple[str | None, str]:

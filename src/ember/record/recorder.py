@@ -23,16 +23,34 @@ full precision). A file written by an alias loads with its base recorder and bac
 Every recorder saves tensors at its :class:`~ember.record.precision.PrecisionSettings`
 and loads them in the dtype they were stored with, so a file of any precision
 loads with a recorder of any precision (formats, unlike precisions, must match).
+
+Loading treats every file as possibly hostile: each size in it is checked before
+anything is allocated, and a gzip file inflates at most to its content limit
+(``max_bytes``, else ``EMBER_RECORD_MAX_BYTES``, else 256 times its size with a
+256 MiB floor; see :mod:`ember.record.limits`), so a malformed or malicious file
+costs a ``RecordFormatError``, never a crash or a memory blow-up. A file is read
+once into a private buffer that the loaded tensors are views of (no memory map:
+see :mod:`ember.record.content`), so changing the file afterwards changes nothing
+loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ember.atomic import atomic_write
-from ember.backend.errors import ArgumentError, RecordFileNotFoundError, RecordFormatError
+from ember.backend.errors import (
+    ArgumentError,
+    RecordError,
+    RecordFileNotFoundError,
+    RecordFormatError,
+)
+from ember.record.content import Content, InflatingContent, private_copy, read_file
 from ember.record.formats import (
     BIN,
     GZIP_MAGIC,
@@ -41,10 +59,10 @@ from ember.record.formats import (
     Buffer,
     Encoding,
     JsonEncoding,
-    gunzip,
     gzip_chunks,
     identify,
 )
+from ember.record.limits import VALUE_COST, check_max_bytes, content_limit, raise_hint
 from ember.record.precision import FullPrecision, HalfPrecision, PrecisionSettings
 
 PathLike = str | Path
@@ -56,22 +74,29 @@ class Recorder:
     Args:
         precision: the dtypes tensors are saved with; ``FullPrecision`` (f32, i32) unless
             the class says otherwise.
+        max_bytes: the content limit when loading: the most bytes a file's content may
+            hold (inflated, for gzip). Default: ``EMBER_RECORD_MAX_BYTES`` if set, else no
+            limit for uncompressed files and ``max(256 MiB, 256 x the file size)`` for
+            gzip ones (see :mod:`ember.record.limits`).
 
     Raises:
-        ArgumentError: ``precision`` is not a :class:`PrecisionSettings`.
+        ArgumentError: ``precision`` is not a :class:`PrecisionSettings`, or ``max_bytes``
+            not a positive int.
     """
 
     encoding: ClassVar[Encoding]
     compressed: ClassVar[bool] = False
     default_precision: ClassVar[PrecisionSettings] = FullPrecision
 
-    def __init__(self, precision: PrecisionSettings | None = None) -> None:
+    def __init__(self, precision: PrecisionSettings | None = None, *,
+                 max_bytes: int | None = None) -> None:  # fmt: skip
         if precision is None:
             precision = self.default_precision
         if not isinstance(precision, PrecisionSettings):
             raise ArgumentError(f"{type(self).__name__}: precision must be a PrecisionSettings "
                                 f"such as FullPrecision, got {precision!r}")
         self.precision = precision
+        self.max_bytes = check_max_bytes(max_bytes, type(self).__name__)
 
     @property
     def kind(self) -> str:
@@ -114,20 +139,38 @@ class Recorder:
 
         Raises:
             RecordFormatError: ``data`` is in another format (the message says which), is
-                truncated or corrupt, or was written by a newer ember.
+                truncated or corrupt, was written by a newer ember, or holds more than the
+                content limit (``max_bytes``).
         """
-        if not isinstance(data, bytes):
-            data = bytes(data)  # a private copy: loaded tensors share this buffer
-        if data.startswith(GZIP_MAGIC) != self.compressed:
+        with _memory_error_typed(source):
+            # A private copy unless data is immutable bytes: loaded tensors are views of it.
+            return self._decode(private_copy(data), source)
+
+    def _decode(self, data: np.ndarray, source: str | None) -> tuple[Any, dict[str, Any]]:
+        """The record in ``data`` (a read-only uint8 buffer that loaded tensors may view)."""
+        if (bytes(data[:2]) == GZIP_MAGIC) != self.compressed:
             raise self._foreign(data, source)
-        content = gunzip(data, source) if self.compressed else data
-        if not self.encoding.recognizes(content):
+        limit = content_limit(len(data) if self.compressed else None, self.max_bytes)
+        content: Content
+        if self.compressed:
+            content = InflatingContent(data, source, limit)
+        elif limit is not None and len(data) > limit:
+            raise RecordFormatError(f"{source or 'record bytes'}: {len(data)} bytes, more than "
+                                    f"the content limit of {limit}; {raise_hint()}", file=source)
+        else:
+            content = Content(data, source)
+        if not self.encoding.recognizes(content.head(_HEAD_NBYTES)):
             raise self._foreign(data, source)
-        record, metadata = self.encoding.decode(content, source)
+        max_values = None if limit is None else limit // VALUE_COST
+        try:
+            record, metadata = self.encoding.decode(content, max_values)
+        except RecordFormatError:
+            content.check_stream()  # corrupt gzip data explains any error best
+            raise
         metadata["compression"] = "gzip" if self.compressed else None
         return record, metadata
 
-    def _foreign(self, data: bytes, source: str | None) -> RecordFormatError:
+    def _foreign(self, data: np.ndarray, source: str | None) -> RecordFormatError:
         found, description = identify(data)
         what = source or "the byte string"
         name = type(self).__name__
@@ -140,7 +183,22 @@ class Recorder:
         return RecordFormatError(message, file=source)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.precision!r})"
+        limit = "" if self.max_bytes is None else f", max_bytes={self.max_bytes}"
+        return f"{type(self).__name__}({self.precision!r}{limit})"
+
+
+_HEAD_NBYTES = 128  # enough for every format to recognize its own files
+
+
+@contextlib.contextmanager
+def _memory_error_typed(source: str | None) -> Iterator[None]:
+    """A MemoryError (a record bigger than the memory free, within its limits) as a
+    RecordError naming the file."""
+    try:
+        yield
+    except MemoryError:
+        raise RecordError(f"{source or 'record bytes'}: not enough memory to load the record",
+                          file=source) from None
 
 
 class FileRecorder(Recorder):
@@ -192,11 +250,17 @@ class FileRecorder(Recorder):
         return self.load_with_metadata(path)[0]
 
     def load_with_metadata(self, path: PathLike) -> tuple[Any, dict[str, Any]]:
-        """The record saved at ``path`` and its metadata, as :meth:`from_bytes_with_metadata`."""
+        """The record saved at ``path`` and its metadata, as :meth:`from_bytes_with_metadata`.
+
+        The file is read once, into a buffer the loaded tensors are views of.
+        """
         tried = list(dict.fromkeys([Path(path), self.path_for(path)]))
         for candidate in tried:
             if candidate.is_file():
-                return self.from_bytes_with_metadata(candidate.read_bytes(), source=str(candidate))
+                source = str(candidate)
+                limit = content_limit(None, self.max_bytes)  # explicit limits bound files too
+                with _memory_error_typed(source):
+                    return self._decode(read_file(candidate, source, limit), source)
         raise RecordFileNotFoundError(
             f"no record file at {' or '.join(str(p) for p in tried)}", file=str(tried[-1])
         )

@@ -17,6 +17,9 @@ stores the same tree, by the same rules:
   "-inf"}`` a float that is not finite. MessagePack stores bytes and every
   float natively, so only JSON files use the last two.
 
+Maps and lists nest at most :data:`~ember.record.limits.MAX_DEPTH` levels deep,
+both ways: ember refuses to save a deeper record, so that it reads whatever it writes.
+
 Errors name the *record path* of the value concerned: map keys and list indices
 joined with dots, as in ``encoder.layers.0.weight.param``.
 """
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.backend.errors import RecordError, RecordFormatError
+from ember.record.limits import MAX_DEPTH, SizeError, describe, tensor_nbytes
 from ember.record.precision import PrecisionSettings
 from ember.tensor import DType, TensorData
 
@@ -86,11 +90,13 @@ class Leaves:
 
     def tensor_fields(
         self, payload: Any, fields: tuple[str, ...], path: str
-    ) -> tuple[DType, tuple[int, ...], list[Any]]:
-        """Checks a tensor payload has exactly ``dtype``, ``shape`` and ``fields``.
+    ) -> tuple[DType, tuple[int, ...], int, list[Any]]:
+        """Checks a tensor payload has exactly ``dtype``, ``shape`` and ``fields``, a known
+        dtype and a shape some tensor can have (see :func:`~ember.record.limits.tensor_nbytes`).
 
         Returns:
-            the dtype, the shape and the values of ``fields`` in order.
+            the dtype, the shape, the tensor's byte count and the values of ``fields`` in
+            order.
         """
         expected = ("dtype", "shape", *fields)
         if not isinstance(payload, dict) or set(payload) != set(expected):
@@ -98,17 +104,14 @@ class Leaves:
             raise self.error(f"a tensor must have the fields {list(expected)}, found {got}", path)
         dtype = _DTYPES.get(payload["dtype"]) if isinstance(payload["dtype"], str) else None
         if dtype is None:
-            raise self.error(f"unknown dtype {payload['dtype']!r} (known: {', '.join(_DTYPES)})",
-                             path)
+            raise self.error(f"unknown dtype {describe(payload['dtype'])} (known: "
+                             f"{', '.join(_DTYPES)})", path)
         shape = payload["shape"]
-        if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
-            raise self.error(f"a tensor shape must be a list of non-negative ints, got {shape!r}",
-                             path)
-        return dtype, tuple(shape), [payload[f] for f in fields]
-
-
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+        try:
+            nbytes = tensor_nbytes(shape, dtype.itemsize)
+        except SizeError as exc:
+            raise self.error(f"bad tensor shape: {exc}", path) from None
+        return dtype, tuple(shape), nbytes, [payload[f] for f in fields]
 
 
 def tag(name: str, payload: Any) -> dict[str, Any]:
@@ -121,12 +124,12 @@ def encode_tree(record: Any, precision: PrecisionSettings, leaves: Leaves) -> An
     Raises:
         RecordError: a value of an unsupported type, a dict key that is not a str, an int
             outside ``[-2**63, 2**64)``, a str that is not valid Unicode, a record that
-            contains itself, or an Int tensor out of the precision's range; the message
-            names the record path.
+            contains itself or nests deeper than ``MAX_DEPTH``, or an Int tensor out of the
+            precision's range; the message names the record path.
     """
     active: set[int] = set()  # containers on the current branch, to catch cycles
 
-    def walk(value: Any, path: str) -> Any:
+    def walk(value: Any, path: str, depth: int = 0) -> Any:
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, str):
@@ -146,12 +149,15 @@ def encode_tree(record: Any, precision: PrecisionSettings, leaves: Leaves) -> An
         if isinstance(value, dict | list | tuple):
             if id(value) in active:
                 raise RecordError(f"{_where(path)}: the record contains itself", path=path or None)
+            if depth >= MAX_DEPTH:
+                raise RecordError(f"{_where(path)}: dicts and lists nested deeper than "
+                                  f"{MAX_DEPTH} levels", path=path or None)
             active.add(id(value))
             try:
                 if isinstance(value, dict):
-                    return {_escape(key, path): walk(item, join(path, key))
+                    return {_escape(key, path): walk(item, join(path, key), depth + 1)
                             for key, item in value.items()}
-                return [walk(item, join(path, i)) for i, item in enumerate(value)]
+                return [walk(item, join(path, i), depth + 1) for i, item in enumerate(value)]
             finally:
                 active.discard(id(value))
         kind = type(value)
@@ -168,12 +174,19 @@ def encode_tree(record: Any, precision: PrecisionSettings, leaves: Leaves) -> An
 def decode_tree(tree: Any, leaves: Leaves) -> Any:
     """The record a tree of plain values stores (the inverse of :func:`encode_tree`).
 
+    A byte string may come as a memoryview of the buffer the record was read into (the
+    formats' readers give those, so that tensors need no copy); outside a tensor it becomes
+    ``bytes``.
+
     Raises:
-        RecordFormatError: an unknown tag, a malformed payload, a non-str map key or a value of
-            a type no format stores; the message names the source and the record path.
+        RecordFormatError: an unknown tag, a malformed payload, a non-str map key, nesting
+            deeper than ``MAX_DEPTH`` or a value of a type no format stores; the message
+            names the source and the record path.
     """
 
-    def walk(value: Any, path: str) -> Any:
+    def walk(value: Any, path: str, depth: int) -> Any:
+        if isinstance(value, dict | list) and depth >= MAX_DEPTH:
+            raise leaves.error(f"maps and arrays nested deeper than {MAX_DEPTH} levels", path)
         if isinstance(value, dict):
             if len(value) == 1:
                 key, payload = next(iter(value.items()))
@@ -182,17 +195,19 @@ def decode_tree(tree: Any, leaves: Leaves) -> Any:
             record = {}
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise leaves.error(f"a map key must be a str, found {key!r}", path)
+                    raise leaves.error(f"a map key must be a str, found {describe(key)}", path)
                 if key.startswith("$"):
                     if not key.startswith("$$"):
                         raise leaves.error(f"unknown tag {key!r} (known: {', '.join(TAGS)})", path)
                     key = key[1:]
-                record[key] = walk(item, join(path, key))
+                record[key] = walk(item, join(path, key), depth + 1)
             return record
         if isinstance(value, list):
-            return [walk(item, join(path, i)) for i, item in enumerate(value)]
+            return [walk(item, join(path, i), depth + 1) for i, item in enumerate(value)]
         if value is None or isinstance(value, str | bool | int | float | bytes):
             return value
+        if isinstance(value, memoryview):
+            return bytes(value)
         raise leaves.error(f"unexpected value of type {type(value).__name__}", path)
 
     def _decode_tag(key: str, payload: Any, path: str) -> Any:
@@ -208,9 +223,9 @@ def decode_tree(tree: Any, leaves: Leaves) -> Any:
                 return decode(payload)
             except (KeyError, ValueError):
                 pass
-        raise leaves.error(f"expected {expected}, found {payload!r:.60}", path)
+        raise leaves.error(f"expected {expected}, found {describe(payload)}", path)
 
-    return walk(tree, "")
+    return walk(tree, "", 0)
 
 
 def base64_decode(text: str) -> bytes:

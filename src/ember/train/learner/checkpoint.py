@@ -19,7 +19,9 @@ A model that trains in f64 needs ``NamedMpkGzFileRecorder(DoublePrecision)``.
 mark of a checkpoint: it is removed before the other files of its epoch are
 (re)written and written after them. A crash part way through a save therefore leaves
 that epoch without a state file (not a checkpoint), and every earlier checkpoint
-intact, since pruning runs only after the commit.
+intact, since pruning runs only after the commit. A process killed during a write
+leaves a temporary file behind; the checkpointer removes those whose writer is gone
+when it starts (see :mod:`ember.atomic`).
 
 **Pruning.** After each end-of-epoch save, the checkpointer keeps the last
 ``keep_last`` complete epochs and, with ``keep_best=(metric, split)``, the epoch where
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ember.atomic import remove_stale_temporaries
 from ember.backend.errors import ArgumentError, RecordFileNotFoundError, RecordMismatchError
 from ember.module import Module
 from ember.optim.lr_scheduler.base import LrScheduler
@@ -190,6 +193,8 @@ class FileCheckpointer:
         self.keep_best = keep_best
         self.best_lower_is_better = best_lower_is_better
         self._state_recorder = PrettyJsonFileRecorder()
+        # The temporaries of a run killed while saving (a live run's are left alone).
+        remove_stale_temporaries(self.directory)
 
     # ------------------------------------------------------------------ paths
     def path(self, kind: str, epoch: int) -> Path:
