@@ -34,6 +34,7 @@ from ember.record.weight_limits import shown
 
 _NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _OBJECT_BUILDERS = {b"i"[0], b"o"[0], 0x81, 0x82, 0x83, 0x84, 0x92}  # INST OBJ NEWOBJ EXT* NEWOBJ_EX
+_HASHABLE_CONTAINERS = (tuple, frozenset)
 _RAW_ERRORS = (IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError,
                struct.error, MemoryError)  # fmt: skip
 
@@ -89,7 +90,7 @@ class PickleReader:
         except _RAW_ERRORS as exc:
             what = _NAMES.get(code, f"0x{code:02x}")
             raise self._error(start, f"opcode {what} fails: {type(exc).__name__}: "
-                                     f"{shown(str(exc))}") from None  # fmt: skip
+                                     f"{str(exc)[:200]}") from None  # fmt: skip
         finally:  # the reader keeps nothing it built
             self.stack, self.marks, self.memo, self.built = [], [], {}, []
             self.callables, self.depths = {}, {}
@@ -140,8 +141,9 @@ class PickleReader:
 
     def _hashable(self, value: Any, items: Any) -> Any:
         """Records how deep ``value`` (a new tuple or frozenset of ``items``) nests."""
-        depths = self.depths
-        depth = 1 + max((depths.get(id(item), 0) for item in items), default=0)
+        depths = self.depths  # only those deeper than 1 are recorded
+        depth = 1 + max((depths.get(id(item), 1) for item in items if type(item) in _HASHABLE_CONTAINERS),
+                        default=0)  # fmt: skip
         if depth > self.nesting:
             raise self._error(self.position - 1, f"tuples nest deeper than {self.nesting}")
         if depth > 1:

@@ -38,6 +38,7 @@ import itertools
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,26 +104,36 @@ class _Tensor:
         self.storage, self.offset, self.size, self.stride, self.dtype = storage, offset, size, stride, dtype
 
 
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> _Tensor:
+# torch's own signatures: a call with other arguments is refused, as torch.load refuses it
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any) -> _Tensor:
+    return _Tensor(storage, offset, size, stride)
+
+
+def _rebuild_tensor_v2(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
+                       hooks: Any, metadata: Any = None) -> _Tensor:  # fmt: skip
     return _Tensor(storage, offset, size, stride)
 
 
 def _rebuild_tensor_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
-                       hooks: Any, dtype: Any, *_: Any) -> _Tensor:  # fmt: skip
+                       hooks: Any, dtype: Any, metadata: Any = None) -> _Tensor:  # fmt: skip
     return _Tensor(storage, offset, size, stride, dtype)
 
 
-def _rebuild_parameter(data: Any, *_: Any) -> Any:
+def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any) -> Any:
+    return data
+
+
+def _rebuild_parameter_with_state(data: Any, requires_grad: Any, hooks: Any, state: Any) -> Any:
     return data
 
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter_with_state,
     ("torch.storage", "UntypedStorage"): _StorageType("UntypedStorage", np.dtype(np.uint8)),
     **{("torch", n): _StorageType(n, np.dtype(d)) for n, d in _STORAGE_DTYPES.items()},
     **{("torch", n): _DType(n, np.dtype(d)) for n, d in _TORCH_DTYPES.items()},
@@ -315,7 +326,7 @@ class _Entries:
             raise fail(source, None, f"the zip entry {shown(name)} uses compression method "
                                      f"{info.compress_type}; only stored and deflated entries are read")
         start = info.header_offset
-        if start + _LOCAL_HEADER.size > self.file_size:
+        if start < 0 or start + _LOCAL_HEADER.size > self.file_size:
             raise fail(source, None, f"the zip entry {shown(name)} starts at byte {start}, past the end")
         header = _LOCAL_HEADER.unpack(read_at(self.file, start, _LOCAL_HEADER.size, source, None).tobytes())
         signature, method, name_length, extra_length = header[0], header[3], header[9], header[10]
@@ -355,7 +366,11 @@ class _Entries:
         if out is None:
             out = np.empty(info.file_size, np.uint8)
         if info.compress_type == zipfile.ZIP_STORED:
-            return read_into(self.file, data_start, out, source, None)
+            read_into(self.file, data_start, out, source, None)
+            if zlib.crc32(out) != info.CRC:  # as torch checks it (inflating checks its own)
+                raise fail(source, None, f"the zip entry {shown(name)} is corrupt: its CRC-32 "
+                                         "does not match its bytes")
+            return out
         self.inflated += info.file_size
         if self.inflated > self.limits.inflated_bytes:
             raise fail(source, None, f"compressed entries inflate to {self.inflated} bytes, more "

@@ -168,11 +168,15 @@ def _metadata(value: object, source: Source) -> dict[str, str]:
     return value
 
 
+_FIELDS = {"dtype", "shape", "data_offsets"}
+
+
 def _entries(header: dict, data_size: int, source: Source) -> list[tuple[str, np.dtype, tuple, int, int]]:
     """``(name, dtype, shape, first byte, byte count)`` per tensor in file order, all checked."""
     entries = []
     for name, info in header.items():
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        # other fields are ignored, as the library ignores them
+        if not isinstance(info, dict) or not info.keys() >= _FIELDS:
             raise fail(source, name, f"is {shown(info)}, not {{dtype, shape, data_offsets}}")
         dtype = _DTYPES.get(info["dtype"]) if type(info["dtype"]) is str else None
         if dtype is None:
