@@ -322,6 +322,8 @@ class _Entries:
         info, source = self.infos[name], self.source
         if info.flag_bits & 0x1:
             raise fail(source, None, f"the zip entry {shown(name)} is encrypted")
+        if info.external_attr & 0x10:  # MS-DOS's directory bit, which torch's reader obeys
+            raise fail(source, None, f"the zip entry {shown(name)} is marked as a directory")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
             raise fail(source, None, f"the zip entry {shown(name)} uses compression method "
                                      f"{info.compress_type}; only stored and deflated entries are read")
@@ -391,7 +393,7 @@ class _Entries:
                     buffer[done : done + len(chunk)] = np.frombuffer(chunk, np.uint8)
                     done += len(chunk)
                 surplus = stream.read(1)
-        except (*_ZIP_ERRORS, OSError) as exc:
+        except (*_ZIP_ERRORS, zlib.error, OSError) as exc:
             raise fail(self.source, None, f"the zip entry {shown(info.filename)} does not inflate: "
                                           f"{shown(str(exc))}") from None
         if done != info.file_size or surplus:
