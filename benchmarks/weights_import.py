@@ -62,7 +62,8 @@ def main() -> None:
         state[f"{i}.weight"] = torch.randn(width, width, generator=generator)
         state[f"{i}.bias"] = torch.randn(width, generator=generator)
     params = sum(t.numel() for t in state.values())
-    print(f"weights: {layers} matrices of {width}x{width} + bias = {params / 1e6:.1f}M parameters (f32)")
+    print(f"weights: {layers} matrices of {width}x{width} + bias = {params / 1e6:.1f}M "
+          "parameters (f32)")
 
     folder = Path(tempfile.mkdtemp())
     zip_path, legacy_path, st_path = folder / "w.pt", folder / "legacy.pt", folder / "w.safetensors"
@@ -73,7 +74,8 @@ def main() -> None:
     cases = [
         ("torch.load (zip)", lambda: torch.load(zip_path)),
         ("torch.load (legacy)", lambda: torch.load(legacy_path, weights_only=False)),
-        ("safetensors.torch.load_file (pread)", lambda: st_torch.load_file(st_path, backend="pread")),
+        ("safetensors.torch.load_file (pread)",
+         lambda: st_torch.load_file(st_path, backend="pread")),
         ("safetensors.torch.load_file (mmap, lazy)", lambda: st_torch.load_file(st_path)),
         ("ember read_safetensors", lambda: read_safetensors(st_path)),
         ("ember read_pytorch (zip)", lambda: read_pytorch(zip_path)),

@@ -48,7 +48,12 @@ class Storage:
     """A storage reference as torch.save pickles it: ("storage", type, key, location, numel)."""
 
     def __init__(self, key="0", numel=4, kind=None, legacy=False):
-        self.key, self.numel, self.kind, self.legacy = key, numel, kind or torch.FloatStorage, legacy
+        self.key, self.numel, self.kind, self.legacy = (
+            key,
+            numel,
+            kind or torch.FloatStorage,
+            legacy,
+        )
 
 
 class Tensor:
@@ -106,7 +111,9 @@ def write_legacy(path: Path, obj, storages: list[tuple[str, int, bytes]], little
     return path
 
 
-def write_pt(path: Path, layout: str, obj, data: dict[str, bytes], counts: dict | None = None) -> Path:
+def write_pt(
+    path: Path, layout: str, obj, data: dict[str, bytes], counts: dict | None = None
+) -> Path:
     """``obj`` (holding Tensor and Storage) with storage bytes ``data`` by key, in ``layout``."""
     if layout == "zip":
         return write_zip(path, crafted_pickle(obj), data)
@@ -142,9 +149,15 @@ HOSTILE_VIEWS = {  # name: (tensor arguments, what the message must quote)
     "huge stride": (dict(size=(2,), stride=(10**18,)), "reach element 1000000000000000000"),
     "33 dimensions": (dict(size=(1,) * 33, stride=(1,) * 33), "33 dimensions, more than 32"),
     "empty but too large": (dict(size=(0, 2**62), stride=(1, 1)), "too large to describe"),
-    "10^10 elements by stride 0": (dict(size=(10**10,), stride=(0,)), "would take 40000000000 bytes"),
+    "10^10 elements by stride 0": (
+        dict(size=(10**10,), stride=(0,)),
+        "would take 40000000000 bytes",
+    ),
     "10^20 by stride 0": (dict(size=(10**10, 10**10), stride=(0, 0)), "is too large to describe"),
-    "10^15 by stride 0": (dict(size=(10**5, 10**10), stride=(0, 0)), "would take 4000000000000000 bytes"),
+    "10^15 by stride 0": (
+        dict(size=(10**5, 10**10), stride=(0, 0)),
+        "would take 4000000000000000 bytes",
+    ),
 }
 
 
@@ -165,7 +178,10 @@ HOSTILE_STORAGES = {  # name: (storage arguments, what the message must quote)
     "negative count": (dict(numel=-1), "is -1, outside"),
     "float count": (dict(numel=4.0), "is 4.0, not an integer"),
     "None count": (dict(numel=None), "is None, not an integer"),
-    "count past int64 bytes": (dict(numel=2**62), "byte count of storage '0' is 18446744073709551616"),
+    "count past int64 bytes": (
+        dict(numel=2**62),
+        "byte count of storage '0' is 18446744073709551616",
+    ),
     "key not a string": (dict(key=0), "a storage key is 0, not a string"),
     "type not a storage type": (dict(kind=torch.float32), "has no known element type"),
 }
@@ -190,7 +206,9 @@ def test_hostile_storage_declarations(tmp_path, layout, case):
     (2**63 - 1, "holds 9223372036854775807 elements"),
 ])  # fmt: skip
 def test_legacy_storage_counts_that_lie(tmp_path, count, quoted):
-    path = write_pt(tmp_path / "w.pt", "legacy", one_tensor("legacy"), {"0": FLOATS}, counts={"0": count})
+    path = write_pt(
+        tmp_path / "w.pt", "legacy", one_tensor("legacy"), {"0": FLOATS}, counts={"0": count}
+    )
     with pytest.raises(RecordFormatError, match=quoted):
         read_pytorch(path)
 
@@ -200,10 +218,14 @@ def test_legacy_truncated_storage_and_unknown_keys(tmp_path):
     path = write_legacy(tmp_path / "w.pt", obj, [("0", 1000, FLOATS)])
     with pytest.raises(RecordFormatError, match="truncated: storage '0' needs 4000 bytes, 16 left"):
         read_pytorch(path)
-    path = write_legacy(tmp_path / "w.pt", one_tensor("legacy"), [("0", 4, FLOATS), ("9", 4, FLOATS)])
+    path = write_legacy(
+        tmp_path / "w.pt", one_tensor("legacy"), [("0", 4, FLOATS), ("9", 4, FLOATS)]
+    )
     with pytest.raises(RecordFormatError, match="storage '9' is listed but never used"):
         read_pytorch(path)
-    path = write_legacy(tmp_path / "w.pt", one_tensor("legacy"), [("0", 4, FLOATS), ("0", 4, FLOATS)])
+    path = write_legacy(
+        tmp_path / "w.pt", one_tensor("legacy"), [("0", 4, FLOATS), ("0", 4, FLOATS)]
+    )
     with pytest.raises(RecordFormatError, match="storage '0' is listed twice"):
         read_pytorch(path)
 
@@ -234,13 +256,21 @@ def test_expanded_buffers_load_as_torch_loads_them(tmp_path, layout):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_expansion_past_the_limit_is_refused_until_the_user_raises_it(tmp_path, layout):
-    path = save({"big": torch.zeros(1).expand(1024, 1024)}, tmp_path / "b.pt", layout)  # 4 MiB of 4 bytes
+    path = save(
+        {"big": torch.zeros(1).expand(1024, 1024)}, tmp_path / "b.pt", layout
+    )  # 4 MiB of 4 bytes
     with pytest.raises(RecordFormatError) as info:
         read_pytorch(path, limits=WeightLimits(expanded_bytes=MIB))
-    assert str(info.value).startswith(f"{path}: big: copying its view (shape [1024, 1024], stride [0, 0])")
-    assert "would take 4194304 bytes" in str(info.value) and "WeightLimits.expanded_bytes" in str(info.value)
+    assert str(info.value).startswith(
+        f"{path}: big: copying its view (shape [1024, 1024], stride [0, 0])"
+    )
+    assert "would take 4194304 bytes" in str(info.value) and "WeightLimits.expanded_bytes" in str(
+        info.value
+    )
     record = PyTorchFileRecorder(limits=WeightLimits(expanded_bytes=4 * MIB)).load(path)
-    np.testing.assert_array_equal(record.tensors["big"].to_numpy(), np.zeros((1024, 1024), np.float32))
+    np.testing.assert_array_equal(
+        record.tensors["big"].to_numpy(), np.zeros((1024, 1024), np.float32)
+    )
 
 
 def test_copies_of_one_storage_count_against_the_file(tmp_path):
@@ -248,7 +278,9 @@ def test_copies_of_one_storage_count_against_the_file(tmp_path):
     storage = Storage("0", 128 * 128)
     obj = {f"t{i}": Tensor(storage, 0, (128, 128), (1, 128)) for i in range(100)}
     path = write_zip(tmp_path / "t.pt", crafted_pickle(obj), {"0": bytes(4 * 128 * 128)})
-    with pytest.raises(RecordFormatError, match=r"t\d+: copying its view .* WeightLimits.expanded_bytes"):
+    with pytest.raises(
+        RecordFormatError, match=r"t\d+: copying its view .* WeightLimits.expanded_bytes"
+    ):
         read_pytorch(path, limits=WeightLimits(expanded_bytes=MIB))
     assert len(read_pytorch(path)) == 100  # within the default ceiling
 
@@ -301,13 +333,22 @@ def test_huge_and_stride_0_storages_cost_no_memory(tmp_path):
         for name, arguments in [("stride0", dict(size=(10**10,), stride=(0,))),
                                 ("stride0-2d", dict(size=(10**5, 10**5), stride=(0, 0))),
                                 ("huge", dict(numel=10**10, size=(10**10,)))]:  # fmt: skip
-            files.append(write_pt(tmp_path / f"{layout}-{name}.pt", layout,
-                                  one_tensor(layout, **arguments), {"0": FLOATS}, counts={"0": 4}))
+            files.append(
+                write_pt(
+                    tmp_path / f"{layout}-{name}.pt",
+                    layout,
+                    one_tensor(layout, **arguments),
+                    {"0": FLOATS},
+                    counts={"0": 4},
+                )
+            )
     assert all(f.stat().st_size < 2048 for f in files)
     result = probe_peak_memory([*files, expanded_control(tmp_path)])
     *growth, control = result["peak_growth_mib"]
-    print(f"\npeak RSS growth on huge / stride-0 files: {max(growth):.2f} MiB (control {control:.1f} MiB)")
-    assert all(o.startswith("RecordFormatError") for o in result["outcomes"][:-1]), result["outcomes"]
+    print(f"\npeak RSS growth on huge / stride-0 files: {max(growth):.2f} MiB "
+          f"(control {control:.1f} MiB)")  # fmt: skip
+    outcomes = result["outcomes"]
+    assert all(o.startswith("RecordFormatError") for o in outcomes[:-1]), outcomes
     assert result["outcomes"][-1] == "loaded" and control > 40
     assert max(growth) < 4
 
@@ -330,14 +371,18 @@ def patch(data: bytes, at: int, fmt: str, value: int) -> bytes:
 
 def small_zip(tmp_path, **kwargs) -> Path:
     obj = {"w": Tensor(Storage("0", 4)), "v": Tensor(Storage("1", 4))}
-    return write_zip(tmp_path / "z.pt", crafted_pickle(obj), {"0": FLOATS, "1": FLOATS[::-1]}, **kwargs)
+    return write_zip(
+        tmp_path / "z.pt", crafted_pickle(obj), {"0": FLOATS, "1": FLOATS[::-1]}, **kwargs
+    )
 
 
 def test_deflated_entries_load_like_stored_ones(tmp_path):
     path = save({"w": torch.randn(3, 5), "i": torch.arange(7)}, tmp_path / "w.pt", "zip")
     with zipfile.ZipFile(path) as archive:
         members = [(n, archive.read(n)) for n in archive.namelist()]
-    rezipped = write_zip(tmp_path / "deflated.pt", b"", {}, compression=zipfile.ZIP_DEFLATED, names=members)
+    rezipped = write_zip(
+        tmp_path / "deflated.pt", b"", {}, compression=zipfile.ZIP_DEFLATED, names=members
+    )
     reference = torch.load(path, weights_only=True)
     for name, data in read_pytorch(rezipped).items():
         np.testing.assert_array_equal(data.to_numpy(), reference[name].numpy())
@@ -349,7 +394,9 @@ def test_a_zip_bomb_in_a_storage_is_refused_past_the_inflate_limit(tmp_path):
     path = write_zip(tmp_path / "bomb.pt", crafted_pickle(obj), {"0": bytes(16 * MIB)},
                      compression=zipfile.ZIP_DEFLATED)  # fmt: skip
     assert path.stat().st_size < 64 * 1024
-    with pytest.raises(RecordFormatError, match=r"inflate to 167\d{5} bytes, more than WeightLimits.inflated_bytes"):
+    with pytest.raises(
+        RecordFormatError, match=r"inflate to 167\d{5} bytes, more than WeightLimits.inflated_bytes"
+    ):
         read_pytorch(path, limits=WeightLimits(inflated_bytes=8 * MIB))
     assert read_pytorch(path)["w"].shape == (numel,)  # declared honestly, within the default
 
@@ -368,14 +415,19 @@ def lying_bomb(tmp_path) -> Path:
 
 def test_entry_sizes_that_lie(tmp_path):
     liar = lying_bomb(tmp_path)
-    with pytest.raises(RecordFormatError, match=r"archive/data/0'? does not inflate|inflates to other"):
+    with pytest.raises(
+        RecordFormatError, match=r"archive/data/0'? does not inflate|inflates to other"
+    ):
         read_pytorch(liar)
     # a stored entry whose directory claims more bytes than the file has
     path = small_zip(tmp_path)
     data = path.read_bytes()
     central, _ = entry_offsets(data, "archive/data/1")
     path.write_bytes(patch(patch(data, central + 20, "<L", 10**9), central + 24, "<L", 10**9))
-    with pytest.raises(RecordFormatError, match=r"storage '1' declares 4 x float32 = 16 bytes, its entry holds 1000000000"):
+    with pytest.raises(
+        RecordFormatError,
+        match=r"storage '1' declares 4 x float32 = 16 bytes, its entry holds 1000000000",
+    ):
         read_pytorch(path)
     # a directory that says deflated where the local header says stored
     path.write_bytes(patch(data, central + 10, "<H", 8))
@@ -388,15 +440,19 @@ def test_entry_sizes_that_lie(tmp_path):
     data = path.read_bytes()
     central, _ = entry_offsets(data, "archive/data/0")
     path.write_bytes(patch(data, central + 20, "<L", 1))
-    with pytest.raises(RecordFormatError, match="claims 16384 bytes from 1 compressed, more than deflate can make"):
+    with pytest.raises(
+        RecordFormatError, match="claims 16384 bytes from 1 compressed, more than deflate can make"
+    ):
         read_pytorch(path)
 
 
 def test_a_lying_bomb_costs_no_memory(tmp_path):
     result = probe_peak_memory([lying_bomb(tmp_path), expanded_control(tmp_path)])
     bomb, control = result["peak_growth_mib"]
-    print(f"\npeak RSS growth on a 256 MiB deflate bomb declared as 16 bytes: {bomb:.2f} MiB "
-          f"(control {control:.1f} MiB)")
+    print(
+        f"\npeak RSS growth on a 256 MiB deflate bomb declared as 16 bytes: {bomb:.2f} MiB "
+        f"(control {control:.1f} MiB)"
+    )
     assert result["outcomes"][0].startswith("RecordFormatError") and control > 40
     assert bomb < 4
 
@@ -407,7 +463,9 @@ def test_overlapping_entries_are_refused(tmp_path):
     _, local0 = entry_offsets(data, "archive/data/0")
     central1, _ = entry_offsets(data, "archive/data/1")
     path.write_bytes(patch(data, central1 + 42, "<L", local0))
-    with pytest.raises(RecordFormatError, match=r"entries 'archive/data/0' and 'archive/data/1' overlap"):
+    with pytest.raises(
+        RecordFormatError, match=r"entries 'archive/data/0' and 'archive/data/1' overlap"
+    ):
         read_pytorch(path)
 
 
@@ -428,10 +486,15 @@ def test_many_entries_and_a_huge_pickle_are_refused_by_limit(tmp_path):
     names = [("archive/data.pkl", crafted_pickle(one_tensor("zip"))), ("archive/data/0", FLOATS)]
     names += [(f"archive/junk/{i}", b"") for i in range(300)]
     path = write_zip(tmp_path / "many.pt", b"", {}, names=names)
-    with pytest.raises(RecordFormatError, match=r"declares 302 entries, more than WeightLimits.zip_entries \(100\)"):
+    with pytest.raises(
+        RecordFormatError, match=r"declares 302 entries, more than WeightLimits.zip_entries \(100\)"
+    ):
         read_pytorch(path, limits=WeightLimits(zip_entries=100))
     assert list(read_pytorch(path)) == ["w"]
-    with pytest.raises(RecordFormatError, match=r"data.pkl' holds \d+ bytes, more than 64 \(WeightLimits.pickle_bytes\)"):
+    with pytest.raises(
+        RecordFormatError,
+        match=r"data.pkl' holds \d+ bytes, more than 64 \(WeightLimits.pickle_bytes\)",
+    ):
         read_pytorch(path, limits=WeightLimits(pickle_bytes=64))
 
 
@@ -440,14 +503,20 @@ def test_other_compression_methods_and_byteorders(tmp_path):
     with pytest.raises(RecordFormatError, match="compression method 12; only stored and deflated"):
         read_pytorch(path)
     obj = one_tensor("zip")
-    names = [("archive/data.pkl", crafted_pickle(obj)), ("archive/byteorder", b"middle"), ("archive/data/0", FLOATS)]
+    names = [
+        ("archive/data.pkl", crafted_pickle(obj)),
+        ("archive/byteorder", b"middle"),
+        ("archive/data/0", FLOATS),
+    ]
     with pytest.raises(RecordFormatError, match="byteorder is b'middle', not little or big"):
         read_pytorch(write_zip(tmp_path / "o.pt", b"", {}, names=names))
     names[1] = ("archive/byteorder", b"big")
     big = read_pytorch(write_zip(tmp_path / "o.pt", b"", {}, names=names))["w"].to_numpy()
     np.testing.assert_array_equal(big, np.frombuffer(FLOATS, ">f4"))
     legacy = write_legacy(tmp_path / "l.pt", one_tensor("legacy"), [("0", 4, FLOATS)], little=False)
-    np.testing.assert_array_equal(read_pytorch(legacy)["w"].to_numpy(), np.frombuffer(FLOATS, ">f4"))
+    np.testing.assert_array_equal(
+        read_pytorch(legacy)["w"].to_numpy(), np.frombuffer(FLOATS, ">f4")
+    )
 
 
 # ------------------------------------------------------------------ pickle-level attacks
@@ -458,39 +527,86 @@ def with_pickle(tmp_path, pickled: bytes) -> Path:
 P2 = b"\x80\x02"
 DEEP = 200_000
 PICKLES = {  # name: (pickle, error type, what the message must say)
-    "tuple nested 200k deep as a key": (P2 + b"}N" + b"\x85" * DEEP + b"Ns.", RecordFormatError,
-                                        "tuples nest deeper than 64"),
-    "frozenset nested deep": (b"\x80\x04" + b"(" * 100 + b"\x91" * 100 + b".", RecordFormatError,
-                              "nest deeper than 64"),
-    "dicts nested 200k deep": (P2 + b"}X\x01\x00\x00\x00a" * DEEP + b"}" + b"s" * DEEP + b".",
-                               RecordFormatError, "dicts nest deeper than 64"),
+    "tuple nested 200k deep as a key": (
+        P2 + b"}N" + b"\x85" * DEEP + b"Ns.",
+        RecordFormatError,
+        "tuples nest deeper than 64",
+    ),
+    "frozenset nested deep": (
+        b"\x80\x04" + b"(" * 100 + b"\x91" * 100 + b".",
+        RecordFormatError,
+        "nest deeper than 64",
+    ),
+    "dicts nested 200k deep": (
+        P2 + b"}X\x01\x00\x00\x00a" * DEEP + b"}" + b"s" * DEEP + b".",
+        RecordFormatError,
+        "dicts nest deeper than 64",
+    ),
     "memo index 2**31": (P2 + b"}r\xfe\xff\xff\x7f.", RecordFormatError, "holds no tensors"),
-    "text memo index 10**100": (P2 + b"}p" + b"1" * 100 + b"\n.", RecordFormatError, "holds no tensors"),
-    "bytes of 2**62": (b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"ab.", RecordFormatError,
-                       "4611686018427387904 bytes declared, 3 left"),
-    "str of 2**40": (b"\x80\x04\x8d" + struct.pack("<Q", 2**40) + b"ab.", RecordFormatError,
-                     "1099511627776 bytes declared"),
-    "bytearray of 2**63": (b"\x80\x05\x96" + struct.pack("<Q", 2**63) + b"ab.", RecordFormatError,
-                           "bytes declared"),
-    "long of 2**31 bytes": (P2 + b"\x8b\xff\xff\xff\x7f.", RecordFormatError, "2147483647 bytes declared"),
+    "text memo index 10**100": (
+        P2 + b"}p" + b"1" * 100 + b"\n.",
+        RecordFormatError,
+        "holds no tensors",
+    ),
+    "bytes of 2**62": (
+        b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"ab.",
+        RecordFormatError,
+        "4611686018427387904 bytes declared, 3 left",
+    ),
+    "str of 2**40": (
+        b"\x80\x04\x8d" + struct.pack("<Q", 2**40) + b"ab.",
+        RecordFormatError,
+        "1099511627776 bytes declared",
+    ),
+    "bytearray of 2**63": (
+        b"\x80\x05\x96" + struct.pack("<Q", 2**63) + b"ab.",
+        RecordFormatError,
+        "bytes declared",
+    ),
+    "long of 2**31 bytes": (
+        P2 + b"\x8b\xff\xff\xff\x7f.",
+        RecordFormatError,
+        "2147483647 bytes declared",
+    ),
     "negative long length": (P2 + b"\x8b\xff\xff\xff\xff.", RecordFormatError, "-1 bytes declared"),
     "int of 5000 digits": (P2 + b"I" + b"9" * 5000 + b"\n.", RecordFormatError, "opcode INT fails"),
     "protocol 9": (b"\x80\x09}.", RecordFormatError, "pickle protocol 9 is newer than 5"),
     "unknown opcode": (P2 + b"\xff.", RecordFormatError, "opcode 0xff is not supported"),
     "no STOP": (P2 + b"}", RecordFormatError, "ends before its STOP opcode"),
     "empty stack": (P2 + b"s.", RecordFormatError, "opcode SETITEM fails"),
-    "NEWOBJ": (P2 + b"ccollections\nOrderedDict\n)\x81.", UnsafePickleError, "refused opcode NEWOBJ"),
+    "NEWOBJ": (
+        P2 + b"ccollections\nOrderedDict\n)\x81.",
+        UnsafePickleError,
+        "refused opcode NEWOBJ",
+    ),
     "INST": (b"(icollections\nOrderedDict\n.", UnsafePickleError, "refused opcode INST"),
     "EXT1": (P2 + b"\x82\x01.", UnsafePickleError, "refused opcode EXT1"),
-    "STACK_GLOBAL os.system": (b"\x80\x04\x8c\x02os\x8c\x06system\x93.", UnsafePickleError,
-                               "refused to load 'os.system'"),
-    "REDUCE on a storage type": (P2 + b"ctorch\nFloatStorage\n)R.", RecordFormatError,
-                                 "is not a callable this file may use"),
-    "REDUCE with bad arguments": (P2 + b"ccollections\nOrderedDict\nK\x01\x85R.", RecordFormatError,
-                                  "opcode REDUCE fails: TypeError"),
-    "text persistent id": (P2 + b"Pstorage\n.", UnsafePickleError, "unknown persistent id 'storage'"),
+    "STACK_GLOBAL os.system": (
+        b"\x80\x04\x8c\x02os\x8c\x06system\x93.",
+        UnsafePickleError,
+        "refused to load 'os.system'",
+    ),
+    "REDUCE on a storage type": (
+        P2 + b"ctorch\nFloatStorage\n)R.",
+        RecordFormatError,
+        "is not a callable this file may use",
+    ),
+    "REDUCE with bad arguments": (
+        P2 + b"ccollections\nOrderedDict\nK\x01\x85R.",
+        RecordFormatError,
+        "opcode REDUCE fails: TypeError",
+    ),
+    "text persistent id": (
+        P2 + b"Pstorage\n.",
+        UnsafePickleError,
+        "unknown persistent id 'storage'",
+    ),
     "STRING opcode": (b"S'abc'\n.", RecordFormatError, "opcode STRING is not supported"),
-    "out-of-band buffer": (b"\x80\x05\x97.", RecordFormatError, "opcode NEXT_BUFFER is not supported"),
+    "out-of-band buffer": (
+        b"\x80\x05\x97.",
+        RecordFormatError,
+        "opcode NEXT_BUFFER is not supported",
+    ),
 }
 
 
@@ -509,8 +625,10 @@ def test_hostile_pickles_cost_no_memory(tmp_path):
          "long of 2**31 bytes", "tuple nested 200k deep as a key"])]  # fmt: skip
     result = probe_peak_memory([*paths, expanded_control(tmp_path)])
     *growth, control = result["peak_growth_mib"]
-    print(f"\npeak RSS growth on hostile pickles: {max(growth):.2f} MiB (control {control:.1f} MiB)")
-    assert all(o.startswith("RecordFormatError") for o in result["outcomes"][:-1]), result["outcomes"]
+    print(f"\npeak RSS growth on hostile pickles: {max(growth):.2f} MiB "
+          f"(control {control:.1f} MiB)")  # fmt: skip
+    outcomes = result["outcomes"]
+    assert all(o.startswith("RecordFormatError") for o in outcomes[:-1]), outcomes
     assert max(growth) < 8 and control > 40
 
 
@@ -530,7 +648,11 @@ def test_tensor_v3_dtypes_and_a_tensor_named_twice(tmp_path):
     base = torch.arange(4.0)
     state = {"u16": u16, "f8": f8, "a": base, "b": base}
     tensors = read_pytorch(save(state, tmp_path / "v3.pt", "zip"))
-    assert tensors["u16"].dtype.value == "u16" and tensors["u16"].to_numpy().tolist() == [1, 60000, 7]
+    assert tensors["u16"].dtype.value == "u16" and tensors["u16"].to_numpy().tolist() == [
+        1,
+        60000,
+        7,
+    ]
     assert tensors["f8"].dtype.value == "f8e4m3fn"
     np.testing.assert_array_equal(tensors["f8"].to_numpy().astype(np.float32), [0.5, -2.0])
     np.testing.assert_array_equal(tensors["b"].to_numpy(), [0, 1, 2, 3])
@@ -549,38 +671,80 @@ def entry(dtype="F32", shape=(2,), offsets=(0, 8)):
 EIGHT = bytes(range(8))
 SAFETENSORS = {  # name: (file bytes, what the message must quote)
     "too short": (b"\x01\x00", "2 bytes, too short for the header length"),
-    "header past the file": (st_bytes(b"{}", length=10**6), "header length 1000000 exceeds the 2 bytes"),
+    "header past the file": (
+        st_bytes(b"{}", length=10**6),
+        "header length 1000000 exceeds the 2 bytes",
+    ),
     "header length 2**64-1": (st_bytes(b"{}", length=2**64 - 1), "18446744073709551615 exceeds"),
     "not JSON": (st_bytes(b"{not json}"), "the header is not JSON"),
     "a JSON list": (st_bytes(b"[1, 2]"), "is not a JSON object"),
     "bad UTF-8": (st_bytes(b'{"\xff": 1}'), "the header is not JSON"),
-    "JSON nested 100k deep": (st_bytes(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"), "not JSON"),
+    "JSON nested 100k deep": (
+        st_bytes(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        "not JSON",
+    ),
     "a key twice": (st_bytes(b'{"w": 1, "w": 2}'), "the header names 'w' twice"),
     "entry not a map": (st_bytes({"w": 3}), "w: is 3, not {dtype, shape, data_offsets}"),
     "missing field": (st_bytes({"w": {"dtype": "F32", "shape": [2]}}, EIGHT), "not {dtype, shape"),
-    "unknown dtype": (st_bytes({"w": entry("C64")}, EIGHT), "w: dtype 'C64' is not one ember reads"),
+    "unknown dtype": (
+        st_bytes({"w": entry("C64")}, EIGHT),
+        "w: dtype 'C64' is not one ember reads",
+    ),
     "dtype not a string": (st_bytes({"w": entry(5)}, EIGHT), "dtype 5 is not"),
     "negative shape": (st_bytes({"w": entry(shape=(-2,))}, EIGHT), "w: shape [-2] is -2, outside"),
-    "float shape": (st_bytes({"w": entry(shape=(2.0,))}, EIGHT), "shape [2.0] is 2.0, not an integer"),
+    "float shape": (
+        st_bytes({"w": entry(shape=(2.0,))}, EIGHT),
+        "shape [2.0] is 2.0, not an integer",
+    ),
     "bool shape": (st_bytes({"w": entry(shape=(True,))}, EIGHT), "is True, not an integer"),
     "shape not a list": (st_bytes({"w": {**entry(), "shape": 2}}, EIGHT), "shape is 2, not a list"),
-    "shape of 2**64 elements": (st_bytes({"w": entry(shape=(2**32, 2**32))}, EIGHT),
-                                "shape [4294967296, 4294967296] is too large to describe"),
-    "shape of 2**40 elements": (st_bytes({"w": entry(shape=(2**20, 2**20))}, EIGHT),
-                                "span 8 bytes; shape [1048576, 1048576] of F32 needs 4398046511104"),
-    "offsets not a pair": (st_bytes({"w": entry(offsets=(0, 4, 8))}, EIGHT), "data_offsets is [0, 4, 8]"),
-    "negative offset": (st_bytes({"w": entry(offsets=(-8, 0))}, EIGHT), "data_offsets[0] is -8, outside [0, 8]"),
-    "offset past the data": (st_bytes({"w": entry(offsets=(0, 16))}, EIGHT), "data_offsets[1] is 16, outside [0, 8]"),
+    "shape of 2**64 elements": (
+        st_bytes({"w": entry(shape=(2**32, 2**32))}, EIGHT),
+        "shape [4294967296, 4294967296] is too large to describe",
+    ),
+    "shape of 2**40 elements": (
+        st_bytes({"w": entry(shape=(2**20, 2**20))}, EIGHT),
+        "span 8 bytes; shape [1048576, 1048576] of F32 needs 4398046511104",
+    ),
+    "offsets not a pair": (
+        st_bytes({"w": entry(offsets=(0, 4, 8))}, EIGHT),
+        "data_offsets is [0, 4, 8]",
+    ),
+    "negative offset": (
+        st_bytes({"w": entry(offsets=(-8, 0))}, EIGHT),
+        "data_offsets[0] is -8, outside [0, 8]",
+    ),
+    "offset past the data": (
+        st_bytes({"w": entry(offsets=(0, 16))}, EIGHT),
+        "data_offsets[1] is 16, outside [0, 8]",
+    ),
     "float offset": (st_bytes({"w": entry(offsets=(0.0, 8))}, EIGHT), "data_offsets[0] is 0.0"),
     "end before begin": (st_bytes({"w": entry(offsets=(8, 0))}, EIGHT), "span -8 bytes"),
-    "span not dtype times shape": (st_bytes({"w": entry(shape=(3,))}, EIGHT), "span 8 bytes; shape [3] of F32 needs 12"),
-    "overlap": (st_bytes({"a": entry(offsets=(0, 8)), "b": entry(shape=(1,), offsets=(4, 8))}, EIGHT),
-                "b: data_offsets begin at 4: the tensor overlaps the tensor before it"),
-    "gap": (st_bytes({"a": entry(shape=(1,), offsets=(4, 8))}, EIGHT), "leaves bytes 0 to 4 unused"),
-    "data not covered": (st_bytes({"a": entry(shape=(1,), offsets=(0, 4))}, EIGHT), "cover 4 of the 8 data bytes"),
-    "metadata a list": (st_bytes({"__metadata__": [1]}), "__metadata__: is [1], not a map of strings"),
+    "span not dtype times shape": (
+        st_bytes({"w": entry(shape=(3,))}, EIGHT),
+        "span 8 bytes; shape [3] of F32 needs 12",
+    ),
+    "overlap": (
+        st_bytes({"a": entry(offsets=(0, 8)), "b": entry(shape=(1,), offsets=(4, 8))}, EIGHT),
+        "b: data_offsets begin at 4: the tensor overlaps the tensor before it",
+    ),
+    "gap": (
+        st_bytes({"a": entry(shape=(1,), offsets=(4, 8))}, EIGHT),
+        "leaves bytes 0 to 4 unused",
+    ),
+    "data not covered": (
+        st_bytes({"a": entry(shape=(1,), offsets=(0, 4))}, EIGHT),
+        "cover 4 of the 8 data bytes",
+    ),
+    "metadata a list": (
+        st_bytes({"__metadata__": [1]}),
+        "__metadata__: is [1], not a map of strings",
+    ),
     "metadata numbers": (st_bytes({"__metadata__": {"a": 1}}), "is {'a': 1}, not a map"),
-    "metadata nested": (st_bytes({"__metadata__": {"a": {"b": "c"}}}), "not a map of strings to strings"),
+    "metadata nested": (
+        st_bytes({"__metadata__": {"a": {"b": "c"}}}),
+        "not a map of strings to strings",
+    ),
 }
 
 
@@ -591,7 +755,9 @@ def test_hostile_safetensors(tmp_path, case):
     path.write_bytes(content)
     with pytest.raises(RecordFormatError) as info:
         read_safetensors(path)
-    assert str(info.value).startswith(f"{path}: not a valid safetensors file: ") and quoted in str(info.value)
+    assert str(info.value).startswith(f"{path}: not a valid safetensors file: ") and quoted in str(
+        info.value
+    )
     assert info.value.file == str(path)
     with pytest.raises(safetensors.SafetensorError):  # the library refuses each of them too
         safetensors.deserialize(content)
@@ -612,7 +778,10 @@ def test_safetensors_header_limit_and_param_ids(tmp_path):
     with pytest.raises(RecordFormatError, match=r"exceeds WeightLimits.header_bytes \(100\)"):
         read_safetensors(path, limits=WeightLimits(header_bytes=100))
     assert read_safetensors(path)[1] == {"note": "x" * 1000}
-    for ids, quoted in [("[" * 100_000, "is not JSON"), ('{"w": 5}', "is {'w': 5}, not a map of names to ids")]:
+    for ids, quoted in [
+        ("[" * 100_000, "is not JSON"),
+        ('{"w": 5}', "is {'w': 5}, not a map of names to ids"),
+    ]:
         path.write_bytes(st_bytes({"__metadata__": {"ember.param_ids": ids}, "w": entry()}, EIGHT))
         with pytest.raises(RecordFormatError, match=quoted.replace("[", r"\[").replace("{", r"\{")):
             SafetensorsFileRecorder().load(path)
@@ -659,7 +828,8 @@ def base_state() -> dict:
         "conv.weight": torch.randn(2, 3, 2, generator=generator), "conv.bias": torch.zeros(2),
         "t": base.t(), "row": base[1], "slice": base[:, ::2], "tied": base,
         "mask": torch.ones(1, 1).expand(3, 4), "half": torch.randn(5, generator=generator).half(),
-        "bf16": torch.randn(3, generator=generator).bfloat16(), "ids": torch.arange(6).reshape(2, 3),
+        "bf16": torch.randn(3, generator=generator).bfloat16(),
+        "ids": torch.arange(6).reshape(2, 3),
         "flags": torch.tensor([True, False, True]), "bytes": torch.arange(5, dtype=torch.uint8),
         "scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.zeros(0, 3),
         "nested": {"i8": torch.tensor([-3, 4], dtype=torch.int8)},
@@ -679,7 +849,9 @@ def saved_deterministically(state: dict, path: Path, layout: str) -> bytes:
     size = struct.unpack("<L", data[central + 24 : central + 28])[0]
     fixed = b"0" * size
     data = data[:start] + fixed + data[start + size :]
-    return patch(patch(data, local + 14, "<L", zlib.crc32(fixed)), central + 16, "<L", zlib.crc32(fixed))
+    return patch(
+        patch(data, local + 14, "<L", zlib.crc32(fixed)), central + 16, "<L", zlib.crc32(fixed)
+    )
 
 
 def renumbered_legacy_keys(data: bytes, state: dict) -> bytes:
@@ -691,7 +863,10 @@ def renumbered_legacy_keys(data: bytes, state: dict) -> bytes:
         for _ in pickletools.genops(stream):
             pass
         bounds.append((start, stream.tell()))
-    nbytes = {str(t.untyped_storage()._cdata): t.untyped_storage().nbytes() for t in flatten(state).values()}
+    nbytes = {
+        str(t.untyped_storage()._cdata): t.untyped_storage().nbytes()
+        for t in flatten(state).values()
+    }
     listed = pickle.loads(data[slice(*bounds[4])])
     blocks, position = {}, bounds[4][1]
     for key in listed:
@@ -699,8 +874,13 @@ def renumbered_legacy_keys(data: bytes, state: dict) -> bytes:
         position += 8 + nbytes[key]
     obj = data[slice(*bounds[3])]
     order = sorted(listed, key=lambda k: obj.find(k.encode()))
-    for i, key in enumerate(order):  # BINUNICODE strings: nothing in a pickle counts bytes past them
-        obj = obj.replace(b"X" + struct.pack("<I", len(key)) + key.encode(), b"X" + struct.pack("<I", len(str(i))) + str(i).encode())
+    for i, key in enumerate(
+        order
+    ):  # BINUNICODE strings: nothing in a pickle counts bytes past them
+        obj = obj.replace(
+            b"X" + struct.pack("<I", len(key)) + key.encode(),
+            b"X" + struct.pack("<I", len(str(i))) + str(i).encode(),
+        )
     keys = pickle.dumps([str(i) for i in range(len(order))], protocol=2)
     return data[: bounds[2][1]] + obj + keys + b"".join(blocks[key] for key in order)
 
@@ -724,8 +904,12 @@ def byte_mutation(data: bytes, rng: random.Random) -> bytes:
     elif kind == 5:
         fmt = rng.choice(["<q", "<Q", "<I", "<i", "<H", ">q"])
         value = rng.choice([0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 10**10, 255, 64])
-        packed = struct.pack(fmt, value % (1 << (8 * struct.calcsize(fmt))) if fmt[1].isupper() else
-                             max(min(value, 2 ** (8 * struct.calcsize(fmt) - 1) - 1), 0))
+        packed = struct.pack(
+            fmt,
+            value % (1 << (8 * struct.calcsize(fmt)))
+            if fmt[1].isupper()
+            else max(min(value, 2 ** (8 * struct.calcsize(fmt) - 1) - 1), 0),
+        )
         data[at : at + len(packed)] = packed
     else:
         n = rng.randint(1, 256)
@@ -737,7 +921,8 @@ def hostile_pt(layout: str, rng: random.Random) -> bytes:
     """A crafted file like torch.save's, one random slot given a hostile value."""
     legacy = layout == "legacy"
     storages = {str(k): Storage(str(k), n, legacy=legacy) for k, n in enumerate([24, 4, 1])}
-    obj = {"w": Tensor(storages["0"], 0, (4, 6), (6, 1)), "t": Tensor(storages["0"], 0, (6, 4), (1, 6)),
+    obj = {"w": Tensor(storages["0"], 0, (4, 6), (6, 1)),
+           "t": Tensor(storages["0"], 0, (6, 4), (1, 6)),
            "b": Tensor(storages["1"]), "m": Tensor(storages["2"], 0, (3, 4), (0, 0))}  # fmt: skip
     value = rng.choice(HOSTILE_VALUES)
     target = obj[rng.choice(list(obj))]
@@ -754,11 +939,16 @@ def hostile_pt(layout: str, rng: random.Random) -> bytes:
         target.storage.key = rng.choice([0, None, "../0", "9", ("0",)])
     else:
         setattr(target, slot, value)
-    data = {k: bytes(range(4 * n)) if 4 * n < 256 else bytes(4 * n) for k, n in [("0", 24), ("1", 4), ("2", 1)]}
+    data = {
+        k: bytes(range(4 * n)) if 4 * n < 256 else bytes(4 * n)
+        for k, n in [("0", 24), ("1", 4), ("2", 1)]
+    }
     path_free = io.BytesIO()
     if layout == "zip":
         buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", rng.choice([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])) as archive:
+        with zipfile.ZipFile(
+            buffer, "w", rng.choice([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+        ) as archive:
             archive.writestr("archive/data.pkl", crafted_pickle(obj))
             for key, raw in data.items():
                 archive.writestr(f"archive/data/{key}", raw)
@@ -785,7 +975,9 @@ def hostile_safetensors(content: bytes, rng: random.Random) -> bytes:
     name = rng.choice(names)
     if kind == 0:
         field = rng.choice(["dtype", "shape", "data_offsets"])
-        header[name][field] = rng.choice([*HOSTILE_VALUES[:10], "F64", "BF16", "BOOL", "I4", [], [0, 0]])
+        header[name][field] = rng.choice(
+            [*HOSTILE_VALUES[:10], "F64", "BF16", "BOOL", "I4", [], [0, 0]]
+        )
     elif kind == 1:
         dims = header[name]["shape"] or [1]
         dims[rng.randrange(len(dims))] = rng.choice([0, 1, 3, 2**31, 2**62, -1])
@@ -793,13 +985,17 @@ def hostile_safetensors(content: bytes, rng: random.Random) -> bytes:
     elif kind == 2:
         other = rng.choice(names)
         header[name]["data_offsets"], header[other]["data_offsets"] = (
-            header[other]["data_offsets"], header[name]["data_offsets"])
+            header[other]["data_offsets"],
+            header[name]["data_offsets"],
+        )
     elif kind == 3:
         header["__metadata__"] = rng.choice([{"a": 1}, [], "x", None, {"a": "b" * 100}, {"": ""}])
     elif kind == 4:
         del header[name]
     raw = json.dumps(header).encode()
-    length = len(raw) if kind != 5 else rng.choice([0, len(raw) - 1, len(raw) + 1, 2**63, 2**64 - 1])
+    length = (
+        len(raw) if kind != 5 else rng.choice([0, len(raw) - 1, len(raw) + 1, 2**63, 2**64 - 1])
+    )
     return struct.pack("<Q", length) + raw + data
 
 
@@ -814,7 +1010,7 @@ def flatten(obj, prefix=""):
     if isinstance(obj, torch.Tensor):
         return {prefix: obj}
     out = {}
-    for key, value in (obj.items() if isinstance(obj, dict) else ()):
+    for key, value in obj.items() if isinstance(obj, dict) else ():
         out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
@@ -854,7 +1050,9 @@ def check_against_references(kind: str, path: Path, content: bytes, tensors: dic
                 assert "(" in name or " object at 0x" in name, name
                 continue
             assert tuple(reference[name].shape) == data.shape
-            assert data.buffer().reshape(-1).view(np.uint8).tobytes() == torch_bytes(reference[name])
+            assert data.buffer().reshape(-1).view(np.uint8).tobytes() == torch_bytes(
+                reference[name]
+            )
     return True
 
 
@@ -871,7 +1069,11 @@ def test_fuzzed_files_fail_typed_or_load_well_formed(tmp_path, kind):
         original = base.read_bytes()
     else:
         original = saved_deterministically(base_state(), base, kind)
-    assert read_safetensors(base) if kind == "safetensors" else read_pytorch(base.write_bytes(original) and base)
+    assert (
+        read_safetensors(base)
+        if kind == "safetensors"
+        else read_pytorch(base.write_bytes(original) and base)
+    )
     path = tmp_path / "case"
     counts: Counter = Counter()
     raw_errors: list[str] = []
@@ -879,7 +1081,11 @@ def test_fuzzed_files_fail_typed_or_load_well_formed(tmp_path, kind):
     start = time.perf_counter()
     for case in range(FUZZ_CASES[kind]):
         if rng.random() < 0.35:  # structural, then perhaps bytes changed too
-            content = hostile_safetensors(original, rng) if kind == "safetensors" else hostile_pt(kind, rng)
+            content = (
+                hostile_safetensors(original, rng)
+                if kind == "safetensors"
+                else hostile_pt(kind, rng)
+            )
             content = byte_mutation(content, rng) if rng.random() < 0.3 else content
         else:
             content = byte_mutation(original, rng)
@@ -897,7 +1103,9 @@ def test_fuzzed_files_fail_typed_or_load_well_formed(tmp_path, kind):
         counts["loaded"] += 1
         well_formed(tensors)
         try:
-            counts["loaded by the reference too"] += check_against_references(kind, path, content, tensors)
+            counts["loaded by the reference too"] += check_against_references(
+                kind, path, content, tensors
+            )
         except Exception as exc:
             reference_errors.append(f"case {case}: {type(exc).__name__}: {exc}"[:300])
     seconds = time.perf_counter() - start
@@ -905,5 +1113,7 @@ def test_fuzzed_files_fail_typed_or_load_well_formed(tmp_path, kind):
     assert raw_errors == [], "\n".join(raw_errors)
     assert reference_errors == [], "\n".join(reference_errors)
     # both outcomes are exercised, and most loads are checked against the writer's own reader
-    assert counts["typed errors"] > counts["cases"] // 4 and counts["loaded"] > counts["cases"] // 50
+    assert (
+        counts["typed errors"] > counts["cases"] // 4 and counts["loaded"] > counts["cases"] // 50
+    )
     assert counts["loaded by the reference too"] > counts["loaded"] * 2 // 3

@@ -87,7 +87,9 @@ class PyTorchFileRecorder:
         ['weight']
     """
 
-    def __init__(self, precision: PrecisionSettings | None = None, limits: WeightLimits | None = None) -> None:
+    def __init__(
+        self, precision: PrecisionSettings | None = None, limits: WeightLimits | None = None
+    ) -> None:
         self.precision = precision
         self.limits = limits
 
@@ -113,7 +115,9 @@ class SafetensorsFileRecorder:
 
     extension = "safetensors"
 
-    def __init__(self, precision: PrecisionSettings | None = None, limits: WeightLimits | None = None) -> None:
+    def __init__(
+        self, precision: PrecisionSettings | None = None, limits: WeightLimits | None = None
+    ) -> None:
         self.precision = precision
         self.limits = limits
 
@@ -155,8 +159,8 @@ def _param_ids(text: str, source: str) -> dict[str, str]:
     try:
         ids = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is not JSON: {shown(str(exc))}",
-                                file=source) from None  # fmt: skip
+        raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is not JSON: "
+                                f"{shown(str(exc))}", file=source) from None  # fmt: skip
     if not isinstance(ids, dict) or not all(type(v) is str for v in ids.values()):
         raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is {shown(ids)}, not a map "
                                 "of names to ids", file=source)  # fmt: skip

@@ -33,7 +33,7 @@ from ember.backend.errors import EmberError, RecordFormatError, UnsafePickleErro
 from ember.record.weight_limits import shown
 
 _NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
-_OBJECT_BUILDERS = {b"i"[0], b"o"[0], 0x81, 0x82, 0x83, 0x84, 0x92}  # INST OBJ NEWOBJ EXT* NEWOBJ_EX
+_OBJECT_BUILDERS = {b"i"[0], b"o"[0], 0x81, 0x82, 0x83, 0x84, 0x92}  # INST OBJ NEWOBJ EXT NEWOBJ_EX
 _HASHABLE_CONTAINERS = (tuple, frozenset)
 _RAW_ERRORS = (IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError,
                struct.error, MemoryError)  # fmt: skip
@@ -96,13 +96,14 @@ class PickleReader:
             self.callables, self.depths = {}, {}
 
     def _error(self, position: int, message: str) -> RecordFormatError:
-        return RecordFormatError(f"{self.source}: pickle byte {position}: {message}", file=self.source)
+        return RecordFormatError(f"{self.source}: pickle byte {position}: {message}",
+                                 file=self.source)  # fmt: skip
 
     def _refused(self, code: int, position: int) -> RecordFormatError:
         if code in _OBJECT_BUILDERS:
             return UnsafePickleError(
-                f"{self.source}: pickle byte {position}: refused opcode {_NAMES[code]}, which builds "
-                "arbitrary objects (a weight file holds tensors and plain containers only)",
+                f"{self.source}: pickle byte {position}: refused opcode {_NAMES[code]}, which "
+                "builds arbitrary objects (a weight file holds tensors and plain containers only)",
                 file=self.source,
             )
         what = _NAMES.get(code, f"0x{code:02x}")
@@ -142,8 +143,8 @@ class PickleReader:
     def _hashable(self, value: Any, items: Any) -> Any:
         """Records how deep ``value`` (a new tuple or frozenset of ``items``) nests."""
         depths = self.depths  # only those deeper than 1 are recorded
-        depth = 1 + max((depths.get(id(item), 1) for item in items if type(item) in _HASHABLE_CONTAINERS),
-                        default=0)  # fmt: skip
+        nested = (depths.get(id(item), 1) for item in items if type(item) in _HASHABLE_CONTAINERS)
+        depth = 1 + max(nested, default=0)
         if depth > self.nesting:
             raise self._error(self.position - 1, f"tuples nest deeper than {self.nesting}")
         if depth > 1:
@@ -264,7 +265,8 @@ class PickleReader:
         name = self.stack.pop()
         module = self.stack.pop()
         if type(module) is not str or type(name) is not str:
-            raise TypeError(f"STACK_GLOBAL needs two strings, got {shown(module)} and {shown(name)}")
+            raise TypeError(f"STACK_GLOBAL needs two strings, got {shown(module)} and "
+                            f"{shown(name)}")  # fmt: skip
         self._found(module, name)
 
     def _found(self, module: str, name: str) -> None:
@@ -312,7 +314,8 @@ def _handlers() -> dict[int, Callable[[PickleReader], None]]:
         "\x8e": lambda r: r.stack.append(r._take(r._uint(8))),
         "\x96": lambda r: r.stack.append(bytearray(r._take(r._uint(8)))),
         ")": lambda r: r.stack.append(()), "t": R._tuple_mark,
-        "\x85": lambda r: r._tuple_n(1), "\x86": lambda r: r._tuple_n(2), "\x87": lambda r: r._tuple_n(3),
+        "\x85": lambda r: r._tuple_n(1), "\x86": lambda r: r._tuple_n(2),
+        "\x87": lambda r: r._tuple_n(3),
         "]": lambda r: r.stack.append([]), "l": R._list,
         "a": R._append, "e": R._appends,
         "}": lambda r: r.stack.append({}), "d": R._dict, "s": R._setitem, "u": R._setitems,

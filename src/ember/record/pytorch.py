@@ -1,4 +1,4 @@
-"""Reading ``torch.save`` files without torch, without running code from them, within bounded memory.
+"""Reading ``torch.save`` files without torch, without running their code, in bounded memory.
 
 A PyTorch weight file is a pickle. Unpickling may call any importable
 function, so ember reads it with its own :class:`~ember.record.pickle_reader.PickleReader`,
@@ -23,8 +23,9 @@ the bytes its entry really holds, each tensor's shape, stride and offset
 against its storage, each zip entry against the file and against the other
 entries (no two may share bytes). Storages are read once, into one buffer
 (see :func:`~ember.record.weight_limits.arena`); a tensor that is a row-major
-run of its storage is a view of that buffer, any other tensor a copy. Views that read elements more than once
-(``expand()`` buffers, stride 0) are materialized like any other copy, so the
+run of its storage is a view of that buffer, any other tensor a copy. Views
+that read elements more than once (``expand()`` buffers, stride 0) are
+materialized like any other copy, so the
 copies of a file together may exceed its storage bytes by at most
 :attr:`WeightLimits.expanded_bytes`; past that the file is refused with a
 :class:`RecordFormatError` before the copy is made. Nothing keeps the file
@@ -100,8 +101,10 @@ class _DType:
 class _Tensor:
     """A tensor view described by the pickle, as given: checked once its storage is read."""
 
-    def __init__(self, storage: Any, offset: Any, size: Any, stride: Any, dtype: Any = None) -> None:
-        self.storage, self.offset, self.size, self.stride, self.dtype = storage, offset, size, stride, dtype
+    def __init__(self, storage: Any, offset: Any, size: Any, stride: Any, dtype: Any = None
+                 ) -> None:  # fmt: skip
+        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
+        self.dtype = dtype  # a _DType (v3), or None for the storage's own element type
 
 
 # torch's own signatures: a call with other arguments is refused, as torch.load refuses it
@@ -183,7 +186,8 @@ class _Unpickling:
 
     def persistent_load(self, pid: Any) -> _Storage:
         if not (type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"):
-            raise UnsafePickleError(f"{self.source}: unknown persistent id {shown(pid)}", file=self.source)
+            raise UnsafePickleError(f"{self.source}: unknown persistent id {shown(pid)}",
+                                    file=self.source)  # fmt: skip
         storage_type, key, numel = pid[1], pid[2], pid[4]
         if type(key) is not str:
             raise fail(self.source, None, f"a storage key is {shown(key)}, not a string")
@@ -205,7 +209,8 @@ class _Unpickling:
         return storage
 
     def reader(self, data: bytes | np.ndarray, limits: WeightLimits) -> PickleReader:
-        return PickleReader(data, self.source, self.find_global, self.persistent_load, limits.nesting)
+        return PickleReader(data, self.source, self.find_global, self.persistent_load,
+                            limits.nesting)  # fmt: skip
 
 
 def read_pytorch(
@@ -239,7 +244,8 @@ def read_pytorch(
             if file.read(4) == b"PK\x03\x04":
                 obj, storages, big_endian = _read_zip(file, size, source, limits)
             else:
-                obj, storages, big_endian = _read_legacy(read_at(file, 0, size, source, None), source, limits)
+                data = read_at(file, 0, size, source, None)
+                obj, storages, big_endian = _read_legacy(data, source, limits)
     except OSError as exc:
         raise fail(source, None, f"cannot be read: {exc}") from None
     if top_level_key is not None:
@@ -257,7 +263,7 @@ def read_pytorch(
 
 # ---------------------------------------------------------------------------------- zip layout
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, ValueError,
-               struct.error, EOFError, OverflowError, IndexError, KeyError, UnicodeDecodeError)  # fmt: skip
+               struct.error, EOFError, OverflowError, IndexError, KeyError)  # fmt: skip
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 _DEFLATE_RATIO = 1032  # the most bytes deflate can produce from one compressed byte
 
@@ -290,8 +296,9 @@ def _read_zip(file: BinaryIO, file_size: int, source: str, limits: WeightLimits)
             raise fail(source, None, f"storage {shown(key)} is missing ({shown(member)})")
         held = entries.infos[member].file_size
         if held != storage.nbytes:
-            raise fail(source, None, f"storage {shown(key)} declares {storage.numel} x {storage.dtype} "
-                                     f"= {storage.nbytes} bytes, its entry holds {held}")
+            raise fail(source, None, f"storage {shown(key)} declares {storage.numel} x "
+                                     f"{storage.dtype} = {storage.nbytes} bytes, its entry "
+                                     f"holds {held}")  # fmt: skip
         entries.locate(member)
     entries.check_disjoint()
     buffers = arena([storage.nbytes for storage in unpickling.storages.values()])
@@ -305,14 +312,16 @@ class _Entries:
 
     def __init__(self, archive: zipfile.ZipFile, file: BinaryIO, file_size: int, source: str,
                  limits: WeightLimits) -> None:  # fmt: skip
-        self.archive, self.file, self.file_size, self.source, self.limits = archive, file, file_size, source, limits
+        self.archive, self.file, self.file_size = archive, file, file_size
+        self.source, self.limits = source, limits
         self.infos: dict[str, zipfile.ZipInfo] = {}
         for info in archive.infolist():
             name = info.filename
             if name in self.infos:
                 raise fail(source, None, f"the zip entry {shown(name)} appears twice")
-            if name.startswith(("/", "\\")) or "\\" in name or "\x00" in name or ".." in name.split("/"):
-                raise fail(source, None, f"the zip entry name {shown(name)} is not a plain relative path")
+            if name.startswith("/") or "\\" in name or "\x00" in name or ".." in name.split("/"):
+                raise fail(source, None, f"the zip entry name {shown(name)} is not a plain "
+                                         "relative path")  # fmt: skip
             self.infos[name] = info
         self.spans: dict[str, tuple[int, int]] = {}  # name -> (first byte, end) in the file
         self.inflated = 0
@@ -326,25 +335,29 @@ class _Entries:
             raise fail(source, None, f"the zip entry {shown(name)} is marked as a directory")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
             raise fail(source, None, f"the zip entry {shown(name)} uses compression method "
-                                     f"{info.compress_type}; only stored and deflated entries are read")
+                                     f"{info.compress_type}; only stored and deflated entries "
+                                     "are read")  # fmt: skip
         start = info.header_offset
         if start < 0 or start + _LOCAL_HEADER.size > self.file_size:
-            raise fail(source, None, f"the zip entry {shown(name)} starts at byte {start}, past the end")
-        header = _LOCAL_HEADER.unpack(read_at(self.file, start, _LOCAL_HEADER.size, source, None).tobytes())
+            raise fail(source, None, f"the zip entry {shown(name)} starts at byte {start}, "
+                                     f"past the end")  # fmt: skip
+        raw = read_at(self.file, start, _LOCAL_HEADER.size, source, None).tobytes()
+        header = _LOCAL_HEADER.unpack(raw)
         signature, method, name_length, extra_length = header[0], header[3], header[9], header[10]
         if signature != b"PK\x03\x04" or method != info.compress_type:
             raise fail(source, None, f"the zip entry {shown(name)} has no matching local header")
         data_start = start + _LOCAL_HEADER.size + name_length + extra_length
         end = data_start + info.compress_size
         if end > self.file_size:
-            raise fail(source, None, f"the zip entry {shown(name)} claims bytes up to {end}; the file "
-                                     f"has {self.file_size}")
+            raise fail(source, None, f"the zip entry {shown(name)} claims bytes up to {end}; the "
+                                     f"file has {self.file_size}")
         if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
             raise fail(source, None, f"the stored zip entry {shown(name)} claims {info.file_size} "
                                      f"bytes in {info.compress_size}")
         if info.file_size > _DEFLATE_RATIO * info.compress_size + 64:
             raise fail(source, None, f"the zip entry {shown(name)} claims {info.file_size} bytes "
-                                     f"from {info.compress_size} compressed, more than deflate can make")
+                                     f"from {info.compress_size} compressed, more than deflate "
+                                     "can make")  # fmt: skip
         self.spans[name] = (start, end)
         return data_start
 
@@ -353,7 +366,8 @@ class _Entries:
         ordered = sorted((span, name) for name, span in self.spans.items())
         for ((_, end), name), ((start, _), other) in itertools.pairwise(ordered):
             if start < end:
-                raise fail(self.source, None, f"the zip entries {shown(name)} and {shown(other)} overlap")
+                raise fail(self.source, None, f"the zip entries {shown(name)} and "
+                                              f"{shown(other)} overlap")  # fmt: skip
 
     def read(self, name: str, upper: int | None = None, limit_name: str = "",
              out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
@@ -376,7 +390,8 @@ class _Entries:
         self.inflated += info.file_size
         if self.inflated > self.limits.inflated_bytes:
             raise fail(source, None, f"compressed entries inflate to {self.inflated} bytes, more "
-                                     "than WeightLimits.inflated_bytes; raise it if you trust the file")
+                                     "than WeightLimits.inflated_bytes; raise it if you trust "
+                                     "the file")  # fmt: skip
         return self._inflate(info, out)
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
@@ -460,8 +475,8 @@ def _read_legacy(data: np.ndarray, source: str, limits: WeightLimits):
                                      f"declares {storage.numel}")
         position += 8
         if position + storage.nbytes > len(data):
-            raise fail(source, None, f"truncated: storage {shown(key)} needs {storage.nbytes} bytes, "
-                                     f"{len(data) - position} left")
+            raise fail(source, None, f"truncated: storage {shown(key)} needs {storage.nbytes} "
+                                     f"bytes, {len(data) - position} left")
         starts[key] = position
         position += storage.nbytes
     # copied out of the file's bytes, which keep no alignment, into aligned buffers
@@ -477,7 +492,8 @@ class _Tensors:
     """Walks the unpickled object, turning each tensor into TensorData under its dotted name."""
 
     def __init__(self, source: str, big_endian: bool, budget: CopyBudget, nesting: int) -> None:
-        self.source, self.big_endian, self.budget, self.nesting = source, big_endian, budget, nesting
+        self.source, self.big_endian = source, big_endian
+        self.budget, self.nesting = budget, nesting
         self.out: dict[str, TensorData] = {}
         self.done: dict[int, TensorData] = {}  # a tensor the pickle names twice is read once
 
@@ -508,17 +524,21 @@ class _Tensors:
         if storage.buffer is None:
             raise fail(source, name, f"the bytes of storage {shown(storage.key)} are missing")
         elements = storage.typed(dtype, self.big_endian, source, name)
-        checked = view(tensor.size, tensor.stride, tensor.offset, elements.size, dtype.itemsize, source, name)
+        itemsize = dtype.itemsize
+        checked = view(tensor.size, tensor.stride, tensor.offset, elements.size, itemsize,
+                       source, name)  # fmt: skip
+        shape, stride, offset = checked.shape, checked.stride, checked.offset
         if checked.numel == 0:
-            return TensorData._wrap(np.empty(checked.shape, dtype))
+            return TensorData._wrap(np.empty(shape, dtype))
         if checked.is_contiguous():
-            return TensorData._wrap(elements[checked.offset : checked.offset + checked.numel].reshape(checked.shape))
-        self.budget.charge(checked.numel * dtype.itemsize, name,
-                           f"copying its view (shape {list(checked.shape)}, stride {list(checked.stride)})")
+            return TensorData._wrap(elements[offset : offset + checked.numel].reshape(shape))
+        self.budget.charge(checked.numel * itemsize, name,
+                           f"copying its view (shape {list(shape)}, stride {list(stride)})")
         strided = np.lib.stride_tricks.as_strided(
-            elements[checked.offset :],
-            shape=checked.shape,
-            strides=tuple(s * dtype.itemsize if n > 1 else 0 for n, s in zip(checked.shape, checked.stride)),
+            elements[offset:],
+            shape=shape,
+            # a dimension of one element may have any stride; NumPy's must fit in 64 bits
+            strides=tuple(s * itemsize if n > 1 else 0 for n, s in zip(shape, stride)),
             writeable=False,
         )
         return TensorData._wrap(np.array(strided, order="C"))

@@ -127,8 +127,10 @@ def read_safetensors(
             entries = _entries(header, file_size - 8 - header_size, source)
             start = 8 + header_size
             buffers = arena([nbytes for *_, nbytes in entries])
-            tensors = {name: _tensor(read_into(file, start + begin, out, source, name), dtype, shape)
-                       for (name, dtype, shape, begin, _), out in zip(entries, buffers)}  # fmt: skip
+            tensors = {}
+            for (name, dtype, shape, begin, _), out in zip(entries, buffers):
+                raw = read_into(file, start + begin, out, source, name)
+                tensors[name] = _tensor(raw, dtype, shape)
     except OSError as exc:
         raise fail(source, None, f"cannot be read: {exc}") from None
     return tensors, metadata
@@ -141,7 +143,7 @@ def _header(raw: bytes, source: Source) -> dict:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except _DuplicateKey as exc:
         raise fail(source, None, f"the header names {shown(exc.args[0])} twice") from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8 are ValueErrors
         raise fail(source, None, f"the header is not JSON: {shown(str(exc))}") from None
     if not isinstance(header, dict):
         raise fail(source, None, f"the header is {shown(header)}, not a JSON object")
@@ -171,7 +173,8 @@ def _metadata(value: object, source: Source) -> dict[str, str]:
 _FIELDS = {"dtype", "shape", "data_offsets"}
 
 
-def _entries(header: dict, data_size: int, source: Source) -> list[tuple[str, np.dtype, tuple, int, int]]:
+def _entries(header: dict, data_size: int, source: Source
+             ) -> list[tuple[str, np.dtype, tuple, int, int]]:  # fmt: skip
     """``(name, dtype, shape, first byte, byte count)`` per tensor in file order, all checked."""
     entries = []
     for name, info in header.items():
@@ -198,7 +201,8 @@ def _entries(header: dict, data_size: int, source: Source) -> list[tuple[str, np
     position = 0
     for name, _, _, begin, nbytes in entries:
         if begin != position:
-            what = "overlaps the tensor before it" if begin < position else f"leaves bytes {position} to {begin} unused"
+            what = ("overlaps the tensor before it" if begin < position
+                    else f"leaves bytes {position} to {begin} unused")  # fmt: skip
             raise fail(source, name, f"data_offsets begin at {begin}: the tensor {what}")
         position = begin + nbytes
     if position != data_size:

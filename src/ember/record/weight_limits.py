@@ -163,7 +163,8 @@ def view(shape: Any, stride: Any, offset: Any, storage_numel: int, itemsize: int
         last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
         if last >= storage_numel:
             raise fail(source, key, f"shape {list(shape)}, stride {list(stride)} and offset "
-                                    f"{offset} reach element {last} of a storage of {storage_numel}")
+                                    f"{offset} reach element {last} of a storage of "
+                                    f"{storage_numel}")  # fmt: skip
     return View(shape, stride, offset)
 
 
@@ -183,12 +184,14 @@ class CopyBudget:
         self.left -= nbytes
 
 
-def read_at(file: BinaryIO, offset: int, nbytes: int, source: Source, key: str | None) -> np.ndarray:
-    """Exactly ``nbytes`` of ``file`` from ``offset``, in a fresh uint8 buffer (see :func:`read_into`)."""
+def read_at(file: BinaryIO, offset: int, nbytes: int, source: Source, key: str | None
+            ) -> np.ndarray:  # fmt: skip
+    """Exactly ``nbytes`` of ``file`` from ``offset``, in a new buffer (see :func:`read_into`)."""
     return read_into(file, offset, np.empty(nbytes, np.uint8), source, key)
 
 
-def read_into(file: BinaryIO, offset: int, out: np.ndarray, source: Source, key: str | None) -> np.ndarray:
+def read_into(file: BinaryIO, offset: int, out: np.ndarray, source: Source, key: str | None
+              ) -> np.ndarray:  # fmt: skip
     """Fills the uint8 buffer ``out`` with the bytes of ``file`` from ``offset``; returns ``out``.
 
     The caller has checked the range against the file's size; a shorter read
