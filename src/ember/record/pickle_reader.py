@@ -1,11 +1,12 @@
 """A pickle reader that builds plain data and calls nothing but what its caller allows.
 
 Python's unpickler trusts its input in ways a weight file must not be trusted
-with, even with ``find_class`` restricted: a 10-byte pickle can make it
-allocate gigabytes (a memo index of 2**30, a bytes length of 2**40 that it
-allocates before finding the data missing), a tuple nested a million deep
-crashes the interpreter when hashed as a dict key, and ``BUILD`` sets any
-attribute on any object. This reader interprets the opcodes itself:
+with, even with ``find_class`` restricted: a 10-byte pickle makes it touch
+2 GiB (a memo index of 2**27: it fills a memo array that long), a bytes
+length of 2**40 is allocated before the data is found missing, a tuple
+nested a million deep crashes the interpreter (a segfault) when hashed as a
+dict key, and ``BUILD`` sets any attribute on any object. This reader
+interprets the opcodes itself:
 
 * data opcodes build ints, floats, strings, bytes, ``None``, bools, tuples,
   lists, dicts and sets, reading every length against the bytes present;

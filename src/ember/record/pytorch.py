@@ -25,11 +25,12 @@ entries (no two may share bytes). Storages are read once, into one buffer
 (see :func:`~ember.record.weight_limits.arena`); a tensor that is a row-major
 run of its storage is a view of that buffer, any other tensor a copy. Views
 that read elements more than once (``expand()`` buffers, stride 0) are
-materialized like any other copy, so the
-copies of a file together may exceed its storage bytes by at most
-:attr:`WeightLimits.expanded_bytes`; past that the file is refused with a
-:class:`RecordFormatError` before the copy is made. Nothing keeps the file
-open or mapped: overwriting it later changes no tensor read from it.
+materialized like any other copy, so the copies of a file together may exceed
+its storage bytes by at most :attr:`WeightLimits.expanded_bytes`; past that
+the file is refused with a :class:`RecordFormatError` before the copy is made
+(keeping them as broadcast views instead would break TensorData's promise of
+a contiguous buffer). Nothing keeps the file open or mapped: overwriting it
+later changes no tensor read from it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -255,7 +256,7 @@ def read_pytorch(
         obj = obj[top_level_key]
     budget = CopyBudget(sum(s.nbytes for s in storages.values()), limits, source)
     tensors = _Tensors(source, big_endian, budget, limits.nesting)
-    tensors.flatten(obj, "", 0)
+    tensors.flatten(obj)
     if not tensors.out:
         raise fail(source, None, "holds no tensors")
     return tensors.out
@@ -289,14 +290,15 @@ def _read_zip(file: BinaryIO, file_size: int, source: str, limits: WeightLimits)
     unpickling = _Unpickling(source)
     pickled = entries.read(pickles[0], upper=limits.pickle_bytes, limit_name="pickle_bytes")
     obj = unpickling.reader(pickled, limits).load()
+    users = _first_users(obj, source, limits.nesting)
     members = {}
     for key, storage in unpickling.storages.items():
         member = members[key] = f"{prefix}data/{key}"
         if member not in entries.infos:
-            raise fail(source, None, f"storage {shown(key)} is missing ({shown(member)})")
+            raise fail(source, users.get(key), f"storage {shown(key)} is missing ({shown(member)})")
         held = entries.infos[member].file_size
         if held != storage.nbytes:
-            raise fail(source, None, f"storage {shown(key)} declares {storage.numel} x "
+            raise fail(source, users.get(key), f"storage {shown(key)} declares {storage.numel} x "
                                      f"{storage.dtype} = {storage.nbytes} bytes, its entry "
                                      f"holds {held}")  # fmt: skip
         entries.locate(member)
@@ -461,21 +463,23 @@ def _read_legacy(data: np.ndarray, source: str, limits: WeightLimits):
     if type(keys) is not list or any(type(k) is not str for k in keys):
         raise fail(source, None, f"the storage keys are {shown(keys)}, not a list of strings")
     position, starts = reader.position, {}
+    users = _first_users(obj, source, limits.nesting)
     for key in keys:
         storage = unpickling.storages.get(key)
         if storage is None:
             raise fail(source, None, f"storage {shown(key)} is listed but never used")
         if key in starts:
             raise fail(source, None, f"storage {shown(key)} is listed twice")
+        user = users.get(key)
         if position + 8 > len(data):
-            raise fail(source, None, f"truncated before storage {shown(key)}")
+            raise fail(source, user, f"truncated before storage {shown(key)}")
         numel = int(data[position : position + 8].view("<i8")[0])
         if numel != storage.numel:
-            raise fail(source, None, f"storage {shown(key)} holds {numel} elements, its reference "
+            raise fail(source, user, f"storage {shown(key)} holds {numel} elements, its reference "
                                      f"declares {storage.numel}")
         position += 8
         if position + storage.nbytes > len(data):
-            raise fail(source, None, f"truncated: storage {shown(key)} needs {storage.nbytes} "
+            raise fail(source, user, f"truncated: storage {shown(key)} needs {storage.nbytes} "
                                      f"bytes, {len(data) - position} left")
         starts[key] = position
         position += storage.nbytes
@@ -497,18 +501,12 @@ class _Tensors:
         self.out: dict[str, TensorData] = {}
         self.done: dict[int, TensorData] = {}  # a tensor the pickle names twice is read once
 
-    def flatten(self, obj: Any, prefix: str, depth: int) -> None:
-        if isinstance(obj, _Tensor):
-            data = self.done.get(id(obj))
+    def flatten(self, obj: Any) -> None:
+        for name, tensor in _walk(obj, "", 0, self.source, self.nesting):
+            data = self.done.get(id(tensor))
             if data is None:
-                data = self.done[id(obj)] = self.materialize(obj, prefix)
-            self.out[prefix] = data
-        elif isinstance(obj, Mapping):
-            if depth >= self.nesting:
-                raise fail(self.source, prefix, f"dicts nest deeper than {self.nesting}")
-            for key, value in obj.items():
-                name = _name(key, self.source, prefix)
-                self.flatten(value, f"{prefix}.{name}" if prefix else name, depth + 1)
+                data = self.done[id(tensor)] = self.materialize(tensor, name)
+            self.out[name] = data
 
     def materialize(self, tensor: _Tensor, name: str) -> TensorData:
         source = self.source
@@ -542,6 +540,29 @@ class _Tensors:
             writeable=False,
         )
         return TensorData._wrap(np.array(strided, order="C"))
+
+
+def _walk(obj: Any, prefix: str, depth: int, source: str, nesting: int
+          ) -> Iterator[tuple[str, _Tensor]]:  # fmt: skip
+    """Each tensor in ``obj`` and its dicts, in file order, under its dotted name."""
+    if isinstance(obj, _Tensor):
+        yield prefix, obj
+    elif isinstance(obj, Mapping):
+        if depth >= nesting:
+            raise fail(source, prefix, f"dicts nest deeper than {nesting}")
+        for key, value in obj.items():
+            name = _name(key, source, prefix)
+            name = f"{prefix}.{name}" if prefix else name
+            yield from _walk(value, name, depth + 1, source, nesting)
+
+
+def _first_users(obj: Any, source: str, nesting: int) -> dict[str, str]:
+    """The name of the first tensor of each storage: what errors about a storage name."""
+    users: dict[str, str] = {}
+    for name, tensor in _walk(obj, "", 0, source, nesting):
+        if isinstance(tensor.storage, _Storage):
+            users.setdefault(tensor.storage.key, name)
+    return users
 
 
 def _name(key: Any, source: str, prefix: str) -> str:
