@@ -50,6 +50,7 @@ def main() -> None:
     import safetensors.torch as st_torch
     import torch
 
+    from ember.record import PyTorchFileRecorder, SafetensorsFileRecorder
     from ember.record.pytorch import read_pytorch
     from ember.record.safetensors import read_safetensors
 
@@ -80,6 +81,8 @@ def main() -> None:
         ("ember read_safetensors", lambda: read_safetensors(st_path)),
         ("ember read_pytorch (zip)", lambda: read_pytorch(zip_path)),
         ("ember read_pytorch (legacy)", lambda: read_pytorch(legacy_path)),
+        ("ember PyTorchFileRecorder().load (zip)", lambda: PyTorchFileRecorder().load(zip_path)),
+        ("ember SafetensorsFileRecorder().load", lambda: SafetensorsFileRecorder().load(st_path)),
     ]
     seconds = {name: timed(fn, args.repeat) for name, fn in cases}
     baseline = seconds["torch.load (zip)"]

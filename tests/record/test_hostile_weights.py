@@ -644,22 +644,6 @@ def test_build_sets_nothing_on_the_stand_ins(tmp_path):
     np.testing.assert_array_equal(read_pytorch(path)["w"].to_numpy(), [0.0, 1.0, 2.0])
 
 
-def test_tensor_v3_dtypes_and_a_tensor_named_twice(tmp_path):
-    u16 = torch.tensor([1, 60000, 7], dtype=torch.int32).to(torch.uint16)
-    f8 = torch.tensor([0.5, -2.0]).to(torch.float8_e4m3fn)
-    base = torch.arange(4.0)
-    state = {"u16": u16, "f8": f8, "a": base, "b": base}
-    tensors = read_pytorch(save(state, tmp_path / "v3.pt", "zip"))
-    assert tensors["u16"].dtype.value == "u16" and tensors["u16"].to_numpy().tolist() == [
-        1,
-        60000,
-        7,
-    ]
-    assert tensors["f8"].dtype.value == "f8e4m3fn"
-    np.testing.assert_array_equal(tensors["f8"].to_numpy().astype(np.float32), [0.5, -2.0])
-    np.testing.assert_array_equal(tensors["b"].to_numpy(), [0, 1, 2, 3])
-
-
 # ------------------------------------------------------------------ safetensors attacks
 def st_bytes(header, data: bytes = b"", length: int | None = None) -> bytes:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()
