@@ -92,6 +92,24 @@ def test_views_shared_storage_scalars_and_empty(tmp_path, layout):
 
 
 @pytest.mark.parametrize("layout", FORMATS)
+def test_dtypes_of_rebuild_tensor_v3_and_a_tensor_named_twice(tmp_path, layout):
+    # torch writes uint16/32/64 and float8 as untyped storages with a dtype beside them
+    state = {
+        "u16": torch.tensor([1, 60000, 7], dtype=torch.int32).to(torch.uint16),
+        "u32": torch.tensor([4_000_000_000], dtype=torch.int64).to(torch.uint32),
+        "f8": torch.tensor([0.5, -2.0, 448.0]).to(torch.float8_e4m3fn),
+        "a": torch.arange(4.0),
+    }
+    state["b"] = state["a"]
+    tensors = read_pytorch(save(state, tmp_path / "v3.pt", layout))
+    assert [tensors[n].dtype.value for n in state] == ["u16", "u32", "f8e4m3fn", "f32", "f32"]
+    assert tensors["u16"].to_numpy().tolist() == [1, 60000, 7]
+    assert tensors["u32"].to_numpy().tolist() == [4_000_000_000]
+    assert tensors["f8"].to_numpy().astype(np.float32).tolist() == [0.5, -2.0, 448.0]
+    assert tensors["b"].to_numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("layout", FORMATS)
 def test_nested_checkpoints(tmp_path, layout):
     checkpoint = {"model": {"w": torch.ones(2), "sub": {"b": torch.zeros(1)}}, "epoch": 3, "name": "run"}
     path = save(checkpoint, tmp_path / "ckpt.pt", layout)

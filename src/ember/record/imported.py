@@ -16,9 +16,12 @@ from typing import Any
 
 from ember.backend.errors import ArgumentError, RecordFormatError
 from ember.record.adapter import Adapter
+from ember.record.weight_limits import shown
 from ember.tensor import TensorData
 
 _DOLLAR_GROUP = re.compile(r"\$(\d+|\{\w+\})")
+# A name from a file nests one dict per dot; the walks over the tree recurse that deep.
+MAX_NAME_PARTS = 256
 
 
 def _python_replacement(replacement: str) -> str:
@@ -96,22 +99,28 @@ class ImportedRecord:
 
 
 def nest(items: Iterable[tuple[str, Any]], source: str | None = None) -> dict[str, Any]:
-    """Nests dotted names into dicts; a name that is also a prefix of another is an error."""
+    """Nests dotted names into dicts; a name that is also a prefix of another, or one of more
+    than ``MAX_NAME_PARTS`` parts, is an error."""
     root: dict[str, Any] = {}
     for name, value in items:
-        parts = name.split(".")
+        parts = name.split(".", MAX_NAME_PARTS)
+        if len(parts) > MAX_NAME_PARTS:
+            raise RecordFormatError(
+                f"tensor name {shown(name)} has more than {MAX_NAME_PARTS} dotted parts",
+                path=name[:80], file=source,
+            )
         node = root
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 raise RecordFormatError(
-                    f"tensor names clash: {'.'.join(parts[: depth + 1])!r} is a tensor and "
-                    f"also the prefix of {name!r}", path=name, file=source,
+                    f"tensor names clash: {shown('.'.join(parts[: depth + 1]))} is a tensor and "
+                    f"also the prefix of {shown(name)}", path=name, file=source,
                 )
             node = child
         if parts[-1] in node:
             raise RecordFormatError(
-                f"tensor names clash: {name!r} is a tensor and also a prefix of other names",
+                f"tensor names clash: {shown(name)} is a tensor and also a prefix of other names",
                 path=name, file=source,
             )
         node[parts[-1]] = value

@@ -22,6 +22,7 @@ from ember.backend.errors import RecordFormatError
 from ember.record.adapter import PYTORCH, Adapter
 from ember.record.imported import ImportedRecord, KeyRemap, flatten
 from ember.record.precision import PrecisionSettings
+from ember.record.weight_limits import WeightLimits, shown
 from ember.tensor import TensorData
 
 PathLike = str | Path
@@ -74,6 +75,8 @@ class PyTorchFileRecorder:
     Args:
         precision: converts every tensor to these settings' dtypes when given; by default
             tensors keep the file's dtypes and the module converts them on load.
+        limits: ceilings on memory a file may take beyond its own bytes (tensors expanded
+            by stride 0, compressed entries); raise them only for files you trust.
 
     Example:
         >>> import tempfile, pathlib, torch
@@ -84,14 +87,18 @@ class PyTorchFileRecorder:
         ['weight']
     """
 
-    def __init__(self, precision: PrecisionSettings | None = None) -> None:
+    def __init__(
+        self, precision: PrecisionSettings | None = None, limits: WeightLimits | None = None
+    ) -> None:
         self.precision = precision
+        self.limits = limits
 
     def load(self, args: LoadArgs | PathLike) -> ImportedRecord:
         from ember.record.pytorch import read_pytorch
 
         args = _args(args, PYTORCH)
-        return _imported(read_pytorch(args.path, top_level_key=args.top_level_key), args, self.precision)
+        tensors = read_pytorch(args.path, top_level_key=args.top_level_key, limits=self.limits)
+        return _imported(tensors, args, self.precision)
 
 
 class SafetensorsFileRecorder:
@@ -103,12 +110,16 @@ class SafetensorsFileRecorder:
 
     Args:
         precision: the dtypes tensors are saved as (and, when given, loaded as).
+        limits: ceilings on what a file may make ember allocate (the header's size).
     """
 
     extension = "safetensors"
 
-    def __init__(self, precision: PrecisionSettings | None = None) -> None:
+    def __init__(
+        self, precision: PrecisionSettings | None = None, limits: WeightLimits | None = None
+    ) -> None:
         self.precision = precision
+        self.limits = limits
 
     def save(self, record: Any, path: PathLike) -> Path:
         """Writes the tensors of ``record`` (a module record or a Module) under dotted names."""
@@ -133,19 +144,27 @@ class SafetensorsFileRecorder:
         path = Path(args.path)
         if not path.exists() and path.with_name(f"{path.name}.{self.extension}").exists():
             args = replace(args, path=path.with_name(f"{path.name}.{self.extension}"))
-        tensors, metadata = read_safetensors(args.path)
+        tensors, metadata = read_safetensors(args.path, limits=self.limits)
         if _IDS_KEY in metadata:
-            try:
-                ids = json.loads(metadata[_IDS_KEY])
-            except json.JSONDecodeError as exc:
-                raise RecordFormatError(
-                    f"{args.path}: the metadata {_IDS_KEY!r} is not JSON: {exc}", file=str(args.path)
-                ) from None
+            ids = _param_ids(metadata[_IDS_KEY], str(args.path))
             # ember wrote it: the names and layout are ember's own
             args = replace(args, adapter=None)
             tensors = {name: {"id": ids[name], "param": data} if name in ids else data
                        for name, data in tensors.items()}
         return _imported(tensors, args, self.precision)
+
+
+def _param_ids(text: str, source: str) -> dict[str, str]:
+    """The parameter ids ember keeps in a file's metadata: a JSON object of name to id string."""
+    try:
+        ids = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is not JSON: "
+                                f"{shown(str(exc))}", file=source) from None  # fmt: skip
+    if not isinstance(ids, dict) or not all(type(v) is str for v in ids.values()):
+        raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is {shown(ids)}, not a map "
+                                "of names to ids", file=source)  # fmt: skip
+    return ids
 
 
 def _param_leaves(record: Any, path: str = ""):

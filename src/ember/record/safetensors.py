@@ -3,15 +3,18 @@
 The format is an 8-byte little-endian header length, a JSON header naming
 each tensor's dtype, shape and byte range (plus an optional string-to-string
 ``__metadata__``), then the raw little-endian bytes. The library's own
-``serialize`` / ``deserialize`` do the encoding and the validation; ember maps
-dtypes (bfloat16 included, which the library's NumPy helpers lack) and writes
-the file atomically.
+``serialize`` encodes (ember maps dtypes, bfloat16 and float8 included, which
+the library's NumPy helpers lack, and writes the file atomically). Reading is
+ember's own: the header is small JSON, and checking it here gives errors that
+name the tensor and the value, within bounded memory, with one copy per tensor.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +23,19 @@ import safetensors
 
 from ember.atomic import atomic_write
 from ember.backend.errors import RecordFileNotFoundError, RecordFormatError
+from ember.record.weight_limits import (
+    Origin,
+    Source,
+    WeightLimits,
+    arena,
+    count,
+    dims,
+    fail,
+    num_bytes,
+    read_at,
+    read_into,
+    shown,
+)
 from ember.tensor import DType, TensorData
 from ember.tensor.data import numpy_dtype
 
@@ -67,30 +83,137 @@ def write_safetensors(
     atomic_write(path, content)
 
 
-def read_safetensors(path: str | Path) -> tuple[dict[str, TensorData], dict[str, str]]:
+def read_safetensors(
+    path: str | Path, *, limits: WeightLimits | None = None
+) -> tuple[dict[str, TensorData], dict[str, str]]:
     """The tensors of a safetensors file in file order, and its metadata (``{}`` if none).
+
+    The header is checked as the safetensors library checks it, before
+    anything is allocated: its length fits the file (and
+    ``limits.header_bytes``), it is a JSON object with no key twice, each
+    tensor has a known dtype, a shape of non-negative integers and
+    ``data_offsets`` whose span is exactly ``prod(shape) * itemsize`` bytes, the
+    spans tile the data section from its first byte to its last with no gap or
+    overlap, and ``__metadata__`` maps strings to strings. Each tensor is then
+    copied once out of the file into one buffer that all tensors share (no mapping
+    of the file, so overwriting or truncating the file later changes nothing; the
+    library's default ``mmap`` loader differs on both).
 
     Raises:
         RecordFileNotFoundError: no such file.
-        RecordFormatError: a truncated or corrupt file, or a dtype ember does not know.
+        RecordFormatError: a truncated or corrupt file, or a dtype ember does not
+            know; the message names the file, the tensor and the offending value.
     """
     path = Path(path)
     source = str(path)
+    limits = limits or WeightLimits()
     if not path.is_file():
         raise RecordFileNotFoundError(f"safetensors file {source} does not exist", file=source)
-    content = path.read_bytes()
+    source = Origin(source, "not a valid safetensors file")
     try:
-        entries = safetensors.deserialize(content)
-        (size,) = struct.unpack("<Q", content[:8])
-        header = json.loads(content[8 : 8 + size])
-    except (safetensors.SafetensorError, struct.error, ValueError) as exc:
-        raise RecordFormatError(f"{source}: not a valid safetensors file: {exc}", file=source) from None
-    tensors: dict[str, TensorData] = {}
-    for name, entry in sorted(entries, key=lambda e: header[e[0]]["data_offsets"][0]):
-        dtype = _DTYPES.get(entry["dtype"])
+        with open(path, "rb") as file:
+            file_size = os.fstat(file.fileno()).st_size
+            if file_size < 8:
+                raise fail(source, None, f"{file_size} bytes, too short for the header length")
+            (header_size,) = struct.unpack("<Q", read_at(file, 0, 8, source, None).tobytes())
+            if header_size > file_size - 8:
+                raise fail(source, None, f"the header length {header_size} exceeds the "
+                                         f"{file_size - 8} bytes after it")
+            if header_size > limits.header_bytes:
+                raise fail(source, None, f"the header length {header_size} exceeds "
+                                         f"WeightLimits.header_bytes ({limits.header_bytes})")
+            header = _header(read_at(file, 8, header_size, source, None).tobytes(), source)
+            metadata = _metadata(header.pop("__metadata__", None), source)
+            entries = _entries(header, file_size - 8 - header_size, source)
+            start = 8 + header_size
+            buffers = arena([nbytes for *_, nbytes in entries])
+            tensors = {}
+            for (name, dtype, shape, begin, _), out in zip(entries, buffers):
+                raw = read_into(file, start + begin, out, source, name)
+                tensors[name] = _tensor(raw, dtype, shape)
+    except OSError as exc:
+        raise fail(source, None, f"cannot be read: {exc}") from None
+    return tensors, metadata
+
+
+def _header(raw: bytes, source: Source) -> dict:
+    if not raw.startswith(b"{"):
+        raise fail(source, None, f"the header {shown(raw[:20])} is not a JSON object")
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        raise fail(source, None, f"the header names {shown(exc.args[0])} twice") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8 are ValueErrors
+        raise fail(source, None, f"the header is not JSON: {shown(str(exc))}") from None
+    if not isinstance(header, dict):
+        raise fail(source, None, f"the header is {shown(header)}, not a JSON object")
+    return header
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return found
+
+
+def _metadata(value: object, source: Source) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(type(v) is str for v in value.values()):
+        raise fail(source, "__metadata__", f"is {shown(value)}, not a map of strings to strings")
+    return value
+
+
+_FIELDS = {"dtype", "shape", "data_offsets"}
+
+
+def _entries(header: dict, data_size: int, source: Source
+             ) -> list[tuple[str, np.dtype, tuple, int, int]]:  # fmt: skip
+    """``(name, dtype, shape, first byte, byte count)`` per tensor in file order, all checked."""
+    entries = []
+    for name, info in header.items():
+        # other fields are ignored, as the library ignores them
+        if not isinstance(info, dict) or not info.keys() >= _FIELDS:
+            raise fail(source, name, f"is {shown(info)}, not {{dtype, shape, data_offsets}}")
+        dtype = _DTYPES.get(info["dtype"]) if type(info["dtype"]) is str else None
         if dtype is None:
-            raise RecordFormatError(f"{source}: tensor {name!r} has dtype {entry['dtype']}, which ember lacks",
-                                    path=name, file=source)
-        array = np.frombuffer(entry["data"], dtype=numpy_dtype(dtype).newbyteorder("<"))
-        tensors[name] = TensorData._wrap(array.astype(numpy_dtype(dtype), copy=False).reshape(entry["shape"]))
-    return tensors, dict(header.get("__metadata__") or {})
+            raise fail(source, name, f"dtype {shown(info['dtype'])} is not one ember reads "
+                                     f"({', '.join(_CODES.values())})")
+        np_dtype = numpy_dtype(dtype)
+        shape = dims(info["shape"], "shape", source, name)
+        offsets = info["data_offsets"]
+        if not isinstance(offsets, list) or len(offsets) != 2:
+            raise fail(source, name, f"data_offsets is {shown(offsets)}, not [begin, end]")
+        begin = count(offsets[0], "data_offsets[0]", source, name, data_size)
+        end = count(offsets[1], "data_offsets[1]", source, name, data_size)
+        nbytes = num_bytes(shape, np_dtype.itemsize, source, name)
+        if end - begin != nbytes:
+            raise fail(source, name, f"data_offsets {offsets} span {end - begin} bytes; shape "
+                                     f"{list(shape)} of {info['dtype']} needs {nbytes}")
+        entries.append((name, np_dtype, shape, begin, nbytes))
+    entries.sort(key=lambda e: (e[3], e[3] + e[4]))
+    position = 0
+    for name, _, _, begin, nbytes in entries:
+        if begin != position:
+            what = ("overlaps the tensor before it" if begin < position
+                    else f"leaves bytes {position} to {begin} unused")  # fmt: skip
+            raise fail(source, name, f"data_offsets begin at {begin}: the tensor {what}")
+        position = begin + nbytes
+    if position != data_size:
+        raise fail(source, None, f"the tensors cover {position} of the {data_size} data bytes")
+    return entries
+
+
+def _tensor(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> TensorData:
+    if dtype == np.bool_ and raw.size and raw.max() > 1:
+        np.minimum(raw, 1, out=raw)  # a bool is one byte of 0 or 1, whatever the file held
+    array = raw.view(dtype)
+    if sys.byteorder == "big" and dtype.itemsize > 1:
+        array.byteswap(inplace=True)  # the file is little-endian
+    return TensorData._wrap(array.reshape(shape))
