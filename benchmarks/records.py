@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import pin_threads, print_table
-
-
-def timed(fn, repeat: int) -> float:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from timing import median_of_runs, pin_threads, print_table
 
 
 def main() -> None:
@@ -83,8 +72,8 @@ def main() -> None:
     rows: list[list[str]] = []
 
     torch_path = folder / "torch.pt"
-    torch_save = timed(lambda: torch.save(reference.state_dict(), torch_path), args.repeat)
-    torch_load = timed(lambda: reference.load_state_dict(torch.load(torch_path)), args.repeat)
+    torch_save = median_of_runs(lambda: torch.save(reference.state_dict(), torch_path), args.repeat)
+    torch_load = median_of_runs(lambda: reference.load_state_dict(torch.load(torch_path)), args.repeat)
     size = torch_path.stat().st_size
 
     def row(name: str, save: float, load: float, nbytes: int) -> list[str]:
@@ -93,8 +82,8 @@ def main() -> None:
 
     rows.append(row("torch.save / torch.load", torch_save, torch_load, size))
     st_path = folder / "torch.safetensors"
-    st_save = timed(lambda: st_torch.save_file(reference.state_dict(), st_path), args.repeat)
-    st_load = timed(lambda: reference.load_state_dict(st_torch.load_file(st_path)), args.repeat)
+    st_save = median_of_runs(lambda: st_torch.save_file(reference.state_dict(), st_path), args.repeat)
+    st_load = median_of_runs(lambda: reference.load_state_dict(st_torch.load_file(st_path)), args.repeat)
     rows.append(row("safetensors.torch", st_save, st_load, st_path.stat().st_size))
 
     recorders = [rec.NamedMpkFileRecorder(), rec.NamedMpkGzFileRecorder(), rec.BinFileRecorder(),
@@ -104,18 +93,18 @@ def main() -> None:
         recorders += [rec.JsonGzFileRecorder(), rec.PrettyJsonFileRecorder()]
     for recorder in recorders:
         path = recorder.path_for(folder / "model")
-        save = timed(lambda recorder=recorder: model.save_file(folder / "model", recorder), args.repeat)
-        load = timed(lambda recorder=recorder: model.load_file(folder / "model", recorder), args.repeat)
+        save = median_of_runs(lambda recorder=recorder: model.save_file(folder / "model", recorder), args.repeat)
+        load = median_of_runs(lambda recorder=recorder: model.load_file(folder / "model", recorder), args.repeat)
         rows.append(row(f"ember {type(recorder).__name__} ({recorder.precision.name})", save, load,
                         path.stat().st_size))  # fmt: skip
         path.unlink()
 
     sf = rec.SafetensorsFileRecorder()
-    save = timed(lambda: sf.save(model, folder / "ember"), args.repeat)
-    load = timed(lambda: model.load_record(sf.load(folder / "ember.safetensors")), args.repeat)
+    save = median_of_runs(lambda: sf.save(model, folder / "ember"), args.repeat)
+    load = median_of_runs(lambda: model.load_record(sf.load(folder / "ember.safetensors")), args.repeat)
     rows.append(row("ember SafetensorsFileRecorder", save, load, (folder / "ember.safetensors").stat().st_size))
     pt = rec.PyTorchFileRecorder()
-    load = timed(lambda: reference_import(model, pt, torch_path), args.repeat)
+    load = median_of_runs(lambda: reference_import(model, pt, torch_path), args.repeat)
     rows.append(row("ember PyTorchFileRecorder (import)", float("nan"), load, size))
 
     print_table("save / load seconds (median), size in MB, ratio to torch",

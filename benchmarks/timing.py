@@ -34,6 +34,20 @@ def median_seconds(fn: Callable[[], object], repeat: int = 7, min_time: float = 
     return statistics.median(samples)
 
 
+def median_of_runs(fn: Callable[[], object], repeat: int, warm_up: bool = False) -> float:
+    """Median seconds of ``repeat`` single calls of ``fn`` (for calls long enough to time
+    one at a time, such as saving or loading a file); ``warm_up`` makes one untimed call
+    first."""
+    if warm_up:
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(f"\n## {title}")

@@ -20,24 +20,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import pin_threads, print_table
-
-
-def timed(fn, repeat: int) -> float:
-    fn()  # warm-up: the file into the page cache, lazy imports
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from timing import median_of_runs, pin_threads, print_table
 
 
 def main() -> None:
@@ -84,7 +72,7 @@ def main() -> None:
         ("ember PyTorchFileRecorder().load (zip)", lambda: PyTorchFileRecorder().load(zip_path)),
         ("ember SafetensorsFileRecorder().load", lambda: SafetensorsFileRecorder().load(st_path)),
     ]
-    seconds = {name: timed(fn, args.repeat) for name, fn in cases}
+    seconds = {name: median_of_runs(fn, args.repeat, warm_up=True) for name, fn in cases}
     baseline = seconds["torch.load (zip)"]
     rows = [[name, f"{s * 1e3:.1f}", f"{s / baseline:.2f}"] for name, s in seconds.items()]
     print_table(f"read seconds (median of {args.repeat}), ratio to torch.load (zip)",

@@ -147,13 +147,13 @@ HOSTILE_VIEWS = {  # name: (tensor arguments, what the message must quote)
     "view past the storage": (dict(size=(5,)), "reach element 4 of a storage of 4"),
     "offset past the storage": (dict(offset=4, size=(1,)), "reach element 4 of a storage of 4"),
     "huge stride": (dict(size=(2,), stride=(10**18,)), "reach element 1000000000000000000"),
-    "33 dimensions": (dict(size=(1,) * 33, stride=(1,) * 33), "33 dimensions, more than 32"),
-    "empty but too large": (dict(size=(0, 2**62), stride=(1, 1)), "too large to describe"),
+    "65 dimensions": (dict(size=(1,) * 65, stride=(1,) * 65), "65 dimensions, more than 64"),
+    "empty but too large": (dict(size=(0, 2**62), stride=(1, 1)), "describes more than 2**63 bytes"),
     "10^10 elements by stride 0": (
         dict(size=(10**10,), stride=(0,)),
         "would take 40000000000 bytes",
     ),
-    "10^20 by stride 0": (dict(size=(10**10, 10**10), stride=(0, 0)), "is too large to describe"),
+    "10^20 by stride 0": (dict(size=(10**10, 10**10), stride=(0, 0)), "describes more than 2**63 bytes"),
     "10^15 by stride 0": (
         dict(size=(10**5, 10**10), stride=(0, 0)),
         "would take 4000000000000000 bytes",
@@ -686,7 +686,7 @@ SAFETENSORS = {  # name: (file bytes, what the message must quote)
     "shape not a list": (st_bytes({"w": {**entry(), "shape": 2}}, EIGHT), "shape is 2, not a list"),
     "shape of 2**64 elements": (
         st_bytes({"w": entry(shape=(2**32, 2**32))}, EIGHT),
-        "shape [4294967296, 4294967296] is too large to describe",
+        "shape (4294967296, 4294967296) describes more than 2**63 bytes",
     ),
     "shape of 2**40 elements": (
         st_bytes({"w": entry(shape=(2**20, 2**20))}, EIGHT),

@@ -16,7 +16,7 @@ from typing import Any
 
 from ember.backend.errors import ArgumentError, RecordFormatError
 from ember.record.adapter import Adapter
-from ember.record.weight_limits import shown
+from ember.record.limits import describe
 from ember.tensor import TensorData
 
 _DOLLAR_GROUP = re.compile(r"\$(\d+|\{\w+\})")
@@ -106,7 +106,7 @@ def nest(items: Iterable[tuple[str, Any]], source: str | None = None) -> dict[st
         parts = name.split(".", MAX_NAME_PARTS)
         if len(parts) > MAX_NAME_PARTS:
             raise RecordFormatError(
-                f"tensor name {shown(name)} has more than {MAX_NAME_PARTS} dotted parts",
+                f"tensor name {describe(name)} has more than {MAX_NAME_PARTS} dotted parts",
                 path=name[:80], file=source,
             )
         node = root
@@ -114,13 +114,13 @@ def nest(items: Iterable[tuple[str, Any]], source: str | None = None) -> dict[st
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 raise RecordFormatError(
-                    f"tensor names clash: {shown('.'.join(parts[: depth + 1]))} is a tensor and "
-                    f"also the prefix of {shown(name)}", path=name, file=source,
+                    f"tensor names clash: {describe('.'.join(parts[: depth + 1]))} is a tensor and "
+                    f"also the prefix of {describe(name)}", path=name, file=source,
                 )
             node = child
         if parts[-1] in node:
             raise RecordFormatError(
-                f"tensor names clash: {shown(name)} is a tensor and also a prefix of other names",
+                f"tensor names clash: {describe(name)} is a tensor and also a prefix of other names",
                 path=name, file=source,
             )
         node[parts[-1]] = value

@@ -21,8 +21,9 @@ from typing import Any
 from ember.backend.errors import RecordFormatError
 from ember.record.adapter import PYTORCH, Adapter
 from ember.record.imported import ImportedRecord, KeyRemap, flatten
+from ember.record.limits import describe
 from ember.record.precision import PrecisionSettings
-from ember.record.weight_limits import WeightLimits, shown
+from ember.record.weight_limits import WeightLimits
 from ember.tensor import TensorData
 
 PathLike = str | Path
@@ -160,9 +161,9 @@ def _param_ids(text: str, source: str) -> dict[str, str]:
         ids = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is not JSON: "
-                                f"{shown(str(exc))}", file=source) from None  # fmt: skip
+                                f"{describe(str(exc))}", file=source) from None  # fmt: skip
     if not isinstance(ids, dict) or not all(type(v) is str for v in ids.values()):
-        raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is {shown(ids)}, not a map "
+        raise RecordFormatError(f"{source}: the metadata {_IDS_KEY!r} is {describe(ids)}, not a map "
                                 "of names to ids", file=source)  # fmt: skip
     return ids
 

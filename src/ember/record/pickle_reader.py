@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.backend.errors import EmberError, RecordFormatError, UnsafePickleError
-from ember.record.weight_limits import shown
+from ember.record.limits import describe
 
 _NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _OBJECT_BUILDERS = {b"i"[0], b"o"[0], 0x81, 0x82, 0x83, 0x84, 0x92}  # INST OBJ NEWOBJ EXT NEWOBJ_EX
@@ -266,8 +266,8 @@ class PickleReader:
         name = self.stack.pop()
         module = self.stack.pop()
         if type(module) is not str or type(name) is not str:
-            raise TypeError(f"STACK_GLOBAL needs two strings, got {shown(module)} and "
-                            f"{shown(name)}")  # fmt: skip
+            raise TypeError(f"STACK_GLOBAL needs two strings, got {describe(module)} and "
+                            f"{describe(name)}")  # fmt: skip
         self._found(module, name)
 
     def _found(self, module: str, name: str) -> None:
@@ -280,9 +280,9 @@ class PickleReader:
         args = self.stack.pop()
         func = self.stack[-1]
         if self.callables.get(id(func)) is not func:
-            raise TypeError(f"{shown(func)} is not a callable this file may use")
+            raise TypeError(f"{describe(func)} is not a callable this file may use")
         if type(args) is not tuple:
-            raise TypeError(f"the arguments are {shown(args)}, not a tuple")
+            raise TypeError(f"the arguments are {describe(args)}, not a tuple")
         self.stack[-1] = func(*args)
 
     def _build(self) -> None:

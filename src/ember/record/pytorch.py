@@ -50,6 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from ember.backend.errors import RecordFileNotFoundError, UnsafePickleError
+from ember.record.limits import describe
 from ember.record.pickle_reader import PickleReader
 from ember.record.weight_limits import (
     CopyBudget,
@@ -59,7 +60,6 @@ from ember.record.weight_limits import (
     fail,
     read_at,
     read_into,
-    shown,
     view,
 )
 from ember.tensor import TensorData
@@ -179,7 +179,7 @@ class _Unpickling:
         found = _ALLOWED.get((module, name))
         if found is None:
             raise UnsafePickleError(
-                f"{self.source}: refused to load {shown(f'{module}.{name}')}: a weight file may "
+                f"{self.source}: refused to load {describe(f'{module}.{name}')}: a weight file may "
                 "only hold tensors, storages and dicts (nothing from it is executed)",
                 file=self.source,
             )
@@ -187,25 +187,25 @@ class _Unpickling:
 
     def persistent_load(self, pid: Any) -> _Storage:
         if not (type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"):
-            raise UnsafePickleError(f"{self.source}: unknown persistent id {shown(pid)}",
+            raise UnsafePickleError(f"{self.source}: unknown persistent id {describe(pid)}",
                                     file=self.source)  # fmt: skip
         storage_type, key, numel = pid[1], pid[2], pid[4]
         if type(key) is not str:
-            raise fail(self.source, None, f"a storage key is {shown(key)}, not a string")
+            raise fail(self.source, None, f"a storage key is {describe(key)}, not a string")
         if not isinstance(storage_type, _StorageType):
-            raise fail(self.source, None, f"storage {shown(key)} has no known element type "
-                                          f"({shown(storage_type)})")  # fmt: skip
+            raise fail(self.source, None, f"storage {describe(key)} has no known element type "
+                                          f"({describe(storage_type)})")  # fmt: skip
         if len(pid) == 6 and pid[5] is not None:
-            raise fail(self.source, None, f"storage {shown(key)} is a view of another storage "
-                                          f"({shown(pid[5])}), which torch stopped writing in 2018")
-        numel = count(numel, f"the element count of storage {shown(key)}", self.source, None)
+            raise fail(self.source, None, f"storage {describe(key)} is a view of another storage "
+                                          f"({describe(pid[5])}), which torch stopped writing in 2018")
+        numel = count(numel, f"the element count of storage {describe(key)}", self.source, None)
         dtype = storage_type.dtype
-        count(numel * dtype.itemsize, f"the byte count of storage {shown(key)}", self.source, None)
+        count(numel * dtype.itemsize, f"the byte count of storage {describe(key)}", self.source, None)
         storage = self.storages.get(key)
         if storage is None:
             storage = self.storages[key] = _Storage(key, dtype, numel)
         elif storage.dtype != dtype or storage.numel != numel:
-            raise fail(self.source, None, f"storage {shown(key)} is declared twice, as {numel} x "
+            raise fail(self.source, None, f"storage {describe(key)} is declared twice, as {numel} x "
                                           f"{dtype} and as {storage.numel} x {storage.dtype}")
         return storage
 
@@ -252,7 +252,7 @@ def read_pytorch(
     if top_level_key is not None:
         if not isinstance(obj, Mapping) or top_level_key not in obj:
             keys = list(obj)[:20] if isinstance(obj, Mapping) else type(obj).__name__
-            raise fail(source, None, f"no top-level key {top_level_key!r} (found {shown(keys)})")
+            raise fail(source, None, f"no top-level key {top_level_key!r} (found {describe(keys)})")
         obj = obj[top_level_key]
     budget = CopyBudget(sum(s.nbytes for s in storages.values()), limits, source)
     tensors = _Tensors(source, big_endian, budget, limits.nesting)
@@ -274,7 +274,7 @@ def _read_zip(file: BinaryIO, file_size: int, source: str, limits: WeightLimits)
     try:
         archive = zipfile.ZipFile(file)
     except _ZIP_ERRORS as exc:
-        raise fail(source, None, f"not a readable zip file: {shown(str(exc))}") from None
+        raise fail(source, None, f"not a readable zip file: {describe(str(exc))}") from None
     entries = _Entries(archive, file, file_size, source, limits)
     pickles = [n for n in entries.infos if n == "data.pkl" or n.endswith("/data.pkl")]
     if len(pickles) != 1:
@@ -285,7 +285,7 @@ def _read_zip(file: BinaryIO, file_size: int, source: str, limits: WeightLimits)
     if f"{prefix}byteorder" in entries.infos:
         order = entries.read(f"{prefix}byteorder", upper=16).tobytes().strip()
         if order not in (b"little", b"big"):
-            raise fail(source, None, f"byteorder is {shown(order)}, not little or big")
+            raise fail(source, None, f"byteorder is {describe(order)}, not little or big")
         big_endian = order == b"big"
     unpickling = _Unpickling(source)
     pickled = entries.read(pickles[0], upper=limits.pickle_bytes, limit_name="pickle_bytes")
@@ -295,10 +295,10 @@ def _read_zip(file: BinaryIO, file_size: int, source: str, limits: WeightLimits)
     for key, storage in unpickling.storages.items():
         member = members[key] = f"{prefix}data/{key}"
         if member not in entries.infos:
-            raise fail(source, users.get(key), f"storage {shown(key)} is missing ({shown(member)})")
+            raise fail(source, users.get(key), f"storage {describe(key)} is missing ({describe(member)})")
         held = entries.infos[member].file_size
         if held != storage.nbytes:
-            raise fail(source, users.get(key), f"storage {shown(key)} declares {storage.numel} x "
+            raise fail(source, users.get(key), f"storage {describe(key)} declares {storage.numel} x "
                                      f"{storage.dtype} = {storage.nbytes} bytes, its entry "
                                      f"holds {held}")  # fmt: skip
         entries.locate(member)
@@ -320,9 +320,9 @@ class _Entries:
         for info in archive.infolist():
             name = info.filename
             if name in self.infos:
-                raise fail(source, None, f"the zip entry {shown(name)} appears twice")
+                raise fail(source, None, f"the zip entry {describe(name)} appears twice")
             if name.startswith("/") or "\\" in name or "\x00" in name or ".." in name.split("/"):
-                raise fail(source, None, f"the zip entry name {shown(name)} is not a plain "
+                raise fail(source, None, f"the zip entry name {describe(name)} is not a plain "
                                          "relative path")  # fmt: skip
             self.infos[name] = info
         self.spans: dict[str, tuple[int, int]] = {}  # name -> (first byte, end) in the file
@@ -332,32 +332,32 @@ class _Entries:
         """Where ``name``'s data starts, after checking its local header and its extent."""
         info, source = self.infos[name], self.source
         if info.flag_bits & 0x1:
-            raise fail(source, None, f"the zip entry {shown(name)} is encrypted")
+            raise fail(source, None, f"the zip entry {describe(name)} is encrypted")
         if info.external_attr & 0x10:  # MS-DOS's directory bit, which torch's reader obeys
-            raise fail(source, None, f"the zip entry {shown(name)} is marked as a directory")
+            raise fail(source, None, f"the zip entry {describe(name)} is marked as a directory")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise fail(source, None, f"the zip entry {shown(name)} uses compression method "
+            raise fail(source, None, f"the zip entry {describe(name)} uses compression method "
                                      f"{info.compress_type}; only stored and deflated entries "
                                      "are read")  # fmt: skip
         start = info.header_offset
         if start < 0 or start + _LOCAL_HEADER.size > self.file_size:
-            raise fail(source, None, f"the zip entry {shown(name)} starts at byte {start}, "
+            raise fail(source, None, f"the zip entry {describe(name)} starts at byte {start}, "
                                      f"past the end")  # fmt: skip
         raw = read_at(self.file, start, _LOCAL_HEADER.size, source, None).tobytes()
         header = _LOCAL_HEADER.unpack(raw)
         signature, method, name_length, extra_length = header[0], header[3], header[9], header[10]
         if signature != b"PK\x03\x04" or method != info.compress_type:
-            raise fail(source, None, f"the zip entry {shown(name)} has no matching local header")
+            raise fail(source, None, f"the zip entry {describe(name)} has no matching local header")
         data_start = start + _LOCAL_HEADER.size + name_length + extra_length
         end = data_start + info.compress_size
         if end > self.file_size:
-            raise fail(source, None, f"the zip entry {shown(name)} claims bytes up to {end}; the "
+            raise fail(source, None, f"the zip entry {describe(name)} claims bytes up to {end}; the "
                                      f"file has {self.file_size}")
         if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
-            raise fail(source, None, f"the stored zip entry {shown(name)} claims {info.file_size} "
+            raise fail(source, None, f"the stored zip entry {describe(name)} claims {info.file_size} "
                                      f"bytes in {info.compress_size}")
         if info.file_size > _DEFLATE_RATIO * info.compress_size + 64:
-            raise fail(source, None, f"the zip entry {shown(name)} claims {info.file_size} bytes "
+            raise fail(source, None, f"the zip entry {describe(name)} claims {info.file_size} bytes "
                                      f"from {info.compress_size} compressed, more than deflate "
                                      "can make")  # fmt: skip
         self.spans[name] = (start, end)
@@ -368,8 +368,8 @@ class _Entries:
         ordered = sorted((span, name) for name, span in self.spans.items())
         for ((_, end), name), ((start, _), other) in itertools.pairwise(ordered):
             if start < end:
-                raise fail(self.source, None, f"the zip entries {shown(name)} and "
-                                              f"{shown(other)} overlap")  # fmt: skip
+                raise fail(self.source, None, f"the zip entries {describe(name)} and "
+                                              f"{describe(other)} overlap")  # fmt: skip
 
     def read(self, name: str, upper: int | None = None, limit_name: str = "",
              out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
@@ -378,7 +378,7 @@ class _Entries:
         info, source = self.infos[name], self.source
         if upper is not None and info.file_size > upper:
             field = f" (WeightLimits.{limit_name})" if limit_name else ""
-            raise fail(source, None, f"the zip entry {shown(name)} holds {info.file_size} bytes, "
+            raise fail(source, None, f"the zip entry {describe(name)} holds {info.file_size} bytes, "
                                      f"more than {upper}{field}")
         data_start = self.locate(name) if name not in self.spans else self._data_start(info)
         if out is None:
@@ -386,7 +386,7 @@ class _Entries:
         if info.compress_type == zipfile.ZIP_STORED:
             read_into(self.file, data_start, out, source, None)
             if zlib.crc32(out) != info.CRC:  # as torch checks it (inflating checks its own)
-                raise fail(source, None, f"the zip entry {shown(name)} is corrupt: its CRC-32 "
+                raise fail(source, None, f"the zip entry {describe(name)} is corrupt: its CRC-32 "
                                          "does not match its bytes")
             return out
         self.inflated += info.file_size
@@ -411,10 +411,10 @@ class _Entries:
                     done += len(chunk)
                 surplus = stream.read(1)
         except (*_ZIP_ERRORS, zlib.error, OSError) as exc:
-            raise fail(self.source, None, f"the zip entry {shown(info.filename)} does not inflate: "
-                                          f"{shown(str(exc))}") from None
+            raise fail(self.source, None, f"the zip entry {describe(info.filename)} does not inflate: "
+                                          f"{describe(str(exc))}") from None
         if done != info.file_size or surplus:
-            raise fail(self.source, None, f"the zip entry {shown(info.filename)} inflates to other "
+            raise fail(self.source, None, f"the zip entry {describe(info.filename)} inflates to other "
                                           f"than its {info.file_size} bytes")
         return buffer
 
@@ -453,33 +453,33 @@ def _read_legacy(data: np.ndarray, source: str, limits: WeightLimits):
         raise fail(source, None, "neither a zip nor a legacy PyTorch file")
     protocol = reader.load()
     if protocol != _LEGACY_PROTOCOL:
-        raise fail(source, None, f"legacy protocol {shown(protocol)}, not {_LEGACY_PROTOCOL}")
+        raise fail(source, None, f"legacy protocol {describe(protocol)}, not {_LEGACY_PROTOCOL}")
     sys_info = reader.load()
     little = sys_info.get("little_endian", True) if isinstance(sys_info, dict) else True
     if type(little) is not bool:
-        raise fail(source, None, f"little_endian is {shown(little)}, not a bool")
+        raise fail(source, None, f"little_endian is {describe(little)}, not a bool")
     obj = reader.load()
     keys = reader.load()
     if type(keys) is not list or any(type(k) is not str for k in keys):
-        raise fail(source, None, f"the storage keys are {shown(keys)}, not a list of strings")
+        raise fail(source, None, f"the storage keys are {describe(keys)}, not a list of strings")
     position, starts = reader.position, {}
     users = _first_users(obj, source, limits.nesting)
     for key in keys:
         storage = unpickling.storages.get(key)
         if storage is None:
-            raise fail(source, None, f"storage {shown(key)} is listed but never used")
+            raise fail(source, None, f"storage {describe(key)} is listed but never used")
         if key in starts:
-            raise fail(source, None, f"storage {shown(key)} is listed twice")
+            raise fail(source, None, f"storage {describe(key)} is listed twice")
         user = users.get(key)
         if position + 8 > len(data):
-            raise fail(source, user, f"truncated before storage {shown(key)}")
+            raise fail(source, user, f"truncated before storage {describe(key)}")
         numel = int(data[position : position + 8].view("<i8")[0])
         if numel != storage.numel:
-            raise fail(source, user, f"storage {shown(key)} holds {numel} elements, its reference "
+            raise fail(source, user, f"storage {describe(key)} holds {numel} elements, its reference "
                                      f"declares {storage.numel}")
         position += 8
         if position + storage.nbytes > len(data):
-            raise fail(source, user, f"truncated: storage {shown(key)} needs {storage.nbytes} "
+            raise fail(source, user, f"truncated: storage {describe(key)} needs {storage.nbytes} "
                                      f"bytes, {len(data) - position} left")
         starts[key] = position
         position += storage.nbytes
@@ -512,15 +512,15 @@ class _Tensors:
         source = self.source
         storage = tensor.storage
         if not isinstance(storage, _Storage):
-            raise fail(source, name, f"the storage is {shown(storage)}, not a storage reference")
+            raise fail(source, name, f"the storage is {describe(storage)}, not a storage reference")
         if tensor.dtype is None:
             dtype = storage.dtype
         elif isinstance(tensor.dtype, _DType):
             dtype = tensor.dtype.dtype
         else:
-            raise fail(source, name, f"the dtype is {shown(tensor.dtype)}, not a torch dtype")
+            raise fail(source, name, f"the dtype is {describe(tensor.dtype)}, not a torch dtype")
         if storage.buffer is None:
-            raise fail(source, name, f"the bytes of storage {shown(storage.key)} are missing")
+            raise fail(source, name, f"the bytes of storage {describe(storage.key)} are missing")
         elements = storage.typed(dtype, self.big_endian, source, name)
         itemsize = dtype.itemsize
         checked = view(tensor.size, tensor.stride, tensor.offset, elements.size, itemsize,
@@ -571,4 +571,4 @@ def _name(key: Any, source: str, prefix: str) -> str:
     try:
         return str(key)
     except ValueError:  # an int too long to print
-        raise fail(source, prefix, f"a key is {shown(key)}, which has no name") from None
+        raise fail(source, prefix, f"a key is {describe(key)}, which has no name") from None

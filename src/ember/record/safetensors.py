@@ -23,6 +23,7 @@ import safetensors
 
 from ember.atomic import atomic_write
 from ember.backend.errors import RecordFileNotFoundError, RecordFormatError
+from ember.record.limits import describe
 from ember.record.weight_limits import (
     Origin,
     Source,
@@ -34,7 +35,6 @@ from ember.record.weight_limits import (
     num_bytes,
     read_at,
     read_into,
-    shown,
 )
 from ember.tensor import DType, TensorData
 from ember.tensor.data import numpy_dtype
@@ -138,15 +138,15 @@ def read_safetensors(
 
 def _header(raw: bytes, source: Source) -> dict:
     if not raw.startswith(b"{"):
-        raise fail(source, None, f"the header {shown(raw[:20])} is not a JSON object")
+        raise fail(source, None, f"the header {describe(raw[:20])} is not a JSON object")
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except _DuplicateKey as exc:
-        raise fail(source, None, f"the header names {shown(exc.args[0])} twice") from None
+        raise fail(source, None, f"the header names {describe(exc.args[0])} twice") from None
     except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8 are ValueErrors
-        raise fail(source, None, f"the header is not JSON: {shown(str(exc))}") from None
+        raise fail(source, None, f"the header is not JSON: {describe(str(exc))}") from None
     if not isinstance(header, dict):
-        raise fail(source, None, f"the header is {shown(header)}, not a JSON object")
+        raise fail(source, None, f"the header is {describe(header)}, not a JSON object")
     return header
 
 
@@ -166,7 +166,7 @@ def _metadata(value: object, source: Source) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(type(v) is str for v in value.values()):
-        raise fail(source, "__metadata__", f"is {shown(value)}, not a map of strings to strings")
+        raise fail(source, "__metadata__", f"is {describe(value)}, not a map of strings to strings")
     return value
 
 
@@ -180,16 +180,16 @@ def _entries(header: dict, data_size: int, source: Source
     for name, info in header.items():
         # other fields are ignored, as the library ignores them
         if not isinstance(info, dict) or not info.keys() >= _FIELDS:
-            raise fail(source, name, f"is {shown(info)}, not {{dtype, shape, data_offsets}}")
+            raise fail(source, name, f"is {describe(info)}, not {{dtype, shape, data_offsets}}")
         dtype = _DTYPES.get(info["dtype"]) if type(info["dtype"]) is str else None
         if dtype is None:
-            raise fail(source, name, f"dtype {shown(info['dtype'])} is not one ember reads "
+            raise fail(source, name, f"dtype {describe(info['dtype'])} is not one ember reads "
                                      f"({', '.join(_CODES.values())})")
         np_dtype = numpy_dtype(dtype)
         shape = dims(info["shape"], "shape", source, name)
         offsets = info["data_offsets"]
         if not isinstance(offsets, list) or len(offsets) != 2:
-            raise fail(source, name, f"data_offsets is {shown(offsets)}, not [begin, end]")
+            raise fail(source, name, f"data_offsets is {describe(offsets)}, not [begin, end]")
         begin = count(offsets[0], "data_offsets[0]", source, name, data_size)
         end = count(offsets[1], "data_offsets[1]", source, name, data_size)
         nbytes = num_bytes(shape, np_dtype.itemsize, source, name)

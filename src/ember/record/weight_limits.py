@@ -14,16 +14,16 @@ may raise.
 from __future__ import annotations
 
 import math
-import reprlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from ember.backend.errors import RecordFormatError
+from ember.record.content import aligned_empty
+from ember.record.limits import MAX_RANK, SizeError, describe, tensor_nbytes
 
 INT64_MAX = (1 << 63) - 1
-MAX_RANK = 32  # NumPy 1.x's limit; no weight has more than a handful of dimensions
 _MIB = 1 << 20
 
 
@@ -63,16 +63,6 @@ class WeightLimits:
     nesting: int = 64
 
 
-def shown(value: Any) -> str:
-    """``repr(value)`` cut short: error messages quote file contents, which may be huge."""
-    return _SHORT.repr(value)
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 60
-_SHORT.maxlevel = 3
-
-
 @dataclass(frozen=True)
 class Origin:
     """The file a value came from, and what the file failed to be (the start of each message)."""
@@ -96,7 +86,7 @@ def fail(source: Source, key: str | None, message: str) -> RecordFormatError:
 def count(value: Any, what: str, source: Source, key: str | None, upper: int = INT64_MAX) -> int:
     """``value`` when it is an integer in ``[0, upper]`` (bools are not counts), else an error."""
     if type(value) is not int:  # bool is an int subclass, and no count
-        raise fail(source, key, f"{what} is {shown(value)}, not an integer")
+        raise fail(source, key, f"{what} is {describe(value)}, not an integer")
     if not 0 <= value <= upper:
         raise fail(source, key, f"{what} is {value}, outside [0, {upper}]")
     return int(value)
@@ -105,22 +95,22 @@ def count(value: Any, what: str, source: Source, key: str | None, upper: int = I
 def dims(value: Any, what: str, source: Source, key: str | None) -> tuple[int, ...]:
     """A tuple of counts (a shape or strides): a list or tuple of at most ``MAX_RANK`` of them."""
     if not isinstance(value, tuple | list):
-        raise fail(source, key, f"{what} is {shown(value)}, not a list of integers")
+        raise fail(source, key, f"{what} is {describe(value)}, not a list of integers")
     if len(value) > MAX_RANK:
         raise fail(source, key, f"{what} has {len(value)} dimensions, more than {MAX_RANK}")
     if all(type(v) is int and 0 <= v <= INT64_MAX for v in value):
         return tuple(value)
     for v in value:  # the failing one, named in the message
-        count(v, f"{what} {shown(value)}", source, key)
+        count(v, f"{what} {describe(value)}", source, key)
     raise AssertionError("unreachable")
 
 
 def num_bytes(shape: tuple[int, ...], itemsize: int, source: Source, key: str | None) -> int:
     """The bytes of a tensor of ``shape``; an error when NumPy could not even describe it."""
-    # NumPy refuses shapes whose non-zero dimensions multiply past 2**63 bytes, empty or not
-    if math.prod(max(d, 1) for d in shape) * itemsize > INT64_MAX:
-        raise fail(source, key, f"shape {list(shape)} is too large to describe")
-    return math.prod(shape) * itemsize
+    try:
+        return tensor_nbytes(shape, itemsize)
+    except SizeError as exc:
+        raise fail(source, key, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -222,6 +212,5 @@ def arena(sizes: list[int]) -> list[np.ndarray]:
     for size in sizes:
         offsets.append(total)
         total += -(-size // 64) * 64
-    buffer = np.empty(total + 64, np.uint8)
-    shift = -buffer.ctypes.data % 64
-    return [buffer[shift + at : shift + at + size] for at, size in zip(offsets, sizes)]
+    buffer = aligned_empty(total)
+    return [buffer[at : at + size] for at, size in zip(offsets, sizes)]
