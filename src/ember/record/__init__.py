@@ -30,6 +30,7 @@ from ember.record.recorder import (
     Recorder,
     SensitiveCompactRecorder,
 )
+from ember.record.weight_limits import WeightLimits
 
 __all__ = [
     "PYTORCH", "Adapter", "BF16Precision", "BinBytesRecorder", "BinFileRecorder",
@@ -37,5 +38,5 @@ __all__ = [
     "FullPrecision", "HalfPrecision", "ImportedRecord", "JsonGzFileRecorder", "KeyRemap",
     "LoadArgs", "NamedMpkFileRecorder", "NamedMpkGzFileRecorder", "PrecisionSettings",
     "PrettyJsonFileRecorder", "PyTorchFileRecorder", "Recorder", "SafetensorsFileRecorder",
-    "SensitiveCompactRecorder",
+    "SensitiveCompactRecorder", "WeightLimits",
 ]  # fmt: skip
