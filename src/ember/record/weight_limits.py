@@ -204,7 +204,7 @@ def arena(sizes: list[int]) -> list[np.ndarray]:
     """uint8 buffers of ``sizes`` bytes, each 64-byte aligned, carved from one allocation.
 
     One large allocation costs a fraction of many smaller ones (the kernel backs
-    it with huge pages: reading 100 MB of weights into one buffer is about five
+    its pages in one call: reading 100 MB of weights into one buffer is about five
     times faster than into fifty). The price: a tensor keeps the whole buffer
     alive, as a tensor from ``torch.load`` keeps its storage.
     """
