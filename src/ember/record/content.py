@@ -52,20 +52,24 @@ def _no_path() -> str | None:
     return None
 
 
-def aligned_empty(nbytes: int) -> np.ndarray:
+def aligned_empty(nbytes: int, fault_in: bool = True) -> np.ndarray:
     """A fresh uint8 buffer of ``nbytes`` whose first byte is 64-byte aligned.
 
-    A buffer of :data:`_POPULATED_NBYTES` or more is an anonymous memory map whose pages
-    the kernel faults in at once (``MAP_POPULATE``, on Linux). Fresh memory is what a
+    With ``fault_in``, a buffer of :data:`_POPULATED_NBYTES` or more is an anonymous
+    memory map whose pages the kernel faults in at once (``MAP_POPULATE``, on Linux): for
+    a buffer that is about to be filled whole. Without it, pages are faulted in as they
+    are written: for a buffer that grows ahead of its content (inflating gzip data), whose
+    unused end must cost no memory. Fresh memory is what a
     first load gets, and touching it page by page costs more than the read itself: on
     100 MB, one populated map took 38 ms against 47 ms for plain pages faulted one by
     one, and NumPy's transparent huge pages (10 ms while the machine had free ones) took
     220 ms once a process grew past them, on the same machine.
     """
-    if nbytes >= _POPULATED_NBYTES and _POPULATE:
+    if fault_in and nbytes >= _POPULATED_NBYTES and _POPULATE:
         region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
         return np.frombuffer(region, np.uint8)  # page-aligned
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    # bytearray: plain pages (NumPy would ask for huge pages, see above)
+    raw = np.frombuffer(bytearray(nbytes + _ALIGN), np.uint8)
     start = -raw.ctypes.data % _ALIGN
     return raw[start:start + nbytes]
 
@@ -200,7 +204,7 @@ class InflatingContent(Content):
             return self.view[start - self._base:end - self._base]
         # A buffer of its own, placed so that every offset keeps its alignment mod 64.
         shift = start % _ALIGN
-        out = memoryview(aligned_empty(nbytes + shift)[shift:])
+        out = memoryview(aligned_empty(nbytes + shift, fault_in=False)[shift:])
         have = max(0, self.size - start)
         out[:have] = self.view[start - self._base:]
         while have < nbytes:
@@ -216,7 +220,8 @@ class InflatingContent(Content):
     def read_rest(self, start: int) -> memoryview:
         # One buffer, doubled as the data comes (the old one freed at once), up to the limit.
         have = self.size - start
-        buffer = aligned_empty(min(max(2 * have, _OUT_CHUNK), self.limit - start))
+        buffer = aligned_empty(min(max(2 * have, _OUT_CHUNK), self.limit - start),
+                               fault_in=False)
         buffer[:have] = self.view[start - self._base:]
         while True:
             room = self.limit - start - have
@@ -231,7 +236,7 @@ class InflatingContent(Content):
                 break
             if have + len(chunk) > len(buffer):
                 size = min(max(2 * len(buffer), have + len(chunk)), room + have)
-                grown = aligned_empty(size)
+                grown = aligned_empty(size, fault_in=False)
                 grown[:have] = buffer[:have]
                 buffer = grown
             buffer[have:have + len(chunk)] = np.frombuffer(chunk, np.uint8)
