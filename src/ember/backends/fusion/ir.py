@@ -1,0 +1,112 @@
+"""The fused IR: what a fuser hands a runtime, and the contract between the two.
+
+A :class:`Block` is a straight-line program over *registers* that one kernel computes in
+a single pass over memory. Registers ``0 .. len(inputs) - 1`` are the block's inputs;
+register ``len(inputs) + i`` is the result of ``body[i]``. Every instruction names an op
+of the op table (``ember.backend.ops``) by its table name (``"add"``, ``"exp"``,
+``"mul_scalar"``, ``"cast"``, ``"greater_elem"``, ``"mask_where"``, ``"sum_dim"``) and
+takes its attributes in the table's order, without devices.
+
+Shapes: every register has the block's rank. An input's shape equals the block's shape
+or has 1 where it is broadcast. An element-wise instruction broadcasts its operands. A
+reduction instruction (``sum_dim``, ``mean_dim``, ``max_dim``, ``min_dim``, ``prod_dim``)
+reduces ``Block.axis`` to size 1 (keepdim, as ember's ``*_dim`` ops do); all reductions of
+one block reduce the same axis, so a kernel runs one loop nest: for each position outside
+the axis, the passes its reductions need along the axis, then the outputs. This covers
+element-wise chains and softmax, log-softmax, layer norm, mean/var and cross-entropy.
+
+A runtime compiles a block once per :meth:`Block.key` (ops, registers, dtypes, ranks and
+which dims are broadcast, never the sizes) and runs it on arrays of any sizes that fit.
+Numeric attributes (the scalar of ``mul_scalar``, the bounds of ``clamp``, the value of
+``mask_fill``) are not part of the key: a kernel takes them as arguments, in the order
+of :meth:`Block.scalars`, so a learning rate that changes every step compiles nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ember.tensor.dtype import DType
+
+REDUCTIONS = frozenset({"sum_dim", "mean_dim", "max_dim", "min_dim", "prod_dim"})
+
+
+@dataclass(frozen=True)
+class Input:
+    """An input of a block: its shape (the block's, or 1 in broadcast dims) and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One instruction: ``op`` (an op-table name) on registers ``args`` with ``attrs``.
+
+    ``shape`` is the result's shape (the broadcast of its operands; the reduced axis is 1
+    after a reduction), ``dtype`` its element type.
+    """
+
+    op: str
+    args: tuple[int, ...]
+    attrs: tuple[Any, ...]
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fused program: inputs, instructions, and the registers written out.
+
+    Args:
+        shape: the full (broadcast) shape the block iterates over.
+        inputs: the input registers' shapes and dtypes.
+        body: the instructions, in order; each reads only earlier registers.
+        outputs: the registers the kernel writes, each an array of that register's shape.
+        axis: the axis every reduction of the body reduces, or None when there is none.
+    """
+
+    shape: tuple[int, ...]
+    inputs: tuple[Input, ...]
+    body: tuple[Instr, ...]
+    outputs: tuple[int, ...]
+    axis: int | None = None
+
+    def register_shape(self, register: int) -> tuple[int, ...]:
+        if register < len(self.inputs):
+            return self.inputs[register].shape
+        return self.body[register - len(self.inputs)].shape
+
+    def register_dtype(self, register: int) -> DType:
+        if register < len(self.inputs):
+            return self.inputs[register].dtype
+        return self.body[register - len(self.inputs)].dtype
+
+    def scalars(self) -> tuple[int | float | bool, ...]:
+        """The numeric attributes of the body, in order: a kernel's scalar arguments."""
+        return tuple(a for i in self.body for a in i.attrs if is_scalar(i, a))
+
+    def key(self) -> tuple:
+        """What a compiled kernel depends on: everything but the sizes of the dims and the
+        values of numeric attributes (only their types)."""
+
+        def pattern(shape: tuple[int, ...]) -> tuple[bool, ...]:
+            return tuple(d == 1 for d in shape)
+
+        def attrs(instr: Instr) -> tuple:
+            return tuple(type(a).__name__ if is_scalar(instr, a) else a for a in instr.attrs)
+
+        return (
+            len(self.shape),
+            self.axis,
+            tuple((pattern(i.shape), i.dtype.value) for i in self.inputs),
+            tuple((i.op, i.args, attrs(i), pattern(i.shape), i.dtype.value) for i in self.body),
+            self.outputs,
+        )
+
+
+def is_scalar(instr: Instr, value: Any) -> bool:
+    """Whether an attribute of ``instr`` is a number passed to kernels as an argument (the
+    axis of a reduction, a dtype or a tuple is part of the kernel instead)."""
+    return instr.op not in REDUCTIONS and isinstance(value, int | float | bool)
