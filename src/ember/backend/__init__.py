@@ -2,7 +2,14 @@
 
 from ember.backend.base import Backend, DTypeUsage
 from ember.backend.custom import CustomOp, custom_op
-from ember.backend.device import Device, default_device, device, device_count, register_backend
+from ember.backend.device import (
+    Device,
+    default_device,
+    device,
+    device_count,
+    register_backend,
+    register_decorator,
+)
 from ember.backend.errors import (
     ArgumentError,
     BackendUnavailableError,
@@ -48,6 +55,7 @@ __all__ = [
     "device_count",
     "ops",
     "register_backend",
+    "register_decorator",
 ]  # fmt: skip
 
 

@@ -6,7 +6,10 @@ gives the same place run through a decorated backend, and ``device.inner()``
 takes the decorator off again.
 
 Backends register a factory under a name, so ``ember.device("ndarray")`` and
-``ember.device("torch", "cuda:0")`` find them.
+``ember.device("torch", "cuda:0")`` find them. Decorators register one too
+(:func:`register_decorator`), so ``device.autodiff()``, ``device.fusion()`` and
+``device.decorate(name)`` find them: this module, the lowest layer, never imports
+the decorators (``ember.backends`` registers them when it is imported).
 """
 
 from __future__ import annotations
@@ -47,11 +50,27 @@ class Device:
             return self
         return Device(inner, self.place, self.index)
 
-    def autodiff(self) -> Device:
-        """This place with gradients: the backend wrapped in the Autodiff decorator."""
-        from ember.backends.autodiff import Autodiff
+    def decorate(self, name: str, **options) -> Device:
+        """This place run through the decorator registered as ``name``.
 
-        return self.wrap(Autodiff)
+        Example:
+            >>> import ember
+            >>> ember.device("ndarray").decorate("autodiff").backend.name
+            'autodiff<ndarray>'
+        """
+        factory = _DECORATORS.get(name)
+        if factory is None:
+            known = ", ".join(sorted(_DECORATORS))
+            raise DeviceError(f"unknown decorator {name!r}; registered decorators: {known}")
+        return self.wrap(lambda inner: factory(inner, **options))
+
+    def autodiff(self, **options) -> Device:
+        """This place with gradients: the backend wrapped in the Autodiff decorator."""
+        return self.decorate("autodiff", **options)
+
+    def fusion(self, **options) -> Device:
+        """This place with lazy, fused execution: the backend wrapped in the Fusion decorator."""
+        return self.decorate("fusion", **options)
 
     def seed(self, seed: int) -> None:
         """Seeds this device's random generator."""
@@ -69,6 +88,21 @@ class Device:
 
 
 _REGISTRY: dict[str, Callable[..., Backend]] = {}
+_DECORATORS: dict[str, Callable[..., Backend]] = {}
+
+
+def register_decorator(name: str, factory: Callable[..., Backend]) -> None:
+    """Makes ``device.decorate(name, **options)`` wrap backends with ``factory(inner, **options)``.
+
+    Example:
+        >>> import ember
+        >>> from ember.backend import register_decorator
+        >>> from ember.backends.trace import Trace
+        >>> register_decorator("quiet_trace", lambda inner: Trace(inner, on_op=lambda r: None))
+        >>> ember.device("ndarray").decorate("quiet_trace").backend.name
+        'trace<ndarray>'
+    """
+    _DECORATORS[name] = factory
 
 
 def register_backend(name: str, factory: Callable[..., Backend]) -> None:

@@ -1,10 +1,12 @@
-"""Backend implementations, one folder each.
+"""Backend implementations and decorators, one folder each.
 
 Backends with optional dependencies register a factory that imports them on
 first use, so ``import ember`` works without those dependencies installed.
+Decorators register themselves here too (``device.autodiff()``,
+``device.fusion()``), loading their package on first use.
 """
 
-from ember.backend.device import register_backend
+from ember.backend.device import register_backend, register_decorator
 from ember.backend.errors import BackendUnavailableError
 
 
@@ -22,3 +24,19 @@ def _torch(**options):
 
 
 register_backend("torch", _torch)
+
+
+def _autodiff(inner, **options):
+    from ember.backends.autodiff import Autodiff
+
+    return Autodiff(inner, **options)
+
+
+def _fusion(inner, **options):
+    from ember.backends.fusion import Fusion
+
+    return Fusion(inner, **options)
+
+
+register_decorator("autodiff", _autodiff)
+register_decorator("fusion", _fusion)
