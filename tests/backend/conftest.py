@@ -22,6 +22,9 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     "torch": lambda: ember.device("torch"),
     "autodiff": lambda: ember.device("ndarray").autodiff(),
     "autodiff-torch": lambda: ember.device("torch").autodiff(),
+    # Lazy streams and fused kernels over NdArray, and gradients through them.
+    "fusion": lambda: ember.device("ndarray").fusion(),
+    "autodiff-fusion": lambda: ember.device("ndarray").fusion().autodiff(),
     "torch-cuda": lambda: _cuda_device(),
 }
 

@@ -69,7 +69,13 @@ class Device:
         return self.decorate("autodiff", **options)
 
     def fusion(self, **options) -> Device:
-        """This place with lazy, fused execution: the backend wrapped in the Fusion decorator."""
+        """This place with lazy, fused execution: the backend wrapped in the Fusion decorator.
+
+        Example:
+            >>> import ember
+            >>> ember.device("ndarray").fusion().autodiff().backend.name
+            'autodiff<fusion<ndarray>>'
+        """
         return self.decorate("fusion", **options)
 
     def seed(self, seed: int) -> None:

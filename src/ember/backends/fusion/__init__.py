@@ -1,4 +1,12 @@
 """Fusion: a backend decorator that records ops lazily, fuses them and runs compiled kernels.
 
-Plan and state: ``docs/fusion_plan.md``.
+``ember.device("ndarray").fusion()`` records ops into per-thread streams, and runs them
+when a value is needed, fusing element-wise chains (and reductions over one axis) into
+blocks (``ir.py``) that a runtime computes in one pass. Plan and state:
+``docs/fusion_plan.md``.
 """
+
+from ember.backends.fusion.backend import Fusion
+from ember.backends.fusion.counters import reset_stats, stats
+
+__all__ = ["Fusion", "reset_stats", "stats"]

@@ -1,0 +1,193 @@
+"""Fusion: a backend decorator that records ops lazily and runs them in fused blocks.
+
+Every op reaches :meth:`Fusion.call`, the decorator's one generic path. It computes the
+output's shape and dtype with the op's rule (``ember.backend.rules``), appends a
+:class:`~ember.backends.fusion.stream.Record` to the stream of this thread and device, and
+returns :class:`~ember.backends.fusion.handle.FusionTensor` handles without running
+anything. A stream runs when a value is read (``into_data``), on ``sync``, at its length
+limit, or on an explicit :meth:`Fusion.flush`; its executor hands it to the fusers
+(``explorer.py``) and runs what they leave on the inner backend.
+
+Some ops run at once, after the streams they read from: ops whose output shape depends on
+values (``argwhere``, or any whose rule cannot tell), ops that check indices in their
+kernels (``gather``, ``select``, ``scatter_add``, ``select_assign``, ``embedding``: their
+errors must raise at the op), data movement (``from_data``, ``into_data``,
+``to_device``). Random ops stay in the stream, which runs in order, so the inner
+generator draws in the same order as without fusion.
+
+Activation composites (gelu, softmax, ...) decompose into primitives here, so they fuse.
+``EMBER_FUSION=0`` runs every op at once (no laziness, no fusion).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ember.backend.base import Backend
+from ember.backend.decorator import Decorator
+from ember.backend.device import Device
+from ember.backend.errors import EmberError
+from ember.backend.ops import OpDef
+from ember.backend.rules import AVal
+from ember.backends.fusion import counters
+from ember.backends.fusion.executor import Executor, inner_args, set_output
+from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.stream import Record, flush_device, stream_for
+from ember.tensor.dtype import DType
+
+EAGER = frozenset({
+    "from_data", "into_data", "to_device", "argwhere",
+    "gather", "select", "scatter_add", "select_assign", "embedding", "embedding_backward",
+})  # fmt: skip
+"""Ops run at once (see the module docstring)."""
+
+
+def enabled() -> bool:
+    """Whether ``EMBER_FUSION`` leaves fusion on (anything but ``0``)."""
+    return os.environ.get("EMBER_FUSION", "1") != "0"
+
+
+class Fusion(Decorator):
+    """Wraps ``inner`` so that its ops are recorded and run later, fused where possible.
+
+    Args:
+        inner: the backend that runs what no fused kernel computes (NdArray, Torch).
+
+    Example:
+        >>> import ember
+        >>> from ember import Tensor
+        >>> device = ember.device("ndarray").fusion()
+        >>> y = (Tensor.from_data([1.0, 2.0], device) * 2.0).exp().log()
+        >>> y.tolist()
+        [2.0, 4.0]
+    """
+
+    prefix = "fusion"
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.lazy = enabled()
+        self.executor = Executor(inner)
+
+    @classmethod
+    def forward_composite(cls, op: OpDef) -> bool:
+        return op.group != "activation"
+
+    # ------------------------------------------------------------ the generic path
+    def call(self, op: OpDef, name: str, args: tuple) -> Any:
+        if not self.lazy or op.name in EAGER or op.rule is None:
+            return self._eager(op, name, args)
+        n = len(op.inputs)
+        spread = n > 0 and op.inputs[0] == "*tensors"
+        operands = list(args[0]) if spread else list(args[:n])
+        slots = [None if t is None else t.slot for t in operands]
+        attrs = list(args[n:])
+        device = None
+        if "device" in op.attrs:
+            for i, a in enumerate(attrs):
+                if isinstance(a, Device):
+                    attrs[i] = device = self.inner_device(a)
+        if device is None:
+            device = next(s.device for s in slots if s is not None)
+        try:
+            avals = [None if s is None else AVal(s.shape, s.dtype) for s in slots]
+            aval = op.rule(op.name, *avals, *attrs)
+        except Exception:  # the inner backend says what is wrong, at the op
+            return self._eager(op, name, args)
+        multi = type(aval) is tuple
+        out_avals = aval if multi else (aval,)
+        if any(_unknown(a) for a in out_avals):
+            return self._eager(op, name, args)
+
+        stream = stream_for(device, self.executor)
+        for s in slots:  # a value another thread's stream will make: make it now
+            if s is not None and s.stream is not None and s.stream is not stream:
+                s.stream.flush()
+        outputs = tuple(Slot(a.shape, a.dtype, device, stream) for a in out_avals)
+        call_args = [slots] if spread else slots
+        record = Record(op, name, [*call_args, *attrs],
+                        tuple(s for s in slots if s is not None), outputs, multi)  # fmt: skip
+        stream.push(record)
+        handles = tuple(FusionTensor(s) for s in outputs)
+        return handles if multi else handles[0]
+
+    def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
+        """Runs ``op`` now, after whatever makes its operands."""
+        counters.add("eager_ops")
+        n = len(op.inputs)
+        spread = n > 0 and op.inputs[0] == "*tensors"
+        operands = list(args[0]) if spread else list(args[:n])
+        slots = [None if t is None else t.slot for t in operands]
+        for s in slots:
+            if s is not None and s.stream is not None:
+                s.stream.flush()
+        call_args = [slots] if spread else slots
+        attrs = [self.inner_device(a) if isinstance(a, Device) else a for a in args[n:]]
+        record = Record(op, name, [*call_args, *attrs], (), ())
+        out = getattr(self.inner, name)(*inner_args(record))
+        if op.name == "into_data":
+            return out
+        if type(out) is tuple:
+            return tuple(self._ready(o, name) for o in out)
+        return self._ready(out, name)
+
+    def _ready(self, prim: Any, what: str) -> FusionTensor:
+        inner = self.inner
+        slot = Slot(inner.shape(prim), inner.dtype(prim), inner.device_of(prim))
+        set_output(inner, slot, prim, what)
+        return FusionTensor(slot)
+
+    # ------------------------------------------------------------ reads and flushes
+    def flush(self, device: Device | None = None) -> None:
+        """Runs every pending op on ``device`` (every thread's), or on all of this
+        backend's devices when None."""
+        if device is None:
+            for place in self.places:
+                for index in range(self.inner.device_count(place)):
+                    flush_device(Device(self.inner, place, index))
+            return
+        flush_device(self.inner_device(device))
+
+    def sync(self, device: Device) -> None:
+        self.flush(device)
+        self.inner.sync(self.inner_device(device))
+
+    def seed(self, device: Device, seed: int) -> None:
+        self.flush(device)  # draws recorded before the seed come from the old state
+        self.inner.seed(self.inner_device(device), seed)
+
+    def rng_state(self, device: Device) -> str:
+        self.flush(device)
+        return self.inner.rng_state(self.inner_device(device))
+
+    def set_rng_state(self, device: Device, state: str) -> None:
+        self.flush(device)
+        self.inner.set_rng_state(self.inner_device(device), state)
+
+    # ------------------------------------------------------------ handles
+    def wrap(self, inner_prim: Any) -> FusionTensor:
+        return self._ready(inner_prim, "wrap")
+
+    def unwrap(self, prim: FusionTensor) -> Any:
+        """The inner primitive of a handle, running its stream first if it is pending."""
+        slot = prim.slot
+        if slot.stream is not None:
+            slot.stream.flush()
+        if slot.prim is None:
+            raise EmberError(f"fusion: %{slot.id} was never made (an earlier op failed)")
+        return slot.prim
+
+    def shape(self, x: FusionTensor) -> tuple[int, ...]:
+        return x.slot.shape
+
+    def dtype(self, x: FusionTensor) -> DType:
+        return x.slot.dtype
+
+    def device_of(self, x: FusionTensor) -> Device:
+        d = x.slot.device
+        return Device(self, d.place, d.index)
+
+
+def _unknown(aval: AVal) -> bool:
+    return any(d < 0 for d in aval.shape) or not isinstance(aval.dtype, DType)

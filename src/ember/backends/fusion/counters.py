@@ -1,0 +1,43 @@
+"""Counters of what the fusion decorator did, for tests, benchmarks and ``EMBER_FUSION_DEBUG``.
+
+Example:
+    >>> from ember.backends.fusion import stats
+    >>> sorted(stats())[:3]
+    ['cache_hits', 'eager_ops', 'explorations']
+"""
+
+from __future__ import annotations
+
+import threading
+
+_lock = threading.Lock()
+_FIELDS = (
+    "streams",  # streams created (one per thread and device)
+    "records",  # ops recorded
+    "flushes",  # times a stream ran
+    "kernels",  # fused blocks launched
+    "fused_ops",  # records a fused block computed
+    "unfused_ops",  # records run on the inner backend one by one
+    "eager_ops",  # ops run at once (value-dependent shapes, index checks, reads)
+    "explorations",  # streams explored (plan cache misses)
+    "cache_hits",  # streams whose plan came from the cache
+)
+_counts = dict.fromkeys(_FIELDS, 0)
+
+
+def add(field: str, n: int = 1) -> None:
+    with _lock:
+        _counts[field] += n
+
+
+def stats() -> dict[str, int]:
+    """A copy of the counters since the process started (or the last :func:`reset_stats`)."""
+    with _lock:
+        return dict(_counts)
+
+
+def reset_stats() -> None:
+    """Sets every counter back to 0."""
+    with _lock:
+        for field in _FIELDS:
+            _counts[field] = 0

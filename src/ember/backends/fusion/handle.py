@@ -1,0 +1,66 @@
+"""Handles: what a fusion device's tensors are before (and after) their op has run.
+
+A :class:`Slot` is one recorded value: an id, its abstract value (shape and dtype, from the
+op table's rules), the inner device, and, once its stream has run, the inner backend's
+primitive. The user (the Tensor layer, an Autodiff above) holds a :class:`FusionTensor`,
+a thin object pointing at the slot; the stream holds only slots. The slot keeps a weak
+reference to its FusionTensor, so at execution time the stream knows which values someone
+can still read (Burn's read-only / last use / dropped): a value whose handle is gone and
+that no later record reads is an intermediate a fused kernel need not write out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ember.backend.device import Device
+from ember.tensor.dtype import DType
+
+if TYPE_CHECKING:
+    from ember.backends.fusion.stream import Stream
+
+_ids = itertools.count()
+
+
+class Slot:
+    """One value of a stream. ``prim`` is None until the record that makes it has run;
+    ``stream`` is the stream that will make it (None once made)."""
+
+    __slots__ = ("__weakref__", "device", "dtype", "handle", "id", "prim", "shape", "stream")
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, device: Device,
+                 stream: Stream | None = None, prim: Any = None) -> None:  # fmt: skip
+        self.id = next(_ids)
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device  # the inner backend's device
+        self.stream = stream
+        self.prim = prim
+        self.handle: weakref.ref | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.prim is None
+
+    def readable(self) -> bool:
+        """Whether a user-held FusionTensor still points here."""
+        return self.handle is not None and self.handle() is not None
+
+    def __repr__(self) -> str:
+        state = "pending" if self.pending else "ready"
+        return f"Slot({self.id}, {list(self.shape)}, {self.dtype}, {state})"
+
+
+class FusionTensor:
+    """A fusion device's primitive: the user's handle on a :class:`Slot`."""
+
+    __slots__ = ("__weakref__", "slot")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        slot.handle = weakref.ref(self)
+
+    def __repr__(self) -> str:
+        return f"FusionTensor({self.slot!r})"

@@ -1,0 +1,114 @@
+"""Streams: the ops a thread has recorded on a device and not yet run.
+
+Each (thread, inner device) pair has its own :class:`Stream`, as in Burn: a thread's ops
+never interleave with another's, so many threads training at once compute what they
+would one after another. A stream runs (hands its records to its executor, in order) when
+a value is read, on ``sync``, at :data:`MAX_RECORDS`, or on :meth:`Stream.flush`. Reading
+a value another thread's stream will make flushes that stream (under its lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ember.backend.device import Device
+from ember.backend.ops import OpDef
+from ember.backends.fusion import counters
+from ember.backends.fusion.handle import Slot
+
+MAX_RECORDS = 256
+"""A stream runs when it holds this many records (bounds memory held by pending inputs and
+the size of what the explorer searches)."""
+
+
+@dataclass(slots=True, eq=False)
+class Record:
+    """One recorded op call.
+
+    Args:
+        op: the op-table entry.
+        name: the backend primitive (``float_add``).
+        args: the call's arguments, a :class:`Slot` at each tensor operand (``cat``'s list
+            holds slots), devices already mapped to the inner backend.
+        inputs: the tensor operands as a flat tuple (absent optional operands left out).
+        outputs: the slots the call makes; ``multi`` when the primitive returns a tuple.
+    """
+
+    op: OpDef
+    name: str
+    args: list
+    inputs: tuple[Slot, ...]
+    outputs: tuple[Slot, ...]
+    multi: bool = False
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"%{s.id}" for s in self.inputs)
+        outs = ", ".join(f"%{s.id}" for s in self.outputs)
+        return f"{outs} = {self.name}({ins})"
+
+
+class Stream:
+    """A thread's pending records on one device, run in order by ``execute``."""
+
+    def __init__(self, device: Device, execute: Callable[[list[Record]], Any]) -> None:
+        self.device = device
+        self.execute = execute
+        self.records: list[Record] = []
+        self.lock = threading.RLock()
+
+    def push(self, record: Record) -> None:
+        with self.lock:
+            self.records.append(record)
+            counters.add("records")
+            if len(self.records) >= MAX_RECORDS:
+                self._run()
+
+    def flush(self) -> None:
+        """Runs every pending record."""
+        with self.lock:
+            if self.records:
+                self._run()
+
+    def _run(self) -> None:
+        records, self.records = self.records, []
+        counters.add("flushes")
+        try:
+            self.execute(records)
+        finally:
+            for record in records:
+                for slot in record.outputs:
+                    slot.stream = None  # made, or lost to the error being raised
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+_local = threading.local()
+_all: weakref.WeakSet[Stream] = weakref.WeakSet()
+_all_lock = threading.Lock()
+
+
+def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream:
+    """This thread's stream on the inner ``device`` (made on first use)."""
+    streams = getattr(_local, "streams", None)
+    if streams is None:
+        streams = _local.streams = {}
+    stream = streams.get(device)
+    if stream is None:
+        stream = streams[device] = Stream(device, execute)
+        with _all_lock:
+            _all.add(stream)
+        counters.add("streams")
+    return stream
+
+
+def flush_device(device: Device) -> None:
+    """Runs every thread's pending records on the inner ``device``."""
+    with _all_lock:
+        streams = [s for s in _all if s.device == device]
+    for stream in streams:
+        stream.flush()
