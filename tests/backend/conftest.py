@@ -25,6 +25,7 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     # Lazy streams and fused kernels over NdArray, and gradients through them.
     "fusion": lambda: ember.device("ndarray").fusion(),
     "autodiff-fusion": lambda: ember.device("ndarray").fusion().autodiff(),
+    "fusion-torch": lambda: ember.device("torch").fusion(),
     "torch-cuda": lambda: _cuda_device(),
 }
 
