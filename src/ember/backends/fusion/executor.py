@@ -5,6 +5,10 @@ This is what runs every record no fuser takes, and the whole stream when fusion 
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 from ember.backend.base import Backend
 from ember.backend.errors import EmberError, fmt_shape
 from ember.backends.fusion import counters
@@ -50,13 +54,96 @@ def set_output(inner: Backend, slot: Slot, prim, what: str) -> None:
     slot.prim = prim
 
 
-class Executor:
-    """Runs a stream's records on ``inner``, one primitive call each."""
+def default_runtime():
+    """The runtime fused blocks run on: the interpreter (the numba runtime plugs in here)."""
+    from ember.backends.fusion.interpreter import InterpreterRuntime
 
-    def __init__(self, inner: Backend) -> None:
+    return InterpreterRuntime()
+
+
+class Executor:
+    """Runs a stream: its fused blocks on ``runtime``, the other records on ``inner``.
+
+    Blocks run only where the inner backend's values can be handed to a runtime as NumPy
+    arrays without a copy (NdArray; Torch on the CPU); elsewhere every record runs unfused.
+    """
+
+    def __init__(self, inner: Backend, runtime=None) -> None:
+        from ember.backends.fusion.elementwise import ElementwiseFuser
+        from ember.backends.fusion.explorer import Explorer
+
         self.inner = inner
+        self.runtime = runtime if runtime is not None else default_runtime()
+        self.arrays = numpy_bridge(inner)
+        fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
+        self.explorer = Explorer(fusers)
+        self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
+
+    def can_fuse(self, slot: Slot) -> bool:
+        return self.arrays is not None and slot.device.place == "cpu"
 
     def __call__(self, records: list[Record]) -> None:
-        counters.add("unfused_ops", len(records))
-        for record in records:
-            run_record(self.inner, record)
+        if self.arrays is None:
+            counters.add("unfused_ops", len(records))
+            for record in records:
+                run_record(self.inner, record)
+            return
+        plan = self.explorer.plan(records)
+        last_read = {}
+        for i, record in enumerate(records):
+            for s in record.inputs:
+                last_read[s.id] = i
+        for segment in plan:
+            if segment.fuser is None:
+                counters.add("unfused_ops")
+                run_record(self.inner, records[segment.start])
+                continue
+            end = segment.start + segment.length
+            keep = {
+                o.id
+                for r in records[segment.start : end]
+                for o in r.outputs
+                if last_read.get(o.id, -1) >= end or o.readable()
+            }
+            fused = self.explorer.fuser_for(segment, records).finish(keep)
+            self._launch(fused, segment.length)
+
+    def _launch(self, fused, n_records: int) -> None:
+        block = fused.block
+        counters.add("fused_ops", n_records)
+        if not block.outputs:
+            return  # nobody can read what it computes
+        to_numpy, from_numpy = self.arrays
+        arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
+        started = time.perf_counter()
+        results = self.runtime.run(block, arrays, None)
+        counters.add("kernels")
+        for slot, array in zip(fused.outputs, results, strict=True):
+            set_output(self.inner, slot, from_numpy(array.reshape(slot.shape)), "a fused block")
+        if self.debug:
+            ops = " ".join(i.op for i in block.body)
+            print(f"[ember.fusion] block of {n_records} ops ({ops}) shape {list(block.shape)} "
+                  f"{len(block.inputs)} in / {len(block.outputs)} out, "
+                  f"{(time.perf_counter() - started) * 1e3:.3f} ms", file=sys.stderr)  # fmt: skip
+
+
+def numpy_bridge(inner: Backend):
+    """``(to_numpy, from_numpy)`` without copies for ``inner``'s CPU values, or None."""
+    if inner.name == "ndarray":
+        return _same, _same
+    if inner.name == "torch":
+        import torch
+
+        def from_numpy(array):
+            return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+        return _torch_numpy, from_numpy
+    return None
+
+
+def _same(x):
+    return x
+
+
+def _torch_numpy(x):
+    return x.detach().numpy()

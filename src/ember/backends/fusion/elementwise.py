@@ -1,0 +1,157 @@
+"""The element-wise fuser: chains of element-wise ops with broadcasting, as one block.
+
+It takes the op-table groups ``binary``, ``scalar``, ``unary``, ``compare`` and
+``select``, and ``cast``, on any kind, as long as every register broadcasts against the
+block's shape (operands of a lower rank get leading unit dims, as NumPy does). With
+``reduce=True`` it also takes the reductions of ``ir.REDUCTIONS`` over one axis (the
+block's ``axis``; every reduction of a block reduces the same one), and element-wise ops
+after them: softmax, layer norm and mean/var are one block each.
+
+Example:
+    >>> import ember
+    >>> from ember import Tensor
+    >>> from ember.backends.fusion import reset_stats, stats
+    >>> reset_stats()
+    >>> x = Tensor.from_data([[1.0, 2.0]], ember.device("ndarray").fusion())
+    >>> ((x * 2.0 + 1.0).exp() > 3.0).tolist()
+    [[True, True]]
+    >>> stats()["kernels"], stats()["fused_ops"]
+    (1, 4)
+"""
+
+from __future__ import annotations
+
+from ember.backends.fusion.fuser import Fused, Properties, Status
+from ember.backends.fusion.handle import Slot
+from ember.backends.fusion.ir import REDUCTIONS, Block, Input, Instr
+from ember.backends.fusion.stream import Record
+from ember.tensor.dtype import DType
+
+GROUPS = frozenset({"binary", "scalar", "unary", "compare", "select"})
+"""The op-table groups the fuser takes (plus ``cast``)."""
+
+NUMPY_DTYPES = frozenset(d for d in DType if d.name not in ("BF16",))
+"""Dtypes a NumPy array (so a runtime) can hold."""
+
+
+def elementwise(record: Record) -> bool:
+    """Whether ``record`` is an element-wise op the fuser may take."""
+    return record.op.group in GROUPS or record.op.name == "cast"
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
+
+
+class ElementwiseFuser:
+    """Takes element-wise records (and, with ``reduce``, reductions over one axis).
+
+    Args:
+        can_fuse: whether a slot's values can reach a runtime (a NumPy-viewable CPU tensor).
+        reduce: also take reductions over one axis.
+    """
+
+    def __init__(self, can_fuse, reduce: bool = False) -> None:
+        self.name = "elementwise+reduce" if reduce else "elementwise"
+        self.can_fuse = can_fuse
+        self.reduce = reduce
+        self.reset()
+
+    def reset(self) -> None:
+        self.records: list[Record] = []
+        self.shape: tuple[int, ...] = ()
+        self.axis: int | None = None  # counted from the end, so lower ranks agree
+        self._status = Status.OPEN
+
+    def status(self) -> Status:
+        return self._status
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def properties(self) -> Properties:
+        n = len(self.records)
+        return Properties(score=n, ready=n > 0)
+
+    def fuse(self, record: Record) -> None:
+        if self._status is Status.CLOSED:
+            return
+        if not self._takes(record):
+            self._status = Status.CLOSED
+            return
+        self.records.append(record)
+
+    def _takes(self, record: Record) -> bool:
+        slots = (*record.inputs, *record.outputs)
+        if not all(s.dtype in NUMPY_DTYPES and self.can_fuse(s) for s in slots):
+            return False
+        if record.multi:
+            return False
+        axis = self.axis
+        if record.op.name in REDUCTIONS:
+            if not self.reduce:
+                return False
+            x = record.inputs[0]
+            dim = record.args[1]
+            rank = len(x.shape)
+            dim = dim + rank if dim < 0 else dim
+            here = dim - rank  # from the end
+            if axis is not None and axis != here:
+                return False
+            axis = here
+        elif not elementwise(record):
+            return False
+        shape = self.shape
+        for s in slots:
+            shape = _broadcast(shape, s.shape)
+            if shape is None:
+                return False
+        self.shape, self.axis = shape, axis
+        return True
+
+    def finish(self, keep: set[int]) -> Fused:
+        rank = len(self.shape)
+        produced = {o.id for r in self.records for o in r.outputs}
+        registers: dict[int, int] = {}  # slot id -> register
+        inputs: list[Slot] = []
+        for record in self.records:  # registers 0..n-1: the slots made before the block
+            for s in record.inputs:
+                if s.id not in produced and s.id not in registers:
+                    registers[s.id] = len(inputs)
+                    inputs.append(s)
+        body: list[Instr] = []
+        outputs: list[int] = []
+        out_slots: list[Slot] = []
+        for record in self.records:
+            args = tuple(registers[s.id] for s in record.inputs)
+            attrs = tuple(record.args[len(record.op.inputs) :])
+            if record.op.name in REDUCTIONS:
+                attrs = (rank + self.axis,)
+            out = record.outputs[0]
+            registers[out.id] = len(inputs) + len(body)
+            body.append(Instr(record.op.name, args, attrs, _pad(out.shape, rank), out.dtype))
+            if out.id in keep:
+                outputs.append(registers[out.id])
+                out_slots.append(out)
+        block = Block(
+            shape=self.shape,
+            inputs=tuple(Input(_pad(s.shape, rank), s.dtype) for s in inputs),
+            body=tuple(body),
+            outputs=tuple(outputs),
+            axis=None if self.axis is None else rank + self.axis,
+        )
+        return Fused(block, tuple(inputs), tuple(out_slots))
+
+
+def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    return (1,) * (rank - len(shape)) + shape

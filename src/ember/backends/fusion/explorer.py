@@ -1,0 +1,146 @@
+"""The explorer: splits a stream into fused blocks and single records, with a plan cache.
+
+From each position it offers the following records to every fuser (each closes at the
+first record it cannot take) and keeps the best-scoring ready one when it would compute
+at least :data:`MIN_SCORE` records in one kernel; otherwise that record runs on the inner
+backend by itself. The segmentation is cached by the *relativized* stream: each record's
+primitive, where its inputs come from (an earlier record of the stream, counted
+backwards, or the n-th outside value), the kinds of its attributes, the dtypes, ranks and
+unit (broadcast) dims of its tensors, and which outputs the user still holds. Sizes are
+not part of the key, so a training step with a new batch size reuses the plan; a cached
+plan is checked by fusing its segments again (cheap), and explored anew when that fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ember.backend.ops import OpDef
+from ember.backends.fusion import counters
+from ember.backends.fusion.fuser import Fuser, Status
+from ember.backends.fusion.ir import REDUCTIONS
+from ember.backends.fusion.stream import Record
+from ember.tensor.dtype import DType
+
+MIN_SCORE = 2
+"""A block computing fewer records than this runs unfused instead."""
+
+MAX_PLANS = 4096
+"""The plan cache is emptied when it holds this many plans."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Records ``start .. start + length - 1``: fused by ``fuser`` (its index), or one
+    unfused record when ``fuser`` is None."""
+
+    start: int
+    length: int
+    fuser: int | None
+
+
+_plans: dict[tuple, tuple[Segment, ...]] = {}
+_plans_lock = threading.Lock()
+
+
+def clear_plans() -> None:
+    """Empties the plan cache."""
+    with _plans_lock:
+        _plans.clear()
+
+
+class Explorer:
+    """Finds the segmentation of a stream for ``fusers`` (tried in order; ties go first)."""
+
+    def __init__(self, fusers: list[Fuser]) -> None:
+        self.fusers = fusers
+        self.names = tuple(f.name for f in fusers)
+
+    def plan(self, records: list[Record]) -> tuple[Segment, ...]:
+        key = (self.names, relativize(records))
+        plan = _plans.get(key)
+        if plan is not None and self._valid(plan, records):
+            counters.add("cache_hits")
+            return plan
+        counters.add("explorations")
+        plan = self.explore(records)
+        with _plans_lock:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+        return plan
+
+    def explore(self, records: list[Record]) -> tuple[Segment, ...]:
+        segments = []
+        i, n = 0, len(records)
+        while i < n:
+            for fuser in self.fusers:
+                fuser.reset()
+            for record in records[i:]:
+                open_ = False
+                for fuser in self.fusers:
+                    if fuser.status() is Status.OPEN:
+                        fuser.fuse(record)
+                        open_ = open_ or fuser.status() is Status.OPEN
+                if not open_:
+                    break
+            best, score = None, MIN_SCORE - 1
+            for index, fuser in enumerate(self.fusers):
+                props = fuser.properties()
+                if props.ready and props.score > score:
+                    best, score = index, props.score
+            if best is None:
+                segments.append(Segment(i, 1, None))
+                i += 1
+            else:
+                segments.append(Segment(i, score, best))
+                i += score
+        return tuple(segments)
+
+    def fuser_for(self, segment: Segment, records: list[Record]) -> Fuser:
+        """The segment's fuser, holding exactly the segment's records."""
+        fuser = self.fusers[segment.fuser]
+        fuser.reset()
+        for record in records[segment.start : segment.start + segment.length]:
+            fuser.fuse(record)
+        return fuser
+
+    def _valid(self, plan: tuple[Segment, ...], records: list[Record]) -> bool:
+        return all(
+            segment.fuser is None or len(self.fuser_for(segment, records)) == segment.length
+            for segment in plan
+        )
+
+
+def relativize(records: list[Record]) -> tuple:
+    """The stream's pattern: what a plan depends on, without ids or sizes."""
+    made: dict[int, tuple[int, int]] = {}  # slot id -> (record index, output index)
+    outside: dict[int, int] = {}
+    pattern = []
+    for i, record in enumerate(records):
+        sources = []
+        for s in record.inputs:
+            origin = made.get(s.id)
+            if origin is None:
+                sources.append(("x", outside.setdefault(s.id, len(outside)), _tensor(s)))
+            else:
+                sources.append(("r", i - origin[0], origin[1]))
+        attrs = tuple(_attr(record.op, a) for a in record.args[len(record.op.inputs) :])
+        outs = tuple((_tensor(o), o.readable()) for o in record.outputs)
+        pattern.append((record.name, tuple(sources), attrs, outs))
+        for k, o in enumerate(record.outputs):
+            made[o.id] = (i, k)
+    return tuple(pattern)
+
+
+def _tensor(slot) -> tuple:
+    return (slot.dtype.value, tuple(d == 1 for d in slot.shape))
+
+
+def _attr(op: OpDef, value) -> object:
+    if op.name in REDUCTIONS or isinstance(value, DType):
+        return value if not isinstance(value, DType) else value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return type(value).__name__
+    return type(value).__name__
