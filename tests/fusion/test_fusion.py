@@ -1,0 +1,249 @@
+"""The fusion decorator: laziness is invisible, fused results equal unfused ones, plans are
+cached, and each thread has its own stream."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ember
+from ember import Tensor, activation
+from ember.backend.errors import EmberIndexError
+from ember.backends.fusion import Fusion, reset_stats, stats
+from ember.backends.fusion.explorer import clear_plans
+
+
+@pytest.fixture
+def device() -> ember.Device:
+    return ember.device("ndarray").fusion()
+
+
+def _pending(t: Tensor) -> bool:
+    return t._prim.slot.pending
+
+
+def test_ops_are_recorded_not_run_until_read(device):
+    x = Tensor.from_data([1.0, -2.0], device)
+    y = (x * 3.0).abs()
+    assert _pending(y) and y.shape == (2,) and y.dtype == ember.DType.F32
+    assert y.tolist() == [3.0, 6.0]
+    assert not _pending(y)
+
+
+def test_sync_runs_the_stream(device):
+    y = Tensor.from_data([1.0], device) + 1.0
+    device.sync()
+    assert not _pending(y)
+
+
+def test_an_index_error_raises_at_the_op(device):
+    x = Tensor.from_data([[1.0, 2.0]], device) * 2.0
+    bad = Tensor.from_data([[0, 5]], device, kind=ember.Kind.INT)
+    eager = ember.device("ndarray")
+    with pytest.raises(EmberIndexError) as fused_error:
+        x.gather(1, bad)
+    with pytest.raises(EmberIndexError) as eager_error:
+        Tensor.from_data([[2.0, 4.0]], eager).gather(
+            1, Tensor.from_data([[0, 5]], eager, kind=ember.Kind.INT)
+        )
+    assert str(fused_error.value) == str(eager_error.value)
+
+
+def test_random_draws_keep_the_inner_order_and_rng_state_works(device):
+    eager = ember.device("ndarray")
+    draws = []
+    for d in (device, eager):
+        d.seed(7)
+        a = Tensor.random([3], ember.Distribution.uniform(0, 1), d) * 2.0
+        state = d.backend.rng_state(d)
+        b = Tensor.random([3], ember.Distribution.uniform(0, 1), d)
+        d.backend.set_rng_state(d, state)
+        c = Tensor.random([3], ember.Distribution.uniform(0, 1), d)
+        draws.append((a.tolist(), b.tolist(), c.tolist()))
+    assert draws[0] == draws[1]
+    assert draws[0][1] == draws[0][2]
+
+
+def test_fusion_off_runs_every_op_at_once():
+    code = (
+        "import ember; from ember import Tensor\n"
+        "d = ember.device('ndarray').fusion()\n"
+        "y = Tensor.from_data([1.0], d) + 1.0\n"
+        "assert not y._prim.slot.pending and not d.backend.lazy\n"
+        "print(y.tolist())\n"
+    )
+    env = {"EMBER_FUSION": "0", "PYTHONPATH": ":".join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[2.0]"
+
+
+def test_debug_logs_each_block():
+    code = (
+        "import ember; from ember import Tensor\n"
+        "d = ember.device('ndarray').fusion()\n"
+        "print(((Tensor.from_data([1.0], d) + 1.0) * 2.0).tolist())\n"
+    )
+    env = {"EMBER_FUSION_DEBUG": "1", "PYTHONPATH": ":".join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "[ember.fusion] block of 2 ops (add_scalar mul_scalar)" in out.stderr
+
+
+def test_fewer_kernels_than_ops_and_intermediates_not_written(device):
+    x = Tensor.from_data(np.arange(6, dtype=np.float32).reshape(2, 3), device)
+    b = Tensor.from_data(np.ones(3, dtype=np.float32), device)
+    reset_stats()
+    y = ((x * 2.0 + b).exp() - 1.0).clamp(0.0, 10.0).tolist()
+    counts = stats()
+    assert counts["kernels"] == 1 and counts["fused_ops"] == 5 and counts["unfused_ops"] == 0
+    expected = np.clip(np.exp(np.arange(6, dtype=np.float32).reshape(2, 3) * 2 + 1) - 1, 0, 10)
+    np.testing.assert_array_equal(np.array(y, np.float32), expected)
+
+
+def test_softmax_is_one_block(device):
+    x = Tensor.from_data(np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32), device)
+    eager = Tensor.from_data(x.to_data().to_numpy(), ember.device("ndarray"))
+    reset_stats()
+    fused = activation.softmax(x, 1).to_data().to_numpy()
+    assert stats()["kernels"] == 1
+    np.testing.assert_array_equal(fused, activation.softmax(eager, 1).to_data().to_numpy())
+
+
+def test_second_identical_step_explores_nothing(device):
+    clear_plans()
+
+    def step(n: int) -> list:
+        x = Tensor.from_data(np.ones((n, 3), np.float32), device)
+        return activation.gelu(x * 0.5 + 1.0).sum_dim(1).tolist()
+
+    step(2)
+    reset_stats()
+    step(2)
+    step(5)  # other sizes, same plan
+    counts = stats()
+    assert counts["explorations"] == 0 and counts["cache_hits"] == 2
+
+
+def test_each_thread_has_its_own_stream(device):
+    results = {}
+
+    def work(k: int) -> None:
+        x = Tensor.from_data(np.full(4, k, np.float32), device)
+        y = x
+        for _ in range(20):
+            y = y * 1.5 - 0.5
+        results[k] = y.tolist()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        expected = np.full(4, k, np.float32)
+        for _ in range(20):
+            expected = expected * np.float32(1.5) - np.float32(0.5)
+        assert results[k] == expected.tolist()
+
+
+def test_a_value_from_another_threads_stream(device):
+    x = Tensor.from_data([1.0, 2.0], device) * 2.0  # pending in this thread's stream
+    out = []
+    thread = threading.Thread(target=lambda: out.append((x + 1.0).tolist()))
+    thread.start()
+    thread.join()
+    assert out == [[3.0, 5.0]]
+
+
+def test_backward_through_fusion():
+    device = ember.device("ndarray").fusion().autodiff()
+    x = Tensor.from_data([[0.5, -1.0, 2.0]], device).require_grad()
+    grads = (activation.softmax(x * 2.0, 1) * 3.0).sum().backward()
+    g = x.grad(grads).to_data().to_numpy()
+    np.testing.assert_allclose(g, np.zeros((1, 3)), atol=1e-6)  # softmax sums to 1 per row
+    assert isinstance(device.backend.inner, Fusion)
+
+
+# ---------------------------------------------------------------- random graphs
+UNARY = ["exp", "tanh", "abs", "neg", "sigmoid", "sqrt_abs", "square"]
+BINARY = ["add", "sub", "mul", "max_pair", "where_greater"]
+
+
+def _apply(values: list[Tensor], step: tuple) -> Tensor:
+    kind, name, i, j, scalar = step
+    a, b = values[i % len(values)], values[j % len(values)]
+    if kind == "u":
+        if name == "sqrt_abs":
+            return a.abs().sqrt()
+        if name == "square":
+            return a * a
+        if name == "sigmoid":
+            return activation.sigmoid(a)
+        return getattr(a, name)()
+    if kind == "s":
+        return (a * scalar + 0.25).clamp(-3.0, 3.0)
+    if kind == "r":
+        return a.sum_dim(-1) if name == "sum" else a.max_dim(-1)
+    if name == "where_greater":
+        return a.mask_where(a > b, b)
+    if name == "max_pair":
+        return a.max_pair(b)
+    return a + b if name == "add" else a - b if name == "sub" else a * b
+
+
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["u", "b", "s", "r"]),
+        st.sampled_from(UNARY + BINARY + ["sum", "max"]),
+        st.integers(0, 20), st.integers(0, 20),
+        st.floats(-2, 2, allow_nan=False, width=32),
+    ),
+    min_size=1, max_size=12,
+)  # fmt: skip
+SHAPES = st.sampled_from(
+    [[(3, 4), (1, 4), (3, 1)], [(2, 3, 4), (3, 4), (2, 1, 4)], [(5,), (1,), (5,)]]
+)
+
+
+def _graph(device: ember.Device, shapes, steps, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    values = [Tensor.from_data(rng.normal(size=s).astype(np.float32), device) for s in shapes]
+    for step in steps:
+        if step[0] == "u" and step[1] not in UNARY:
+            step = ("u", "exp", *step[2:])
+        if step[0] == "b" and step[1] not in BINARY:
+            step = ("b", "add", *step[2:])
+        values.append(_apply(values, step))
+    return [v.to_data().to_numpy() for v in values[len(shapes) :]]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(shapes=SHAPES, steps=STEPS, seed=st.integers(0, 3))
+def test_random_graphs_fused_equal_unfused(shapes, steps, seed):
+    # Unfused: the same decorator running each op at once (activations decompose alike).
+    eager = ember.device("ndarray").fusion()
+    eager.backend.lazy = False
+    unfused = _graph(eager, shapes, steps, seed)
+    reset_stats()
+    fused = _graph(ember.device("ndarray").fusion(), shapes, steps, seed)
+    for f, u in zip(fused, unfused, strict=True):
+        np.testing.assert_array_equal(f, u)
+    # Whatever fused, each block replaced at least two ops.
+    assert stats()["kernels"] * 2 <= stats()["fused_ops"]
+
+
+def test_random_graphs_fuse():
+    reset_stats()
+    shapes = [(3, 4), (1, 4), (3, 1)]
+    steps = [("b", "add", 0, 1, 0.0), ("u", "exp", 3, 0, 0.0), ("s", "", 4, 0, 1.5),
+             ("b", "where_greater", 5, 2, 0.0), ("r", "sum", 6, 0, 0.0)]  # fmt: skip
+    _graph(ember.device("ndarray").fusion(), shapes, steps, 0)
+    counts = stats()
+    assert counts["kernels"] == 1 and counts["fused_ops"] == 8  # the scalar step is 3 ops
