@@ -1,0 +1,259 @@
+"""The numba runtime: compiles an ``ir.Block`` to a parallel CPU kernel and runs it.
+
+numba is optional (``pip install ember[jit]``). Importing this module never fails;
+:func:`available` says whether numba is there, and :class:`NumbaRuntime` raises
+:class:`~ember.backend.errors.BackendUnavailableError` naming the extra when it is not.
+
+**Compiling.** A kernel's source is generated from the block (``numba_source``) and
+written as a real module file ``k_<hash>.py`` into the cache folder, ``<hash>`` covering
+the block's key and the generator's own source, so numba's ``cache=True`` keeps the
+machine code in ``__pycache__`` next to it and a new process loads it instead of
+compiling. The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
+(``~/.cache/ember/fusion``). Within a process, kernels are kept by key.
+
+**Inputs** may be any NumPy arrays of the block's shapes and dtypes: arrays that are not
+C-contiguous (transposed or sliced views, from torch or NumPy) are copied to contiguous
+ones first; the kernel itself only sees flat contiguous memory. Outputs go into ``out``
+when given (C-contiguous, writable, of the output's shape and dtype), else into buffers of
+the runtime's :class:`~ember.backends.fusion.buffers.BufferPool`; hand those back with
+:meth:`NumbaRuntime.release` once nobody reads them.
+
+**Blocks it cannot take** (f16/bf16 or other dtypes, unknown ops) raise
+:class:`~ember.backends.fusion.numba_source.KernelUnsupported`, an ``UnsupportedError``:
+the caller runs the block's ops unfused. So does a run where NumPy would raise (an int
+raised to a negative power): the unfused ops then raise NumPy's own error.
+
+**Threads.** Each run uses ``threads`` (the run's argument, else the runtime's, else
+``EMBER_FUSION_THREADS``, else numba's default of every core).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.atomic import atomic_write
+from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
+from ember.backends.fusion import ir
+from ember.backends.fusion.buffers import BufferPool
+from ember.backends.fusion.numba_source import KernelUnsupported, scalar_dtypes
+from ember.tensor.dtype import DType
+
+try:  # numba is optional: everything below that needs it checks available() first
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+__all__ = ["KernelUnsupported", "NumbaRuntime", "RuntimeStats", "available", "cache_dir"]
+
+_CHUNK = 16384  # inner-loop length of element-wise tasks: long enough to vectorize well
+_HERE = Path(__file__).parent
+_GENERATOR_FILES = ("numba_source.py", "numba_math.py", "ir.py")
+
+
+def available() -> bool:
+    """Whether numba is installed, so that :class:`NumbaRuntime` can run."""
+    return numba is not None
+
+
+def _require() -> None:
+    if numba is None:
+        raise BackendUnavailableError(
+            "fusion: the numba runtime needs numba; install the extra: pip install 'ember[jit]'"
+        )
+
+
+def cache_dir() -> Path:
+    """Where generated kernels and numba's compiled code live (see the module doc)."""
+    configured = os.environ.get("EMBER_FUSION_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ember" / "fusion"
+
+
+def _generator_version() -> str:
+    """A digest of the generator's source: a changed generator never meets an old kernel."""
+    digest = hashlib.sha256()
+    for name in _GENERATOR_FILES:
+        digest.update((_HERE / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class RuntimeStats:
+    """Counters of a runtime: kernels ``compiled`` by numba, loaded from the ``disk_hits``
+    cache, found in memory (``memory_hits``), ``launches``, and the seconds spent in
+    compiling or loading (``compile_seconds``)."""
+
+    compiled: int = 0
+    disk_hits: int = 0
+    memory_hits: int = 0
+    launches: int = 0
+    compile_seconds: float = 0.0
+
+
+@dataclass
+class _Kernel:
+    dispatcher: Any
+    source_path: Path
+    scalar_dtypes: tuple[np.dtype, ...]
+    groups: tuple[tuple[int, ...], ...]  # the block dims of each of the kernel's groups
+    ready: bool = False  # whether the first call (compile or disk load) happened
+
+
+class NumbaRuntime:
+    """Compiles blocks to numba kernels, once per ``Block.key()``, and runs them.
+
+    Args:
+        cache: the folder of generated kernels; default :func:`cache_dir`.
+        threads: the thread count of each run unless the run names one.
+        pool: where outputs come from when ``run`` is given no ``out``.
+    """
+
+    def __init__(self, cache: str | os.PathLike | None = None, threads: int | None = None,
+                 pool: BufferPool | None = None) -> None:  # fmt: skip
+        _require()
+        self.cache = Path(cache) if cache is not None else cache_dir()
+        if threads is None and os.environ.get("EMBER_FUSION_THREADS"):
+            threads = int(os.environ["EMBER_FUSION_THREADS"])
+        self.threads = threads
+        self.pool = pool if pool is not None else BufferPool()
+        self.stats = RuntimeStats()
+        self._kernels: dict[tuple, _Kernel] = {}
+        self._lock = threading.Lock()
+        self._version = _generator_version()
+
+    # ------------------------------------------------------------------ compiling
+    def kernel(self, block: ir.Block) -> _Kernel:
+        """The compiled kernel of ``block`` (generated and loaded on first use of its key)."""
+        key = block.key()
+        with self._lock:
+            found = self._kernels.get(key)
+            if found is not None:
+                self.stats.memory_hits += 1
+                return found
+            found = self._load(block, key)
+            self._kernels[key] = found
+            return found
+
+    def _load(self, block: ir.Block, key: tuple) -> _Kernel:
+        from ember.backends.fusion.numba_source import generate, layout
+
+        source = generate(block)
+        digest = hashlib.sha256(f"{self._version}\n{key!r}".encode()).hexdigest()[:32]
+        name = f"k_{digest}"
+        self.cache.mkdir(parents=True, exist_ok=True)
+        path = self.cache / f"{name}.py"
+        # Rewriting an identical file would change its time stamp and void numba's cache.
+        if not path.exists() or path.read_bytes() != source.encode():
+            atomic_write(path, source.encode())
+        module_name = f"ember_fusion_kernels.{name}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[module_name] = module
+        dtypes = tuple(np.dtype(_numpy_dtype(d)) for d in scalar_dtypes(block))
+        return _Kernel(module.kernel, path, dtypes, layout(block).groups)
+
+    # ------------------------------------------------------------------ running
+    def run(self, block: ir.Block, inputs: list[np.ndarray], out: list[np.ndarray] | None = None,
+            threads: int | None = None) -> list[np.ndarray]:  # fmt: skip
+        """Computes ``block`` on ``inputs`` (arrays of its inputs' shapes and dtypes, one
+        size per block dim); returns its outputs, written into ``out`` when given."""
+        kernel = self.kernel(block)
+        arrays = _inputs(block, inputs)
+        outputs = self._outputs(block, out)
+        sizes = [math.prod(block.shape[d] for d in dims) for dims in kernel.groups]
+        scalars = [_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes)]
+        err = np.zeros(1, np.int64)
+        count = threads if threads is not None else self.threads
+        if count is not None:
+            numba.set_num_threads(max(1, min(int(count), numba.config.NUMBA_NUM_THREADS)))
+        flat_in = [a.reshape(-1) for a in arrays]
+        flat_out = [o.reshape(-1) for o in outputs]
+        started = time.perf_counter()
+        kernel.dispatcher(*flat_in, *flat_out, *scalars, *sizes, _CHUNK, err)
+        if not kernel.ready:
+            self._first_call(kernel, time.perf_counter() - started)
+        self.stats.launches += 1
+        if err[0]:
+            raise KernelUnsupported("numba runtime: an int raised to a negative power")
+        return outputs
+
+    def _first_call(self, kernel: _Kernel, seconds: float) -> None:
+        kernel.ready = True
+        hits = sum(kernel.dispatcher.stats.cache_hits.values())
+        with self._lock:
+            self.stats.compile_seconds += seconds
+            if hits:
+                self.stats.disk_hits += 1
+            else:
+                self.stats.compiled += 1
+
+    def _outputs(self, block: ir.Block, out: list[np.ndarray] | None) -> list[np.ndarray]:
+        wanted = [(block.register_shape(r), _numpy_dtype(block.register_dtype(r)))
+                  for r in block.outputs]  # fmt: skip
+        if out is None:
+            return [self.pool.take(shape, dtype) for shape, dtype in wanted]
+        if len(out) != len(wanted):
+            raise ShapeError(f"numba runtime: {len(out)} output arrays for {len(wanted)} outputs")
+        for o, (array, (shape, dtype)) in enumerate(zip(out, wanted)):
+            fits = (array.shape == shape and array.dtype == dtype
+                    and array.flags.c_contiguous and array.flags.writeable)  # fmt: skip
+            if not fits:
+                raise ShapeError(
+                    f"numba runtime: output {o} must be a writable C-contiguous {dtype} array "
+                    f"of shape {fmt_shape(shape)}, got {array.dtype} {fmt_shape(array.shape)}"
+                )
+        return list(out)
+
+    def release(self, array: np.ndarray) -> bool:
+        """Hands an output of :meth:`run` back to the pool (nobody may read it or its views
+        afterwards); see :meth:`BufferPool.release`."""
+        return self.pool.release(array)
+
+
+def _numpy_dtype(dtype: DType) -> np.dtype:
+    if dtype is DType.BOOL:
+        return np.dtype(np.bool_)
+    return np.dtype(
+        dtype.name.replace("F", "float").replace("I", "int").replace("U", "uint").lower()
+    )
+
+
+def _inputs(block: ir.Block, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    if len(inputs) != len(block.inputs):
+        raise ShapeError(f"numba runtime: {len(inputs)} inputs for a block of {len(block.inputs)}")
+    arrays = []
+    for i, (array, spec) in enumerate(zip(inputs, block.inputs)):
+        array = np.asarray(array)
+        if array.shape != spec.shape or array.dtype != _numpy_dtype(spec.dtype):
+            raise ShapeError(
+                f"numba runtime: input {i} must be {spec.dtype} {fmt_shape(spec.shape)}, "
+                f"got {array.dtype} {fmt_shape(array.shape)}"
+            )
+        arrays.append(np.ascontiguousarray(array))
+    return arrays
+
+
+def _scalar(value: int | float | bool, dtype: np.dtype) -> Any:
+    """A scalar argument as the kernel's type; an int that does not fit the tensor's dtype
+    is refused (NumPy raises for it), so the unfused op raises NumPy's error."""
+    if dtype.kind in "iu" and not isinstance(value, bool):
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise KernelUnsupported(f"numba runtime: scalar {value} does not fit {dtype}")
+    return dtype.type(value)

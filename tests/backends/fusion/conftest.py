@@ -1,0 +1,19 @@
+"""Shared fixtures of the fusion tests: one numba runtime per test session, its kernels
+cached in a folder of this run only (so each run compiles what it tests, once)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("fusion-kernels")
+
+
+@pytest.fixture(scope="session")
+def runtime(kernel_cache):
+    numba_runtime = pytest.importorskip("ember.backends.fusion.numba_runtime")
+    if not numba_runtime.available():
+        pytest.skip("numba is not installed (pip install 'ember[jit]')")
+    return numba_runtime.NumbaRuntime(cache=kernel_cache)

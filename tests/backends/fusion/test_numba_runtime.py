@@ -1,0 +1,511 @@
+"""The numba runtime against NumPy: random blocks, the fused layers, caching, the pool.
+
+Float kernels are compared with the same block evaluated op by op in float64 by ember's
+NdArray backend (float32 kernels within a few float32 ulp, scaled by the inputs for sums);
+int and bool kernels must equal NdArray's results in their own dtype exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from ember.backend.errors import BackendUnavailableError, UnsupportedError
+from ember.backend.ops import OPS
+from ember.backends.fusion import ir
+from ember.backends.fusion import numba_runtime as nr
+from ember.backends.ndarray.backend import NdArray
+from ember.tensor.dtype import DType
+
+if not nr.available():
+    pytest.skip("numba is not installed (pip install 'ember[jit]')", allow_module_level=True)
+
+from ember.backends.fusion import numba_math
+from ember.backends.fusion.numba_source import KernelUnsupported
+
+F32, F64, I32, I64, I8, U8, BOOL = (DType.F32, DType.F64, DType.I32, DType.I64, DType.I8,
+                                    DType.U8, DType.BOOL)  # fmt: skip
+NDARRAY = NdArray()
+# Each new block structure compiles a kernel (~0.5 s): a fixed set of examples, no shrinking.
+BLOCKS = {"deadline": None, "derandomize": True, "phases": (Phase.explicit, Phase.generate)}
+NP = {F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64, I8: np.int8,
+      U8: np.uint8, BOOL: np.bool_}  # fmt: skip
+
+
+# ---------------------------------------------------------------------- the reference
+def reference(block: ir.Block, inputs: list[np.ndarray], wide: bool) -> list[np.ndarray]:
+    """The block op by op on NdArray; ``wide`` computes float registers in float64."""
+
+    def widen(d: DType) -> DType:
+        return F64 if wide and d.is_float else d
+
+    regs = [x.astype(np.float64) if wide and x.dtype.kind == "f" else x for x in inputs]
+    for instr in block.body:
+        args = [regs[a] for a in instr.args]
+        kind = block.register_dtype(instr.args[0]).kind
+        attrs = tuple(widen(a) if isinstance(a, DType) else a for a in instr.attrs)
+        name = OPS[instr.op].primitive(kind) if instr.op in OPS else instr.op
+        with np.errstate(all="ignore"):
+            regs.append(np.asarray(getattr(NDARRAY, name)(*args, *attrs)))
+    return [regs[r] for r in block.outputs]
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, ulps: float, scale=None) -> None:
+    """Floats within ``ulps`` of the result's dtype (relative to ``scale``, default the
+    value itself, with the smallest normal as floor); NaN where NaN; others exact."""
+    assert got.shape == want.shape
+    if got.dtype.kind != "f":
+        np.testing.assert_array_equal(got, want)
+        return
+    with np.errstate(over="ignore"):
+        rounded = want.astype(got.dtype)  # beyond the dtype's range: infinite there too
+    want = want.astype(np.float64)
+    g = got.astype(np.float64)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(g), nan)
+    inf = np.isinf(rounded)
+    np.testing.assert_array_equal(got[inf], rounded[inf])
+    base = np.abs(want) if scale is None else scale
+    eps = np.finfo(got.dtype).eps
+    tol = ulps * eps * np.maximum(base, np.finfo(got.dtype).tiny)
+    finite = ~nan & ~inf
+    err = np.abs(g - want)
+    worst = np.argmax(np.where(finite, err - tol, -np.inf)) if finite.any() else 0
+    assert np.all(err[finite] <= tol[finite]), (
+        f"error {err.flat[worst]:.3g} > {tol.flat[worst]:.3g} at {worst}: "
+        f"got {g.flat[worst]!r}, want {want.flat[worst]!r}"
+    )
+
+
+def I(op, args, attrs, shape, dtype):  # noqa: E743 (a short name keeps blocks legible)
+    return ir.Instr(op, tuple(args), tuple(attrs), tuple(shape), dtype)
+
+
+# ---------------------------------------------------------------------- approximations
+def _samples() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1.1754944e-38, 88.72, 88.7229,
+             -87.33, -103.9, -104.5, 1.0, -1.0, 0.625, 4.0, 3.92, 10.0, 1e30, -1e30]  # fmt: skip
+    return np.concatenate([bits, rng.uniform(-12, 12, 300_000).astype(np.float32),
+                           np.array(edges, np.float32)])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "erf", "tanh", "sigmoid"])
+def test_approximation_within_stated_ulp(runtime, name):
+    x = _samples()
+    shape = x.shape
+    block = ir.Block(shape, (ir.Input(shape, F32),), (I(name, (0,), (), shape, F32),), (1,))
+    (got,) = runtime.run(block, [x])
+    with np.errstate(all="ignore"):
+        want = numba_math.REFERENCE[name](x.astype(np.float64))
+    assert_close(got, want, ulps=numba_math.MAX_ULP[name] * 2)  # eps is 2 ulp at the top
+
+
+# ---------------------------------------------------------------------- random blocks
+FLOAT_UNARY = ["exp", "tanh", "erf", "sigmoid", "neg", "abs", "sqrt", "floor", "sign", "sin"]
+FLOAT_BINARY = ["add", "mul", "sub", "max_pair", "min_pair"]
+
+
+@st.composite
+def float_programs(draw):
+    """A chain of element-wise float ops over 2-3 inputs broadcast against each other."""
+    rank = draw(st.integers(1, 3))
+    dtype = draw(st.sampled_from([F32, F64]))
+    sizes = draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank))
+    shape = tuple(sizes)
+    n_inputs = draw(st.integers(1, 3))
+    inputs = []
+    for _ in range(n_inputs):
+        ones = draw(st.lists(st.booleans(), min_size=rank, max_size=rank))
+        inputs.append(tuple(1 if o else s for o, s in zip(ones, sizes)))
+    inputs[0] = shape
+    regs = [(s, dtype) for s in inputs]
+    body = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["unary", "binary", "scalar", "clamp", "where"]))
+        a = draw(st.integers(0, len(regs) - 1))
+        sa = regs[a][0]
+        if kind == "unary":
+            op = draw(st.sampled_from(FLOAT_UNARY))
+            if op == "sqrt":
+                body.append(I("abs", (a,), (), sa, dtype))
+                regs.append((sa, dtype))
+                a = len(regs) - 1
+            body.append(I(op, (a,), (), sa, dtype))
+            regs.append((sa, dtype))
+        elif kind in ("binary", "where"):
+            b = draw(st.integers(0, len(regs) - 1))
+            out = tuple(max(x, y) for x, y in zip(sa, regs[b][0]))
+            if kind == "binary":
+                body.append(I(draw(st.sampled_from(FLOAT_BINARY)), (a, b), (), out, dtype))
+            else:
+                body.append(I("greater", (a, b), (), out, BOOL))
+                regs.append((out, BOOL))
+                body.append(I("mask_where", (a, len(regs) - 1, b), (), out, dtype))
+            regs.append((out, dtype))
+        elif kind == "scalar":
+            op = draw(st.sampled_from(["add_scalar", "mul_scalar", "sub_scalar", "div_scalar"]))
+            value = draw(st.sampled_from([0.5, -1.25, 3.0, 2]))
+            body.append(I(op, (a,), (value,), sa, dtype))
+            regs.append((sa, dtype))
+        else:
+            body.append(I("clamp", (a,), (-0.5, draw(st.sampled_from([0.75, None]))), sa, dtype))
+            regs.append((sa, dtype))
+    outputs = (len(regs) - 1,) if draw(st.booleans()) else (len(regs) - 1, n_inputs)
+    block = ir.Block(shape, tuple(ir.Input(s, dtype) for s in inputs), tuple(body), outputs)
+    return block, draw(st.integers(0, 2**32 - 1))
+
+
+def _values(block: ir.Block, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in block.inputs:
+        if spec.dtype.is_float:
+            out.append((rng.standard_normal(spec.shape) * 2).astype(NP[spec.dtype]))
+        elif spec.dtype is BOOL:
+            out.append(rng.random(spec.shape) < 0.5)
+        else:
+            info = np.iinfo(NP[spec.dtype])
+            edges = np.array([0, 1, -1, 2, 7, info.min, info.max, -3], dtype=np.int64)
+            edges = edges[(edges >= info.min) & (edges <= info.max)]
+            picks = rng.integers(0, len(edges), spec.shape)
+            small = rng.integers(max(info.min, -20), min(info.max, 20), spec.shape)
+            out.append(
+                np.where(rng.random(spec.shape) < 0.3, edges[picks], small).astype(NP[spec.dtype])
+            )
+    return out
+
+
+@settings(max_examples=25, **BLOCKS)
+@given(float_programs())
+def test_random_elementwise_float_blocks(runtime, program):
+    block, seed = program
+    inputs = _values(block, seed)
+    got = runtime.run(block, inputs)
+    want = reference(block, inputs, wide=True)
+    for g, w in zip(got, want):
+        # each op adds a rounding; an approximation adds its stated error
+        assert_close(g, w, ulps=6 * len(block.body) + 8, scale=np.maximum(np.abs(w), 1.0))
+
+
+INT_BINARY = ["add", "sub", "mul", "div", "remainder", "max_pair", "min_pair", "bitwise_and",
+              "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"]  # fmt: skip
+INT_SCALAR = ["add_scalar", "mul_scalar", "div_scalar", "remainder_scalar", "pow_scalar",
+              "bitwise_right_shift_scalar"]  # fmt: skip
+
+
+@st.composite
+def int_programs(draw):
+    """Element-wise int and bool ops, edge values included, broadcast over rank 2."""
+    dtype = draw(st.sampled_from([I32, I64, I8, U8]))
+    shape = (draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    other = draw(st.sampled_from([shape, (1, shape[1]), (shape[0], 1)]))
+    inputs = [shape, other]
+    body = []
+    regs = [(s, dtype) for s in inputs]
+    for _ in range(draw(st.integers(1, 4))):
+        a, b = draw(st.integers(0, len(regs) - 1)), draw(st.integers(0, len(regs) - 1))
+        if regs[a][1] is not dtype or regs[b][1] is not dtype:
+            a, b = 0, 1
+        kind = draw(st.sampled_from(["binary", "scalar", "unary", "compare"]))
+        out = tuple(max(x, y) for x, y in zip(regs[a][0], regs[b][0]))
+        if kind == "binary":
+            body.append(I(draw(st.sampled_from(INT_BINARY)), (a, b), (), out, dtype))
+            regs.append((out, dtype))
+        elif kind == "scalar":
+            op = draw(st.sampled_from(INT_SCALAR))
+            value = draw(st.sampled_from([0, 1, 2, 3, 5] if op != "pow_scalar" else [0, 1, 3]))
+            body.append(I(op, (a,), (value,), regs[a][0], dtype))
+            regs.append((regs[a][0], dtype))
+        elif kind == "unary":
+            op = draw(st.sampled_from(["neg", "abs", "sign", "bitwise_not"]))
+            body.append(I(op, (a,), (), regs[a][0], dtype))
+            regs.append((regs[a][0], dtype))
+        else:
+            body.append(I("lower", (a, b), (), out, BOOL))
+            regs.append((out, BOOL))
+            body.append(I("not", (len(regs) - 1,), (), out, BOOL))
+            regs.append((out, BOOL))
+            body.append(I("mask_fill", (a, len(regs) - 1), (7,), out, dtype))
+            regs.append((out, dtype))
+    last = len(regs) - 1
+    body.append(I("cast", (last,), (F32,), regs[last][0], F32))
+    regs.append((regs[last][0], F32))
+    block = ir.Block(shape, tuple(ir.Input(s, dtype) for s in inputs), tuple(body),
+                     (last, len(regs) - 1))  # fmt: skip
+    return block, draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=25, **BLOCKS)
+@given(int_programs())
+def test_random_int_blocks_are_exact(runtime, program):
+    block, seed = program
+    inputs = _values(block, seed)
+    got = runtime.run(block, inputs)
+    want = reference(block, inputs, wide=False)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
+REDUCE = ["sum_dim", "mean_dim", "max_dim", "min_dim", "prod_dim"]
+
+
+@st.composite
+def reduction_programs(draw):
+    """reduce(f(x, y)) along an axis, then combined with x again (softmax-like)."""
+    rank = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=rank, max_size=rank)))
+    axis = draw(st.integers(0, rank - 1))
+    dtype = draw(st.sampled_from([F32, F64, I32]))
+    other = tuple(1 if i != axis and draw(st.booleans()) else s for i, s in enumerate(shape))
+    reduced = tuple(1 if i == axis else s for i, s in enumerate(shape))
+    red = draw(st.sampled_from(REDUCE))
+    mix = draw(st.sampled_from(["mul", "sub", "max_pair"]))
+    body = (I(mix, (0, 1), (), shape, dtype), I(red, (2,), (axis,), reduced, dtype),
+            I("sub", (0, 3), (), shape, dtype))  # fmt: skip
+    outputs = draw(st.sampled_from([(4,), (3, 4), (3,)]))
+    block = ir.Block(shape, (ir.Input(shape, dtype), ir.Input(other, dtype)), body, outputs, axis)
+    return block, draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=20, **BLOCKS)
+@given(reduction_programs())
+def test_random_reduction_blocks(runtime, program):
+    block, seed = program
+    inputs = _values(block, seed)
+    if block.inputs[0].dtype is I32:
+        inputs = [np.clip(x, -5, 5) for x in inputs]  # keep int products and sums exact
+    got = runtime.run(block, inputs)
+    want = reference(block, inputs, wide=True)
+    magnitude = math.prod(np.abs(x).max(initial=1.0) for x in inputs) ** 2
+    for g, w in zip(got, want):
+        if g.dtype.kind == "f":
+            k = block.shape[block.axis]
+            assert_close(g, w, ulps=8 * k + 8, scale=np.full(w.shape, max(magnitude, 1.0)))
+        else:
+            np.testing.assert_array_equal(g, w.astype(g.dtype))
+
+
+# ---------------------------------------------------------------------- fused layers
+def gelu_block(shape, dtype=F32):
+    return ir.Block(shape, (ir.Input(shape, dtype),), (
+        I("div_scalar", (0,), (math.sqrt(2.0),), shape, dtype), I("erf", (1,), (), shape, dtype),
+        I("add_scalar", (2,), (1.0,), shape, dtype), I("mul", (0, 3), (), shape, dtype),
+        I("mul_scalar", (4,), (0.5,), shape, dtype)), (5,))  # fmt: skip
+
+
+def softmax_block(shape, axis, dtype=F32, log=False):
+    r = tuple(1 if i == axis else s for i, s in enumerate(shape))
+    body = [I("max_dim", (0,), (axis,), r, dtype), I("sub", (0, 1), (), shape, dtype),
+            I("exp", (2,), (), shape, dtype), I("sum_dim", (3,), (axis,), r, dtype)]  # fmt: skip
+    if log:
+        body += [I("log", (4,), (), r, dtype), I("sub", (2, 5), (), shape, dtype)]
+    else:
+        body += [I("div", (3, 4), (), shape, dtype)]
+    return ir.Block(shape, (ir.Input(shape, dtype),), tuple(body), (len(body),), axis)
+
+
+def layer_norm_block(shape, dtype=F32):
+    axis = len(shape) - 1
+    r = (*shape[:-1], 1)
+    w = (1,) * (len(shape) - 1) + (shape[-1],)
+    body = (I("mean_dim", (0,), (axis,), r, dtype), I("sub", (0, 3), (), shape, dtype),
+            I("mul", (4, 4), (), shape, dtype), I("mean_dim", (5,), (axis,), r, dtype),
+            I("add_scalar", (6,), (1e-5,), r, dtype), I("rsqrt", (7,), (), r, dtype),
+            I("mul", (4, 8), (), shape, dtype), I("mul", (9, 1), (), shape, dtype),
+            I("add", (10, 2), (), shape, dtype))  # fmt: skip
+    inputs = (ir.Input(shape, dtype), ir.Input(w, dtype), ir.Input(w, dtype))
+    return ir.Block(shape, inputs, body, (11, 3), axis)
+
+
+def test_gelu(runtime):
+    x = np.random.default_rng(1).standard_normal((64, 300)).astype(np.float32) * 4
+    (got,) = runtime.run(gelu_block(x.shape), [x])
+    x64 = x.astype(np.float64)
+    want = x64 * 0.5 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+    # 1 + erf(x) cancels for x << 0 in any float32 evaluation: errors scale with |x|
+    assert_close(got, want, ulps=8, scale=np.maximum(np.abs(want), np.abs(x64)))
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_and_log_softmax(runtime, axis, log):
+    x = np.random.default_rng(2).standard_normal((37, 130)).astype(np.float32) * 5
+    x[3, 4] = np.inf if not log else x[3, 4]
+    x[5, 6] = np.nan
+    (got,) = runtime.run(softmax_block(x.shape, axis, log=log), [x])
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        shifted = x64 - x64.max(axis, keepdims=True)
+        lse = np.log(np.exp(shifted).sum(axis, keepdims=True))
+        want = shifted - lse if log else np.exp(shifted - lse)
+    assert_close(got, want, ulps=64, scale=np.maximum(np.abs(want), 1e-6 if not log else 1))
+
+
+def test_layer_norm_and_its_mean(runtime):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((50, 257)) * 3 + 10).astype(np.float32)
+    g = rng.standard_normal((1, 257)).astype(np.float32)
+    b = rng.standard_normal((1, 257)).astype(np.float32)
+    y, mean = runtime.run(layer_norm_block(x.shape), [x, g, b])
+    x64 = x.astype(np.float64)
+    m = x64.mean(1, keepdims=True)
+    want = (x64 - m) / np.sqrt(((x64 - m) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+    assert mean.shape == (50, 1)
+    assert_close(mean, m, ulps=64)
+    assert_close(y, want, ulps=256, scale=np.maximum(np.abs(want), 1.0))
+
+
+def test_f64_kernels_use_exact_math(runtime):
+    x = np.random.default_rng(4).standard_normal((3, 1000)) * 3
+    (got,) = runtime.run(gelu_block(x.shape, F64), [x])
+    want = x * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    assert_close(got, want, ulps=8, scale=np.maximum(np.abs(want), np.abs(x)))
+
+
+# ---------------------------------------------------------------------- semantics at the edges
+def test_integer_division_edges_match_ndarray(runtime):
+    shape = (9, 9)
+    v = np.array([0, 1, -1, 7, -7, 2, -2, np.iinfo(np.int64).min, np.iinfo(np.int64).max])
+    a, b = np.broadcast_arrays(v[:, None], v[None, :])
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    block = ir.Block(shape, (ir.Input(shape, I64), ir.Input(shape, I64)), (
+        I("div", (0, 1), (), shape, I64), I("remainder", (0, 1), (), shape, I64),
+        I("bitwise_left_shift", (0, 1), (), shape, I64),
+        I("bitwise_right_shift", (0, 1), (), shape, I64)), (2, 3, 4, 5))  # fmt: skip
+    got = runtime.run(block, [a, b])
+    for g, w in zip(got, reference(block, [a, b], wide=False)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_float_remainder_nan_and_signed_zero(runtime):
+    v = np.array([0.0, -0.0, 5.0, -5.0, 2.5, np.inf, -np.inf, np.nan], np.float32)
+    shape = (8, 8)
+    a, b = (np.ascontiguousarray(x) for x in np.broadcast_arrays(v[:, None], v[None, :]))
+    block = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)), (
+        I("remainder", (0, 1), (), shape, F32), I("div", (0, 1), (), shape, F32),
+        I("max_pair", (0, 1), (), shape, F32), I("recip", (0,), (), shape, F32),
+        I("round", (0,), (), shape, F32)), (2, 3, 4, 5, 6))  # fmt: skip
+    got = runtime.run(block, [a, b])
+    for g, w in zip(got, reference(block, [a, b], wide=False)):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+def test_negative_int_power_is_refused(runtime):
+    shape = (4,)
+    block = ir.Block(shape, (ir.Input(shape, I32), ir.Input(shape, I32)),
+                     (I("pow", (0, 1), (), shape, I32),), (2,))  # fmt: skip
+    ok = runtime.run(block, [np.array([2, 3, -2, 0], np.int32), np.array([3, 0, 5, 2], np.int32)])
+    np.testing.assert_array_equal(ok[0], [8, 1, -32, 0])
+    with pytest.raises(KernelUnsupported, match="negative power"):
+        runtime.run(block, [np.array([2, 3, 4, 5], np.int32), np.array([1, -1, 1, 1], np.int32)])
+
+
+def test_scalar_out_of_range_is_refused(runtime):
+    block = ir.Block((3,), (ir.Input((3,), I8),), (I("add_scalar", (0,), (300,), (3,), I8),), (1,))
+    with pytest.raises(UnsupportedError, match="300"):
+        runtime.run(block, [np.zeros(3, np.int8)])
+
+
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16])
+def test_half_precision_falls_back(runtime, dtype):
+    block = ir.Block((4,), (ir.Input((4,), dtype),), (I("exp", (0,), (), (4,), dtype),), (1,))
+    with pytest.raises(UnsupportedError, match=dtype.value):
+        runtime.kernel(block)
+
+
+# ---------------------------------------------------------------------- memory and layout
+def test_non_contiguous_inputs_and_given_outputs(runtime):
+    base = np.random.default_rng(5).standard_normal((300, 64)).astype(np.float32)
+    x = base.T  # a transposed view, as torch's .t() hands over
+    out = np.empty((64, 300), np.float32)
+    (got,) = runtime.run(gelu_block(x.shape), [x], out=[out])
+    assert got is out
+    (again,) = runtime.run(gelu_block(x.shape), [np.ascontiguousarray(x)])
+    np.testing.assert_array_equal(out, again)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        runtime.run(gelu_block(x.shape), [x], out=[np.empty((300, 64), np.float32).T])
+    with pytest.raises(ValueError, match="input 0"):
+        runtime.run(gelu_block(x.shape), [base])
+
+
+def test_pool_reuses_released_outputs(runtime):
+    x = np.ones((512, 512), np.float32)
+    (first,) = runtime.run(gelu_block(x.shape), [x])
+    address = first.__array_interface__["data"][0]
+    assert runtime.release(first)
+    assert not runtime.release(first)  # once only
+    (second,) = runtime.run(gelu_block(x.shape), [x])
+    assert second.__array_interface__["data"][0] == address
+    assert not runtime.release(np.ones((512, 512), np.float32))  # not the pool's
+
+
+def test_thread_counts_agree(runtime):
+    x = np.random.default_rng(6).standard_normal((64, 1000)).astype(np.float32)
+    one = runtime.run(softmax_block(x.shape, 1), [x], threads=1)[0].copy()
+    two = runtime.run(softmax_block(x.shape, 1), [x], threads=2)[0]
+    np.testing.assert_array_equal(one, two)
+
+
+def test_sizes_are_not_part_of_the_key(runtime):
+    before = runtime.stats.compiled + runtime.stats.disk_hits
+    for n in (1, 5, 1000):
+        x = np.full((n, 3), 0.5, np.float32)
+        runtime.run(gelu_block(x.shape), [x])
+    # one kernel for the (rank 2, no broadcast) GELU whatever the sizes (already compiled
+    # by an earlier test, or compiled here once)
+    assert runtime.stats.compiled + runtime.stats.disk_hits - before <= 1
+    assert (
+        np.empty((0, 3), np.float32).size
+        == runtime.run(gelu_block((0, 3)), [np.empty((0, 3), np.float32)])[0].size
+    )
+
+
+# ---------------------------------------------------------------------- caching
+_CHILD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_numba_runtime import softmax_block
+from ember.backends.fusion.numba_runtime import NumbaRuntime
+rt = NumbaRuntime(cache={cache!r})
+x = np.arange(12, dtype=np.float32).reshape(3, 4)
+(y,) = rt.run(softmax_block(x.shape, 1), [x])
+print(json.dumps({{"compiled": rt.stats.compiled, "disk_hits": rt.stats.disk_hits,
+                  "sum": float(y.sum())}}))
+"""
+
+
+def test_second_run_and_new_process_compile_nothing(runtime, kernel_cache):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    runtime.run(softmax_block(x.shape, 1), [x])
+    compiled, hits = runtime.stats.compiled, runtime.stats.memory_hits
+    runtime.run(softmax_block(x.shape, 1), [x])
+    assert runtime.stats.compiled == compiled
+    assert runtime.stats.memory_hits == hits + 1
+    code = _CHILD.format(tests=os.path.dirname(__file__), cache=str(kernel_cache))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert child == {"compiled": 0, "disk_hits": 1, "sum": pytest.approx(3.0)}
+
+
+# ---------------------------------------------------------------------- without numba
+def test_without_numba_the_runtime_names_the_extra(monkeypatch):
+    monkeypatch.setattr(nr, "numba", None)
+    assert not nr.available()
+    with pytest.raises(BackendUnavailableError, match=r"ember\[jit\]"):
+        nr.NumbaRuntime()
