@@ -72,6 +72,28 @@ def fma_f32(typingctx, a, b, c):
     return sig, codegen
 
 
+@intrinsic
+def f64_from_bits(typingctx, bits):
+    """The float64 whose bit pattern is the int64 ``bits``."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def f64_bits(typingctx, value):
+    """The bit pattern of the float64 ``value`` as an int64."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
 def _jit(fn):
     # Inlined into each kernel by numba (LLVM alone does not inline them reliably once a
     # loop body grows, and a call per element stops vectorization); they then carry the
@@ -127,7 +149,7 @@ def fast_log_f32(x):
     result = fma_f32(ef, _LN2_HI, fma_f32(ef, _LN2_LO, fma_f32(s * z, q, _F32(2.0) * s)))
     result = _F32(-np.inf) if x == _F32(0.0) else result
     result = _F32(np.nan) if x < _F32(0.0) else result
-    return x if (x == _F32(np.inf) or x != x) else result
+    return x if ((x == _F32(np.inf)) | (x != x)) else result
 
 
 @_jit
@@ -158,7 +180,7 @@ def fast_erf_f32(x):
     large = _F32(1.0) - fast_exp_f32(q)
     large = _F32(1.0) if a > _F32(4.0) else large
     large = -large if x < _F32(0.0) else large
-    return small if (a <= _F32(1.0) or x != x) else large
+    return small if ((a <= _F32(1.0)) | (x != x)) else large
 
 
 @_jit
@@ -178,7 +200,7 @@ def fast_tanh_f32(x):
     c = _F32(10.0) if a > _F32(10.0) else a
     large = _F32(1.0) - _F32(2.0) / (fast_exp_f32(_F32(2.0) * c) + _F32(1.0))
     large = -large if x < _F32(0.0) else large
-    return small if (a < _F32(0.625) or x != x) else large
+    return small if ((a < _F32(0.625)) | (x != x)) else large
 
 
 @_jit
@@ -300,3 +322,41 @@ def ushr(a, b):
 def rint(x):
     """Round half to even, as NumPy's round."""
     return np.rint(x)
+
+
+# ---------------------------------------------------------------------- ordered keys
+# LLVM vectorizes a float max/min reduction only under ``nnan``, which would also void
+# NumPy's NaN propagation. Reductions therefore run on ints ordered as the floats are
+# (the sign-magnitude bits flipped for negatives), with NaN mapped to the end that wins.
+_I32_MAX, _I32_MIN = np.int32(0x7FFFFFFF), np.int32(-0x80000000)
+_I64_MAX, _I64_MIN = np.int64(0x7FFFFFFFFFFFFFFF), np.int64(-0x8000000000000000)
+
+
+@_jit
+def order_key_f32(x, nan_key):
+    """An int32 ordered as the float32 ``x``; ``nan_key`` for NaN."""
+    b = f32_bits(x)
+    k = b ^ _I32_MAX if b < np.int32(0) else b
+    return nan_key if x != x else k
+
+
+@_jit
+def from_order_key_f32(k, nan_key):
+    """The float32 of an :func:`order_key_f32` (NaN for ``nan_key``)."""
+    x = f32_from_bits(k ^ _I32_MAX if k < np.int32(0) else k)
+    return _F32(np.nan) if k == nan_key else x
+
+
+@_jit
+def order_key_f64(x, nan_key):
+    """An int64 ordered as the float64 ``x``; ``nan_key`` for NaN."""
+    b = f64_bits(x)
+    k = b ^ _I64_MAX if b < np.int64(0) else b
+    return nan_key if x != x else k
+
+
+@_jit
+def from_order_key_f64(k, nan_key):
+    """The float64 of an :func:`order_key_f64` (NaN for ``nan_key``)."""
+    x = f64_from_bits(k ^ _I64_MAX if k < np.int64(0) else k)
+    return np.float64(np.nan) if k == nan_key else x

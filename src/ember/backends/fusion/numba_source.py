@@ -147,9 +147,9 @@ def _binary(op: str, x: str, y: str, t: str, d: DType) -> str:
     if op == "pow":
         return f"{t}({x} ** {y})" if d.is_float else f"{t}({_int_call('pow', x, y, d)})"
     if op == "max_pair":
-        return f"({x} if ({x} > {y} or {x} != {x}) else {y})"
+        return f"({x} if (({x} > {y}) | ({x} != {x})) else {y})"
     if op == "min_pair":
-        return f"({x} if ({x} < {y} or {x} != {x}) else {y})"
+        return f"({x} if (({x} < {y}) | ({x} != {x})) else {y})"
     if op == "atan2":
         return f"{t}(math.atan2({x}, {y}))"
     if op == "bitwise_left_shift":
@@ -278,7 +278,8 @@ from numba import prange
 
 from ember.backends.fusion.numba_math import (
     fast_erf_f32, fast_exp_f32, fast_log_f32, fast_sigmoid_f32, fast_tanh_f32, frem, idiv,
-    ipow, irem, rint, shl, shr, udiv, upow, urem, ushr)
+    from_order_key_f32, from_order_key_f64, ipow, irem, order_key_f32, order_key_f64, rint, shl,
+    shr, udiv, upow, urem, ushr)
 
 """
 
@@ -520,8 +521,9 @@ def _acc_init(instr: ir.Instr, block: ir.Block) -> str:
             return f"{numpy_ctor(d)}(1)"
         return "np.uint64(1)" if d.is_unsigned else "np.int64(1)"
     t = numpy_ctor(d)
-    if d.is_float:
-        return f"{t}(-np.inf)" if op == "max_dim" else f"{t}(np.inf)"
+    if d.is_float:  # an order key (see numba_math): the opposite end of the key's range
+        bits = "int32" if d is DType.F32 else "int64"
+        return f"np.iinfo(np.{bits}).min" if op == "max_dim" else f"np.iinfo(np.{bits}).max"
     return f"np.iinfo({t}).min" if op == "max_dim" else f"np.iinfo({t}).max"
 
 
@@ -533,8 +535,16 @@ def _acc_step(instr: ir.Instr, r: int, block: ir.Block) -> str:
     if op == "prod_dim":
         return f"{a} *= {v}"
     cmp = ">" if op == "max_dim" else "<"
-    nan = f" or {v} != {v}" if d.is_float else ""
-    return f"{a} = {v} if ({v} {cmp} {a}{nan}) else {a}"
+    if d.is_float:
+        key = f"order_key_{d.value}({v}, {_nan_key(op, d)})"
+        return f"{a} = max({a}, {key})" if op == "max_dim" else f"{a} = min({a}, {key})"
+    return f"{a} = {v} if {v} {cmp} {a} else {a}"
+
+
+def _nan_key(op: str, d: DType) -> str:
+    """The order key NaN maps to: the one that wins the reduction, as NaN does in NumPy."""
+    bits = "int32" if d is DType.F32 else "int64"
+    return f"np.iinfo(np.{bits}).max" if op == "max_dim" else f"np.iinfo(np.{bits}).min"
 
 
 def _acc_final(instr: ir.Instr, r: int, block: ir.Block, lay: Layout) -> str:
@@ -544,4 +554,6 @@ def _acc_final(instr: ir.Instr, r: int, block: ir.Block, lay: Layout) -> str:
         if d.is_float:
             return f"{t}(acc{r} / {t}(n{lay.inner}))"
         return _cast(f"(acc{r} / n{lay.inner})", DType.F64, d)
+    if instr.op in ("max_dim", "min_dim") and d.is_float:
+        return f"from_order_key_{d.value}(acc{r}, {_nan_key(instr.op, d)})"
     return f"{t}(acc{r})"

@@ -1,0 +1,183 @@
+"""Fused numba kernels beside their peers: GELU, softmax and layer norm, 1 and 2 threads.
+
+Run: ``.venv/bin/python benchmarks/fusion_kernels.py [--threads 1 2] [--repeat 7]``
+
+* GELU ``x * 0.5 * (1 + erf(x / sqrt 2))`` on 16M float32, every candidate writing into a
+  reused output buffer where it can (NumPy and PyTorch eager allocate their temporaries):
+  the numba kernel, PyTorch eager, ``torch.compile`` (skipped with the reason when it does
+  not work here), NumPy, and a plain copy into a reused buffer (the memory bound);
+* softmax and layer norm (eps 1e-5, with weight and bias) over ``[4096, 1024]`` float32:
+  the numba kernel and PyTorch eager.
+
+Each cell is the median seconds of one call; ratios are against the named peer. The
+first-compile and warm-disk-cache times of the three kernels come last (the warm start is
+measured in a fresh process over the same cache folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timing import median_seconds, pin_threads, print_table
+
+GELU_N = 16 * 1024 * 1024
+ROWS, COLS = 4096, 1024
+
+
+def blocks():
+    """The three fused blocks, as a fuser would hand them to the runtime."""
+    from ember.backends.fusion import ir
+    from ember.tensor.dtype import DType
+
+    f = DType.F32
+
+    def op(name, args, attrs, shape):
+        return ir.Instr(name, tuple(args), tuple(attrs), shape, f)
+
+    g = (GELU_N,)
+    gelu = ir.Block(g, (ir.Input(g, f),), (
+        op("div_scalar", (0,), (math.sqrt(2.0),), g), op("erf", (1,), (), g),
+        op("add_scalar", (2,), (1.0,), g), op("mul", (0, 3), (), g),
+        op("mul_scalar", (4,), (0.5,), g)), (5,))  # fmt: skip
+    s, r, w = (ROWS, COLS), (ROWS, 1), (1, COLS)
+    softmax = ir.Block(s, (ir.Input(s, f),), (
+        op("max_dim", (0,), (1,), r), op("sub", (0, 1), (), s), op("exp", (2,), (), s),
+        op("sum_dim", (3,), (1,), r), op("div", (3, 4), (), s)), (5,), axis=1)  # fmt: skip
+    layer_norm = ir.Block(s, (ir.Input(s, f), ir.Input(w, f), ir.Input(w, f)), (
+        op("mean_dim", (0,), (1,), r), op("sub", (0, 3), (), s), op("mul", (4, 4), (), s),
+        op("mean_dim", (5,), (1,), r), op("add_scalar", (6,), (1e-5,), r),
+        op("rsqrt", (7,), (), r), op("mul", (4, 8), (), s), op("mul", (9, 1), (), s),
+        op("add", (10, 2), (), s)), (11,), axis=1)  # fmt: skip
+    return {"gelu": gelu, "softmax": softmax, "layer_norm": layer_norm}
+
+
+def _compile_times(cache: str) -> dict[str, float]:
+    """Seconds of the first run of each block (compiling, or loading from ``cache``)."""
+    import numpy as np
+
+    from ember.backends.fusion.numba_runtime import NumbaRuntime
+
+    runtime = NumbaRuntime(cache=cache)
+    times = {}
+    for name, block in blocks().items():
+        inputs = [np.ones(i.shape, np.float32) for i in block.inputs]
+        start = time.perf_counter()
+        runtime.run(block, inputs)
+        times[name] = time.perf_counter() - start
+    times["compiled"] = runtime.stats.compiled
+    times["disk_hits"] = runtime.stats.disk_hits
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--compile-times", help=argparse.SUPPRESS)  # the warm-start child
+    args = parser.parse_args()
+    if args.compile_times:
+        print(json.dumps(_compile_times(args.compile_times)))
+        return
+    pin_threads(max(args.threads))
+
+    import numba
+    import numpy as np
+    import torch
+
+    from ember.backends.fusion.numba_runtime import NumbaRuntime
+    from ember.backends.ndarray.backend import erf as np_erf
+
+    cache = tempfile.mkdtemp(prefix="ember-fusion-bench-")
+    cold = _compile_times(cache)
+    warm = json.loads(
+        subprocess.run(
+            [sys.executable, __file__, "--compile-times", cache],
+            check=True, capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        ).stdout.strip().splitlines()[-1]
+    )  # fmt: skip
+    runtime = NumbaRuntime(cache=cache)
+    fused = blocks()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(GELU_N).astype(np.float32)
+    xt = torch.from_numpy(x)
+    gelu_out = np.empty_like(x)
+    a = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+    gamma = rng.standard_normal((1, COLS)).astype(np.float32)
+    beta = rng.standard_normal((1, COLS)).astype(np.float32)
+    at, gt, bt = torch.from_numpy(a), torch.from_numpy(gamma[0]), torch.from_numpy(beta[0])
+    rows_out = np.empty_like(a)
+
+    def torch_gelu(v):
+        return v * 0.5 * (1.0 + torch.erf(v / math.sqrt(2.0)))
+
+    compiled_gelu, compile_note = None, ""
+    try:
+        compiled_gelu = torch.compile(torch_gelu)
+        compiled_gelu(xt)
+    except Exception as error:  # any failure means "not on this machine"
+        compile_note = f"torch.compile skipped: {type(error).__name__}: {str(error)[:120]}"
+
+    def numpy_gelu():
+        np.multiply(x * np.float32(0.5), np_erf(x / np.float32(math.sqrt(2.0))) + 1, out=gelu_out)
+
+    rows = []
+    for threads in args.threads:
+        numba.set_num_threads(threads)
+        torch.set_num_threads(threads)
+
+        def run(name, inputs, out, t=threads):
+            return lambda: runtime.run(fused[name], inputs, out=[out], threads=t)
+
+        cells = {
+            "gelu numba": median_seconds(run("gelu", [x], gelu_out), args.repeat),
+            "gelu torch eager": median_seconds(lambda: torch_gelu(xt), args.repeat),
+            "gelu numpy": median_seconds(numpy_gelu, args.repeat),
+            "copy into reused": median_seconds(lambda: np.copyto(gelu_out, x), args.repeat),
+            "softmax numba": median_seconds(run("softmax", [a], rows_out), args.repeat),
+            "softmax torch eager": median_seconds(lambda: torch.softmax(at, 1), args.repeat),
+            "layer_norm numba": median_seconds(
+                run("layer_norm", [a, gamma, beta], rows_out), args.repeat
+            ),
+            "layer_norm torch eager": median_seconds(
+                lambda: torch.nn.functional.layer_norm(at, (COLS,), gt, bt, 1e-5), args.repeat
+            ),
+        }
+        if compiled_gelu is not None:
+            cells["gelu torch.compile"] = median_seconds(lambda: compiled_gelu(xt), args.repeat)
+        peer = {
+            "gelu numba": cells.get("gelu torch.compile", cells["gelu torch eager"]),
+            "softmax numba": cells["softmax torch eager"],
+            "layer_norm numba": cells["layer_norm torch eager"],
+        }
+        for name, seconds in cells.items():
+            ratio = f"{seconds / peer[name]:.2f}x" if name in peer else ""
+            if name == "gelu numba":
+                ratio += f" (copy: {seconds / cells['copy into reused']:.2f}x)"
+            rows.append([str(threads), name, f"{seconds * 1e3:.2f}", ratio])
+    print_table(
+        "fused kernels (ms, median; ratio vs torch.compile for GELU, else torch eager)",
+        ["threads", "kernel", "ms", "ratio"],
+        rows,
+    )
+    if compile_note:
+        print(compile_note)
+    print_table(
+        "first run of each kernel (s): compile in a new cache, then a new process warm",
+        ["kernel", "first compile", "warm disk cache"],
+        [[k, f"{cold[k]:.2f}", f"{warm[k]:.2f}"] for k in fused],
+    )
+    print(f"compiled {cold['compiled']} then {warm['compiled']}; disk hits {warm['disk_hits']}")
+
+
+if __name__ == "__main__":
+    main()
