@@ -1,4 +1,5 @@
-"""Settings shared by every test: Hypothesis profiles sized for CI."""
+"""Settings shared by every test: Hypothesis profiles sized for CI, and where compiled
+fusion kernels go."""
 
 import os
 
@@ -9,3 +10,12 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=15, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_configure(config) -> None:
+    # Fused kernels compiled by the tests go to one folder of this run, shared by the xdist
+    # workers (they inherit the variable), never to the user's cache.
+    if "EMBER_FUSION_CACHE" not in os.environ:
+        import tempfile
+
+        os.environ["EMBER_FUSION_CACHE"] = tempfile.mkdtemp(prefix="ember-fusion-kernels-")

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 AUTODIFF_BACKENDS = {
     "autodiff-ndarray": lambda: ember.device("ndarray").autodiff(),
     "autodiff-torch": lambda: ember.device("torch").autodiff(),
-    "autodiff-fusion": lambda: ember.device("ndarray").fusion().autodiff(),
+    "autodiff-fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter").autodiff(),
     "autodiff-torch-cuda": lambda: _cuda_device().autodiff(),
 }
 

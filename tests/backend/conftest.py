@@ -23,9 +23,9 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     "autodiff": lambda: ember.device("ndarray").autodiff(),
     "autodiff-torch": lambda: ember.device("torch").autodiff(),
     # Lazy streams and fused kernels over NdArray, and gradients through them.
-    "fusion": lambda: ember.device("ndarray").fusion(),
-    "autodiff-fusion": lambda: ember.device("ndarray").fusion().autodiff(),
-    "fusion-torch": lambda: ember.device("torch").fusion(),
+    "fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter"),
+    "autodiff-fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter").autodiff(),
+    "fusion-torch": lambda: ember.device("torch").fusion(runtime="interpreter"),
     "torch-cuda": lambda: _cuda_device(),
 }
 

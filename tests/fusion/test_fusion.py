@@ -1,5 +1,6 @@
 """The fusion decorator: laziness is invisible, fused results equal unfused ones, plans are
-cached, and each thread has its own stream."""
+cached, and each thread has its own stream. Blocks run on the interpreter runtime here
+(exact, nothing to compile); ``test_fusion_numba.py`` runs them compiled."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ember.backends.fusion.explorer import clear_plans
 
 @pytest.fixture
 def device() -> ember.Device:
-    return ember.device("ndarray").fusion()
+    return ember.device("ndarray").fusion(runtime="interpreter")
 
 
 def _pending(t: Tensor) -> bool:
@@ -73,7 +74,7 @@ def test_random_draws_keep_the_inner_order_and_rng_state_works(device):
 def test_fusion_off_runs_every_op_at_once():
     code = (
         "import ember; from ember import Tensor\n"
-        "d = ember.device('ndarray').fusion()\n"
+        "d = ember.device('ndarray').fusion(runtime='interpreter')\n"
         "y = Tensor.from_data([1.0], d) + 1.0\n"
         "assert not y._prim.slot.pending and not d.backend.lazy\n"
         "print(y.tolist())\n"
@@ -87,7 +88,7 @@ def test_fusion_off_runs_every_op_at_once():
 def test_debug_logs_each_block():
     code = (
         "import ember; from ember import Tensor\n"
-        "d = ember.device('ndarray').fusion()\n"
+        "d = ember.device('ndarray').fusion(runtime='interpreter')\n"
         "print(((Tensor.from_data([1.0], d) + 1.0) * 2.0).tolist())\n"
     )
     env = {"EMBER_FUSION_DEBUG": "1", "PYTHONPATH": ":".join(sys.path)}
@@ -163,7 +164,7 @@ def test_a_value_from_another_threads_stream(device):
 
 
 def test_backward_through_fusion():
-    device = ember.device("ndarray").fusion().autodiff()
+    device = ember.device("ndarray").fusion(runtime="interpreter").autodiff()
     x = Tensor.from_data([[0.5, -1.0, 2.0]], device).require_grad()
     grads = (activation.softmax(x * 2.0, 1) * 3.0).sum().backward()
     g = x.grad(grads).to_data().to_numpy()
@@ -228,11 +229,11 @@ def _graph(device: ember.Device, shapes, steps, seed: int) -> list:
 @given(shapes=SHAPES, steps=STEPS, seed=st.integers(0, 3))
 def test_random_graphs_fused_equal_unfused(shapes, steps, seed):
     # Unfused: the same decorator running each op at once (activations decompose alike).
-    eager = ember.device("ndarray").fusion()
+    eager = ember.device("ndarray").fusion(runtime="interpreter")
     eager.backend.lazy = False
     unfused = _graph(eager, shapes, steps, seed)
     reset_stats()
-    fused = _graph(ember.device("ndarray").fusion(), shapes, steps, seed)
+    fused = _graph(ember.device("ndarray").fusion(runtime="interpreter"), shapes, steps, seed)
     for f, u in zip(fused, unfused, strict=True):
         np.testing.assert_array_equal(f, u)
     # Whatever fused, each block replaced at least two ops.
@@ -244,6 +245,6 @@ def test_random_graphs_fuse():
     shapes = [(3, 4), (1, 4), (3, 1)]
     steps = [("b", "add", 0, 1, 0.0), ("u", "exp", 3, 0, 0.0), ("s", "", 4, 0, 1.5),
              ("b", "where_greater", 5, 2, 0.0), ("r", "sum", 6, 0, 0.0)]  # fmt: skip
-    _graph(ember.device("ndarray").fusion(), shapes, steps, 0)
+    _graph(ember.device("ndarray").fusion(runtime="interpreter"), shapes, steps, 0)
     counts = stats()
     assert counts["kernels"] == 1 and counts["fused_ops"] == 8  # the scalar step is 3 ops

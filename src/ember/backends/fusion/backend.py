@@ -31,7 +31,7 @@ from ember.backend.errors import EmberError
 from ember.backend.ops import OpDef
 from ember.backend.rules import AVal
 from ember.backends.fusion import counters
-from ember.backends.fusion.executor import Executor, inner_args, set_output
+from ember.backends.fusion.executor import Executor, inner_args, runtime_named, set_output
 from ember.backends.fusion.handle import FusionTensor, Slot
 from ember.backends.fusion.stream import Record, flush_device, stream_for
 from ember.tensor.dtype import DType
@@ -53,6 +53,8 @@ class Fusion(Decorator):
 
     Args:
         inner: the backend that runs what no fused kernel computes (NdArray, Torch).
+        runtime: what runs fused blocks: ``"numba"`` (compiled kernels, the default; needs
+            ``ember[jit]``) or ``"interpreter"``; ``None`` reads ``EMBER_FUSION_RUNTIME``.
 
     Example:
         >>> import ember
@@ -65,10 +67,10 @@ class Fusion(Decorator):
 
     prefix = "fusion"
 
-    def __init__(self, inner: Backend) -> None:
+    def __init__(self, inner: Backend, runtime: str | None = None) -> None:
         super().__init__(inner)
         self.lazy = enabled()
-        self.executor = Executor(inner)
+        self.executor = Executor(inner, runtime_named(runtime))
 
     @classmethod
     def forward_composite(cls, op: OpDef) -> bool:

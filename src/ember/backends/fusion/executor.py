@@ -10,7 +10,13 @@ import sys
 import time
 
 from ember.backend.base import Backend
-from ember.backend.errors import EmberError, fmt_shape
+from ember.backend.errors import (
+    ArgumentError,
+    BackendUnavailableError,
+    EmberError,
+    UnsupportedError,
+    fmt_shape,
+)
 from ember.backends.fusion import counters
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
@@ -54,11 +60,40 @@ def set_output(inner: Backend, slot: Slot, prim, what: str) -> None:
     slot.prim = prim
 
 
-def default_runtime():
-    """The runtime fused blocks run on: the interpreter (the numba runtime plugs in here)."""
-    from ember.backends.fusion.interpreter import InterpreterRuntime
+RUNTIMES = ("numba", "interpreter")
+_shared: dict[str, object] = {}
 
-    return InterpreterRuntime()
+
+def runtime_named(name: str | None = None):
+    """The runtime fused blocks run on, shared by every fusion device of the process (so
+    kernels compile once): ``"numba"`` (compiled kernels, the default) or
+    ``"interpreter"`` (NdArray's kernels one instruction at a time: for tests and for
+    machines without numba). ``None`` reads ``EMBER_FUSION_RUNTIME``, else ``"numba"``.
+
+    Raises:
+        BackendUnavailableError: numba is wanted and not installed (``pip install 'ember[jit]'``).
+        ArgumentError: an unknown name.
+    """
+    name = name or os.environ.get("EMBER_FUSION_RUNTIME") or "numba"
+    if name not in RUNTIMES:
+        raise ArgumentError(f"fusion: unknown runtime {name!r}; expected one of {RUNTIMES} "
+                            "(argument runtime= or EMBER_FUSION_RUNTIME)")  # fmt: skip
+    found = _shared.get(name)
+    if found is None:
+        if name == "numba":
+            from ember.backends.fusion import numba_runtime
+
+            if not numba_runtime.available():
+                raise BackendUnavailableError(
+                    "fusion: compiled kernels need numba; install the extra with "
+                    "pip install 'ember[jit]', or pass runtime='interpreter'")  # fmt: skip
+            found = numba_runtime.NumbaRuntime()
+        else:
+            from ember.backends.fusion.interpreter import InterpreterRuntime
+
+            found = InterpreterRuntime()
+        _shared[name] = found
+    return found
 
 
 class Executor:
@@ -73,7 +108,7 @@ class Executor:
         from ember.backends.fusion.explorer import Explorer
 
         self.inner = inner
-        self.runtime = runtime if runtime is not None else default_runtime()
+        self.runtime = runtime if runtime is not None else runtime_named()
         self.arrays = numpy_bridge(inner)
         fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
         self.explorer = Explorer(fusers)
@@ -106,17 +141,24 @@ class Executor:
                 if last_read.get(o.id, -1) >= end or o.readable()
             }
             fused = self.explorer.fuser_for(segment, records).finish(keep)
-            self._launch(fused, segment.length)
+            self._launch(fused, records[segment.start : end])
 
-    def _launch(self, fused, n_records: int) -> None:
+    def _launch(self, fused, records: list[Record]) -> None:
         block = fused.block
-        counters.add("fused_ops", n_records)
+        n_records = len(records)
         if not block.outputs:
             return  # nobody can read what it computes
         to_numpy, from_numpy = self.arrays
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
-        results = self.runtime.run(block, arrays, None)
+        try:
+            results = self.runtime.run(block, arrays, None)
+        except UnsupportedError:  # a dtype or op the runtime does not compile: run unfused
+            counters.add("unfused_ops", n_records)
+            for record in records:
+                run_record(self.inner, record)
+            return
+        counters.add("fused_ops", n_records)
         counters.add("kernels")
         for slot, array in zip(fused.outputs, results, strict=True):
             set_output(self.inner, slot, from_numpy(array.reshape(slot.shape)), "a fused block")

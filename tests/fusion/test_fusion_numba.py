@@ -1,0 +1,81 @@
+"""Fusion with compiled kernels: the numba runtime under the decorator computes what the
+unfused ops compute (within the stated tolerance of its f32 approximations), in fewer
+kernels than ops, and a repeated step compiles nothing. Few distinct blocks, since each
+compiles once (about a second)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor, activation, nn
+from ember.backends.fusion import reset_stats, stats
+from ember.backends.fusion.executor import runtime_named
+
+numba_runtime = pytest.importorskip("ember.backends.fusion.numba_runtime")
+if not numba_runtime.available():
+    pytest.skip("numba is not installed (pip install 'ember[jit]')", allow_module_level=True)
+
+RTOL, ATOL = 2e-6, 2e-6  # a few ulp of f32: the kernels' erf/exp/tanh approximations
+
+
+@pytest.fixture
+def pair():
+    return ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")
+
+
+def _both(fn, array, pair):
+    eager, fused = pair
+    return [fn(Tensor.from_data(array, device)).to_data().to_numpy() for device in (eager, fused)]
+
+
+def test_gelu_is_one_kernel_and_matches(pair):
+    x = np.random.default_rng(0).normal(size=(64, 257)).astype(np.float32) * 4
+    reset_stats()
+    expected, got = _both(activation.gelu, x, pair)
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    counts = stats()
+    assert counts["kernels"] == 1 and counts["fused_ops"] >= 4
+
+
+def test_softmax_and_log_softmax_match(pair):
+    x = np.random.default_rng(1).normal(size=(33, 130)).astype(np.float32) * 5
+    x[0, 3], x[1, :] = np.inf, -np.inf
+    for fn in (lambda t: activation.softmax(t, 1), lambda t: activation.log_softmax(t, 1)):
+        expected, got = _both(fn, x, pair)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_norm_module_matches(pair):
+    eager, fused = pair
+    x = np.random.default_rng(2).normal(size=(8, 16, 96)).astype(np.float32)
+    norm = nn.LayerNormConfig(96).init(eager)
+    expected = norm(Tensor.from_data(x, eager)).to_data().to_numpy()
+    got = norm.to_device(fused)(Tensor.from_data(x, fused)).to_data().to_numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_int_and_bool_chains_are_exact(pair):
+    x = np.arange(-50, 50, dtype=np.int64).reshape(10, 10)
+
+    def chain(t):
+        return ((t * 3 - 7).remainder(5) > 1).int() + t.abs()
+
+    expected, got = _both(chain, x, pair)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_repeated_step_compiles_nothing(pair):
+    _, fused = pair
+    runtime = runtime_named("numba")
+
+    def step(n):
+        x = Tensor.from_data(np.linspace(-3, 3, n * 7, dtype=np.float32).reshape(n, 7), fused)
+        return (activation.sigmoid(x) * x + 1.0).sum_dim(1).to_data().to_numpy()
+
+    step(4)
+    compiled = runtime.stats.compiled
+    step(4)
+    step(9)  # other sizes: the same kernel
+    assert runtime.stats.compiled == compiled
