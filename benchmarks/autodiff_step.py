@@ -9,6 +9,9 @@ Models, written functionally on both sides with the same weights:
   ReLU, adaptive average pool to 8x8, linear 1024->512, dropout, ReLU, linear 512->10,
   cross-entropy loss.
 
+ember runs on autodiff(ndarray), autodiff(torch) and autodiff(fusion(ndarray)) (fused
+numba kernels, ``ember[jit]``; compiled in the untimed warm-up call).
+
 Also prints the host memory (tracemalloc) of the guide CNN step on Autodiff(NdArray)
 with and without balanced checkpointing: what the forward pass keeps for the backward
 pass, and the peak over the whole step.
@@ -83,7 +86,9 @@ def main() -> None:
 
         def step():
             grads = model(x, labels, w).backward()
-            return [p.grad(grads) for p in w]
+            values = [p.grad(grads) for p in w]
+            device.sync()  # a lazy device (fusion) computes them here
+            return values
 
         return step
 
@@ -115,6 +120,7 @@ def main() -> None:
     devices = {
         "ember autodiff(ndarray)": ember.device("ndarray").autodiff(),
         "ember autodiff(torch)": ember.device("torch").autodiff(),
+        "ember autodiff(fusion(ndarray))": ember.device("ndarray").fusion().autodiff(),
     }
     print(f"threads={args.threads}  batch={batch}  torch={torch.__version__}")
     for title, ember_model, torch_model, weights in (

@@ -2,9 +2,10 @@
 
 Run: ``.venv/bin/python benchmarks/guide_epoch.py [--threads 1] [--iterations 200] [--repeat 3]``
 
-Every side trains the guide's CNN (conv 1->8, conv 8->16, adaptive pool 8x8, linear
-1024->512->10, dropout 0.5, ReLU) on MNIST with Adam (lr 1e-4, epsilon 1e-5) and
-batches of 64, on the CPU with the same number of threads. A fixed number of
+ember runs on Torch, NdArray and NdArray under the Fusion decorator (``--fusion``: fused
+numba kernels, compiled during the warm-up). Every side trains the guide's CNN (conv
+1->8, conv 8->16, adaptive pool 8x8, linear 1024->512->10, dropout 0.5, ReLU) on MNIST
+with Adam (lr 1e-4, epsilon 1e-5) and batches of 64, on the CPU with the same number of threads. A fixed number of
 iterations is timed after a warm-up, ``--repeat`` times (the median is shown); the
 epoch time is extrapolated to the 938 iterations of an MNIST epoch. Two measurements:
 
@@ -130,9 +131,11 @@ def main() -> None:
     torch_steps(WARMUP, 0)
 
     # ---------------------------------------------------------------- ember
-    def ember_side(name: str) -> tuple[float, float]:
-        """Seconds per iteration of the step and of the learner's run on backend ``name``."""
-        device = ember.device(name).autodiff()
+    def ember_side(name: str, fusion: bool = False) -> tuple[float, float]:
+        """Seconds per iteration of the step and of the learner's run on backend ``name``
+        (wrapped in the Fusion decorator with ``fusion``, as ``ember guide train --fusion``)."""
+        device = ember.device(name)
+        device = (device.fusion() if fusion else device).autodiff()
         ember.seed(device, 42)
         config = default_config()
         model = config.model.init(device)
@@ -175,6 +178,7 @@ def main() -> None:
         ),
         "ember torch": ember_side("torch"),
         "ember ndarray": ember_side("ndarray"),
+        "ember fusion(ndarray)": ember_side("ndarray", fusion=True),
     }
 
     torch_step_s, torch_whole_s = results["pytorch"]

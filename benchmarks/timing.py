@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 
 def pin_threads(threads: int) -> None:
-    """Fixes the thread count of NumPy's BLAS and torch before they start; call first."""
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    """Fixes the thread count of NumPy's BLAS, torch and fused kernels before they start;
+    call first."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "EMBER_FUSION_THREADS"):  # fmt: skip
         os.environ.setdefault(var, str(threads))
 
 

@@ -64,6 +64,13 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="the device of the backend: cpu, cuda:0, ... (default: cpu)",
     )
+    parser.add_argument(
+        "--fusion",
+        action="store_true",
+        help="record ops lazily and run element-wise chains as fused compiled kernels "
+        "(the Fusion decorator; needs numba, ember[jit]; EMBER_FUSION_RUNTIME=interpreter "
+        "runs them without compiling)",
+    )
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
@@ -172,7 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _device(args: argparse.Namespace) -> Device:
-    return device(args.backend, args.device)
+    """The backend's device, wrapped in the Fusion decorator with ``--fusion`` (training
+    wraps it in Autodiff in turn: autodiff(fusion(backend)))."""
+    on = device(args.backend, args.device)
+    return on.fusion() if args.fusion else on
 
 
 def _training_config(args: argparse.Namespace, on: Device) -> TrainingConfig:

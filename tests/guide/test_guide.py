@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,8 @@ import torch
 import ember
 from ember import Tensor
 from ember.backend.errors import ArgumentError, ShapeError
+from ember.backends import fusion
+from ember.backends.fusion.numba_runtime import available as numba_available
 from ember.cli import main
 from ember.data.dataset.transform.partial import PartialDataset
 from ember.data.vision.mnist import MnistDataset
@@ -309,3 +312,85 @@ def test_cli_errors(argv, code, message, capsys):
         main(argv)
     assert exit_info.value.code == code
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- --fusion
+def _weights(model) -> list[np.ndarray]:
+    layers = (model.conv1, model.conv2, model.linear1, model.linear2)
+    return [
+        np.asarray(t.val().to_data().to_numpy())
+        for layer in layers
+        for t in (layer.weight, layer.bias)
+    ]
+
+
+def _fused_run(digits, fused_device):
+    """The custom loop (one epoch, four training and two validation batches) on ndarray
+    and on ``fused_device``: (plain results, plain model, fused results, fused model, stats)."""
+    config = default_config().with_num_epochs(1).with_learning_rate(1e-3)
+    plain_model, plain = run(
+        config, NDARRAY, log_every=0, train_dataset=digits[0], valid_dataset=digits[1]
+    )
+    fusion.reset_stats()
+    fused_model, fused = run(
+        config, fused_device, log_every=0, train_dataset=digits[0], valid_dataset=digits[1]
+    )
+    return plain, plain_model, fused, fused_model, fusion.stats()
+
+
+def test_custom_loop_on_fusion_matches_ndarray(digits, capsys):
+    # The interpreter runs fused blocks with NdArray's own kernels: the same numbers.
+    plain, plain_model, fused, fused_model, counts = _fused_run(
+        digits, NDARRAY.fusion(runtime="interpreter")
+    )
+    assert fused_model.conv1.weight.val().device.backend.name == "autodiff<fusion<ndarray>>"
+    for ours, theirs in zip(fused, plain):
+        np.testing.assert_allclose(
+            [ours.train_loss, ours.valid_loss], [theirs.train_loss, theirs.valid_loss], rtol=1e-6
+        )
+        assert (ours.train_accuracy, ours.valid_accuracy) == (
+            theirs.train_accuracy,
+            theirs.valid_accuracy,
+        )
+    for ours, theirs in zip(_weights(fused_model), _weights(plain_model)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
+    assert counts["kernels"] > 0 and counts["fused_ops"] > 2 * counts["kernels"], counts
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0] == out[1]  # the same epoch line, to four decimals
+
+
+def _epoch_numbers(line: str) -> list[float]:
+    return [float(n) for n in re.findall(r"\d+\.\d+", line)]
+
+
+def test_cli_fusion_train_infer_and_custom_loop(small_mnist, tmp_path, capsys, monkeypatch):
+    # The user's path: compiled kernels (numba's f32 exp/log within a few ulp), so close to
+    # the run without fusion, not equal. Where numba is missing, the interpreter runs them.
+    if not numba_available():
+        monkeypatch.setenv("EMBER_FUSION_RUNTIME", "interpreter")
+    plain, fused = tmp_path / "plain", tmp_path / "fused"
+    fusion.reset_stats()
+    for folder, extra in ((plain, []), (fused, ["--fusion"])):
+        argv = ["guide", "train", "--artifact-dir", str(folder), "--epochs", "1", "--lr", "0.001"]
+        assert main([*argv, "--renderer", "plain", *extra]) == 0
+    counts = fusion.stats()
+    assert counts["kernels"] > 0 and counts["fused_ops"] > 2 * counts["kernels"], counts
+    assert "[valid] epoch 1/1 done" in capsys.readouterr().out
+    for path in ("train/epoch-1/Loss.log", "valid/epoch-1/Loss.log"):  # every iteration's loss
+        ours, theirs = np.loadtxt(fused / path, ndmin=1), np.loadtxt(plain / path, ndmin=1)
+        assert ours.shape == theirs.shape == ((4,) if path.startswith("train") else (2,))
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+    fusion.reset_stats()
+    assert main(["guide", "infer", "--artifact-dir", str(fused), "--count", "3", "--fusion"]) == 0
+    with_fusion = capsys.readouterr().out
+    assert fusion.stats()["records"] > 0  # the model ran on the fusion device
+    assert main(["guide", "infer", "--artifact-dir", str(fused), "--count", "3"]) == 0
+    assert capsys.readouterr().out == with_fusion
+
+    assert main(["guide", "custom-loop", "--epochs", "1", "--log-every", "0", "--fusion"]) == 0
+    fused_line = capsys.readouterr().out
+    assert main(["guide", "custom-loop", "--epochs", "1", "--log-every", "0"]) == 0
+    plain_line = capsys.readouterr().out
+    assert fused_line.startswith("[Epoch 1] train: loss ")
+    np.testing.assert_allclose(_epoch_numbers(fused_line), _epoch_numbers(plain_line), atol=2e-4)

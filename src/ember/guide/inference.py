@@ -12,7 +12,13 @@ from ember.data.dataloader.loader import IndexedDataset
 from ember.data.vision.mnist import MnistDataset, MnistItem
 from ember.guide.data import MnistBatcher
 from ember.guide.model import Model
-from ember.guide.training import CONFIG_FILE, MODEL_FILE, RECORDER, TrainingConfig
+from ember.guide.training import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    RECORDER,
+    TrainingConfig,
+    inference_device,
+)
 
 
 class NoTrainedModelError(EmberError, FileNotFoundError):
@@ -38,7 +44,7 @@ def load_trained(artifact_dir: str | os.PathLike, device: Device) -> tuple[Train
             f"`ember guide train --artifact-dir {folder}` first"
         )
     config = TrainingConfig.load(folder / CONFIG_FILE)
-    device = device.inner()
+    device = inference_device(device)
     model = config.model.init(device).load_record(recorder.load(model_path))
     return config, model
 
@@ -72,7 +78,7 @@ def infer(
         ArgumentError: ``count`` is not an integer from 1 to the dataset's size.
     """
     _, model = load_trained(artifact_dir, device)
-    device = device.inner()
+    device = inference_device(device)
     if item is not None:
         items, indices = [item], None
     else:

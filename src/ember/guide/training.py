@@ -90,6 +90,15 @@ def autodiff_device(device: Device) -> Device:
     return device if is_training(device) else device.autodiff()
 
 
+def inference_device(device: Device) -> Device:
+    """``device`` without autodiff: its inner device when it has autodiff, else itself.
+
+    Only the autodiff decorator comes off: ``fusion(ndarray)`` stays fused, and
+    ``autodiff(fusion(ndarray))`` gives ``fusion(ndarray)``.
+    """
+    return device.inner() if is_training(device) else device
+
+
 def make_loaders(
     config: TrainingConfig,
     device: Device,

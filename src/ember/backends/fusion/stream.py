@@ -93,13 +93,17 @@ _all_lock = threading.Lock()
 
 
 def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream:
-    """This thread's stream on the inner ``device`` (made on first use)."""
+    """This thread's stream on the inner ``device`` for ``execute``'s runtime (made on first
+    use). Fusion devices on different runtimes compare equal but never share a stream: the
+    stream's executor runs every record pushed to it, so sharing would run one device's
+    blocks on the other's runtime."""
     streams = getattr(_local, "streams", None)
     if streams is None:
         streams = _local.streams = {}
-    stream = streams.get(device)
+    key = (device, getattr(execute, "runtime", None))
+    stream = streams.get(key)
     if stream is None:
-        stream = streams[device] = Stream(device, execute)
+        stream = streams[key] = Stream(device, execute)
         with _all_lock:
             _all.add(stream)
         counters.add("streams")
