@@ -360,3 +360,15 @@ def from_order_key_f64(k, nan_key):
     """The float64 of an :func:`order_key_f64` (NaN for ``nan_key``)."""
     x = f64_from_bits(k ^ _I64_MAX if k < np.int64(0) else k)
     return np.float64(np.nan) if k == nan_key else x
+
+
+# ---------------------------------------------------------------------- shifted sums
+@_jit
+def variance_sum(s1, s2, n):
+    """sum((x - mean)**2) from s1 = sum(x - sh) and s2 = sum((x - sh)**2) over ``n`` values
+    (any shift sh): 0 for no values, never below 0 (rounding may take an exact 0 a hair
+    below it), NaN stays NaN."""
+    if n == 0:
+        return np.float64(0)
+    q = s2 - s1 * (s1 / n)
+    return np.float64(0) if q < 0 else q
