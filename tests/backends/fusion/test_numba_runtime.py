@@ -516,6 +516,27 @@ def test_non_contiguous_inputs_and_given_outputs(runtime):
         runtime.run(gelu_block(x.shape), [base])
 
 
+def test_output_over_its_own_input(runtime):
+    # x * softmax(x): the kernel parks exp(x - max) in its output between the last pass
+    # and the final loop, which reads x again; an output that is x itself must not
+    # clobber it
+    shape, r = (9, 40), (9, 1)
+    block = ir.Block(shape, (ir.Input(shape, F32),), (
+        I("max_dim", (0,), (1,), r, F32), I("sub", (0, 1), (), shape, F32),
+        I("exp", (2,), (), shape, F32), I("sum_dim", (3,), (1,), r, F32),
+        I("div", (3, 4), (), shape, F32), I("mul", (0, 5), (), shape, F32)), (6,), axis=1)  # fmt: skip
+    assert "out0[" in generate(block).split("for k in range")[2]  # the last pass stores
+    x = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+    (want,) = runtime.run(block, [x])
+    want = want.copy()
+    (got,) = runtime.run(block, [x], out=[x])
+    assert got is x
+    np.testing.assert_array_equal(got, want)
+    x64 = np.random.default_rng(10).standard_normal(shape).astype(np.float32).astype(np.float64)
+    e = np.exp(x64 - x64.max(1, keepdims=True))
+    assert_close(want, x64 * e / e.sum(1, keepdims=True), ulps=64, scale=np.abs(x64) + 1e-3)
+
+
 def test_pool_reuses_released_outputs(runtime):
     x = np.ones((512, 512), np.float32)
     (first,) = runtime.run(gelu_block(x.shape), [x])

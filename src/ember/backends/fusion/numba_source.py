@@ -18,6 +18,8 @@ functions. Its layout follows from ``Block.key()`` only, never from sizes:
   along the axis are computed once per position, after the pass that makes them available.
   A variance ``mean((x - mean(x))**2)`` (or its sum) is computed in the pass of its mean
   from shifted float64 sums (:func:`variance_pairs`): layer norm walks the axis twice.
+  The last pass stores its operands that an output is computed from in that output's
+  array, and the final loop reads them back (``_stash``: softmax computes exp once).
 * **Lanes.** When dims follow the reduced axis, a walk along it would stride: the kernel
   then carries :data:`LANES` positions of the last group side by side instead, with array
   accumulators, so every loop along the axis walks contiguous memory innermost.
@@ -461,13 +463,14 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
         """A register at a call site: a lane array's element in lane mode."""
         return f"rb{r}[jj]" if lanes and r >= n_in and not varies[r] else f"r{r}"
 
-    def closure(targets: list[int]) -> list[int]:
-        """The axis-varying non-input registers ``targets`` need, in body order."""
+    def closure(targets: list[int], stop: frozenset[int] = frozenset()) -> list[int]:
+        """The axis-varying non-input registers ``targets`` need, in body order (those in
+        ``stop`` are read from memory instead)."""
         need: set[int] = set()
         todo = list(targets)
         while todo:
             r = todo.pop()
-            if r in need or r < n_in or not varies[r]:
+            if r in need or r < n_in or not varies[r] or r in stop:
                 continue
             need.add(r)
             todo.extend(instr_of[r].args)
@@ -543,9 +546,9 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
             kw(ind, f"out{o}[{index(f'out{o}', None)}] = {name(r)}")
 
     def values(indent: int, operands: list[int], results: list[str], hname: str,
-               along: str) -> None:  # fmt: skip
+               along: str, stop: frozenset[int] = frozenset()) -> None:  # fmt: skip
         """Evaluates ``operands`` at ``along`` into the names ``results``."""
-        need = closure(operands)
+        need = closure(operands, stop)
         load(indent, reads_of(need, set(operands)), along)
         computed = [(res, a) for res, a in zip(results, operands) if a in need]
         if computed:
@@ -570,6 +573,8 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
         for m in shifted:
             for part in ("sh", "s1_", "s2_"):
                 kw(top, f"{part}{m} = np.empty(width, np.float64)")
+    finals = [(o, r) for o, r in enumerate(block.outputs) if varies[r]]
+    stash = _stash(block, finals, stage, passes, pairs, closure)
     outer_stage(0)
     for p in range(1, passes + 1):
         reds = [r for r in range(n_in, n_regs) if stage[r] == p
@@ -598,6 +603,10 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
         kw(top, f"for k in range(n{inner}):")
         ind = per_lane(top + 1)
         values(ind, operands, [f"v{r}" for r in reds], f"pass{p}", "k")
+        if p == passes:
+            for e, o in stash.items():
+                red = next(r for r, a in zip(reds, operands) if a == e)
+                kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = v{red}")
         for r in reds:
             if r in shifted:
                 kw(ind, f"d{r} = np.float64(v{r}) - {acc(r, 'sh')}")
@@ -615,11 +624,13 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
             else:
                 kw(ind, f"{name(r)} = {_acc_final(instr_of[r], acc(r), block, lay)}")
         outer_stage(p)
-    finals = [(o, r) for o, r in enumerate(block.outputs) if varies[r]]
     if finals:
         kw(top, f"for k in range(n{inner}):")
         ind = per_lane(top + 1)
-        values(ind, [r for _, r in finals], [f"f{o}" for o, _ in finals], "final", "k")
+        for e, o in stash.items():
+            kw(ind, f"r{e} = out{o}[{index(f'out{o}', 'k')}]")
+        values(ind, [r for _, r in finals], [f"f{o}" for o, _ in finals], "final", "k",
+               frozenset(stash))  # fmt: skip
         for o, _ in finals:
             kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = f{o}")
 
@@ -647,6 +658,30 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
         w(1, f"for pos in prange({' * '.join(outer) if outer else '1'}):")
     _positions(lay, w, 2, "pos", names, skip)
     w.lines.extend(body)
+
+
+def _stash(block: ir.Block, finals, stage, passes: int, pairs, closure) -> dict[int, int]:
+    """Operands of the last pass's reductions that the final loop would compute again
+    (softmax: exp(x - max)), each mapped to an output of the block's shape and of its dtype
+    whose array holds them in between: the last pass stores them there, the final loop
+    reads them back instead of recomputing. Only for outputs that do not alias an input
+    (the runtime sees to it)."""
+    n_in = len(block.inputs)
+    operands = [i.args[0] for k, i in enumerate(block.body)
+                if i.op in ir.REDUCTIONS and stage[n_in + k] == passes
+                and n_in + k not in pairs]  # fmt: skip
+    stash: dict[int, int] = {}
+    for o, r in finals:
+        if block.register_shape(r) != block.shape:
+            continue
+        need = closure([r])
+        for e in operands:
+            fits = (e >= n_in and e not in stash and e in need and block.register_shape(e)
+                    == block.shape and block.register_dtype(e) == block.register_dtype(r))  # fmt: skip
+            if fits:
+                stash[e] = o
+                break
+    return stash
 
 
 def _acc_init(instr: ir.Instr, block: ir.Block) -> tuple[str, str]:
