@@ -6,11 +6,12 @@ Run: ``.venv/bin/python benchmarks/fusion_kernels.py [--threads 1 2] [--repeat 7
   reused output buffer where it can (NumPy and PyTorch eager allocate their temporaries):
   the numba kernel, PyTorch eager, ``torch.compile`` (skipped with the reason when it does
   not work here), NumPy, and a plain copy into a reused buffer (the memory bound);
-* softmax and layer norm (eps 1e-5, with weight and bias) over ``[4096, 1024]`` float32:
-  the numba kernel and PyTorch eager.
+* softmax and layer norm (eps 1e-5, with weight and bias) over ``[4096, 1024]`` float32
+  along dim 1, and softmax along dim 0 (a non-last axis): the numba kernel and PyTorch
+  eager.
 
 Each cell is the median seconds of one call; ratios are against the named peer. The
-first-compile and warm-disk-cache times of the three kernels come last (the warm start is
+first-compile and warm-disk-cache times of the kernels come last (the warm start is
 measured in a fresh process over the same cache folder).
 """
 
@@ -34,7 +35,7 @@ ROWS, COLS = 4096, 1024
 
 
 def blocks():
-    """The three fused blocks, as a fuser would hand them to the runtime."""
+    """The fused blocks, as a fuser would hand them to the runtime."""
     from ember.backends.fusion import ir
     from ember.tensor.dtype import DType
 
@@ -57,7 +58,12 @@ def blocks():
         op("mean_dim", (5,), (1,), r), op("add_scalar", (6,), (1e-5,), r),
         op("rsqrt", (7,), (), r), op("mul", (4, 8), (), s), op("mul", (9, 1), (), s),
         op("add", (10, 2), (), s)), (11,), axis=1)  # fmt: skip
-    return {"gelu": gelu, "softmax": softmax, "layer_norm": layer_norm}
+    c = (1, COLS)
+    softmax_dim0 = ir.Block(s, (ir.Input(s, f),), (
+        op("max_dim", (0,), (0,), c), op("sub", (0, 1), (), s), op("exp", (2,), (), s),
+        op("sum_dim", (3,), (0,), c), op("div", (3, 4), (), s)), (5,), axis=0)  # fmt: skip
+    return {"gelu": gelu, "softmax": softmax, "layer_norm": layer_norm,
+            "softmax_dim0": softmax_dim0}  # fmt: skip
 
 
 def _compile_times(cache: str) -> dict[str, float]:
@@ -145,6 +151,8 @@ def main() -> None:
             "copy into reused": median_seconds(lambda: np.copyto(gelu_out, x), args.repeat),
             "softmax numba": median_seconds(run("softmax", [a], rows_out), args.repeat),
             "softmax torch eager": median_seconds(lambda: torch.softmax(at, 1), args.repeat),
+            "softmax_dim0 numba": median_seconds(run("softmax_dim0", [a], rows_out), args.repeat),
+            "softmax_dim0 torch eager": median_seconds(lambda: torch.softmax(at, 0), args.repeat),
             "layer_norm numba": median_seconds(
                 run("layer_norm", [a, gamma, beta], rows_out), args.repeat
             ),
@@ -158,6 +166,7 @@ def main() -> None:
             "gelu numba": cells.get("gelu torch.compile", cells["gelu torch eager"]),
             "softmax numba": cells["softmax torch eager"],
             "layer_norm numba": cells["layer_norm torch eager"],
+            "softmax_dim0 numba": cells["softmax_dim0 torch eager"],
         }
         for name, seconds in cells.items():
             ratio = f"{seconds / peer[name]:.2f}x" if name in peer else ""

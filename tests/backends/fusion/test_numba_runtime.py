@@ -29,7 +29,7 @@ if not nr.available():
     pytest.skip("numba is not installed (pip install 'ember[jit]')", allow_module_level=True)
 
 from ember.backends.fusion import numba_math
-from ember.backends.fusion.numba_source import KernelUnsupported
+from ember.backends.fusion.numba_source import KernelUnsupported, generate
 
 F32, F64, I32, I64, I8, U8, BOOL = (DType.F32, DType.F64, DType.I32, DType.I64, DType.I8,
                                     DType.U8, DType.BOOL)  # fmt: skip
@@ -110,6 +110,9 @@ def test_approximation_within_stated_ulp(runtime, name):
     with np.errstate(all="ignore"):
         want = numba_math.REFERENCE[name](x.astype(np.float64))
     assert_close(got, want, ulps=numba_math.MAX_ULP[name] * 2)  # eps is 2 ulp at the top
+    if name in ("erf", "tanh"):  # odd functions keep the sign of zero
+        zeros = x == 0
+        np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
 
 
 # ---------------------------------------------------------------------- random blocks
@@ -368,6 +371,77 @@ def test_layer_norm_and_its_mean(runtime):
     assert_close(y, want, ulps=256, scale=np.maximum(np.abs(want), 1.0))
 
 
+def moments_block(shape, axis, dtype=F32):
+    """mean, variance (as mean and as sum of squared deviations) and the normalized x."""
+    r = tuple(1 if i == axis else s for i, s in enumerate(shape))
+    body = (I("mean_dim", (0,), (axis,), r, dtype), I("sub", (0, 1), (), shape, dtype),
+            I("mul", (2, 2), (), shape, dtype), I("mean_dim", (3,), (axis,), r, dtype),
+            I("sum_dim", (3,), (axis,), r, dtype), I("add_scalar", (4,), (1e-5,), r, dtype),
+            I("rsqrt", (6,), (), r, dtype), I("mul", (2, 7), (), shape, dtype))  # fmt: skip
+    return ir.Block(shape, (ir.Input(shape, dtype),), body, (1, 4, 5, 8), axis)
+
+
+def test_mean_and_variance_take_one_pass():
+    # pass 1: mean and variance (shifted sums); then the normalized output: two walks
+    assert generate(layer_norm_block((8, 16))).count("for k in range") == 2
+    assert generate(moments_block((8, 16), 1)).count("for k in range") == 2
+    # along a non-last axis the loops along it walk a chunk of the last dim innermost
+    lanes = generate(moments_block((4, 8, 16), 1))
+    assert lanes.count("for k in range") == 2
+    assert lanes.count("for jj in range(width)") >= 3
+
+
+@pytest.mark.parametrize("shape, axis", [((40, 1000), 1), ((3, 300, 263), 1)])
+def test_variance_of_large_mean_data_matches_float64(runtime, shape, axis):
+    # 1e4 + N(0, 1) in float32: a sum of squares in float32 (1e8, ulp 8) loses the
+    # variance entirely; shifted float64 sums keep it to the float32 rounding
+    rng = np.random.default_rng(8)
+    n = shape[axis]
+    rows = (1e4 + rng.standard_normal((math.prod(shape) // n, n))).astype(np.float32)
+    rows[0] = 1e4 + 0.5  # constant: variance exactly 0
+    rows[1, 0] = 1e4 + 3000  # an outlier as the shift
+    rows[2, 5] = np.nan
+    rows[3, 7] = np.inf
+    rows[4, 0] = -np.inf  # a non-finite shift falls back to 0
+    rows[4, 9] = np.inf
+    rows[5, 0] = np.inf
+    moved = [s for i, s in enumerate(shape) if i != axis] + [n]
+    x = np.ascontiguousarray(np.moveaxis(rows.reshape(moved), -1, axis))
+    mean, var, ss, y = runtime.run(moments_block(shape, axis), [x])
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        m = x64.mean(axis, keepdims=True)
+        d = x64 - m
+        v = (d * d).mean(axis, keepdims=True)
+        want_y = d / np.sqrt(v + 1e-5)
+    assert_close(mean, m, ulps=2)
+    assert_close(var, v, ulps=4)
+    assert_close(ss, v * shape[axis], ulps=4)
+    assert np.all(var[np.isfinite(v)] >= 0)
+    assert np.moveaxis(var, axis, -1).reshape(-1)[0] == 0
+    # x - mean in float32 carries the rounding of a mean near 1e4
+    with np.errstate(invalid="ignore"):
+        scale = np.maximum(np.abs(x64) / np.sqrt(v + 1e-5), 1.0)
+    assert_close(y, want_y, ulps=8, scale=np.where(np.isfinite(scale), scale, 1.0))
+
+
+def test_sum_over_a_leading_axis_with_broadcast_operand(runtime):
+    # lane mode: the chunked last dim (300 = 256 + 44), an outer dim, a broadcast operand
+    shape, other = (2, 70, 300), (1, 70, 1)
+    block = ir.Block(shape, (ir.Input(shape, F64), ir.Input(other, F64)), (
+        I("mul", (0, 1), (), shape, F64), I("sum_dim", (2,), (1,), (2, 1, 300), F64),
+        I("max_dim", (0,), (1,), (2, 1, 300), F64), I("sub", (0, 4), (), shape, F64)),
+        (3, 4, 5), axis=1)  # fmt: skip
+    rng = np.random.default_rng(9)
+    x, y = rng.standard_normal(shape), rng.standard_normal(other)
+    x[1, 3, 299] = np.nan
+    s, mx, d = runtime.run(block, [x, y])
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(s, (x * y).sum(1, keepdims=True), rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(mx, x.max(1, keepdims=True))
+        np.testing.assert_array_equal(d, x - x.max(1, keepdims=True))
+
+
 def test_f64_kernels_use_exact_math(runtime):
     x = np.random.default_rng(4).standard_normal((3, 1000)) * 3
     (got,) = runtime.run(gelu_block(x.shape, F64), [x])
@@ -440,6 +514,27 @@ def test_non_contiguous_inputs_and_given_outputs(runtime):
         runtime.run(gelu_block(x.shape), [x], out=[np.empty((300, 64), np.float32).T])
     with pytest.raises(ValueError, match="input 0"):
         runtime.run(gelu_block(x.shape), [base])
+
+
+def test_output_over_its_own_input(runtime):
+    # x * softmax(x): the kernel parks exp(x - max) in its output between the last pass
+    # and the final loop, which reads x again; an output that is x itself must not
+    # clobber it
+    shape, r = (9, 40), (9, 1)
+    block = ir.Block(shape, (ir.Input(shape, F32),), (
+        I("max_dim", (0,), (1,), r, F32), I("sub", (0, 1), (), shape, F32),
+        I("exp", (2,), (), shape, F32), I("sum_dim", (3,), (1,), r, F32),
+        I("div", (3, 4), (), shape, F32), I("mul", (0, 5), (), shape, F32)), (6,), axis=1)  # fmt: skip
+    assert "out0[" in generate(block).split("for k in range")[2]  # the last pass stores
+    x = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+    (want,) = runtime.run(block, [x])
+    want = want.copy()
+    (got,) = runtime.run(block, [x], out=[x])
+    assert got is x
+    np.testing.assert_array_equal(got, want)
+    x64 = np.random.default_rng(10).standard_normal(shape).astype(np.float32).astype(np.float64)
+    e = np.exp(x64 - x64.max(1, keepdims=True))
+    assert_close(want, x64 * e / e.sum(1, keepdims=True), ulps=64, scale=np.abs(x64) + 1e-3)
 
 
 def test_pool_reuses_released_outputs(runtime):

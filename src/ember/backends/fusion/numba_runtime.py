@@ -176,6 +176,14 @@ class NumbaRuntime:
         kernel = self.kernel(block)
         arrays = _inputs(block, inputs)
         outputs = self._outputs(block, out)
+        if out is not None and any(np.may_share_memory(o, a) for o in out for a in arrays):
+            # Kernels may store an intermediate in an output and read it back (numba_source
+            # ``_stash``): an output over an input would clobber it. Run into fresh buffers.
+            fresh = self.run(block, arrays, None, threads)
+            for o, f in zip(outputs, fresh):
+                np.copyto(o, f)
+                self.pool.release(f)
+            return outputs
         sizes = [math.prod(block.shape[d] for d in dims) for dims in kernel.groups]
         scalars = [_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes)]
         err = np.zeros(1, np.int64)

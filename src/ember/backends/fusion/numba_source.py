@@ -16,6 +16,13 @@ functions. Its layout follows from ``Block.key()`` only, never from sizes:
   pass recomputes along the axis the element-wise registers its reductions read (softmax:
   pass 1 max, pass 2 sum of exp(x - max), final loop the quotient). Registers constant
   along the axis are computed once per position, after the pass that makes them available.
+  A variance ``mean((x - mean(x))**2)`` (or its sum) is computed in the pass of its mean
+  from shifted float64 sums (:func:`variance_pairs`): layer norm walks the axis twice.
+  The last pass stores its operands that an output is computed from in that output's
+  array, and the final loop reads them back (``_stash``: softmax computes exp once).
+* **Lanes.** When dims follow the reduced axis, a walk along it would stride: the kernel
+  then carries :data:`LANES` positions of the last group side by side instead, with array
+  accumulators, so every loop along the axis walks contiguous memory innermost.
 * **Flags.** Element-wise kernels are compiled with FMA contraction only (NaN, infinities
   and signed zeros as NumPy has them). Reduction kernels add ``reassoc``, which their sums
   need to vectorize: their float results may differ from NumPy's by the order of rounding
@@ -279,7 +286,7 @@ from numba import prange
 from ember.backends.fusion.numba_math import (
     fast_erf_f32, fast_exp_f32, fast_log_f32, fast_sigmoid_f32, fast_tanh_f32, frem, idiv,
     from_order_key_f32, from_order_key_f64, ipow, irem, order_key_f32, order_key_f64, rint, shl,
-    shr, udiv, upow, urem, ushr)
+    shr, udiv, upow, urem, ushr, variance_sum)
 
 """
 
@@ -327,9 +334,12 @@ def _strides(lay: Layout, w: _Writer, names: list[str]) -> None:
                 w(1, f"st_{name}_{g} = {' * '.join(later) if later else '1'}")
 
 
-def _positions(lay: Layout, w: _Writer, indent: int, var: str, names: list[str]) -> None:
-    """Decomposes the outer position ``var`` into group indices and array bases."""
-    outer = [g for g in range(len(lay.groups)) if g != lay.inner]
+def _positions(lay: Layout, w: _Writer, indent: int, var: str, names: list[str],
+               skip: tuple[int, ...] | None = None) -> None:  # fmt: skip
+    """Decomposes the outer position ``var`` into group indices and array bases (over the
+    groups other than ``skip``, default the inner one)."""
+    skip = (lay.inner,) if skip is None else skip
+    outer = [g for g in range(len(lay.groups)) if g not in skip]
     rest = var  # fresh names at each step: numba refuses writes to a prange index's alias
     for g in reversed(outer):
         if g == outer[0]:
@@ -380,30 +390,87 @@ def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) ->
         w(3, f"out{o}[np.uintp(b_out{o}{step})] = r{r}")
 
 
+LANES = 256
+"""Positions after the axis that a reduction kernel over a non-last axis carries side by
+side: its accumulators are arrays of this length (they stay in L1) and its inner loop walks
+them contiguously, so it vectorizes where a walk along the axis would stride."""
+
+
+def variance_pairs(block: ir.Block) -> dict[int, tuple[int, int]]:
+    """The registers ``v = mean_dim or sum_dim of (x - m) * (x - m)`` with ``m =
+    mean_dim(x)`` (floats of one dtype), as ``{v: (m, x)}``: the kernel computes such a
+    ``v`` in the pass of ``m``, from shifted sums (see :func:`_reduction`)."""
+    n_in = len(block.inputs)
+
+    def instr(r: int) -> ir.Instr | None:
+        return block.body[r - n_in] if r >= n_in else None
+
+    pairs = {}
+    for k, v in enumerate(block.body):
+        if v.op not in ("mean_dim", "sum_dim") or not v.dtype.is_float:
+            continue
+        sq = instr(v.args[0])
+        if sq is None or sq.op != "mul" or sq.args[0] != sq.args[1]:
+            continue
+        d = instr(sq.args[0])
+        if d is None or d.op != "sub":
+            continue
+        x, m = d.args
+        mean = instr(m)
+        if mean is None or mean.op != "mean_dim" or mean.args != (x,):
+            continue
+        same = len({v.dtype, sq.dtype, d.dtype, mean.dtype, block.register_dtype(x)}) == 1
+        if same and block.register_shape(x)[block.axis] != 1:
+            pairs[n_in + k] = (m, x)
+    return pairs
+
+
 def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> None:
+    """A kernel with reductions along ``block.axis`` (see the module doc).
+
+    Row mode (the axis is the last group): ``prange`` over the positions outside the axis,
+    registers constant along the axis are scalars. Lane mode (groups follow the axis): the
+    last group is cut into :data:`LANES`-wide chunks and ``prange`` runs over (the other
+    positions x chunks); each loop along the axis walks the chunk innermost, and registers
+    constant along the axis (accumulators included) are arrays over the chunk.
+    """
     n_in = len(block.inputs)
     n_regs = n_in + len(block.body)
     axis = block.axis
+    inner = lay.inner
+    lanes = inner != len(lay.groups) - 1
+    last = len(lay.groups) - 1
     varies = [block.register_shape(r)[axis] != 1 for r in range(n_regs)]
-    # A register's stage: the number of passes that must run before it is known.
+    instr_of = {n_in + k: instr for k, instr in enumerate(block.body)}
+    pairs = variance_pairs(block)
+    shifted = {m: x for m, x in pairs.values()}
+    # A register's stage: the number of passes that must run before it is known. A variance
+    # of ``pairs`` is known in the pass of its mean.
     stage = [0] * n_regs
     for k, instr in enumerate(block.body):
+        r = n_in + k
         before = max((stage[a] for a in instr.args), default=0)
-        stage[n_in + k] = before + 1 if instr.op in ir.REDUCTIONS else before
+        stage[r] = before + 1 if instr.op in ir.REDUCTIONS else before
+        if r in pairs:
+            stage[r] = stage[pairs[r][0]]
     passes = max(stage, default=0)
-    instr_of = {n_in + k: instr for k, instr in enumerate(block.body)}
     scalar_names: dict[int, list[str]] = {}
     counter = _scalar_counter()
     for k, instr in enumerate(block.body):
         scalar_names[n_in + k] = [counter() for a in instr.attrs if ir.is_scalar(instr, a)]
 
-    def closure(targets: list[int]) -> list[int]:
-        """The axis-varying non-input registers ``targets`` need, in body order."""
+    def name(r: int) -> str:
+        """A register at a call site: a lane array's element in lane mode."""
+        return f"rb{r}[jj]" if lanes and r >= n_in and not varies[r] else f"r{r}"
+
+    def closure(targets: list[int], stop: frozenset[int] = frozenset()) -> list[int]:
+        """The axis-varying non-input registers ``targets`` need, in body order (those in
+        ``stop`` are read from memory instead)."""
         need: set[int] = set()
         todo = list(targets)
         while todo:
             r = todo.pop()
-            if r in need or r < n_in or not varies[r]:
+            if r in need or r < n_in or not varies[r] or r in stop:
                 continue
             need.add(r)
             todo.extend(instr_of[r].args)
@@ -411,81 +478,161 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
 
     helpers: list[str] = []
 
-    def helper(name: str, regs: list[int], results: list[str]) -> str:
+    def helper(fname: str, regs: list[int], results: list[str]) -> str:
         """A helper evaluating ``regs`` (in order) from the registers they read; returns the
         call expression and records the definition."""
         defined = set(regs)
         reads = sorted({a for r in regs for a in instr_of[r].args if a not in defined})
         scalars = [s for r in regs for s in scalar_names[r]]
-        args = [f"r{a}" for a in reads] + scalars
         hw = _Writer()
         hw(0, "@numba.njit(inline='always', error_model='numpy')")
-        hw(0, f"def {name}({', '.join([*args, 'err'])}):")
+        hw(0, f"def {fname}({', '.join([*(f'r{a}' for a in reads), *scalars, 'err'])}):")
         for r in regs:
             names = iter(scalar_names[r])
             expr = _instr_expr(block, instr_of[r], lambda a: f"r{a}", names.__next__)
             hw(1, f"r{r} = {expr}")
         hw(1, f"return ({', '.join(results)},)")
         helpers.append("\n".join(hw.lines))
-        return f"{name}({', '.join([*args, 'err'])})"
+        return f"{fname}({', '.join([*(name(a) for a in reads), *scalars, 'err'])})"
 
     names = [f"in{i}" for i in range(n_in)] + [f"out{o}" for o in range(len(block.outputs))]
     body: list[str] = []  # the kernel's loop body, written after the helpers
     kw = _Writer(body)
+    top = 2  # the indent of the per-position code
 
-    def load(indent: int, regs, along: bool) -> None:
-        for i in regs:
-            if i < n_in and varies[i] == along:
-                idx = f"b_in{i} + k * st_in{i}_{lay.inner}" if along else f"b_in{i}"
-                kw(indent, f"r{i} = in{i}[np.uintp({idx})]")
+    def index(array: str, along: str | None) -> str:
+        idx = f"b_{array}"
+        if along is not None:
+            idx += f" + {along} * st_{array}_{inner}"
+        if lanes:
+            idx += f" + j * st_{array}_{last}"
+        return f"np.uintp({idx})"
+
+    def load(indent: int, regs, along: str | None) -> None:
+        """Loads the inputs among ``regs``: those varying along the axis at ``along``."""
+        for i in sorted(regs):
+            if i < n_in and (varies[i] == (along is not None) or lanes):
+                at = along if varies[i] else None
+                kw(indent, f"r{i} = in{i}[{index(f'in{i}', at)}]")
+
+    def per_lane(indent: int) -> int:
+        """Opens the loop over the chunk's lanes in lane mode; the indent inside."""
+        if not lanes:
+            return indent
+        kw(indent, "for jj in range(width):")
+        kw(indent + 1, "j = start + jj")
+        return indent + 1
+
+    def reads_of(regs: list[int], extra: set[int]) -> set[int]:
+        return {a for r in regs for a in instr_of[r].args} | extra
 
     def outer_stage(s: int) -> None:
         """Registers constant along the axis that become known at stage ``s``, and the
         outputs among them."""
         regs = [r for r in range(n_in, n_regs) if not varies[r] and stage[r] == s
                 and instr_of[r].op not in ir.REDUCTIONS]  # fmt: skip
+        outs = [(o, r) for o, r in enumerate(block.outputs) if not varies[r] and stage[r] == s]
+        if not regs and not outs:
+            return
+        ind = per_lane(top)
         if regs:
+            if lanes:
+                load(ind, reads_of(regs, set()), None)
             call = helper(f"outer{s}", regs, [f"r{r}" for r in regs])
-            kw(2, f"{', '.join(f'r{r}' for r in regs)}, = {call}")
-        for o, r in enumerate(block.outputs):
-            if not varies[r] and stage[r] == s:
-                kw(2, f"out{o}[np.uintp(b_out{o})] = r{r}")
+            kw(ind, f"{', '.join(name(r) for r in regs)}, = {call}")
+        for o, r in outs:
+            if r < n_in:
+                load(ind, {r}, None)
+            kw(ind, f"out{o}[{index(f'out{o}', None)}] = {name(r)}")
 
-    load(2, range(n_in), along=False)
+    def values(indent: int, operands: list[int], results: list[str], hname: str,
+               along: str, stop: frozenset[int] = frozenset()) -> None:  # fmt: skip
+        """Evaluates ``operands`` at ``along`` into the names ``results``."""
+        need = closure(operands, stop)
+        load(indent, reads_of(need, set(operands)), along)
+        computed = [(res, a) for res, a in zip(results, operands) if a in need]
+        if computed:
+            call = helper(hname, need, [f"r{a}" for _, a in computed])
+            kw(indent, f"{', '.join(res for res, _ in computed)}, = {call}")
+        for res, a in zip(results, operands):
+            if a not in need:
+                kw(indent, f"{res} = {name(a)}")
+
+    def acc(r: int, part: str = "acc") -> str:
+        return f"{part}{r}[jj]" if lanes else f"{part}{r}"
+
+    if not lanes:
+        load(top, range(n_in), None)
+    else:
+        regs = [r for r in range(n_in, n_regs) if not varies[r]]
+        for r in regs:
+            if instr_of[r].op in ir.REDUCTIONS and r not in pairs and r not in shifted:
+                ctor, _ = _acc_init(instr_of[r], block)
+                kw(top, f"acc{r} = np.empty(width, {ctor})")
+            kw(top, f"rb{r} = np.empty(width, {numpy_ctor(block.register_dtype(r))})")
+        for m in shifted:
+            for part in ("sh", "s1_", "s2_"):
+                kw(top, f"{part}{m} = np.empty(width, np.float64)")
+    finals = [(o, r) for o, r in enumerate(block.outputs) if varies[r]]
+    stash = _stash(block, finals, stage, passes, pairs, closure)
     outer_stage(0)
     for p in range(1, passes + 1):
-        reds = [r for r in range(n_in, n_regs) if stage[r] == p and instr_of[r].op in ir.REDUCTIONS]
+        reds = [r for r in range(n_in, n_regs) if stage[r] == p
+                and instr_of[r].op in ir.REDUCTIONS and r not in pairs]  # fmt: skip
         operands = [instr_of[r].args[0] for r in reds]
+        if any(r in shifted for r in reds):
+            # The shift of shifted sums: the first element along the axis (0 when it is not
+            # finite, which then makes the mean and variance NaN or infinite as NumPy's).
+            ind = per_lane(top)
+            for r in reds:
+                kw(ind, f"{acc(r, 'sh')} = np.float64(0)")
+            kw(ind, f"if n{inner} > 0:")
+            values(ind + 1, operands, [f"v{r}" for r in reds], f"first{p}", "0")
+            for r in reds:
+                if r in shifted:
+                    kw(ind + 1, f"t{r} = np.float64(v{r})")
+                    kw(ind + 1, f"{acc(r, 'sh')} = t{r} if abs(t{r}) < np.inf else np.float64(0)")
+        ind = per_lane(top)
         for r in reds:
-            kw(2, f"acc{r} = {_acc_init(instr_of[r], block)}")
-        kw(2, f"for k in range(n{lay.inner}):")
-        need = closure(operands)
-        load(3, sorted({a for r in need for a in instr_of[r].args} | set(operands)), along=True)
-        if need:
-            call = helper(f"pass{p}", need, [f"r{a}" for a in operands])
-            kw(3, f"{', '.join(f'v{r}' for r in reds)}, = {call}")
-        else:
-            for r, a in zip(reds, operands):
-                kw(3, f"v{r} = r{a}")
+            if r in shifted:
+                kw(ind, f"{acc(r, 's1_')} = np.float64(0)")
+                kw(ind, f"{acc(r, 's2_')} = np.float64(0)")
+            else:
+                ctor, value = _acc_init(instr_of[r], block)
+                kw(ind, f"{acc(r)} = {ctor}({value})")
+        kw(top, f"for k in range(n{inner}):")
+        ind = per_lane(top + 1)
+        values(ind, operands, [f"v{r}" for r in reds], f"pass{p}", "k")
+        if p == passes:
+            for e, o in stash.items():
+                red = next(r for r, a in zip(reds, operands) if a == e)
+                kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = v{red}")
         for r in reds:
-            kw(3, _acc_step(instr_of[r], r, block))
+            if r in shifted:
+                kw(ind, f"d{r} = np.float64(v{r}) - {acc(r, 'sh')}")
+                kw(ind, f"{acc(r, 's1_')} += d{r}")
+                kw(ind, f"{acc(r, 's2_')} += d{r} * d{r}")
+            else:
+                kw(ind, _acc_step(instr_of[r], acc(r), f"v{r}", block))
+        ind = per_lane(top)
         for r in reds:
-            kw(2, f"r{r} = {_acc_final(instr_of[r], r, block, lay)}")
+            if r in shifted:
+                kw(ind, f"{name(r)} = {_shifted_mean(r, block, lay, lanes)}")
+                for v, (m, _) in pairs.items():
+                    if m == r:
+                        kw(ind, f"{name(v)} = {_shifted_variance(v, m, block, lay, lanes)}")
+            else:
+                kw(ind, f"{name(r)} = {_acc_final(instr_of[r], acc(r), block, lay)}")
         outer_stage(p)
-    finals = [(o, r) for o, r in enumerate(block.outputs) if varies[r]]
     if finals:
-        kw(2, f"for k in range(n{lay.inner}):")
-        need = closure([r for _, r in finals])
-        load(3, sorted({a for r in need for a in instr_of[r].args} | {r for _, r in finals}),
-             along=True)  # fmt: skip
-        if need:
-            call = helper("final", need, [f"r{r}" for _, r in finals])
-            kw(3, f"{', '.join(f'f{o}' for o, _ in finals)}, = {call}")
-        else:
-            for o, r in finals:
-                kw(3, f"f{o} = r{r}")
+        kw(top, f"for k in range(n{inner}):")
+        ind = per_lane(top + 1)
+        for e, o in stash.items():
+            kw(ind, f"r{e} = out{o}[{index(f'out{o}', 'k')}]")
+        values(ind, [r for _, r in finals], [f"f{o}" for o, _ in finals], "final", "k",
+               frozenset(stash))  # fmt: skip
         for o, _ in finals:
-            kw(3, f"out{o}[np.uintp(b_out{o} + k * st_out{o}_{lay.inner})] = f{o}")
+            kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = f{o}")
 
     for h in helpers:
         w(0, "")
@@ -499,36 +646,67 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     )
     w(0, f"def kernel({', '.join(params)}):")
     _strides(lay, w, names)
-    outer = [f"n{g}" for g in range(len(lay.groups)) if g != lay.inner]
-    w(1, f"for pos in prange({' * '.join(outer) if outer else '1'}):")
-    _positions(lay, w, 2, "pos", names)
+    skip = (inner, last) if lanes else (inner,)
+    outer = [f"n{g}" for g in range(len(lay.groups)) if g not in skip]
+    if lanes:
+        w(1, f"nchunk = (n{last} + {LANES} - 1) // {LANES}")
+        w(1, f"for task in prange({' * '.join([*outer, 'nchunk'])}):")
+        w(2, "pos = task // nchunk")
+        w(2, f"start = (task - pos * nchunk) * {LANES}")
+        w(2, f"width = min(start + {LANES}, n{last}) - start")
+    else:
+        w(1, f"for pos in prange({' * '.join(outer) if outer else '1'}):")
+    _positions(lay, w, 2, "pos", names, skip)
     w.lines.extend(body)
 
 
-def _acc_init(instr: ir.Instr, block: ir.Block) -> str:
+def _stash(block: ir.Block, finals, stage, passes: int, pairs, closure) -> dict[int, int]:
+    """Operands of the last pass's reductions that the final loop would compute again
+    (softmax: exp(x - max)), each mapped to an output of the block's shape and of its dtype
+    whose array holds them in between: the last pass stores them there, the final loop
+    reads them back instead of recomputing. Only for outputs that do not alias an input
+    (the runtime sees to it)."""
+    n_in = len(block.inputs)
+    operands = [i.args[0] for k, i in enumerate(block.body)
+                if i.op in ir.REDUCTIONS and stage[n_in + k] == passes
+                and n_in + k not in pairs]  # fmt: skip
+    stash: dict[int, int] = {}
+    for o, r in finals:
+        if block.register_shape(r) != block.shape:
+            continue
+        need = closure([r])
+        for e in operands:
+            fits = (e >= n_in and e not in stash and e in need and block.register_shape(e)
+                    == block.shape and block.register_dtype(e) == block.register_dtype(r))  # fmt: skip
+            if fits:
+                stash[e] = o
+                break
+    return stash
+
+
+def _acc_init(instr: ir.Instr, block: ir.Block) -> tuple[str, str]:
+    """The accumulator's NumPy type and its starting value."""
     d = block.register_dtype(instr.args[0])
     op = instr.op
     if op in ("sum_dim", "mean_dim"):
         if d.is_float:
-            return f"{numpy_ctor(d)}(0)"
-        return (
-            "np.uint64(0)"
-            if d.is_unsigned and op == "sum_dim"
-            else ("np.int64(0)" if op == "sum_dim" else "np.float64(0)")
-        )
+            return numpy_ctor(d), "0"
+        if op == "mean_dim":
+            return "np.float64", "0"
+        return ("np.uint64", "0") if d.is_unsigned else ("np.int64", "0")
     if op == "prod_dim":
         if d.is_float:
-            return f"{numpy_ctor(d)}(1)"
-        return "np.uint64(1)" if d.is_unsigned else "np.int64(1)"
+            return numpy_ctor(d), "1"
+        return ("np.uint64", "1") if d.is_unsigned else ("np.int64", "1")
     t = numpy_ctor(d)
     if d.is_float:  # an order key (see numba_math): the opposite end of the key's range
-        bits = "int32" if d is DType.F32 else "int64"
-        return f"np.iinfo(np.{bits}).min" if op == "max_dim" else f"np.iinfo(np.{bits}).max"
-    return f"np.iinfo({t}).min" if op == "max_dim" else f"np.iinfo({t}).max"
+        t = "np.int32" if d is DType.F32 else "np.int64"
+    return t, f"np.iinfo({t}).min" if op == "max_dim" else f"np.iinfo({t}).max"
 
 
-def _acc_step(instr: ir.Instr, r: int, block: ir.Block) -> str:
-    op, a, v = instr.op, f"acc{r}", f"v{r}"
+def _acc_step(instr: ir.Instr, a: str, v: str, block: ir.Block) -> str:
+    """Folds the value ``v`` into the accumulator ``a``."""
+    op = instr.op
     d = block.register_dtype(instr.args[0])
     if op == "sum_dim" or op == "mean_dim":
         return f"{a} += {v}"
@@ -547,13 +725,34 @@ def _nan_key(op: str, d: DType) -> str:
     return f"np.iinfo(np.{bits}).max" if op == "max_dim" else f"np.iinfo(np.{bits}).min"
 
 
-def _acc_final(instr: ir.Instr, r: int, block: ir.Block, lay: Layout) -> str:
+def _acc_final(instr: ir.Instr, a: str, block: ir.Block, lay: Layout) -> str:
+    """The reduction's value from its accumulator ``a``."""
     d = instr.dtype
     t = numpy_ctor(d)
     if instr.op == "mean_dim":
         if d.is_float:
-            return f"{t}(acc{r} / {t}(n{lay.inner}))"
-        return _cast(f"(acc{r} / n{lay.inner})", DType.F64, d)
+            return f"{t}({a} / {t}(n{lay.inner}))"
+        return _cast(f"({a} / n{lay.inner})", DType.F64, d)
     if instr.op in ("max_dim", "min_dim") and d.is_float:
-        return f"from_order_key_{d.value}(acc{r}, {_nan_key(instr.op, d)})"
-    return f"{t}(acc{r})"
+        return f"from_order_key_{d.value}({a}, {_nan_key(instr.op, d)})"
+    return f"{t}({a})"
+
+
+# Shifted sums: with sh the first element, s1 = sum(x - sh) and s2 = sum((x - sh)**2) in
+# float64 give mean = sh + s1 / n and sum((x - mean)**2) = s2 - s1**2 / n, whose rounding
+# error scales with ((mean - sh)**2 / variance) float64 ulps: with sh a sample of the data,
+# a large mean (1e4 + N(0, 1)) does not cancel away the variance, as plain sums of squares
+# in float32 would.
+def _shifted_mean(m: int, block: ir.Block, lay: Layout, lanes: bool) -> str:
+    t = numpy_ctor(block.register_dtype(m))
+    j = "[jj]" if lanes else ""
+    return f"{t}(sh{m}{j} + s1_{m}{j} / n{lay.inner})"
+
+
+def _shifted_variance(v: int, m: int, block: ir.Block, lay: Layout, lanes: bool) -> str:
+    t = numpy_ctor(block.register_dtype(v))
+    j = "[jj]" if lanes else ""
+    n = f"n{lay.inner}"
+    ss = f"variance_sum(s1_{m}{j}, s2_{m}{j}, {n})"
+    mean = block.body[v - len(block.inputs)].op == "mean_dim"
+    return f"{t}({ss} / {n})" if mean else f"{t}({ss})"
