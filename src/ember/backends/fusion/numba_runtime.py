@@ -90,6 +90,9 @@ def _generator_version() -> str:
     return digest.hexdigest()[:16]
 
 
+_PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
 @dataclass
 class RuntimeStats:
     """Counters of a runtime: kernels ``compiled`` by numba, loaded from the ``disk_hits``
@@ -188,8 +191,12 @@ class NumbaRuntime:
         scalars = [_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes)]
         err = np.zeros(1, np.int64)
         count = threads if threads is not None else self.threads
-        if count is not None:
-            numba.set_num_threads(max(1, min(int(count), numba.config.NUMBA_NUM_THREADS)))
+        if count is None:
+            # Waking the thread pool costs more than a small block's whole work, and on a busy
+            # machine a worker that is not scheduled stalls the block: small blocks run alone.
+            small = math.prod(block.shape) < _PARALLEL_MIN_ELEMENTS
+            count = 1 if small else numba.config.NUMBA_NUM_THREADS
+        numba.set_num_threads(max(1, min(int(count), numba.config.NUMBA_NUM_THREADS)))
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = [o.reshape(-1) for o in outputs]
         started = time.perf_counter()
