@@ -2,7 +2,9 @@
 
 It takes the op-table groups ``binary``, ``scalar``, ``unary``, ``compare`` and
 ``select``, and ``cast``, on any kind, as long as every register broadcasts against the
-block's shape (operands of a lower rank get leading unit dims, as NumPy does). With
+block's shape (operands of a lower rank get leading unit dims, as NumPy does) and every
+result fills it (only the reduced axis may be 1): a smaller result, such as a bias's
+optimizer update beside its weight's, would be computed again at every position. With
 ``reduce=True`` it also takes the reductions of ``ir.REDUCTIONS`` over one axis (the
 block's ``axis``; every reduction of a block reduces the same one), and element-wise ops
 after them: softmax, layer norm and mean/var are one block each.
@@ -116,8 +118,19 @@ class ElementwiseFuser:
             shape = _broadcast(shape, s.shape)
             if shape is None:
                 return False
+        if self.records and shape != self.shape:
+            return False  # the records taken so far would be computed again for each new row
+        if not self._fills(record.outputs[0].shape, shape, axis):
+            return False  # a smaller result would be computed once per position of the block
         self.shape, self.axis = shape, axis
         return True
+
+    @staticmethod
+    def _fills(out: tuple[int, ...], shape: tuple[int, ...], axis: int | None) -> bool:
+        """Whether a result of shape ``out`` has the block's shape, but for the reduced axis."""
+        out = _pad(out, len(shape))
+        return all(o == d or (i - len(shape) == axis and o == 1)
+                   for i, (o, d) in enumerate(zip(out, shape)))  # fmt: skip
 
     def finish(self, keep: set[int]) -> Fused:
         rank = len(self.shape)
