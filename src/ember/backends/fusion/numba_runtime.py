@@ -160,7 +160,9 @@ class NumbaRuntime:
             atomic_write(path, source.encode())
         module_name = f"ember_fusion_kernels.{name}"
         module = sys.modules.get(module_name)
-        if module is None:
+        # A runtime over another cache folder may have loaded the same source: load this
+        # folder's file, so numba keeps the machine code here too (same name, same code).
+        if module is None or Path(module.__file__) != path:
             spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)

@@ -93,13 +93,18 @@ _all_lock = threading.Lock()
 
 
 def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream:
-    """This thread's stream on the inner ``device`` (made on first use)."""
+    """This thread's stream on the inner ``device`` for ``execute`` (made on first use).
+
+    Each executor (each Fusion backend, with its own runtime) has its own streams: two
+    fusion devices over the same inner device never run each other's records.
+    """
     streams = getattr(_local, "streams", None)
     if streams is None:
         streams = _local.streams = {}
-    stream = streams.get(device)
+    key = (device, execute)
+    stream = streams.get(key)
     if stream is None:
-        stream = streams[device] = Stream(device, execute)
+        stream = streams[key] = Stream(device, execute)
         with _all_lock:
             _all.add(stream)
         counters.add("streams")
