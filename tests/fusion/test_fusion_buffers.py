@@ -139,3 +139,23 @@ def test_devices_with_different_runtimes_keep_their_own_streams(pool):
     launches = runtime_named("numba").stats.launches
     _step(Tensor.from_data(_data(), compiled), 2.0)
     assert runtime_named("numba").stats.launches == launches + 1
+
+
+def test_a_cached_plan_that_no_longer_fits_is_explored_anew():
+    from ember.backends.fusion import reset_stats, stats
+    from ember.backends.fusion.explorer import clear_plans
+
+    device = ember.device("ndarray").fusion(runtime="interpreter")
+    clear_plans()
+    reset_stats()
+    results = []
+    for n in (3, 4):  # same pattern; with sizes 3 and 4 the chains cannot share a block
+        x = Tensor.from_data(np.arange(3, dtype=np.float32), device)
+        w = Tensor.from_data(np.arange(n, dtype=np.float32), device)
+        a, b = (x * 2.0).abs(), (w * 3.0).abs()
+        device.sync()
+        results.append((a.to_numpy(), b.to_numpy()))
+    counts = stats()
+    assert counts["explorations"] == 2 and counts["cache_hits"] == 0
+    np.testing.assert_array_equal(results[1][0], [0, 2, 4])
+    np.testing.assert_array_equal(results[1][1], [0, 3, 6, 9])

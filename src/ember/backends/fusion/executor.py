@@ -145,26 +145,31 @@ class Executor:
 
     def _blocks(self, records: list[Record]) -> list:
         """``(start, length, fused block or None)`` of each segment of the stream's plan."""
-        plan = self.explorer.plan(records)
         last_read = {}
         for i, record in enumerate(records):
             for s in record.inputs:
                 last_read[s.id] = i
-        segments = []
-        for segment in plan:
-            if segment.fuser is None:
-                segments.append((segment.start, 1, None))
-                continue
-            end = segment.start + segment.length
-            keep = {
-                o.id
-                for r in records[segment.start : end]
-                for o in r.outputs
-                if last_read.get(o.id, -1) >= end or o.readable()
-            }
-            fused = self.explorer.fuser_for(segment, records).finish(keep)
-            segments.append((segment.start, segment.length, fused))
-        return segments
+
+        def build(plan) -> list | None:
+            segments = []
+            for segment in plan:
+                if segment.fuser is None:
+                    segments.append((segment.start, 1, None))
+                    continue
+                fuser = self.explorer.fuser_for(segment, records)
+                if len(fuser) != segment.length:
+                    return None  # a cached plan that does not fit this stream
+                end = segment.start + segment.length
+                keep = {
+                    o.id
+                    for r in records[segment.start : end]
+                    for o in r.outputs
+                    if last_read.get(o.id, -1) >= end or o.readable()
+                }
+                segments.append((segment.start, segment.length, fuser.finish(keep)))
+            return segments
+
+        return self.explorer.build(records, build)
 
     def _launch(self, fused, records: list[Record]) -> None:
         block = fused.block
