@@ -84,6 +84,26 @@ def _compile_times(cache: str) -> dict[str, float]:
     return times
 
 
+def torch_gelu(v):
+    """The GELU of Burn's README in PyTorch eager ops."""
+    import torch
+
+    return v * 0.5 * (1.0 + torch.erf(v / math.sqrt(2.0)))
+
+
+def compile_torch(fn, example):
+    """``(torch.compile(fn), "")`` after one call on ``example``, or ``(None, reason)`` when
+    torch.compile does not work on this machine (no compiler, an unsupported Python)."""
+    import torch
+
+    try:
+        compiled = torch.compile(fn)
+        compiled(example)
+    except Exception as error:  # any failure means "not on this machine"
+        return None, f"torch.compile skipped: {type(error).__name__}: {str(error)[:120]}"
+    return compiled, ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -123,15 +143,7 @@ def main() -> None:
     at, gt, bt = torch.from_numpy(a), torch.from_numpy(gamma[0]), torch.from_numpy(beta[0])
     rows_out = np.empty_like(a)
 
-    def torch_gelu(v):
-        return v * 0.5 * (1.0 + torch.erf(v / math.sqrt(2.0)))
-
-    compiled_gelu, compile_note = None, ""
-    try:
-        compiled_gelu = torch.compile(torch_gelu)
-        compiled_gelu(xt)
-    except Exception as error:  # any failure means "not on this machine"
-        compile_note = f"torch.compile skipped: {type(error).__name__}: {str(error)[:120]}"
+    compiled_gelu, compile_note = compile_torch(torch_gelu, xt)
 
     def numpy_gelu():
         np.multiply(x * np.float32(0.5), np_erf(x / np.float32(math.sqrt(2.0))) + 1, out=gelu_out)

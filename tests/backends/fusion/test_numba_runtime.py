@@ -555,6 +555,22 @@ def test_thread_counts_agree(runtime):
     np.testing.assert_array_equal(one, two)
 
 
+@pytest.mark.parametrize("threads", [None, 1, 2])
+@pytest.mark.parametrize("shape", [(4, 8), (128, 1024)])  # below and above PARALLEL_MIN
+def test_a_run_leaves_the_callers_thread_count_as_it_was(runtime, threads, shape):
+    if nr.numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one numba thread on this machine")
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    nr.numba.set_num_threads(2)
+    try:
+        (y,) = runtime.run(softmax_block(x.shape, 1), [x], threads=threads)
+        assert nr.numba.get_num_threads() == 2
+    finally:
+        nr.numba.set_num_threads(nr.numba.config.NUMBA_NUM_THREADS)
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 def test_sizes_are_not_part_of_the_key(runtime):
     before = runtime.stats.compiled + runtime.stats.disk_hits
     for n in (1, 5, 1000):

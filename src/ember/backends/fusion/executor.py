@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+
+import numpy as np
 
 from ember.backend.base import Backend
 from ember.backend.errors import (
@@ -113,6 +116,10 @@ class Executor:
         fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
         self.explorer = Explorer(fusers)
         self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
+        # The fusers hold the records they are offered: one thread plans at a time.
+        self._planning = threading.Lock()
+        release = getattr(self.runtime, "release", None)
+        self.recycler = Recycler(release) if release and self.arrays is not None else None
 
     def can_fuse(self, slot: Slot) -> bool:
         return self.arrays is not None and slot.device.place == "cpu"
@@ -123,25 +130,46 @@ class Executor:
             for record in records:
                 run_record(self.inner, record)
             return
-        plan = self.explorer.plan(records)
+        with self._planning:
+            try:
+                segments = self._blocks(records)
+            finally:
+                for fuser in self.explorer.fusers:
+                    fuser.reset()  # the records (and so the values) they held can go
+        for start, length, fused in segments:
+            if fused is None:
+                counters.add("unfused_ops")
+                run_record(self.inner, records[start])
+            else:
+                self._launch(fused, records[start : start + length])
+
+    def _blocks(self, records: list[Record]) -> list:
+        """``(start, length, fused block or None)`` of each segment of the stream's plan."""
         last_read = {}
         for i, record in enumerate(records):
             for s in record.inputs:
                 last_read[s.id] = i
-        for segment in plan:
-            if segment.fuser is None:
-                counters.add("unfused_ops")
-                run_record(self.inner, records[segment.start])
-                continue
-            end = segment.start + segment.length
-            keep = {
-                o.id
-                for r in records[segment.start : end]
-                for o in r.outputs
-                if last_read.get(o.id, -1) >= end or o.readable()
-            }
-            fused = self.explorer.fuser_for(segment, records).finish(keep)
-            self._launch(fused, records[segment.start : end])
+
+        def build(plan) -> list | None:
+            segments = []
+            for segment in plan:
+                if segment.fuser is None:
+                    segments.append((segment.start, 1, None))
+                    continue
+                fuser = self.explorer.fuser_for(segment, records)
+                if len(fuser) != segment.length:
+                    return None  # a cached plan that does not fit this stream
+                end = segment.start + segment.length
+                keep = {
+                    o.id
+                    for r in records[segment.start : end]
+                    for o in r.outputs
+                    if last_read.get(o.id, -1) >= end or o.readable()
+                }
+                segments.append((segment.start, segment.length, fuser.finish(keep)))
+            return segments
+
+        return self.explorer.build(records, build)
 
     def _launch(self, fused, records: list[Record]) -> None:
         block = fused.block
@@ -161,12 +189,66 @@ class Executor:
         counters.add("fused_ops", n_records)
         counters.add("kernels")
         for slot, array in zip(fused.outputs, results, strict=True):
-            set_output(self.inner, slot, from_numpy(array.reshape(slot.shape)), "a fused block")
+            if array.shape != slot.shape:
+                array = array.reshape(slot.shape)
+            prim = from_numpy(array)
+            set_output(self.inner, slot, prim, "a fused block")
+            if prim is array and self.recycler is not None:
+                slot.recycle = self.recycler
         if self.debug:
             ops = " ".join(i.op for i in block.body)
             print(f"[ember.fusion] block of {n_records} ops ({ops}) shape {list(block.shape)} "
                   f"{len(block.inputs)} in / {len(block.outputs)} out, "
                   f"{(time.perf_counter() - started) * 1e3:.3f} ms", file=sys.stderr)  # fmt: skip
+
+
+class Recycler:
+    """Hands a fused block's output buffer back to the runtime's pool when its slot is
+    collected (no handle, record or slot can read it any more) and nothing else holds the
+    array or a view of it.
+
+    The pool's buffers are loaned out as ``raw[:n].view(dtype).reshape(shape)``: every
+    NumPy view of the loaned array has ``raw`` as its ``base``, and a torch tensor, a
+    memoryview or another slot sharing it holds the array itself. So when the reference
+    counts of the array and of ``raw`` are exactly those of the slot and the pool's own
+    record, no one else can read the memory. The expected counts are measured once on a
+    probe held the same way (:func:`_probe_refs`), not assumed.
+    """
+
+    def __init__(self, release) -> None:
+        self.release = release
+
+    def __call__(self, slot: Slot) -> None:
+        try:
+            array = slot.prim
+            if type(array) is np.ndarray and _refs(array) == _EXPECTED_REFS:
+                self.release(array)
+        except Exception:  # a finalizer must not raise (at interpreter shutdown, say)
+            pass
+
+
+def _refs(array: np.ndarray) -> tuple[int, int] | None:
+    """The reference counts of ``array`` and of the buffer it views (None when it owns its
+    memory or views something other than a NumPy buffer)."""
+    if type(array.base) is not np.ndarray or array.base.base is not None:
+        return None
+    return sys.getrefcount(array), sys.getrefcount(array.base)
+
+
+def _probe_refs() -> tuple[int, int] | None:
+    """The counts :meth:`Recycler.__call__` sees for an array held only by a slot, viewing a
+    buffer held only by the array and a pool's record of the loan."""
+    raw = np.empty(16, np.uint8)
+    loans = {0: raw}  # the pool's record of the loan
+    slot = Slot((16,), None, None, prim=raw[:16].view(np.uint8).reshape(16))
+    del raw
+    array = slot.prim
+    refs = _refs(array)
+    del loans
+    return refs
+
+
+_EXPECTED_REFS = _probe_refs()
 
 
 def numpy_bridge(inner: Backend):

@@ -14,14 +14,19 @@ plan is checked by fusing its segments again (cheap), and explored anew when tha
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
+from ember.backend.errors import EmberError
 from ember.backend.ops import OpDef
 from ember.backends.fusion import counters
 from ember.backends.fusion.fuser import Fuser, Status
 from ember.backends.fusion.ir import REDUCTIONS
 from ember.backends.fusion.stream import Record
 from ember.tensor.dtype import DType
+
+T = TypeVar("T")
 
 MIN_SCORE = 2
 """A block computing fewer records than this runs unfused instead."""
@@ -63,6 +68,26 @@ class Explorer:
         if plan is not None and self._valid(plan, records):
             counters.add("cache_hits")
             return plan
+        return self._explore(key, records)
+
+    def build(self, records: list[Record], build: Callable[[tuple[Segment, ...]], T | None]) -> T:
+        """``build(plan)`` for the stream's plan, where ``build`` fuses each segment (with
+        :meth:`fuser_for`) and returns None when a fuser takes fewer records than its
+        segment says: a cached plan is checked by building it, so its records are fused
+        once rather than twice, and explored anew when it no longer fits."""
+        key = (self.names, relativize(records))
+        plan = _plans.get(key)
+        if plan is not None:
+            built = build(plan)
+            if built is not None:
+                counters.add("cache_hits")
+                return built
+        built = build(self._explore(key, records))
+        if built is None:  # a fresh plan fits by construction
+            raise EmberError("fusion: a freshly explored plan did not fit its own stream")
+        return built
+
+    def _explore(self, key: tuple, records: list[Record]) -> tuple[Segment, ...]:
         counters.add("explorations")
         plan = self.explore(records)
         with _plans_lock:

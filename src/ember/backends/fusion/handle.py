@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ember.backend.device import Device
@@ -26,9 +27,12 @@ _ids = itertools.count()
 
 class Slot:
     """One value of a stream. ``prim`` is None until the record that makes it has run;
-    ``stream`` is the stream that will make it (None once made)."""
+    ``stream`` is the stream that will make it (None once made). ``recycle``, when set (by
+    the executor, on a fused block's output), is called with the slot when the slot itself
+    is collected: then no handle, record or other slot can read the value through it."""
 
-    __slots__ = ("__weakref__", "device", "dtype", "handle", "id", "prim", "shape", "stream")
+    __slots__ = ("__weakref__", "device", "dtype", "handle", "id", "prim", "recycle", "shape",
+                 "stream")  # fmt: skip
 
     def __init__(self, shape: tuple[int, ...], dtype: DType, device: Device,
                  stream: Stream | None = None, prim: Any = None) -> None:  # fmt: skip
@@ -39,6 +43,11 @@ class Slot:
         self.stream = stream
         self.prim = prim
         self.handle: weakref.ref | None = None
+        self.recycle: Callable[[Slot], object] | None = None
+
+    def __del__(self) -> None:
+        if self.recycle is not None:
+            self.recycle(self)
 
     @property
     def pending(self) -> bool:

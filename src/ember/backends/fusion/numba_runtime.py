@@ -24,7 +24,9 @@ the caller runs the block's ops unfused. So does a run where NumPy would raise (
 raised to a negative power): the unfused ops then raise NumPy's own error.
 
 **Threads.** Each run uses ``threads`` (the run's argument, else the runtime's, else
-``EMBER_FUSION_THREADS``, else numba's default of every core).
+``EMBER_FUSION_THREADS``, else one thread below :data:`PARALLEL_MIN` elements and
+numba's current count of the calling thread, every core by default, above), and leaves
+the calling thread's numba count as it found it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 __all__ = ["KernelUnsupported", "NumbaRuntime", "RuntimeStats", "available", "cache_dir"]
 
 _CHUNK = 16384  # inner-loop length of element-wise tasks: long enough to vectorize well
+PARALLEL_MIN = 1 << 16
+"""Blocks of fewer elements run on one thread unless told otherwise: waking the others
+costs more than they save (tens of microseconds; milliseconds on a loaded machine)."""
 _HERE = Path(__file__).parent
 _GENERATOR_FILES = ("numba_source.py", "numba_math.py", "ir.py")
 
@@ -88,9 +93,6 @@ def _generator_version() -> str:
     for name in _GENERATOR_FILES:
         digest.update((_HERE / name).read_bytes())
     return digest.hexdigest()[:16]
-
-
-_PARALLEL_MIN_ELEMENTS = 1 << 16
 
 
 @dataclass
@@ -163,7 +165,9 @@ class NumbaRuntime:
             atomic_write(path, source.encode())
         module_name = f"ember_fusion_kernels.{name}"
         module = sys.modules.get(module_name)
-        if module is None:
+        # A runtime over another cache folder may have loaded the same source: load this
+        # folder's file, so numba keeps the machine code here too (same name, same code).
+        if module is None or Path(module.__file__) != path:
             spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
@@ -191,16 +195,22 @@ class NumbaRuntime:
         scalars = [_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes)]
         err = np.zeros(1, np.int64)
         count = threads if threads is not None else self.threads
-        if count is None:
-            # Waking the thread pool costs more than a small block's whole work, and on a busy
-            # machine a worker that is not scheduled stalls the block: small blocks run alone.
-            small = math.prod(block.shape) < _PARALLEL_MIN_ELEMENTS
-            count = 1 if small else numba.config.NUMBA_NUM_THREADS
-        numba.set_num_threads(max(1, min(int(count), numba.config.NUMBA_NUM_THREADS)))
+        if count is None and math.prod(block.shape) < PARALLEL_MIN:
+            count = 1
+        previous = None
+        if count is not None:
+            count = max(1, min(int(count), numba.config.NUMBA_NUM_THREADS))
+            previous = numba.get_num_threads()
+            if count != previous:
+                numba.set_num_threads(count)
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = [o.reshape(-1) for o in outputs]
         started = time.perf_counter()
-        kernel.dispatcher(*flat_in, *flat_out, *scalars, *sizes, _CHUNK, err)
+        try:
+            kernel.dispatcher(*flat_in, *flat_out, *scalars, *sizes, _CHUNK, err)
+        finally:
+            if previous is not None and previous != count:
+                numba.set_num_threads(previous)  # the count is numba's, per thread: leave it
         if not kernel.ready:
             self._first_call(kernel, time.perf_counter() - started)
         self.stats.launches += 1

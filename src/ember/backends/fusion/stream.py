@@ -93,14 +93,15 @@ _all_lock = threading.Lock()
 
 
 def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream:
-    """This thread's stream on the inner ``device`` for ``execute``'s runtime (made on first
-    use). Fusion devices on different runtimes compare equal but never share a stream: the
-    stream's executor runs every record pushed to it, so sharing would run one device's
-    blocks on the other's runtime."""
+    """This thread's stream on the inner ``device`` for ``execute`` (made on first use).
+
+    Each executor (each Fusion backend, with its own runtime) has its own streams: two
+    fusion devices over the same inner device never run each other's records.
+    """
     streams = getattr(_local, "streams", None)
     if streams is None:
         streams = _local.streams = {}
-    key = (device, getattr(execute, "runtime", None))
+    key = (device, execute)
     stream = streams.get(key)
     if stream is None:
         stream = streams[key] = Stream(device, execute)

@@ -1,0 +1,223 @@
+"""The Fusion decorator end to end: Tensor-API code on ``fusion(ndarray)`` beside its peers.
+
+Run: ``.venv/bin/python benchmarks/fusion.py [--threads 1 2] [--repeat 7]``
+
+Everything goes through the Tensor API (``benchmarks/fusion_kernels.py`` times the numba
+kernels alone), side by side in one run, at each ``--threads`` count:
+
+* the custom GELU of Burn's README, ``x * 0.5 * (1 + erf(x / sqrt 2))`` written with
+  Tensor ops, on 16M float32: ``ndarray``, ``fusion(ndarray)``, the same fused kernel
+  alone (the runtime writing into a reused buffer: what the decorator adds is the
+  difference), PyTorch eager, ``torch.compile`` (skipped with the reason when it does not
+  work here) and a plain copy into a reused buffer (the memory bound);
+* ``activation.softmax`` and ``nn.LayerNorm`` over ``[4096, 1024]`` float32 on
+  ``fusion(ndarray)``, ``ndarray`` and PyTorch eager.
+
+Each cell is the median milliseconds of one call (recording, running at ``sync``, freeing
+the result). Then: the first call of each workload in a fresh process with an empty kernel
+cache (``EMBER_FUSION_CACHE``), and again in another fresh process over the warmed
+folder; and the peak memory of one GELU call above what the process held before it
+(Linux ``VmHWM``, reset through ``/proc/self/clear_refs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fusion_kernels import COLS, GELU_N, ROWS, blocks, compile_torch, torch_gelu
+from timing import median_seconds, pin_threads, print_table
+
+SQRT2 = math.sqrt(2.0)
+
+
+def gelu(x):
+    """Burn's README GELU in Tensor ops (five element-wise ops the decorator fuses)."""
+    return x * 0.5 * ((x / SQRT2).erf() + 1.0)
+
+
+def workloads(device):
+    """``{name: call}`` for the three workloads on ``device``, each running to the end."""
+    import numpy as np
+
+    from ember import Tensor
+    from ember.nn.norm import LayerNormConfig
+    from ember.tensor import activation
+
+    rng = np.random.default_rng(0)
+    x = Tensor.from_data(rng.standard_normal(GELU_N).astype(np.float32), device)
+    rows = Tensor.from_data(rng.standard_normal((ROWS, COLS)).astype(np.float32), device)
+    norm = LayerNormConfig(COLS).init(device)
+
+    def run(fn, arg):
+        def call():
+            y = fn(arg)
+            device.sync()
+            return y
+
+        return call
+
+    return {
+        "gelu": run(gelu, x),
+        "softmax": run(lambda t: activation.softmax(t, 1), rows),
+        "layer_norm": run(norm, rows),
+    }
+
+
+def _first_calls() -> dict[str, float]:
+    """Seconds of the first and second call of each workload on ``fusion(ndarray)`` (run in
+    a fresh process; the kernel cache is ``EMBER_FUSION_CACHE``)."""
+    import ember
+
+    times = {}
+    for name, call in workloads(ember.device("ndarray").fusion()).items():
+        for label in ("first", "second"):
+            start = time.perf_counter()
+            call()
+            times[f"{name} {label}"] = time.perf_counter() - start
+    return times
+
+
+def _child_first_calls(cache: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--first-calls"],
+        check=True, capture_output=True, text=True,
+        env={**os.environ, "EMBER_FUSION_CACHE": cache, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ).stdout  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{key}:\s+(\d+)", f.read()).group(1))
+
+
+def peak_mib(call, settle=None) -> float | None:
+    """MiB the process's resident set grew to during ``call`` above where it stood before
+    (after a warm-up call, then ``settle()``); None where the peak cannot be reset."""
+    call()
+    if settle is not None:
+        settle()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident size
+        before = _status_kib("VmRSS")
+    except OSError:
+        return None
+    call()
+    return (_status_kib("VmHWM") - before) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--first-calls", action="store_true", help=argparse.SUPPRESS)  # child
+    args = parser.parse_args()
+    if args.first_calls:
+        print(json.dumps(_first_calls()))
+        return
+    pin_threads(max(args.threads))
+
+    import numba
+    import numpy as np
+    import torch
+
+    import ember
+    from ember.backends.fusion import reset_stats, stats
+    from ember.backends.fusion.executor import runtime_named
+    from ember.backends.fusion.numba_runtime import NumbaRuntime
+
+    cache = tempfile.mkdtemp(prefix="ember-fusion-e2e-")
+    cold = _child_first_calls(cache)
+    warm = _child_first_calls(cache)
+
+    nd, fu = ember.device("ndarray"), ember.device("ndarray").fusion()
+    on_nd, on_fu = workloads(nd), workloads(fu)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(GELU_N).astype(np.float32)
+    xt, copy_out = torch.from_numpy(x), np.empty_like(x)
+    rows = torch.from_numpy(rng.standard_normal((ROWS, COLS)).astype(np.float32))
+    gamma, beta = torch.ones(COLS), torch.zeros(COLS)
+    compiled_gelu, compile_note = compile_torch(torch_gelu, xt)
+    kernel_runtime, gelu_block = NumbaRuntime(cache=cache), blocks()["gelu"]
+
+    peers = {  # (workload, implementation): call
+        ("gelu", "ndarray"): on_nd["gelu"],
+        ("gelu", "fusion(ndarray)"): on_fu["gelu"],
+        ("gelu", "fused kernel alone"): lambda: kernel_runtime.run(gelu_block, [x], [copy_out]),
+        ("gelu", "torch eager"): lambda: torch_gelu(xt),
+        ("gelu", "torch.compile"): compiled_gelu and (lambda: compiled_gelu(xt)),
+        ("gelu", "copy into reused"): lambda: np.copyto(copy_out, x),
+        ("softmax", "ndarray"): on_nd["softmax"],
+        ("softmax", "fusion(ndarray)"): on_fu["softmax"],
+        ("softmax", "torch eager"): lambda: torch.softmax(rows, 1),
+        ("layer_norm", "ndarray"): on_nd["layer_norm"],
+        ("layer_norm", "fusion(ndarray)"): on_fu["layer_norm"],
+        ("layer_norm", "torch eager"): lambda: torch.nn.functional.layer_norm(
+            rows, (COLS,), gamma, beta, 1e-5
+        ),
+    }
+    table = []
+    reset_stats()
+    for threads in args.threads:
+        numba.set_num_threads(threads)
+        torch.set_num_threads(threads)
+        ms = {k: median_seconds(fn, args.repeat) * 1e3 for k, fn in peers.items() if fn}
+        for (work, impl), t in ms.items():
+            eager, plain = ms[(work, "torch eager")], ms[(work, "ndarray")]
+            notes = []
+            if impl == "fusion(ndarray)" and (work, "torch.compile") in ms:
+                notes.append(f"{t / ms[(work, 'torch.compile')]:.2f}x torch.compile")
+            if impl == "fusion(ndarray)" and work == "gelu":
+                notes.append(f"{t / ms[(work, 'copy into reused')]:.2f}x copy")
+                notes.append(f"{t / ms[(work, 'fused kernel alone')]:.2f}x kernel alone")
+            table.append([str(threads), work, impl, f"{t:.2f}", f"{t / eager:.2f}x",
+                          f"{t / plain:.2f}x", ", ".join(notes)])  # fmt: skip
+    print(f"numpy={np.__version__}  torch={torch.__version__}  numba={numba.__version__}  "
+          f"cpus={os.cpu_count()}")  # fmt: skip
+    print_table(
+        "end to end through the Tensor API (ms, median; ratios vs torch eager and ndarray)",
+        ["threads", "workload", "impl", "ms", "vs torch eager", "vs ndarray", "notes"],
+        table,
+    )
+    if compile_note:
+        print(compile_note)
+    print(f"fusion stats over the timed runs: {stats()}")
+
+    print_table(
+        "first call in a fresh process (s): empty kernel cache, then the warmed cache",
+        ["workload", "first call, cold", "first call, warm cache", "second call"],
+        [[w, f"{cold[w + ' first']:.2f}", f"{warm[w + ' first']:.3f}",
+          f"{warm[w + ' second']:.3f}"] for w in ("gelu", "softmax", "layer_norm")],
+    )  # fmt: skip
+
+    numba.set_num_threads(max(args.threads))
+    torch.set_num_threads(max(args.threads))
+    memory = []
+    pool = runtime_named("numba").pool
+    for (work, impl), fn in peers.items():
+        if work == "gelu" and fn is not None:
+            memory.append([impl, peak_mib(fn)])
+            if impl == "fusion(ndarray)":  # its output pages come from the pool's idle ones
+                memory.append([f"{impl}, pool emptied first", peak_mib(fn, pool.clear)])
+    memory = [[impl, "n/a" if peak is None else f"{peak:.0f}"] for impl, peak in memory]
+    print_table(
+        f"peak memory of one GELU call on {GELU_N * 4 >> 20} MiB of input "
+        "(MiB above the resident size before the call)",
+        ["impl", "peak MiB"],
+        memory,
+    )
+
+
+if __name__ == "__main__":
+    main()

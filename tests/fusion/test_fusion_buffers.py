@@ -1,0 +1,161 @@
+"""Output buffers of fused blocks under the decorator: a value nobody can read any more goes
+back to the numba runtime's pool and the next block writes into it (no fresh pages), while
+a value that a handle, a view or an exported array can still read is never handed out
+again; and the executor keeps nothing alive after a flush."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor
+from ember.backends.fusion.executor import runtime_named
+
+numba_runtime = pytest.importorskip("ember.backends.fusion.numba_runtime")
+if not numba_runtime.available():
+    pytest.skip("numba is not installed (pip install 'ember[jit]')", allow_module_level=True)
+
+N = 1 << 14  # 64 KiB of f32: above the pool's smallest class
+
+
+@pytest.fixture
+def device():
+    return ember.device("ndarray").fusion(runtime="numba")
+
+
+@pytest.fixture
+def pool():
+    pool = runtime_named("numba").pool
+    gc.collect()  # values of earlier tests caught in cycles go back now, not mid-test
+    pool.clear()
+    return pool
+
+
+def _step(x: Tensor, k: float) -> Tensor:
+    y = (x * k).abs().neg()  # one fused block of three exact ops (no contraction to fma)
+    x.device.sync()
+    return y
+
+
+def _expected(x: np.ndarray, k: float) -> np.ndarray:
+    return -np.abs(x * np.float32(k))
+
+
+def _data(n: int = N, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=n).astype(np.float32)
+
+
+def test_a_dropped_result_is_reused_by_the_next_block(device, pool):
+    x = Tensor.from_data(_data(), device)
+    y = _step(x, 2.0)
+    assert pool.idle_bytes() == 0
+    del y
+    assert pool.idle_bytes() >= N * 4
+    hits = pool.hits
+    z = _step(x, 3.0)
+    assert pool.hits == hits + 1
+    np.testing.assert_array_equal(z.to_numpy(), _expected(_data(), 3.0))
+
+
+def test_a_held_result_is_never_overwritten(device, pool):
+    data = _data()
+    x = Tensor.from_data(data, device)
+    held = _step(x, 2.0)
+    for k in range(3, 8):
+        _step(x, float(k))  # dropped at once: its buffer cycles through the pool
+    np.testing.assert_array_equal(held.to_numpy(), _expected(data, 2.0))
+
+
+@pytest.mark.parametrize(("view", "part"), [
+    (lambda t: t.reshape([N // 64, 64]), slice(None)),
+    (lambda t: t.slice([(1, N)]), slice(1, None)),
+    (lambda t: t.to_numpy(), slice(None)),
+    (lambda t: memoryview(t._prim.slot.prim), slice(None)),
+    (lambda t: t._prim.slot.prim[::2], slice(None, None, 2)),
+])  # fmt: skip
+def test_what_still_views_a_dropped_result_keeps_its_buffer(device, pool, view, part):
+    data = _data()
+    x = Tensor.from_data(data, device)
+    y = _step(x, 2.0)
+    kept = view(y)
+    device.sync()
+    del y
+    for k in range(3, 8):
+        _step(x, float(k))
+    seen = np.asarray(kept.to_numpy() if isinstance(kept, Tensor) else kept).reshape(-1)
+    np.testing.assert_array_equal(seen, _expected(data, 2.0)[part])
+
+
+def test_an_input_dropped_before_its_last_read_is_recycled_after_it(device, pool):
+    x = Tensor.from_data(_data(), device)
+    y = _step(x, 2.0)
+    z = (y * 0.5).exp()  # pending: reads y
+    del y  # the pending record still reads it: not yet
+    assert pool.idle_bytes() == 0
+    device.sync()
+    assert pool.idle_bytes() >= N * 4  # y, once z's block has run
+    np.testing.assert_allclose(z.to_numpy(), np.exp(_expected(_data(), 2.0) * 0.5), rtol=2e-6)
+
+
+def test_nothing_is_kept_alive_after_a_flush(device, pool):
+    x = Tensor.from_data(_data(), device)
+    y = _step(x, 2.0)
+    array = weakref.ref(y._prim.slot.prim)
+    slot = weakref.ref(y._prim.slot)
+    del y
+    assert slot() is None and array() is None
+
+
+def test_threads_flushing_at_once_each_get_their_own_values(device, pool):
+    data = [_data(seed=s) for s in range(4)]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            x = Tensor.from_data(data[i], device)
+            for k in range(1, 16):
+                got = _step(x, float(k + i)).to_numpy()
+                np.testing.assert_array_equal(got, _expected(data[i], float(k + i)))
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_devices_with_different_runtimes_keep_their_own_streams(pool):
+    interpreted = ember.device("ndarray").fusion(runtime="interpreter")
+    compiled = ember.device("ndarray").fusion(runtime="numba")
+    _step(Tensor.from_data(_data(), interpreted), 2.0)  # this thread's first stream there
+    launches = runtime_named("numba").stats.launches
+    _step(Tensor.from_data(_data(), compiled), 2.0)
+    assert runtime_named("numba").stats.launches == launches + 1
+
+
+def test_a_cached_plan_that_no_longer_fits_is_explored_anew():
+    from ember.backends.fusion import reset_stats, stats
+    from ember.backends.fusion.explorer import clear_plans
+
+    device = ember.device("ndarray").fusion(runtime="interpreter")
+    clear_plans()
+    reset_stats()
+    results = []
+    for n in (3, 4):  # same pattern; with sizes 3 and 4 the chains cannot share a block
+        x = Tensor.from_data(np.arange(3, dtype=np.float32), device)
+        w = Tensor.from_data(np.arange(n, dtype=np.float32), device)
+        a, b = (x * 2.0).abs(), (w * 3.0).abs()
+        device.sync()
+        results.append((a.to_numpy(), b.to_numpy()))
+    counts = stats()
+    assert counts["explorations"] == 2 and counts["cache_hits"] == 0
+    np.testing.assert_array_equal(results[1][0], [0, 2, 4])
+    np.testing.assert_array_equal(results[1][1], [0, 3, 6, 9])
