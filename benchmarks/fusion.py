@@ -172,6 +172,8 @@ def main() -> None:
     for threads in args.threads:
         numba.set_num_threads(threads)
         torch.set_num_threads(threads)
+        # pin_threads set EMBER_FUSION_THREADS, which the runtimes read once: set each row's.
+        runtime_named("numba").threads = kernel_runtime.threads = threads
         ms = {k: median_seconds(fn, args.repeat) * 1e3 for k, fn in peers.items() if fn}
         for (work, impl), t in ms.items():
             eager, plain = ms[(work, "torch eager")], ms[(work, "ndarray")]
