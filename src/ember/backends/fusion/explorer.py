@@ -46,6 +46,7 @@ class Segment:
 
 
 _plans: dict[tuple, tuple[Segment, ...]] = {}
+_built: dict[tuple, object] = {}  # plan key -> what a caller built from the plan, size-free
 _plans_lock = threading.Lock()
 
 
@@ -53,6 +54,7 @@ def clear_plans() -> None:
     """Empties the plan cache."""
     with _plans_lock:
         _plans.clear()
+        _built.clear()
 
 
 class Explorer:
@@ -62,6 +64,25 @@ class Explorer:
         self.fusers = fusers
         self.names = tuple(f.name for f in fusers)
 
+    def key(self, records: list[Record]) -> tuple:
+        """The stream's plan key: the fusers' names and the relativized stream."""
+        return (self.names, relativize(records))
+
+    @staticmethod
+    def built(key: tuple) -> object | None:
+        """What :meth:`remember` stored for ``key`` (None when nothing is)."""
+        return _built.get(key)
+
+    @staticmethod
+    def remember(key: tuple, value: object) -> None:
+        """Stores, for a plan key, a caller's size-free form of what it built from the plan
+        (the executor's block templates), so a later stream with that key skips the fusers.
+        It must depend on nothing the key leaves out."""
+        with _plans_lock:
+            if len(_built) >= MAX_PLANS:
+                _built.clear()
+            _built[key] = value
+
     def plan(self, records: list[Record]) -> tuple[Segment, ...]:
         key = (self.names, relativize(records))
         plan = _plans.get(key)
@@ -70,12 +91,19 @@ class Explorer:
             return plan
         return self._explore(key, records)
 
-    def build(self, records: list[Record], build: Callable[[tuple[Segment, ...]], T | None]) -> T:
+    def build(
+        self,
+        records: list[Record],
+        build: Callable[[tuple[Segment, ...]], T | None],
+        key: tuple | None = None,
+    ) -> T:
         """``build(plan)`` for the stream's plan, where ``build`` fuses each segment (with
         :meth:`fuser_for`) and returns None when a fuser takes fewer records than its
         segment says: a cached plan is checked by building it, so its records are fused
-        once rather than twice, and explored anew when it no longer fits."""
-        key = (self.names, relativize(records))
+        once rather than twice, and explored anew when it no longer fits. ``key`` is the
+        stream's :meth:`key` when the caller has it already."""
+        if key is None:
+            key = self.key(records)
         plan = _plans.get(key)
         if plan is not None:
             built = build(plan)
