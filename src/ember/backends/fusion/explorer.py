@@ -167,33 +167,55 @@ class Explorer:
 
 
 def relativize(records: list[Record]) -> tuple:
-    """The stream's pattern: what a plan depends on, without ids or sizes."""
-    made: dict[int, tuple[int, int]] = {}  # slot id -> (record index, output index)
+    """The stream's pattern: what a plan depends on, without ids or sizes.
+
+    It runs on every flush, so it is written for speed: each slot's dtype and unit dims
+    come from a per-shape table, and attributes from a per-op rule (:func:`_attr`).
+    """
+    made: dict[int, tuple[str, int, int]] = {}  # slot id -> ("r", record index, output index)
     outside: dict[int, int] = {}
+    units = _units
     pattern = []
     for i, record in enumerate(records):
         sources = []
         for s in record.inputs:
             origin = made.get(s.id)
             if origin is None:
-                sources.append(("x", outside.setdefault(s.id, len(outside)), _tensor(s)))
+                shape = s.shape
+                unit = units.get(shape)
+                if unit is None:
+                    unit = _unit(shape)
+                n = outside.setdefault(s.id, len(outside))
+                sources.append(("x", n, s.dtype, unit))
             else:
-                sources.append(("r", i - origin[0], origin[1]))
-        attrs = tuple(_attr(record.op, a) for a in record.args[len(record.op.inputs) :])
-        outs = tuple((_tensor(o), o.readable()) for o in record.outputs)
-        pattern.append((record.name, tuple(sources), attrs, outs))
+                sources.append(("r", i - origin[1], origin[2]))
+        op = record.op
+        extra = record.args[len(op.inputs) :]
+        attrs = tuple([_attr(op, a) for a in extra]) if extra else ()
+        outs = []
         for k, o in enumerate(record.outputs):
-            made[o.id] = (i, k)
+            shape = o.shape
+            unit = units.get(shape)
+            if unit is None:
+                unit = _unit(shape)
+            outs.append((o.dtype, unit, o.readable()))
+            made[o.id] = ("r", i, k)
+        pattern.append((record.name, tuple(sources), attrs, tuple(outs)))
     return tuple(pattern)
 
 
-def _tensor(slot) -> tuple:
-    return (slot.dtype.value, tuple(d == 1 for d in slot.shape))
+_units: dict[tuple[int, ...], tuple[bool, ...]] = {}
+
+
+def _unit(shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which dims of ``shape`` are 1 (remembered per shape; the table is bounded)."""
+    if len(_units) >= MAX_PLANS:
+        _units.clear()
+    unit = _units[shape] = tuple([d == 1 for d in shape])
+    return unit
 
 
 def _attr(op: OpDef, value) -> object:
     if op.name in REDUCTIONS or isinstance(value, DType):
-        return value if not isinstance(value, DType) else value.value
-    if value is None or isinstance(value, bool | int | float | str):
-        return type(value).__name__
+        return value
     return type(value).__name__
