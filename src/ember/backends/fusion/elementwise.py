@@ -207,16 +207,19 @@ class Template:
         when their sizes do not agree on one block shape (the fuser would not take them)."""
         rank = self.rank
         shape = [1] * rank
-        for record in records:
-            for s in (*record.inputs, *record.outputs):
-                offset = rank - len(s.shape)
-                for d, size in enumerate(s.shape):
-                    if size != 1:
-                        have = shape[offset + d]
-                        if have == 1:
-                            shape[offset + d] = size
-                        elif have != size:
-                            return None
+        # Most slots of a block share a few shapes: check each distinct one once.
+        distinct = {s.shape for r in records for s in r.inputs} | {
+            s.shape for r in records for s in r.outputs
+        }
+        for slot_shape in distinct:
+            offset = rank - len(slot_shape)
+            for d, size in enumerate(slot_shape):
+                if size != 1:
+                    have = shape[offset + d]
+                    if have == 1:
+                        shape[offset + d] = size
+                    elif have != size:
+                        return None
         inputs = tuple(records[j].inputs[k] for j, k in self.inputs)
         body = []
         for record, (op, args, fixed) in zip(records, self.body, strict=True):
