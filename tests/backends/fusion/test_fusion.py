@@ -132,6 +132,68 @@ def test_second_identical_step_explores_nothing(device):
     assert counts["explorations"] == 0 and counts["cache_hits"] == 2
 
 
+def _norm_step(device, n: int, d: int = 6) -> np.ndarray:
+    """A layer norm and a softmax over a batch of ``n`` rows (reductions, broadcasts, a
+    scalar, several blocks and unfused records)."""
+    rng = np.random.default_rng(n)
+    x = Tensor.from_data(rng.normal(size=(n, d)).astype(np.float32), device)
+    w = Tensor.from_data(rng.normal(size=(d,)).astype(np.float32), device)
+    centred = x - x.mean_dim(1)
+    normed = centred / (centred.powf_scalar(2.0).mean_dim(1) + 1e-5).sqrt() * w
+    return (
+        activation.softmax(normed.matmul(w.reshape([d, 1]) * 0.5 + normed.transpose()), 1)
+        .to_data()
+        .to_numpy()
+    )
+
+
+def test_a_cache_hit_binds_templates_without_the_fusers(device, monkeypatch):
+    from ember.backends.fusion.elementwise import ElementwiseFuser
+
+    offered = []
+    fuse = ElementwiseFuser.fuse
+    monkeypatch.setattr(
+        ElementwiseFuser, "fuse", lambda self, r: (offered.append(r), fuse(self, r))
+    )
+    for n in (3, 8, 1, 64):  # 1: unit dims change the key, so it explores its own plan
+        clear_plans()
+        reset_stats()
+        fresh = _norm_step(device, n)
+        assert stats()["explorations"] > 0 and offered
+        offered.clear()
+        reset_stats()
+        for m in (n, n + 5) if n > 1 else (n,):
+            got = _norm_step(device, m)
+            counts = stats()
+            assert offered == [] and counts["explorations"] == 0 and counts["kernels"] > 0
+            clear_plans()
+            expected = _norm_step(device, m)  # explored from scratch
+            np.testing.assert_array_equal(got, expected)
+            if m == n:
+                np.testing.assert_array_equal(got, fresh)
+            _norm_step(device, n)  # the templates again, for the next size
+            offered.clear()
+            reset_stats()
+
+
+def test_a_template_whose_sizes_disagree_falls_back_to_the_fusers(device):
+    clear_plans()
+
+    def step(a: int, b: int) -> tuple:
+        x = Tensor.from_data(np.ones((a, 3), np.float32), device)
+        y = Tensor.from_data(np.full((b, 3), 2.0, np.float32), device)
+        p, q = x * 2.0 + 1.0, y * 3.0 + 1.0  # one flush runs both
+        return p.tolist(), q.tolist()
+
+    reset_stats()
+    step(2, 2)
+    assert stats()["kernels"] == 1 and stats()["fused_ops"] == 4  # one block of four records
+    reset_stats()
+    got = step(2, 4)  # same key; the two chains no longer share a block shape
+    assert stats()["explorations"] == 1
+    assert got == ([[3.0] * 3] * 2, [[7.0] * 3] * 4)
+
+
 def test_each_thread_has_its_own_stream(device):
     results = {}
 

@@ -165,6 +165,73 @@ class ElementwiseFuser:
         )
         return Fused(block, tuple(inputs), tuple(out_slots))
 
+    def template(self, fused: Fused) -> Template:
+        """``fused`` (this fuser's :meth:`finish` of its records) in relative form."""
+        rank = len(self.shape)
+        return Template(fused, self.records, rank, None if self.axis is None else rank + self.axis)
+
 
 def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
     return (1,) * (rank - len(shape)) + shape
+
+
+class Template:
+    """A block in relative form: what :meth:`ElementwiseFuser.finish` made for a segment,
+    with every slot named by its position in the segment (record, input or output index)
+    rather than its id, and without sizes. A stream with the same plan key (same ops,
+    sources, dtypes, ranks, unit dims, reduced axes and readable outputs) gives the same
+    block but for the sizes, so a plan-cache hit binds it (:meth:`bind`) instead of
+    running the fuser again.
+    """
+
+    __slots__ = ("axis", "body", "inputs", "out_positions", "outputs", "rank")
+
+    def __init__(self, fused: Fused, records: list[Record], rank: int, axis: int | None) -> None:
+        where: dict[int, tuple[int, int]] = {}  # slot id -> (record offset, input index)
+        for j, record in enumerate(records):
+            for k, s in enumerate(record.inputs):
+                where.setdefault(s.id, (j, k))
+        self.rank = rank
+        self.axis = axis
+        self.inputs = tuple(where[s.id] for s in fused.inputs)
+        # per record: (op name, argument registers, the fixed attrs of a reduction or None)
+        self.body = tuple(
+            (i.op, i.args, i.attrs if i.op in REDUCTIONS else None) for i in fused.block.body
+        )
+        self.outputs = fused.block.outputs
+        first = len(fused.inputs)
+        self.out_positions = tuple(r - first for r in fused.block.outputs)  # record offsets
+
+    def bind(self, records: list[Record]) -> Fused | None:
+        """The block for ``records`` (a segment with this template's plan key), or None
+        when their sizes do not agree on one block shape (the fuser would not take them)."""
+        rank = self.rank
+        shape = [1] * rank
+        # Most slots of a block share a few shapes: check each distinct one once.
+        distinct = {s.shape for r in records for s in r.inputs} | {
+            s.shape for r in records for s in r.outputs
+        }
+        for slot_shape in distinct:
+            offset = rank - len(slot_shape)
+            for d, size in enumerate(slot_shape):
+                if size != 1:
+                    have = shape[offset + d]
+                    if have == 1:
+                        shape[offset + d] = size
+                    elif have != size:
+                        return None
+        inputs = tuple(records[j].inputs[k] for j, k in self.inputs)
+        body = []
+        for record, (op, args, fixed) in zip(records, self.body, strict=True):
+            out = record.outputs[0]
+            attrs = fixed if fixed is not None else tuple(record.args[len(record.op.inputs) :])
+            body.append(Instr(op, args, attrs, _pad(out.shape, rank), out.dtype))
+        block = Block(
+            shape=tuple(shape),
+            inputs=tuple(Input(_pad(s.shape, rank), s.dtype) for s in inputs),
+            body=tuple(body),
+            outputs=self.outputs,
+            axis=self.axis,
+        )
+        outs = tuple(records[j].outputs[0] for j in self.out_positions)
+        return Fused(block, inputs, outs)

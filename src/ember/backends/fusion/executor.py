@@ -130,12 +130,7 @@ class Executor:
             for record in records:
                 run_record(self.inner, record)
             return
-        with self._planning:
-            try:
-                segments = self._blocks(records)
-            finally:
-                for fuser in self.explorer.fusers:
-                    fuser.reset()  # the records (and so the values) they held can go
+        segments = self._blocks(records)
         for start, length, fused in segments:
             if fused is None:
                 counters.add("unfused_ops")
@@ -144,32 +139,69 @@ class Executor:
                 self._launch(fused, records[start : start + length])
 
     def _blocks(self, records: list[Record]) -> list:
-        """``(start, length, fused block or None)`` of each segment of the stream's plan."""
+        """``(start, length, fused block or None)`` of each segment of the stream's plan.
+
+        A stream whose plan key was built before binds that build's templates (no fuser
+        runs); otherwise the fusers build each segment of the (cached or explored) plan,
+        and their templates are remembered for the key.
+        """
+        key = self.explorer.key(records)
+        templates = self.explorer.built(key)
+        if templates is not None:
+            segments = _bind(templates, records)
+            if segments is not None:
+                counters.add("cache_hits")
+                return segments
+        with self._planning:
+            try:
+                return self._fuse(records, key)
+            finally:
+                for fuser in self.explorer.fusers:
+                    fuser.reset()  # the records (and so the values) they held can go
+
+    def _fuse(self, records: list[Record], key: tuple) -> list:
         last_read = {}
         for i, record in enumerate(records):
             for s in record.inputs:
                 last_read[s.id] = i
+        templates: list = []
+        complete = True
 
         def build(plan) -> list | None:
+            nonlocal complete
             segments = []
+            templates.clear()
+            complete = True
             for segment in plan:
                 if segment.fuser is None:
                     segments.append((segment.start, 1, None))
+                    templates.append((segment.start, 1, None))
                     continue
                 fuser = self.explorer.fuser_for(segment, records)
                 if len(fuser) != segment.length:
                     return None  # a cached plan that does not fit this stream
                 end = segment.start + segment.length
+                # Which outputs to write depends only on the key (its sources and readable
+                # outputs), so a template may keep the decision.
                 keep = {
                     o.id
                     for r in records[segment.start : end]
                     for o in r.outputs
                     if last_read.get(o.id, -1) >= end or o.readable()
                 }
-                segments.append((segment.start, segment.length, fuser.finish(keep)))
+                fused = fuser.finish(keep)
+                segments.append((segment.start, segment.length, fused))
+                make = getattr(fuser, "template", None)
+                if make is None:
+                    complete = False  # a fuser without templates: every stream fuses anew
+                else:
+                    templates.append((segment.start, segment.length, make(fused)))
             return segments
 
-        return self.explorer.build(records, build)
+        segments = self.explorer.build(records, build, key)
+        if complete:
+            self.explorer.remember(key, tuple(templates))
+        return segments
 
     def _launch(self, fused, records: list[Record]) -> None:
         block = fused.block
@@ -200,6 +232,21 @@ class Executor:
             print(f"[ember.fusion] block of {n_records} ops ({ops}) shape {list(block.shape)} "
                   f"{len(block.inputs)} in / {len(block.outputs)} out, "
                   f"{(time.perf_counter() - started) * 1e3:.3f} ms", file=sys.stderr)  # fmt: skip
+
+
+def _bind(templates: tuple, records: list[Record]) -> list | None:
+    """The segments of ``records`` from a build's templates, or None when a block's sizes
+    do not fit (the fusers then decide)."""
+    segments = []
+    for start, length, template in templates:
+        if template is None:
+            segments.append((start, 1, None))
+            continue
+        fused = template.bind(records[start : start + length])
+        if fused is None:
+            return None
+        segments.append((start, length, fused))
+    return segments
 
 
 class Recycler:

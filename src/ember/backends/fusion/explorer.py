@@ -46,6 +46,7 @@ class Segment:
 
 
 _plans: dict[tuple, tuple[Segment, ...]] = {}
+_built: dict[tuple, object] = {}  # plan key -> what a caller built from the plan, size-free
 _plans_lock = threading.Lock()
 
 
@@ -53,6 +54,7 @@ def clear_plans() -> None:
     """Empties the plan cache."""
     with _plans_lock:
         _plans.clear()
+        _built.clear()
 
 
 class Explorer:
@@ -62,6 +64,25 @@ class Explorer:
         self.fusers = fusers
         self.names = tuple(f.name for f in fusers)
 
+    def key(self, records: list[Record]) -> tuple:
+        """The stream's plan key: the fusers' names and the relativized stream."""
+        return (self.names, relativize(records))
+
+    @staticmethod
+    def built(key: tuple) -> object | None:
+        """What :meth:`remember` stored for ``key`` (None when nothing is)."""
+        return _built.get(key)
+
+    @staticmethod
+    def remember(key: tuple, value: object) -> None:
+        """Stores, for a plan key, a caller's size-free form of what it built from the plan
+        (the executor's block templates), so a later stream with that key skips the fusers.
+        It must depend on nothing the key leaves out."""
+        with _plans_lock:
+            if len(_built) >= MAX_PLANS:
+                _built.clear()
+            _built[key] = value
+
     def plan(self, records: list[Record]) -> tuple[Segment, ...]:
         key = (self.names, relativize(records))
         plan = _plans.get(key)
@@ -70,12 +91,19 @@ class Explorer:
             return plan
         return self._explore(key, records)
 
-    def build(self, records: list[Record], build: Callable[[tuple[Segment, ...]], T | None]) -> T:
+    def build(
+        self,
+        records: list[Record],
+        build: Callable[[tuple[Segment, ...]], T | None],
+        key: tuple | None = None,
+    ) -> T:
         """``build(plan)`` for the stream's plan, where ``build`` fuses each segment (with
         :meth:`fuser_for`) and returns None when a fuser takes fewer records than its
         segment says: a cached plan is checked by building it, so its records are fused
-        once rather than twice, and explored anew when it no longer fits."""
-        key = (self.names, relativize(records))
+        once rather than twice, and explored anew when it no longer fits. ``key`` is the
+        stream's :meth:`key` when the caller has it already."""
+        if key is None:
+            key = self.key(records)
         plan = _plans.get(key)
         if plan is not None:
             built = build(plan)
@@ -139,33 +167,55 @@ class Explorer:
 
 
 def relativize(records: list[Record]) -> tuple:
-    """The stream's pattern: what a plan depends on, without ids or sizes."""
-    made: dict[int, tuple[int, int]] = {}  # slot id -> (record index, output index)
+    """The stream's pattern: what a plan depends on, without ids or sizes.
+
+    It runs on every flush, so it is written for speed: each slot's dtype and unit dims
+    come from a per-shape table, and attributes from a per-op rule (:func:`_attr`).
+    """
+    made: dict[int, tuple[str, int, int]] = {}  # slot id -> ("r", record index, output index)
     outside: dict[int, int] = {}
+    units = _units
     pattern = []
     for i, record in enumerate(records):
         sources = []
         for s in record.inputs:
             origin = made.get(s.id)
             if origin is None:
-                sources.append(("x", outside.setdefault(s.id, len(outside)), _tensor(s)))
+                shape = s.shape
+                unit = units.get(shape)
+                if unit is None:
+                    unit = _unit(shape)
+                n = outside.setdefault(s.id, len(outside))
+                sources.append(("x", n, s.dtype, unit))
             else:
-                sources.append(("r", i - origin[0], origin[1]))
-        attrs = tuple(_attr(record.op, a) for a in record.args[len(record.op.inputs) :])
-        outs = tuple((_tensor(o), o.readable()) for o in record.outputs)
-        pattern.append((record.name, tuple(sources), attrs, outs))
+                sources.append(("r", i - origin[1], origin[2]))
+        op = record.op
+        extra = record.args[len(op.inputs) :]
+        attrs = tuple([_attr(op, a) for a in extra]) if extra else ()
+        outs = []
         for k, o in enumerate(record.outputs):
-            made[o.id] = (i, k)
+            shape = o.shape
+            unit = units.get(shape)
+            if unit is None:
+                unit = _unit(shape)
+            outs.append((o.dtype, unit, o.readable()))
+            made[o.id] = ("r", i, k)
+        pattern.append((record.name, tuple(sources), attrs, tuple(outs)))
     return tuple(pattern)
 
 
-def _tensor(slot) -> tuple:
-    return (slot.dtype.value, tuple(d == 1 for d in slot.shape))
+_units: dict[tuple[int, ...], tuple[bool, ...]] = {}
+
+
+def _unit(shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which dims of ``shape`` are 1 (remembered per shape; the table is bounded)."""
+    if len(_units) >= MAX_PLANS:
+        _units.clear()
+    unit = _units[shape] = tuple([d == 1 for d in shape])
+    return unit
 
 
 def _attr(op: OpDef, value) -> object:
     if op.name in REDUCTIONS or isinstance(value, DType):
-        return value if not isinstance(value, DType) else value.value
-    if value is None or isinstance(value, bool | int | float | str):
-        return type(value).__name__
+        return value
     return type(value).__name__
