@@ -195,19 +195,20 @@ def _unary(op: str, x: str, t: str, d: DType) -> str:
         return f"({t}(1) / ({t}(1) + math.exp(-{x})))"
     if op in _MATH:
         return f"{t}({_MATH[op]}({x}))"
-    if op == "rsqrt":
-        return f"({t}(1) / {t}(math.sqrt({x})))"
-    if op == "recip":
-        return f"({t}(1) / {x})"
-    if op == "is_nan":
-        return f"({x} != {x})"
-    if op == "is_inf":
-        return f"(abs({x}) == np.inf)"
-    if op == "bitwise_not":
-        return f"{t}(~{x})"
-    if op == "not":
-        return f"(not {x})"
+    if op in _UNARY:
+        return _UNARY[op].format(t=t, x=x)
     raise KernelUnsupported(f"numba runtime: op {op!r} is not supported")
+
+
+# The unary ops that are one expression in the result's constructor ``t`` and operand ``x``.
+_UNARY = {
+    "rsqrt": "({t}(1) / {t}(math.sqrt({x})))",
+    "recip": "({t}(1) / {x})",
+    "is_nan": "({x} != {x})",
+    "is_inf": "(abs({x}) == np.inf)",
+    "bitwise_not": "{t}(~{x})",
+    "not": "(not {x})",
+}
 
 
 def _cast(x: str, source: DType, target: DType) -> str:
