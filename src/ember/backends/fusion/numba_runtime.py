@@ -23,10 +23,10 @@ the runtime's :class:`~ember.backends.fusion.buffers.BufferPool`; hand those bac
 the caller runs the block's ops unfused. So does a run where NumPy would raise (an int
 raised to a negative power): the unfused ops then raise NumPy's own error.
 
-**Threads.** Each run uses ``threads`` (the run's argument, else the runtime's, else
-``EMBER_FUSION_THREADS``, else one thread below :data:`PARALLEL_MIN` elements and
-numba's current count of the calling thread, every core by default, above), and leaves
-the calling thread's numba count as it found it.
+**Threads.** Each run uses ``threads`` when the run names it; otherwise one thread below
+:data:`PARALLEL_MIN` elements, and above it the runtime's count (its argument, else
+``EMBER_FUSION_THREADS``, else numba's current count of the calling thread, every core
+by default). A run leaves the calling thread's numba count as it found it.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ class NumbaRuntime:
 
     Args:
         cache: the folder of generated kernels; default :func:`cache_dir`.
-        threads: the thread count of each run unless the run names one.
+        threads: the thread count of each run of at least :data:`PARALLEL_MIN` elements
+            unless the run names one.
         pool: where outputs come from when ``run`` is given no ``out``.
     """
 
@@ -194,9 +195,11 @@ class NumbaRuntime:
         sizes = [math.prod(block.shape[d] for d in dims) for dims in kernel.groups]
         scalars = [_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes)]
         err = np.zeros(1, np.int64)
-        count = threads if threads is not None else self.threads
-        if count is None and math.prod(block.shape) < PARALLEL_MIN:
-            count = 1
+        count = threads
+        if count is None:
+            # Waking other threads for a small block costs more than the block (several
+            # ms on a loaded 2-core machine, where BLAS threads spin too).
+            count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.threads
         previous = None
         if count is not None:
             count = max(1, min(int(count), numba.config.NUMBA_NUM_THREADS))
