@@ -170,7 +170,6 @@ def main() -> None:
     table = []
     reset_stats()
     for threads in args.threads:
-        numba.set_num_threads(threads)
         torch.set_num_threads(threads)
         # pin_threads set EMBER_FUSION_THREADS, which the runtimes read once: set each row's.
         runtime_named("numba").threads = kernel_runtime.threads = threads
@@ -203,8 +202,8 @@ def main() -> None:
           f"{warm[w + ' second']:.3f}"] for w in ("gelu", "softmax", "layer_norm")],
     )  # fmt: skip
 
-    numba.set_num_threads(max(args.threads))
     torch.set_num_threads(max(args.threads))
+    runtime_named("numba").threads = max(args.threads)
     memory = []
     pool = runtime_named("numba").pool
     for (work, impl), fn in peers.items():

@@ -115,7 +115,6 @@ def main() -> None:
         return
     pin_threads(max(args.threads))
 
-    import numba
     import numpy as np
     import torch
 
@@ -150,7 +149,6 @@ def main() -> None:
 
     rows = []
     for threads in args.threads:
-        numba.set_num_threads(threads)
         torch.set_num_threads(threads)
 
         def run(name, inputs, out, t=threads):

@@ -555,20 +555,24 @@ def test_thread_counts_agree(runtime):
     np.testing.assert_array_equal(one, two)
 
 
-@pytest.mark.parametrize("threads", [None, 1, 2])
-@pytest.mark.parametrize("shape", [(4, 8), (128, 1024)])  # below and above PARALLEL_MIN
-def test_a_run_leaves_the_callers_thread_count_as_it_was(runtime, threads, shape):
-    if nr.numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("one numba thread on this machine")
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("shape", [(1, 8), (3, 5), (128, 1024), (5, 40000)])
+def test_every_part_of_a_run_computes_its_tasks(runtime, threads, shape):
+    # (1, 8): one task for two parts; (5, 40000): element-wise tasks split rows in chunks.
     x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
-    nr.numba.set_num_threads(2)
-    try:
-        (y,) = runtime.run(softmax_block(x.shape, 1), [x], threads=threads)
-        assert nr.numba.get_num_threads() == 2
-    finally:
-        nr.numba.set_num_threads(nr.numba.config.NUMBA_NUM_THREADS)
+    (y,) = runtime.run(softmax_block(x.shape, 1), [x], threads=threads)
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+    (g,) = runtime.run(gelu_block(x.shape), [x], threads=threads)
+    one = runtime.run(gelu_block(x.shape), [x], threads=1)[0]
+    np.testing.assert_array_equal(g, one)
+
+
+def test_runs_leave_numbas_thread_pool_alone(runtime):
+    x = np.ones((512, 512), np.float32)
+    runtime.run(gelu_block(x.shape), [x], threads=2)
+    with pytest.raises(ValueError):  # numba's parallel pool never started
+        nr.numba.threading_layer()
 
 
 def test_sizes_are_not_part_of_the_key(runtime):

@@ -25,8 +25,9 @@ raised to a negative power): the unfused ops then raise NumPy's own error.
 
 **Threads.** Each run uses ``threads`` when the run names it; otherwise one thread below
 :data:`PARALLEL_MIN` elements, and above it the runtime's count (its argument, else
-``EMBER_FUSION_THREADS``, else numba's current count of the calling thread, every core
-by default). A run leaves the calling thread's numba count as it found it.
+``EMBER_FUSION_THREADS``, else ``NUMBA_NUM_THREADS``: every core by default). The calling
+thread runs one part of the kernel's tasks and worker threads of the process the others;
+numba's own thread pool and thread count are not used.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,23 +199,14 @@ class NumbaRuntime:
         err = np.zeros(1, np.int64)
         count = threads
         if count is None:
-            # Waking other threads for a small block costs more than the block (several
-            # ms on a loaded 2-core machine, where BLAS threads spin too).
+            # Waking other threads for a small block costs more than the block.
             count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.threads
-        previous = None
-        if count is not None:
-            count = max(1, min(int(count), numba.config.NUMBA_NUM_THREADS))
-            previous = numba.get_num_threads()
-            if count != previous:
-                numba.set_num_threads(count)
-        flat_in = [a.reshape(-1) for a in arrays]
-        flat_out = [o.reshape(-1) for o in outputs]
+        count = max(1, min(int(count or numba.config.NUMBA_NUM_THREADS), _MAX_THREADS))
+        args = ([a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs]
+                + [*scalars, *sizes, _CHUNK, err])  # fmt: skip
         started = time.perf_counter()
-        try:
-            kernel.dispatcher(*flat_in, *flat_out, *scalars, *sizes, _CHUNK, err)
-        finally:
-            if previous is not None and previous != count:
-                numba.set_num_threads(previous)  # the count is numba's, per thread: leave it
+        # The first call compiles (or loads from disk): one part, on this thread.
+        _run_parts(kernel.dispatcher, args, count if kernel.ready else 1)
         if not kernel.ready:
             self._first_call(kernel, time.perf_counter() - started)
         self.stats.launches += 1
@@ -252,6 +245,33 @@ class NumbaRuntime:
         """Hands an output of :meth:`run` back to the pool (nobody may read it or its views
         afterwards); see :meth:`BufferPool.release`."""
         return self.pool.release(array)
+
+
+_MAX_THREADS = os.cpu_count() or 1
+_workers: ThreadPoolExecutor | None = None
+_workers_lock = threading.Lock()
+
+
+def _run_parts(kernel, args: list, parts: int) -> None:
+    """Runs ``kernel`` over ``parts`` slices of its tasks: part 0 on the calling thread,
+    the others on the runtime's worker threads (kernels release the GIL). Idle workers
+    sleep on a queue: a worker spinning between kernels would take a core from BLAS
+    threads, which spin too (measured: 26 times slower steps on 2 cores with numba's
+    OpenMP pool)."""
+    if parts == 1:
+        kernel(*args, 0, 1)
+        return
+    global _workers
+    if _workers is None:
+        with _workers_lock:
+            if _workers is None:
+                _workers = ThreadPoolExecutor(_MAX_THREADS - 1, "ember-fusion")
+    others = [_workers.submit(kernel, *args, part, parts) for part in range(1, parts)]
+    try:
+        kernel(*args, 0, parts)
+    finally:
+        for other in others:
+            other.result()
 
 
 def _numpy_dtype(dtype: DType) -> np.dtype:

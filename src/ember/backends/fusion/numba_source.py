@@ -5,9 +5,13 @@ functions. Its layout follows from ``Block.key()`` only, never from sizes:
 
 * **Canonical dims.** Dims where every array the kernel touches (inputs and outputs) is 1
   are dropped; neighbours where every array is broadcast alike merge into one group. An
-  element-wise block iterates its groups as ``prange`` over (outer positions x chunks of
-  the last group) with a plain inner loop over the chunk; a block with reductions iterates
-  ``prange`` over the positions outside ``Block.axis`` and runs its passes along the axis.
+  element-wise block's tasks are (outer positions x chunks of the last group), each a
+  plain inner loop over its chunk; a block with reductions has a task per position outside
+  ``Block.axis`` and runs its passes along the axis.
+* **Parts.** A kernel runs the tasks of one part: ``part`` of ``parts`` equal contiguous
+  slices of its task range. Kernels release the GIL (``nogil``), and the runtime runs the
+  parts on its own threads, so a kernel compiles without numba's parallel transform (much
+  faster) and no thread spins between kernels.
 * **Arrays** arrive flattened and C-contiguous, indexed with unsigned ints (a signed index
   costs a negative-index check per access that stops LLVM from vectorizing); an array's element stride in a group is 0
   where it is broadcast, so the index of every array is ``base + j * stride`` with the
@@ -282,7 +286,6 @@ import math
 
 import numba
 import numpy as np
-from numba import prange
 
 from ember.backends.fusion.numba_math import (
     fast_erf_f32, fast_exp_f32, fast_log_f32, fast_sigmoid_f32, fast_tanh_f32, frem, idiv,
@@ -303,10 +306,11 @@ class _Writer:
 def generate(block: ir.Block) -> str:
     """The source of a module whose ``kernel`` computes ``block`` (see the module doc).
 
-    ``kernel(*inputs, *outputs, *scalars, *sizes, chunk, err)``: flat C-contiguous arrays,
-    the scalars cast to :func:`scalar_dtypes`, the size of each group of :func:`layout`,
-    the inner chunk length (element-wise blocks) and a 1-element int64 array the kernel
-    sets to 1 when NumPy would have raised (an int raised to a negative power).
+    ``kernel(*inputs, *outputs, *scalars, *sizes, chunk, err, part, parts)``: flat
+    C-contiguous arrays, the scalars cast to :func:`scalar_dtypes`, the size of each group
+    of :func:`layout`, the inner chunk length (element-wise blocks), a 1-element int64 array
+    the kernel sets to 1 when NumPy would have raised (an int raised to a negative power),
+    and which of ``parts`` slices of the tasks to run.
     """
     check(block)
     lay = layout(block)
@@ -315,7 +319,7 @@ def generate(block: ir.Block) -> str:
     n_in, n_out, n_sc = len(block.inputs), len(block.outputs), len(block.scalars())
     params = ([f"in{i}" for i in range(n_in)] + [f"out{o}" for o in range(n_out)]
               + [f"s{s}" for s in range(n_sc)] + [f"n{g}" for g in range(len(lay.groups))]
-              + ["chunk", "err"])  # fmt: skip
+              + ["chunk", "err", "part", "parts"])  # fmt: skip
     if block.axis is None:
         _elementwise(block, lay, w, params)
     else:
@@ -341,7 +345,7 @@ def _positions(lay: Layout, w: _Writer, indent: int, var: str, names: list[str],
     groups other than ``skip``, default the inner one)."""
     skip = (lay.inner,) if skip is None else skip
     outer = [g for g in range(len(lay.groups)) if g not in skip]
-    rest = var  # fresh names at each step: numba refuses writes to a prange index's alias
+    rest = var  # fresh names at each step: one name per value keeps the loop easy to vectorize
     for g in reversed(outer):
         if g == outer[0]:
             w(indent, f"i{g} = {rest}")
@@ -365,7 +369,7 @@ def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) ->
     ]
     w(
         0,
-        f"@numba.njit(parallel=True, fastmath={_flags(ELEMENTWISE_FLAGS)}, error_model='numpy', cache=True)",
+        f"@numba.njit(nogil=True, fastmath={_flags(ELEMENTWISE_FLAGS)}, error_model='numpy', cache=True)",
     )
     w(0, f"def kernel({', '.join(params)}):")
     _strides(lay, w, names)
@@ -373,7 +377,7 @@ def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) ->
     inner = f"n{lay.inner}" if lay.groups else "1"
     w(1, f"nchunk = ({inner} + chunk - 1) // chunk")
     w(1, f"tasks = {' * '.join([*outer, 'nchunk'])}")
-    w(1, "for task in prange(tasks):")
+    w(1, "for task in range(tasks * part // parts, tasks * (part + 1) // parts):")
     w(2, "row = task // nchunk")
     w(2, "start = (task - row * nchunk) * chunk")
     w(2, f"stop = min(start + chunk, {inner})")
@@ -429,10 +433,9 @@ def variance_pairs(block: ir.Block) -> dict[int, tuple[int, int]]:
 def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> None:
     """A kernel with reductions along ``block.axis`` (see the module doc).
 
-    Row mode (the axis is the last group): ``prange`` over the positions outside the axis,
-    registers constant along the axis are scalars. Lane mode (groups follow the axis): the
-    last group is cut into :data:`LANES`-wide chunks and ``prange`` runs over (the other
-    positions x chunks); each loop along the axis walks the chunk innermost, and registers
+    Row mode (the axis is the last group): a task per position outside the axis, registers
+    constant along the axis are scalars. Lane mode (groups follow the axis): the last group
+    is cut into :data:`LANES`-wide chunks, a task per (other position x chunk); each loop along the axis walks the chunk innermost, and registers
     constant along the axis (accumulators included) are arrays over the chunk.
     """
     n_in = len(block.inputs)
@@ -643,7 +646,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     w(0, "")
     w(
         0,
-        f"@numba.njit(parallel=True, fastmath={_flags(REDUCTION_FLAGS)}, error_model='numpy', cache=True)",
+        f"@numba.njit(nogil=True, fastmath={_flags(REDUCTION_FLAGS)}, error_model='numpy', cache=True)",
     )
     w(0, f"def kernel({', '.join(params)}):")
     _strides(lay, w, names)
@@ -651,12 +654,14 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     outer = [f"n{g}" for g in range(len(lay.groups)) if g not in skip]
     if lanes:
         w(1, f"nchunk = (n{last} + {LANES} - 1) // {LANES}")
-        w(1, f"for task in prange({' * '.join([*outer, 'nchunk'])}):")
+        w(1, f"tasks = {' * '.join([*outer, 'nchunk'])}")
+        w(1, "for task in range(tasks * part // parts, tasks * (part + 1) // parts):")
         w(2, "pos = task // nchunk")
         w(2, f"start = (task - pos * nchunk) * {LANES}")
         w(2, f"width = min(start + {LANES}, n{last}) - start")
     else:
-        w(1, f"for pos in prange({' * '.join(outer) if outer else '1'}):")
+        w(1, f"tasks = {' * '.join(outer) if outer else '1'}")
+        w(1, "for pos in range(tasks * part // parts, tasks * (part + 1) // parts):")
     _positions(lay, w, 2, "pos", names, skip)
     w.lines.extend(body)
 
