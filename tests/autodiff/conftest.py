@@ -3,6 +3,7 @@ CPU and, where torch sees a GPU, on CUDA."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ AUTODIFF_BACKENDS = {
     "autodiff-ndarray": lambda: ember.device("ndarray").autodiff(),
     "autodiff-torch": lambda: ember.device("torch").autodiff(),
     "autodiff-fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter").autodiff(),
+    # Compiles some 500 kernels (minutes on 2 cores): run when EMBER_TEST_AUTODIFF names it.
+    "autodiff-fusion-numba": lambda: ember.device("ndarray").fusion(runtime="numba").autodiff(),
     "autodiff-torch-cuda": lambda: _cuda_device().autodiff(),
 }
 
@@ -30,6 +33,13 @@ def _cuda_device() -> ember.Device:
     return ember.device("torch", "cuda:0")
 
 
-@pytest.fixture(params=list(AUTODIFF_BACKENDS))
+def _selected() -> list[str]:
+    wanted = os.environ.get("EMBER_TEST_AUTODIFF")
+    if wanted:
+        return [b.strip() for b in wanted.split(",")]
+    return [b for b in AUTODIFF_BACKENDS if b != "autodiff-fusion-numba"]
+
+
+@pytest.fixture(params=_selected())
 def device(request) -> ember.Device:
     return AUTODIFF_BACKENDS[request.param]()

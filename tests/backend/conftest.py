@@ -26,8 +26,18 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     "fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter"),
     "autodiff-fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter").autodiff(),
     "fusion-torch": lambda: ember.device("torch").fusion(runtime="interpreter"),
+    # The same through compiled kernels (ember[jit]).
+    "fusion-numba": lambda: _numba_fusion(),
     "torch-cuda": lambda: _cuda_device(),
 }
+
+
+def _numba_fusion() -> ember.Device:
+    from ember.backends.fusion import numba_runtime
+
+    if not numba_runtime.available():
+        pytest.skip("numba is not installed: the fusion-numba cases need ember[jit]")
+    return ember.device("ndarray").fusion(runtime="numba")
 
 
 def _cuda_device() -> ember.Device:

@@ -333,6 +333,24 @@ def layer_norm_block(shape, dtype=F32):
     return ir.Block(shape, inputs, body, (11, 3), axis)
 
 
+@pytest.mark.parametrize("shape, axis", [((6, 50), 1), ((50, 6), 0)])  # row and lane modes
+def test_a_pass_reading_many_scalars(runtime, shape, axis):
+    # 30 scalar adds before a softmax: the helpers of its passes take more arguments than
+    # a call numba can inline (CPython passes them as *args).
+    body = [I("add_scalar", (k,), (0.25 * k,), shape, F32) for k in range(30)]
+    soft = softmax_block(shape, axis)
+    n = len(body)
+    for instr in soft.body:
+        body.append(I(instr.op, tuple(a + n for a in instr.args), instr.attrs, instr.shape,
+                      instr.dtype))  # fmt: skip
+    block = ir.Block(shape, soft.inputs, tuple(body), (len(body),), axis)
+    x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+    (got,) = runtime.run(block, [x])
+    x64 = x.astype(np.float64) + sum(0.25 * k for k in range(30))
+    e = np.exp(x64 - x64.max(axis, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 def test_gelu(runtime):
     x = np.random.default_rng(1).standard_normal((64, 300)).astype(np.float32) * 4
     (got,) = runtime.run(gelu_block(x.shape), [x])

@@ -395,6 +395,10 @@ def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) ->
         w(3, f"out{o}[np.uintp(b_out{o}{step})] = r{r}")
 
 
+_MAX_CALL_ARGS = 24
+"""Helpers taking more parameters than this take them as one tuple (see ``helper`` in
+:func:`_reduction`)."""
+
 LANES = 256
 """Positions after the axis that a reduction kernel over a non-last axis carries side by
 side: its accumulators are arrays of this length (they stay in L1) and its inner loop walks
@@ -488,16 +492,25 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
         defined = set(regs)
         reads = sorted({a for r in regs for a in instr_of[r].args if a not in defined})
         scalars = [s for r in regs for s in scalar_names[r]]
+        taken = [*(f"r{a}" for a in reads), *scalars, "err"]
+        passed = [*(name(a) for a in reads), *scalars, "err"]
         hw = _Writer()
         hw(0, "@numba.njit(inline='always', error_model='numpy')")
-        hw(0, f"def {fname}({', '.join([*(f'r{a}' for a in reads), *scalars, 'err'])}):")
+        if len(taken) > _MAX_CALL_ARGS:
+            # CPython compiles a call of more arguments as a call with *args, which numba
+            # cannot inline: the arguments travel as one tuple instead.
+            hw(0, f"def {fname}(packed):")
+            hw(1, f"{', '.join(taken)}, = packed")
+            passed = [f"({', '.join(passed)},)"]
+        else:
+            hw(0, f"def {fname}({', '.join(taken)}):")
         for r in regs:
             names = iter(scalar_names[r])
             expr = _instr_expr(block, instr_of[r], lambda a: f"r{a}", names.__next__)
             hw(1, f"r{r} = {expr}")
         hw(1, f"return ({', '.join(results)},)")
         helpers.append("\n".join(hw.lines))
-        return f"{fname}({', '.join([*(name(a) for a in reads), *scalars, 'err'])})"
+        return f"{fname}({', '.join(passed)})"
 
     names = [f"in{i}" for i in range(n_in)] + [f"out{o}" for o in range(len(block.outputs))]
     body: list[str] = []  # the kernel's loop body, written after the helpers
