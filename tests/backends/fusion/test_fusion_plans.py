@@ -223,3 +223,14 @@ def test_the_store_off_reads_and_writes_nothing(store, device, monkeypatch):
     monkeypatch.setenv("EMBER_FUSION_PLANS", "0")
     _step(device)
     assert _entries(store) == []
+
+
+@pytest.mark.parametrize("env", [{"EMBER_FUSION_CACHE": "/x/y"}, {"XDG_CACHE_HOME": "/z"}, {}])
+def test_plans_live_in_the_kernels_cache_folder(env, monkeypatch):
+    numba_runtime = pytest.importorskip("ember.backends.fusion.numba_runtime")
+    for name in ("EMBER_FUSION_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert plans.cache_root() == numba_runtime.cache_dir()
+    assert plans.folder().parent == numba_runtime.cache_dir() / "plans"

@@ -110,9 +110,19 @@ def version() -> str:
 
 def folder() -> Path:
     """This version's folder in the fusion cache folder."""
-    from ember.backends.fusion.numba_runtime import cache_dir
+    return cache_root() / "plans" / version()
 
-    return cache_dir() / "plans" / version()
+
+def cache_root() -> Path:
+    """The fusion cache folder, as ``numba_runtime.cache_dir()`` finds it (repeated here
+    because importing that module imports numba, which the interpreter runtime never needs;
+    a test holds the two equal): ``EMBER_FUSION_CACHE``, else
+    ``$XDG_CACHE_HOME/ember/fusion`` (``~/.cache/ember/fusion``)."""
+    configured = os.environ.get("EMBER_FUSION_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ember" / "fusion"
 
 
 def canonical(key: tuple) -> str | None:
