@@ -220,9 +220,22 @@ def test_state_errors_name_what_is_wrong():
 
 
 def test_the_store_off_reads_and_writes_nothing(store, device, monkeypatch):
+    _step(device)
+    (entry,) = _entries(store)
+    entry.unlink()
     monkeypatch.setenv("EMBER_FUSION_PLANS", "0")
+    clear_plans(on_disk=False)
     _step(device)
     assert _entries(store) == []
+    monkeypatch.delenv("EMBER_FUSION_PLANS")
+    clear_plans(on_disk=False)
+    _step(device)  # written again, now that the store is on
+    monkeypatch.setenv("EMBER_FUSION_PLANS", "0")
+    clear_plans(on_disk=False)
+    reset_stats()
+    loaded = plans.stats()["loaded"]
+    _step(device)
+    assert stats()["explorations"] == 1 and plans.stats()["loaded"] == loaded
 
 
 @pytest.mark.parametrize("env", [{"EMBER_FUSION_CACHE": "/x/y"}, {"XDG_CACHE_HOME": "/z"}, {}])

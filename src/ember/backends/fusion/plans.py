@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ember.atomic import atomic_write
 from ember.backends.fusion.elementwise import Template
-from ember.backends.fusion.explorer import Segment, plan_from_state, plan_to_state
+from ember.backends.fusion.explorer import MAX_PLANS, Segment, plan_from_state, plan_to_state
 from ember.backends.fusion.ir import StateError
 from ember.tensor.dtype import DType
 
@@ -87,8 +87,9 @@ class Stored:
 
 
 def enabled() -> bool:
-    """Whether the store is on (``EMBER_FUSION_PLANS`` is not ``0``)."""
-    return os.environ.get("EMBER_FUSION_PLANS", "1").strip() != "0"
+    """Whether the store is on: ``EMBER_FUSION_PLANS`` is not ``0``, and the sources that
+    version entries can be read (an install without them has no store)."""
+    return os.environ.get("EMBER_FUSION_PLANS", "1").strip() != "0" and version() is not None
 
 
 def stats() -> dict[str, int]:
@@ -99,12 +100,16 @@ def stats() -> dict[str, int]:
 
 
 @functools.cache
-def version() -> str:
-    """A digest of the sources that make plans: another version's entries are never read."""
+def version() -> str | None:
+    """A digest of the sources that make plans (another version's entries are never read),
+    or None when they cannot be read."""
     root = Path(__file__).resolve().parents[2]  # the ember package
     digest = hashlib.sha256()
-    for parts in _SOURCES:
-        digest.update(root.joinpath(*parts).read_bytes())
+    try:
+        for parts in _SOURCES:
+            digest.update(root.joinpath(*parts).read_bytes())
+    except OSError:
+        return None
     return f"v{FORMAT}-{digest.hexdigest()[:16]}"
 
 
@@ -242,7 +247,7 @@ def forget(on_disk: bool = True) -> None:
 
 
 def _remember(text: str) -> None:
-    if len(_known) >= 4096:
+    if len(_known) >= MAX_PLANS:
         _known.clear()
     _known.add(text)
 
