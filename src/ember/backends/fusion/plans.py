@@ -134,20 +134,15 @@ def canonical(key: tuple) -> str | None:
     """The key as canonical JSON (tuples as lists, dtypes as ``{"dtype": name}``), or None
     when it holds something else (such a key is not stored)."""
     try:
-        return json.dumps(_plain(key), separators=(",", ":"))
-    except TypeError:
+        return json.dumps(key, separators=(",", ":"), default=_dtype, allow_nan=False)
+    except (TypeError, ValueError):
         return None
 
 
-def _plain(value: object) -> object:
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return [_plain(v) for v in value]
-    if kind is str or kind is int or kind is bool or value is None:
-        return value
-    if kind is DType:
+def _dtype(value: object) -> dict:
+    if type(value) is DType:
         return {"dtype": value.value}
-    raise TypeError(kind.__name__)
+    raise TypeError(type(value).__name__)
 
 
 def _path(text: str) -> Path:
