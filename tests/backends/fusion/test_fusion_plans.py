@@ -121,6 +121,24 @@ def test_a_new_process_with_the_same_cache_explores_and_compiles_nothing(tmp_pat
     assert off["plans"] == {"loaded": 0, "ignored": 0, "written": 0}
 
 
+def test_processes_writing_the_same_plans_at_once_leave_valid_entries(tmp_path):
+    environ = {**os.environ, "EMBER_FUSION_CACHE": str(tmp_path), "PYTHONPATH": ":".join(sys.path),
+               "EMBER_FUSION_RUNTIME": "interpreter", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    environ.pop("EMBER_FUSION_PLANS", None)
+    writers = [subprocess.Popen([sys.executable, "-c", _SCRIPT], env=environ, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for _ in range(3)]  # fmt: skip
+    outs = [json.loads(w.communicate(timeout=300)[0].strip().splitlines()[-1]) for w in writers]
+    # Each plan was explored, or loaded from a writer that was quicker; none was unreadable.
+    planned = {o["stats"]["explorations"] + o["plans"]["loaded"] for o in outs}
+    assert len(planned) == 1 and planned.pop() > 0
+    assert all(o["plans"]["ignored"] == 0 and o["results"] == outs[0]["results"] for o in outs)
+    assert not list(tmp_path.rglob("*.tmp"))  # no temporaries left behind
+    reader = _run(tmp_path, EMBER_FUSION_RUNTIME="interpreter")
+    assert reader["stats"]["explorations"] == 0 and reader["plans"]["ignored"] == 0
+    assert reader["results"] == outs[0]["results"]
+
+
 def _tamper(entry: Path, change) -> None:
     data = json.loads(entry.read_text())
     change(data)
