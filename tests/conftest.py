@@ -19,3 +19,6 @@ def pytest_configure(config) -> None:
         import tempfile
 
         os.environ["EMBER_FUSION_CACHE"] = tempfile.mkdtemp(prefix="ember-fusion-kernels-")
+    # Writing each explored plan to disk costs an fsync; tests/backends/fusion/
+    # test_fusion_plans.py turns the store on where it is under test.
+    os.environ.setdefault("EMBER_FUSION_PLANS", "0")

@@ -23,10 +23,11 @@ Example:
 
 from __future__ import annotations
 
+from ember.backend.ops import OPS
 from ember.backends.fusion.fuser import Fused, Properties, Status
 from ember.backends.fusion.handle import Slot
-from ember.backends.fusion.ir import REDUCTIONS, Block, Input, Instr
-from ember.backends.fusion.stream import Record
+from ember.backends.fusion.ir import REDUCTIONS, Block, Input, Instr, StateError
+from ember.backends.fusion.stream import MAX_RECORDS, Record
 from ember.tensor.dtype import DType
 
 GROUPS = frozenset({"binary", "scalar", "unary", "compare", "select"})
@@ -34,6 +35,10 @@ GROUPS = frozenset({"binary", "scalar", "unary", "compare", "select"})
 
 NUMPY_DTYPES = frozenset(d for d in DType if d.name not in ("BF16",))
 """Dtypes a NumPy array (so a runtime) can hold."""
+
+
+MAX_RANK = 64
+"""The highest block rank a stored template may claim."""
 
 
 def elementwise(record: Record) -> bool:
@@ -202,6 +207,104 @@ class Template:
         first = len(fused.inputs)
         self.out_positions = tuple(r - first for r in fused.block.outputs)  # record offsets
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Template):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # mutable slots: equal templates need not hash alike
+
+    def _fields(self) -> tuple:
+        return (self.rank, self.axis, self.inputs, self.body, self.outputs)
+
+    def to_state(self) -> dict:
+        """The template as plain data (ints, strings, lists; ops by table name)."""
+        return {
+            "rank": self.rank,
+            "axis": self.axis,
+            "inputs": [list(p) for p in self.inputs],
+            "body": [
+                [op, list(args), None if fixed is None else list(fixed)]
+                for op, args, fixed in self.body
+            ],
+            "outputs": list(self.outputs),
+        }
+
+    @classmethod
+    def from_state(cls, state: object) -> Template:
+        """The template :meth:`to_state` made, checked to be one the fuser could have made.
+
+        Everything is checked before anything is built: ``rank`` in ``0 ..`` :data:`MAX_RANK`,
+        each instruction an op of the groups the fuser takes (or a reduction over ``axis``,
+        which then lies in the rank) with the op table's number of operands, each reading
+        only earlier registers; each input names a record and operand whose instruction
+        reads exactly that input's register; outputs are distinct body registers in order.
+        It says nothing about which records the template fits: whoever binds a template
+        from disk compares it with the fuser's own for the records first.
+
+        Raises:
+            StateError: naming what is wrong.
+        """
+        if type(state) is not dict or set(state) != {"rank", "axis", "inputs", "body", "outputs"}:
+            raise StateError("a template is a dict of rank, axis, inputs, body and outputs")
+        rank, axis = state["rank"], state["axis"]
+        if type(rank) is not int or not 0 <= rank <= MAX_RANK:
+            raise StateError(f"template rank {rank!r} is not an int in 0..{MAX_RANK}")
+        if axis is not None and (type(axis) is not int or not 0 <= axis < rank):
+            raise StateError(f"template axis {axis!r} is not a dim of rank {rank}")
+        raw_body, raw_inputs, raw_outputs = state["body"], state["inputs"], state["outputs"]
+        if type(raw_body) is not list or not 1 <= len(raw_body) <= MAX_RECORDS:
+            raise StateError(f"a template body is a list of 1..{MAX_RECORDS} instructions")
+        if type(raw_inputs) is not list or len(raw_inputs) > 3 * len(raw_body):
+            raise StateError("template inputs are a list of at most 3 per instruction")
+        n_inputs = len(raw_inputs)
+        body = []
+        reduces = False
+        for i, entry in enumerate(raw_body):
+            if type(entry) is not list or len(entry) != 3:
+                raise StateError(f"instruction {i} is not [op, args, fixed attrs]")
+            op, args, fixed = entry
+            if type(op) is not str or op not in _TAKEN:
+                raise StateError(f"instruction {i}: {op!r} is no op the fuser takes")
+            arity = len(OPS[op].inputs)
+            if type(args) is not list or len(args) != arity:
+                raise StateError(f"instruction {i}: {op} takes {arity} registers")
+            for a in args:
+                if type(a) is not int or not 0 <= a < n_inputs + i:
+                    raise StateError(f"instruction {i} reads register {a!r}, not an earlier one")
+            if op in REDUCTIONS:
+                if axis is None or fixed != [axis] or type(fixed[0]) is not int:
+                    raise StateError(f"instruction {i}: a reduction's attrs must be [{axis}]")
+                reduces, fixed = True, (axis,)
+            elif fixed is not None:
+                raise StateError(f"instruction {i}: {op} has no fixed attrs")
+            body.append((op, tuple(args), fixed))
+        if reduces != (axis is not None):
+            raise StateError("a template has an axis exactly when it reduces")
+        inputs = []
+        for r, entry in enumerate(raw_inputs):
+            if type(entry) is not list or len(entry) != 2:
+                raise StateError(f"input {r} is not [record, operand]")
+            j, k = entry
+            if type(j) is not int or type(k) is not int or not 0 <= j < len(body):
+                raise StateError(f"input {r} names record {j!r} of {len(body)}")
+            if not 0 <= k < len(body[j][1]) or body[j][1][k] != r:
+                raise StateError(f"input {r}: record {j}'s operand {k!r} is not register {r}")
+            inputs.append((j, k))
+        first, end = n_inputs, n_inputs + len(body)
+        if type(raw_outputs) is not list or not all(type(o) is int for o in raw_outputs):
+            raise StateError("template outputs are a list of registers")
+        if any(not first <= o < end for o in raw_outputs) or raw_outputs != sorted(
+            set(raw_outputs)
+        ):
+            raise StateError(f"template outputs must be distinct registers in {first}..{end - 1}")
+        template = cls.__new__(cls)
+        template.rank, template.axis = rank, axis
+        template.inputs, template.body = tuple(inputs), tuple(body)
+        template.outputs = tuple(raw_outputs)
+        template.out_positions = tuple(o - first for o in raw_outputs)
+        return template
+
     def bind(self, records: list[Record]) -> Fused | None:
         """The block for ``records`` (a segment with this template's plan key), or None
         when their sizes do not agree on one block shape (the fuser would not take them)."""
@@ -235,3 +338,10 @@ class Template:
         )
         outs = tuple(records[j].outputs[0] for j in self.out_positions)
         return Fused(block, inputs, outs)
+
+
+_TAKEN = (
+    frozenset(name for name, op in OPS.items() if op.group in GROUPS or name == "cast") | REDUCTIONS
+)
+"""Op-table names a template's instructions may hold: what :func:`elementwise` takes, and
+the reductions."""

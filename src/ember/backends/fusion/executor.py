@@ -198,9 +198,22 @@ class Executor:
                     templates.append((segment.start, segment.length, make(fused)))
             return segments
 
+        from ember.backends.fusion import plans
+
+        if self.explorer.cached(key) is None:  # an earlier process's plan, from disk?
+            stored = plans.load(key, len(records), len(self.explorer.fusers))
+            if stored is not None:
+                segments = build(stored.plan)
+                # Trusted only when the fusers make exactly its templates from its plan.
+                if segments is not None and complete and tuple(templates) == stored.templates:
+                    self.explorer.adopt(key, stored.plan, tuple(templates))
+                    plans.adopted(key)
+                    return segments
+                plans.ignore(key, "the fusers build other blocks from its plan")
         segments = self.explorer.build(records, build, key)
         if complete:
             self.explorer.remember(key, tuple(templates))
+            plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
     def _launch(self, fused, records: list[Record]) -> None:

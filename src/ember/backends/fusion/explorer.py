@@ -9,6 +9,17 @@ backwards, or the n-th outside value), the kinds of its attributes, the dtypes, 
 unit (broadcast) dims of its tensors, and which outputs the user still holds. Sizes are
 not part of the key, so a training step with a new batch size reuses the plan; a cached
 plan is checked by fusing its segments again (cheap), and explored anew when that fails.
+
+Plans also persist on disk (``plans.py``): a plan-cache miss looks for the key's entry
+there before exploring, so a new process starts warm. **What invalidates a cached plan:**
+in memory, nothing but :func:`clear_plans` and the :data:`MAX_PLANS` bound (a plan that
+stops fitting its stream is explored anew, which replaces it). On disk, an entry is used
+only when its format and version (a digest of the sources that make plans: the op table,
+``ir.py``, the fusers, this explorer, the executor, ``stream.py`` and ``plans.py``)
+match this process's, its full key equals the stream's key (not just its hash), it passes
+validation, and the live fusers, building its plan on the live records, make exactly its
+templates; anything else is ignored and the stream explored anew (which rewrites the entry).
+``EMBER_FUSION_PLANS=0`` turns the disk store off; deleting the cache folder empties it.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from ember.backend.errors import EmberError
 from ember.backend.ops import OpDef
 from ember.backends.fusion import counters
 from ember.backends.fusion.fuser import Fuser, Status
-from ember.backends.fusion.ir import REDUCTIONS
+from ember.backends.fusion.ir import REDUCTIONS, StateError
 from ember.backends.fusion.stream import Record
 from ember.tensor.dtype import DType
 
@@ -50,11 +61,55 @@ _built: dict[tuple, object] = {}  # plan key -> what a caller built from the pla
 _plans_lock = threading.Lock()
 
 
-def clear_plans() -> None:
-    """Empties the plan cache."""
+def clear_plans(on_disk: bool = True) -> None:
+    """Empties the plan cache in memory and, with ``on_disk``, the disk store's entries of
+    this version in the cache folder (see ``plans.py``)."""
+    from ember.backends.fusion import plans
+
     with _plans_lock:
         _plans.clear()
         _built.clear()
+    plans.forget(on_disk)
+
+
+def plan_to_state(plan: tuple[Segment, ...]) -> list[list]:
+    """A plan as plain data: ``[start, length, fuser index or None]`` per segment."""
+    return [[s.start, s.length, s.fuser] for s in plan]
+
+
+def plan_from_state(state: object, records: int, fusers: int) -> tuple[Segment, ...]:
+    """The plan :func:`plan_to_state` made, for a stream of ``records`` records and an
+    explorer of ``fusers`` fusers.
+
+    Raises:
+        StateError: ``state`` is not such a plan: segments must be lists of three ints (the
+            fuser may be None), cover ``0 .. records - 1`` in order without gaps, an
+            unfused segment is one record and a fused one at least :data:`MIN_SCORE`.
+    """
+    if type(state) is not list:
+        raise StateError(f"a plan is a list of segments, not {type(state).__name__}")
+    plan = []
+    start = 0
+    for entry in state:
+        if type(entry) is not list or len(entry) != 3:
+            raise StateError(f"segment {len(plan)} is not [start, length, fuser]")
+        at, length, fuser = entry
+        if type(at) is not int or at != start:
+            raise StateError(f"segment {len(plan)} starts at {at!r}, expected {start}")
+        if type(length) is not int or not 1 <= length <= records - start:
+            raise StateError(f"segment {len(plan)} has length {length!r} of {records - start}")
+        if fuser is None:
+            if length != 1:
+                raise StateError(f"unfused segment {len(plan)} has {length} records, not 1")
+        elif type(fuser) is not int or not 0 <= fuser < fusers:
+            raise StateError(f"segment {len(plan)} names fuser {fuser!r} of {fusers}")
+        elif length < MIN_SCORE:
+            raise StateError(f"fused segment {len(plan)} has {length} records")
+        plan.append(Segment(at, length, fuser))
+        start += length
+    if start != records:
+        raise StateError(f"the plan covers {start} records of {records}")
+    return tuple(plan)
 
 
 class Explorer:
@@ -72,6 +127,22 @@ class Explorer:
     def built(key: tuple) -> object | None:
         """What :meth:`remember` stored for ``key`` (None when nothing is)."""
         return _built.get(key)
+
+    @staticmethod
+    def cached(key: tuple) -> tuple[Segment, ...] | None:
+        """The plan in memory for ``key`` (None when there is none)."""
+        return _plans.get(key)
+
+    @staticmethod
+    def adopt(key: tuple, plan: tuple[Segment, ...], value: object) -> None:
+        """Takes a plan from elsewhere (the disk store) with what the caller built from it,
+        as if it had been explored and :meth:`remember` called: a cache hit."""
+        counters.add("cache_hits")
+        with _plans_lock:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+        Explorer.remember(key, value)
 
     @staticmethod
     def remember(key: tuple, value: object) -> None:

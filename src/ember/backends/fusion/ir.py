@@ -27,9 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ember.backend.errors import EmberError
 from ember.tensor.dtype import DType
 
 REDUCTIONS = frozenset({"sum_dim", "mean_dim", "max_dim", "min_dim", "prod_dim"})
+
+
+class StateError(EmberError, ValueError):
+    """A stored plan or block template (``to_state`` data read back) that does not hold:
+    a wrong type, an index out of range, an unknown op or dtype. Whoever reads such state
+    from disk ignores it and plans anew."""
 
 
 @dataclass(frozen=True)
