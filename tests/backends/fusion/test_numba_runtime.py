@@ -136,6 +136,23 @@ def test_approximation_within_stated_ulp(runtime, name):
         np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
 
 
+def _every_float32(lo: float, hi: float) -> np.ndarray:
+    bits = np.arange(np.float32(lo).view(np.int32), np.float32(hi).view(np.int32) + 1)
+    return bits.astype(np.int32).view(np.float32)
+
+
+def test_erf_at_every_float_near_its_seams(runtime):
+    # the two pieces meet at 0.9375; 3.925 is the clamp; erf is odd to the bit; 1 beyond
+    pos = np.concatenate([_every_float32(0.92, 0.96), _every_float32(3.9, 3.95)])
+    x = np.concatenate([pos, -pos])
+    block = ir.Block(x.shape, (ir.Input(x.shape, F32),), (I("erf", (0,), (), x.shape, F32),), (1,))
+    (got,) = runtime.run(block, [x])
+    want = np.vectorize(math.erf)(x.astype(np.float64))
+    assert ulp_error(got, want).max() <= numba_math.MAX_ULP["erf"]
+    np.testing.assert_array_equal(got[pos.size :], -got[: pos.size])
+    np.testing.assert_array_equal(got[np.abs(x) > 3.925], np.sign(x[np.abs(x) > 3.925]))
+
+
 def test_ulp_error_measures_float32_spacing():
     want = np.array([1.0, 1.5, 0.75, 2.0**-130, 0.0, -3.0])
     got = np.array([1.0 + 2.0**-23, 1.5, 0.75 - 2.0**-24, 2.0**-130 + 2.0**-148, 2.0**-149, -3.0])
