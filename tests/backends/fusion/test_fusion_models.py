@@ -1,8 +1,9 @@
 """The models of the fusion benchmarks (``benchmarks/nn_step.py``) on fusion devices, at small
 sizes: a training step on ``autodiff(fusion(ndarray))`` gives the gradients of
 ``autodiff(ndarray)``, with element-wise chains fused. Also the recording path's per-thread
-stream lookup (it remembers the last stream), and ops of two fusion devices interleaved. Blocks run on the interpreter
-runtime (exact, nothing to compile)."""
+stream lookup (it remembers the last stream), ops of two fusion devices interleaved, and a
+stream run by the push that fills it (its last record's outputs must be written). Blocks
+run on the interpreter runtime (exact, nothing to compile)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,33 @@ def test_interleaved_ops_of_two_devices_go_to_their_own_streams():
     assert a.tolist() == [10.0, 16.0, 22.0]  # |(|2x| + 1) * 3| + 1
     assert b.tolist() == [22.0, 34.0, 46.0]  # |(|3x| + 2) * 4| + 2
     assert [r.blocks for r in runtimes] == [1, 1]
+
+
+@pytest.mark.parametrize("limit", [2, 3, 16])
+def test_a_stream_run_at_its_length_limit_writes_the_last_records_outputs(monkeypatch, limit):
+    # The record that fills a stream runs inside its own op call. Its outputs had no
+    # handle yet, so a fused block took them for intermediates nobody reads and wrote
+    # nothing: the transformer step failed when the limit fell on a fused record.
+    from ember.backends.fusion import stream
+
+    monkeypatch.setattr(stream, "MAX_RECORDS", limit)
+    device = ember.device("ndarray").fusion(runtime="interpreter")
+    x = Tensor.from_data([1.0, -2.0, 3.0], device)
+    y = x
+    for _ in range(7):
+        y = (y * 2.0).abs() + 1.0
+    expected = np.array([1.0, -2.0, 3.0])
+    for _ in range(7):
+        expected = np.abs(expected * 2.0) + 1.0
+    assert y.tolist() == expected.tolist()
+
+
+def test_transformer_step_on_fusion_with_a_short_stream_limit(monkeypatch):
+    from ember.backends.fusion import stream
+
+    expected = _step("transformer", ember.device("ndarray").autodiff())
+    monkeypatch.setattr(stream, "MAX_RECORDS", 16)
+    got = _step("transformer", ember.device("ndarray").fusion(runtime="interpreter").autodiff())
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        scale = float(np.abs(e).max())
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * scale, err_msg=f"#{i}")

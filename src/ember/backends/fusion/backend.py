@@ -115,11 +115,12 @@ class Fusion(Decorator):
             if other is not None and other is not stream:
                 other.flush()
         outputs = tuple([Slot(a.shape, a.dtype, device, stream) for a in out_avals])
+        # The handles exist before the record is pushed: a push that fills the stream runs
+        # it, and a fused block writes only the outputs someone can read.
+        handles = tuple([FusionTensor(s) for s in outputs])
         call_args = [slots, *attrs] if spread else [*slots, *attrs]
         stream.push(Record(op, name, call_args, present, outputs, multi))
-        if multi:
-            return tuple([FusionTensor(s) for s in outputs])
-        return FusionTensor(outputs[0])
+        return handles if multi else handles[0]
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
         """Runs ``op`` now, after whatever makes its operands."""
