@@ -7,8 +7,15 @@ Run: ``.venv/bin/python benchmarks/nn_step.py [--threads 1] [--cuda] [--repeat 5
 * an LSTM: d_input 256, d_hidden 256, batch first; input ``[16, 128, 256]``.
 
 Each row is the median time of one step: the forward pass, ``sum()`` of the output, and
-the backward pass to every parameter and the input. ember's layers load the PyTorch
+the backward pass to every parameter and the input, on ``autodiff(ndarray)``,
+``autodiff(fusion(ndarray))`` (ops recorded lazily, element-wise chains of the forward
+and backward passes run as fused numba kernels; the checking step compiles them) and
+``autodiff(torch)``. Each ember step ends with ``device.sync()``, which runs what a fusion
+device still holds, so the lazy work is timed. ember's layers load the PyTorch
 modules' weights through the PyTorch adapter, so both sides compute the same numbers.
+Before timing, each ember row's output is checked against PyTorch's, and so is its
+gradient of the input for the LSTM (the post-norm encoder ends in a layer norm of unit
+gain, whose outputs sum to a constant: its input gradient is rounding noise).
 ``--cuda`` adds the same steps on the GPU (torch autograd vs ember autodiff(torch cuda)).
 """
 
@@ -56,11 +63,13 @@ def main() -> None:
             torch_encoder(),
             lambda: TransformerEncoderConfig(D_MODEL, 1024, 8, 2, dropout=0.0),
             lambda model, x: model(TransformerEncoderInput(x)),
+            False,  # post-norm: sum() of a layer norm's output (unit gain) is a constant
         ),
         "LSTM (256 -> 256, seq 128, batch 16)": (
             torch.nn.LSTM(D_MODEL, D_MODEL, batch_first=True),
             lambda: LstmConfig(D_MODEL, D_MODEL, bias=True),
             lambda model, x: model(x)[0],
+            True,
         ),
     }
 
@@ -91,7 +100,7 @@ def main() -> None:
             device.sync()
             return result
 
-        return step
+        return step, lambda: forward(model, x)
 
     places = [("cpu", "cpu", ember.device("torch"))]
     if args.cuda:
@@ -100,16 +109,33 @@ def main() -> None:
         places.append(("cuda", "cuda", ember.device("torch", "cuda:0")))
 
     print(f"threads={args.threads}  torch={torch.__version__}")
-    for title, (reference, config, forward) in models.items():
+    for title, (reference, config, forward, grad_has_signal) in models.items():
         rows = []
         for label, where, torch_device in places:
-            t_ref = median_seconds(torch_step(reference, where), repeat=args.repeat) * 1e3
+            reference_step = torch_step(reference, where)
+            x_ref = torch.from_numpy(x_host).to(where)
+            with torch.no_grad():
+                out_ref = reference(x_ref)
+            out_ref = (out_ref[0] if isinstance(out_ref, tuple) else out_ref).cpu().numpy()
+            grad_ref = reference_step()[0].detach().cpu().numpy()  # the input's gradient
+            t_ref = median_seconds(reference_step, repeat=args.repeat) * 1e3
             rows.append([f"torch autograd ({label})", f"{t_ref:.2f}", "1.00x"])
             devices = {f"ember autodiff(torch {label})": torch_device.autodiff()}
             if where == "cpu":
-                devices = {"ember autodiff(ndarray)": ember.device("ndarray").autodiff(), **devices}
+                devices = {
+                    "ember autodiff(ndarray)": ember.device("ndarray").autodiff(),
+                    "ember autodiff(fusion(ndarray))": ember.device("ndarray").fusion().autodiff(),
+                    **devices,
+                }
             for name, device in devices.items():
-                step = ember_step(reference, config, forward, device)
+                step, run_forward = ember_step(reference, config, forward, device)
+                np.testing.assert_allclose(run_forward().to_numpy(), out_ref, rtol=1e-3,
+                                           atol=1e-4, err_msg=f"{title}: output on {name}")  # fmt: skip
+                grad = step()[0].to_numpy()
+                if grad_has_signal:
+                    np.testing.assert_allclose(
+                        grad, grad_ref, rtol=1e-3, atol=1e-4 * float(np.abs(grad_ref).max()),
+                        err_msg=f"{title}: input gradient on {name}")  # fmt: skip
                 t = median_seconds(step, repeat=args.repeat) * 1e3
                 rows.append([name, f"{t:.2f}", f"{t / t_ref:.2f}x"])
         print_table(f"{title}: forward + backward, ms", ["impl", "ms", "vs torch"], rows)

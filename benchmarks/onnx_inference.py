@@ -1,4 +1,4 @@
-"""Inference of imported ONNX models: ember on NdArray and on Torch against onnxruntime.
+"""Inference of imported ONNX models: ember (NdArray, fusion(NdArray), Torch) vs onnxruntime.
 
 Run: ``.venv/bin/python benchmarks/onnx_inference.py [--threads 1] [--batch 8] [--seq 128]``
 
@@ -12,11 +12,15 @@ batch) and imported with ``ember.onnx.import_onnx``:
 2. **encoder**: ``torch.nn.TransformerEncoder`` of 2 layers (d_model 256, 4 heads,
    feed-forward 1024, no dropout, batch first) on sequences of ``--seq`` tokens.
 
-Each side runs the forward pass on the CPU with ``--threads`` threads (NumPy's BLAS and
-torch through the environment and ``torch.set_num_threads``; onnxruntime through
-``SessionOptions.intra_op_num_threads``, with one inter-op thread). Outputs are
-checked against onnxruntime's before timing. The median of repeated runs is shown,
-with each side's ratio to onnxruntime (lower is better; 1.0 is parity) and PyTorch
+ember runs each model on ``ndarray``, on ``fusion(ndarray)`` (ops recorded lazily,
+element-wise chains run as fused numba kernels; the checking call compiles them, so
+compilation is not timed) and on ``torch``. Each side runs the forward pass on the CPU
+with ``--threads`` threads (NumPy's BLAS, torch and fused kernels through the environment
+and ``torch.set_num_threads``; onnxruntime through ``SessionOptions.intra_op_num_threads``,
+with one inter-op thread). Outputs are checked against onnxruntime's before timing; each
+timed ember call reads its output (``to_numpy``), which on a fusion device runs the
+recorded stream, so the lazy work is timed. The median of repeated runs is shown, with
+each side's ratio to onnxruntime (lower is better; 1.0 is parity) and PyTorch
 eager for reference.
 """
 
@@ -100,7 +104,11 @@ def main() -> None:
     options.intra_op_num_threads = args.threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    devices = {"ember NdArray": ember.device("ndarray"), "ember Torch": ember.device("torch")}
+    devices = {
+        "ember NdArray": ember.device("ndarray"),
+        "ember fusion(NdArray)": ember.device("ndarray").fusion(),
+        "ember Torch": ember.device("torch"),
+    }
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,7 +140,8 @@ def main() -> None:
                 got = model(inputs).to_numpy()
                 np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4,
                                            err_msg=f"{name} on {side}")  # fmt: skip
-                # to_numpy waits for the result, as session.run does.
+                # to_numpy waits for the result, as session.run does (and on a fusion
+                # device runs the recorded stream, so the lazy work is timed).
                 times[side] = median_seconds(lambda m=model, i=inputs: m(i).to_numpy(),
                                              repeat=args.repeat)  # fmt: skip
             base = times["onnxruntime"]

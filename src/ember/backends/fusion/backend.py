@@ -78,20 +78,26 @@ class Fusion(Decorator):
 
     # ------------------------------------------------------------ the generic path
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
-        if not self.lazy or op.name in EAGER or op.rule is None:
+        # Every op of a model passes here: written for speed (no generators, the op's
+        # argument layout looked up once per primitive).
+        layout = _layouts.get(name)
+        if layout is None:
+            layout = _layout(op, name)
+        n, spread, has_device, eager = layout
+        if eager or not self.lazy:
             return self._eager(op, name, args)
-        n = len(op.inputs)
-        spread = n > 0 and op.inputs[0] == "*tensors"
-        operands = list(args[0]) if spread else list(args[:n])
+        operands = args[0] if spread else args[:n]
         slots = [None if t is None else t.slot for t in operands]
-        attrs = list(args[n:])
+        present = tuple([s for s in slots if s is not None])
+        attrs = args[n:]
         device = None
-        if "device" in op.attrs:
+        if has_device:
+            attrs = list(attrs)
             for i, a in enumerate(attrs):
                 if isinstance(a, Device):
                     attrs[i] = device = self.inner_device(a)
         if device is None:
-            device = next(s.device for s in slots if s is not None)
+            device = present[0].device
         try:
             avals = [None if s is None else AVal(s.shape, s.dtype) for s in slots]
             aval = op.rule(op.name, *avals, *attrs)
@@ -99,19 +105,21 @@ class Fusion(Decorator):
             return self._eager(op, name, args)
         multi = type(aval) is tuple
         out_avals = aval if multi else (aval,)
-        if any(_unknown(a) for a in out_avals):
-            return self._eager(op, name, args)
+        for a in out_avals:
+            if _unknown(a):
+                return self._eager(op, name, args)
 
         stream = stream_for(device, self.executor)
-        for s in slots:  # a value another thread's stream will make: make it now
-            if s is not None and s.stream is not None and s.stream is not stream:
-                s.stream.flush()
-        outputs = tuple(Slot(a.shape, a.dtype, device, stream) for a in out_avals)
-        call_args = [slots] if spread else slots
-        record = Record(op, name, [*call_args, *attrs],
-                        tuple(s for s in slots if s is not None), outputs, multi)  # fmt: skip
-        stream.push(record)
-        handles = tuple(FusionTensor(s) for s in outputs)
+        for s in present:  # a value another thread's stream will make: make it now
+            other = s.stream
+            if other is not None and other is not stream:
+                other.flush()
+        outputs = tuple([Slot(a.shape, a.dtype, device, stream) for a in out_avals])
+        # The handles exist before the record is pushed: a push that fills the stream runs
+        # it, and a fused block writes only the outputs someone can read.
+        handles = tuple([FusionTensor(s) for s in outputs])
+        call_args = [slots, *attrs] if spread else [*slots, *attrs]
+        stream.push(Record(op, name, call_args, present, outputs, multi))
         return handles if multi else handles[0]
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
@@ -191,5 +199,23 @@ class Fusion(Decorator):
         return Device(self, d.place, d.index)
 
 
+_layouts: dict[str, tuple[int, bool, bool, bool]] = {}
+
+
+def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool]:
+    """Primitive ``name``'s argument layout, remembered: its count of tensor operands,
+    whether they come as one list (``cat``), whether an attribute may be a device, and
+    whether the op runs at once."""
+    n = len(op.inputs)
+    layout = _layouts[name] = (
+        n,
+        n > 0 and op.inputs[0] == "*tensors",
+        "device" in op.attrs,
+        op.name in EAGER or op.rule is None,
+    )
+    return layout
+
+
 def _unknown(aval: AVal) -> bool:
-    return any(d < 0 for d in aval.shape) or not isinstance(aval.dtype, DType)
+    shape = aval.shape
+    return (len(shape) > 0 and min(shape) < 0) or not isinstance(aval.dtype, DType)

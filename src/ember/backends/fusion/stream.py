@@ -62,9 +62,9 @@ class Stream:
 
     def push(self, record: Record) -> None:
         with self.lock:
-            self.records.append(record)
-            counters.add("records")
-            if len(self.records) >= MAX_RECORDS:
+            records = self.records
+            records.append(record)
+            if len(records) >= MAX_RECORDS:
                 self._run()
 
     def flush(self) -> None:
@@ -76,6 +76,7 @@ class Stream:
     def _run(self) -> None:
         records, self.records = self.records, []
         counters.add("flushes")
+        counters.add("records", len(records))  # here rather than per push: one lock a run
         try:
             self.execute(records)
         finally:
@@ -98,6 +99,9 @@ def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream
     Each executor (each Fusion backend, with its own runtime) has its own streams: two
     fusion devices over the same inner device never run each other's records.
     """
+    last = getattr(_local, "last", None)  # most ops go to the stream the previous one did
+    if last is not None and last[0] is device and last[1] is execute:
+        return last[2]
     streams = getattr(_local, "streams", None)
     if streams is None:
         streams = _local.streams = {}
@@ -108,6 +112,7 @@ def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream
         with _all_lock:
             _all.add(stream)
         counters.add("streams")
+    _local.last = (device, execute, stream)
     return stream
 
 
