@@ -90,6 +90,11 @@ class ElementwiseFuser:
         n = len(self.records)
         return Properties(score=n, ready=n > 0)
 
+    def might_take(self, record: Record) -> bool:
+        if record.multi:
+            return False
+        return elementwise(record) or (self.reduce and record.op.name in REDUCTIONS)
+
     def fuse(self, record: Record) -> None:
         if self._status is Status.CLOSED:
             return

@@ -145,6 +145,8 @@ class Executor:
         runs); otherwise the fusers build each segment of the (cached or explored) plan,
         and their templates are remembered for the key.
         """
+        if self.explorer.nothing_to_fuse(records):
+            return [(i, 1, None) for i in range(len(records))]
         key = self.explorer.key(records)
         templates = self.explorer.built(key)
         if templates is not None:

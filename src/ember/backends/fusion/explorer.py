@@ -222,6 +222,21 @@ class Explorer:
                 i += score
         return tuple(segments)
 
+    def nothing_to_fuse(self, records: list[Record]) -> bool:
+        """Whether no fuser could take :data:`MIN_SCORE` neighbouring records (judged by
+        their ops alone): then every record runs by itself and the stream needs no plan,
+        so no key either (a stream of matmuls and views, such as an LSTM's)."""
+        run = 0
+        fusers = self.fusers
+        for record in records:
+            if any(f.might_take(record) for f in fusers):
+                run += 1
+                if run >= MIN_SCORE:
+                    return False
+            else:
+                run = 0
+        return True
+
     def fuser_for(self, segment: Segment, records: list[Record]) -> Fuser:
         """The segment's fuser, holding exactly the segment's records."""
         fuser = self.fusers[segment.fuser]

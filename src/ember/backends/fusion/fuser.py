@@ -50,6 +50,10 @@ class Fuser(Protocol):
 
     name: str
 
+    def might_take(self, record: Record) -> bool:
+        """A quick necessary condition of :meth:`fuse` taking ``record`` (by its op alone):
+        where it is False for every fuser, no block can hold the record."""
+
     def fuse(self, record: Record) -> None:
         """Takes ``record`` into the block, or closes (status CLOSED) without taking it."""
 
