@@ -132,6 +132,20 @@ def test_second_identical_step_explores_nothing(device):
     assert counts["explorations"] == 0 and counts["cache_hits"] == 2
 
 
+def test_a_stream_with_nothing_to_fuse_is_not_planned(device):
+    # Matmuls, views and lone element-wise ops between them: no two neighbours fuse.
+    clear_plans()
+    rng = np.random.default_rng(3)
+    a, b = (rng.normal(size=(4, 4)).astype(np.float32) for _ in range(2))
+    reset_stats()
+    x, w = Tensor.from_data(a, device), Tensor.from_data(b, device)
+    got = (x.matmul(w).transpose().exp().matmul(w).reshape([16]) * 2.0).tolist()
+    counts = stats()
+    assert counts["explorations"] == 0 and counts["cache_hits"] == 0
+    assert counts["kernels"] == 0 and counts["unfused_ops"] == 6
+    np.testing.assert_allclose(got, (np.exp((a @ b).T) @ b).reshape(16) * 2.0, rtol=1e-6)
+
+
 def _norm_step(device, n: int, d: int = 6) -> np.ndarray:
     """A layer norm and a softmax over a batch of ``n`` rows (reductions, broadcasts, a
     scalar, several blocks and unfused records)."""
