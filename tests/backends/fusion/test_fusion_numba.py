@@ -79,3 +79,43 @@ def test_a_repeated_step_compiles_nothing(pair):
     step(4)
     step(9)  # other sizes: the same kernel
     assert runtime.stats.compiled == compiled
+
+
+def _train(seed: int, device: ember.Device, steps: int = 4) -> np.ndarray:
+    """A few SGD steps of a GELU layer with a softmax loss on ``device``; blocks of 76,800
+    elements, so each kernel runs in parts on the runtime's worker threads."""
+    rng = np.random.default_rng(seed)
+    x = Tensor.from_data(rng.normal(size=(256, 300)).astype(np.float32), device)
+    w = Tensor.from_data(rng.normal(size=(300, 300)).astype(np.float32) * 0.05, device)
+    for _ in range(steps):
+        w = w.require_grad()
+        loss = activation.log_softmax(activation.gelu(x.matmul(w)), 1).mean()
+        grad = w.grad(loss.backward())
+        w = Tensor.from_inner(w.inner() - grad * 0.5, device)
+    return w.to_numpy()
+
+
+def test_threads_training_at_once_match_one_after_another():
+    import threading
+
+    device = ember.device("ndarray").fusion(runtime="numba").autodiff()
+    alone = [_train(seed, device) for seed in range(3)]
+    together: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            together[seed] = _train(seed, device)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for seed in range(3):
+        np.testing.assert_array_equal(together[seed], alone[seed])
+    unfused = _train(0, ember.device("ndarray").autodiff())
+    np.testing.assert_allclose(alone[0], unfused, rtol=1e-4, atol=1e-5)
