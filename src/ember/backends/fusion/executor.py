@@ -229,7 +229,10 @@ class Executor:
         if not block.outputs:
             return  # nobody can read what it computes
         how = self.tuner.lookup(block) if self.tuner is not None else None
-        if how is autotune.UNFUSED:
+        if how == autotune.UNFUSED:  # its ops ran faster one by one when timed
+            if self.debug:
+                print(f"[ember.fusion] block of {n_records} ops shape {list(block.shape)} "
+                      "runs unfused (autotune)", file=sys.stderr)  # fmt: skip
             self._unfused(records)
             return
         to_numpy, from_numpy = self.arrays
