@@ -23,9 +23,12 @@ its name and checked inside), so a choice made on another machine size never app
 
 **Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
 are not tuned: they run on one thread and their per-step cost stays a size check. A
-tuning runs each candidate once, then at most :data:`MAX_ROUNDS` timed rounds within
-about :data:`BUDGET_SECONDS` (a candidate twice as slow as the best first run drops
-out); a bucket is tuned once per cache folder and machine kind.
+tuning runs each candidate once to warm it up (twice when it is cheap), drops those whose
+best run is twice the best of all, then runs the others in at most :data:`MAX_ROUNDS`
+rounds within about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` when a round is
+cheap): a few ms for a block of a few hundred thousand elements on an idle machine, more
+where a candidate itself takes longer. A bucket is tuned once per cache folder and
+machine kind.
 
 **The file** (``autotune-<arch>-<cpus>cpu.json`` in the runtime's cache folder) may be
 hostile: it is read only when it is a regular file under :data:`MAX_FILE_BYTES`, every
@@ -67,8 +70,10 @@ VERSION = 1
 """The file format's and the tuning method's version: a change voids older choices."""
 FORMAT = "ember-fusion-autotune"
 BUDGET_SECONDS = 0.004
-"""About how long the timed rounds of one tuning may take, after each candidate's first run."""
+"""About how long one tuning may take, its warm-up runs included (unless they alone take longer)."""
 MAX_ROUNDS = 5
+MIN_ROUNDS = 2
+"""Timed rounds a tuning makes at least when one round of its candidates is cheap."""
 MAX_ENTRIES = 4096
 """The most choices a file keeps (the newest), and reads."""
 MAX_FILE_BYTES = 1 << 20
@@ -253,20 +258,26 @@ class Tuner:
                 runtime.release(array)  # a candidate's outputs: nobody else holds them
             return took
 
-        # Each candidate's first run also starts threads and maps fresh pages: a round of
-        # those, then timed rounds among the candidates not already clearly slower (with
-        # no time for a round, as for a block of many milliseconds, the first runs decide).
-        first = {c: once(c) for c in candidates}
-        best = min(first.values())
-        kept = [c for c in candidates if first[c] <= 2 * best]
-        rounds = min(MAX_ROUNDS, int(BUDGET_SECONDS / sum(first[c] for c in kept)))
-        samples: dict[Choice, list[float]] = {c: [] if rounds else [first[c]] for c in kept}
-        for _ in range(rounds):
-            for c in kept:
-                samples[c].append(once(c))
-        scores = {c: _score(s) for c, s in samples.items()}
+        # A warm-up round (threads start, fresh pages map), and a second look at each cheap
+        # candidate; then the clear losers go, judged by their best run, since a stall (a
+        # thread waiting for a core) only ever makes a run slower. The others run in rounds
+        # while the budget lasts, and at least MIN_ROUNDS times when a round is cheap.
+        started = time.perf_counter()
+        runs = {c: [once(c)] for c in candidates}
+        for c in candidates:
+            if runs[c][0] < BUDGET_SECONDS / len(candidates):
+                runs[c].append(once(c))
+        floor = min(min(r) for r in runs.values())
+        live = [c for c in candidates if min(runs[c]) <= 2 * floor]
+        cheap = sum(min(runs[c]) for c in live) < BUDGET_SECONDS
+        for done in range(MAX_ROUNDS):
+            if time.perf_counter() - started > BUDGET_SECONDS and not (cheap and done < MIN_ROUNDS):
+                break
+            for c in live:
+                runs[c].append(once(c))
+        scores = {c: _score(runs[c][1:] or runs[c]) for c in live}  # the warm-up run aside
         chosen = min(scores, key=scores.__getitem__)
-        return chosen, {**first, **scores}
+        return chosen, {c: scores.get(c, min(r)) for c, r in runs.items()}
 
     def forget(self) -> None:
         """Drops every choice this process holds, so the next lookups read the file again."""
