@@ -86,6 +86,25 @@ def test_every_candidate_raises_what_the_unfused_ops_raise(choice):
     assert str(got.value) == str(expected.value)
 
 
+def test_the_run_that_tunes_keeps_its_own_outputs(runtime, monkeypatch, tmp_path):
+    # The session's runtime under the devices made here, with a tuner over an empty folder.
+    monkeypatch.setitem(executor._shared, "numba", runtime)
+    monkeypatch.setitem(autotune._tuners, runtime, Tuner(runtime, tmp_path))
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    xs = [_data(seed) for seed in (5, 6, 7)]
+    eager = [_chain(Tensor.from_data(x, ember.device("ndarray"))).to_data().to_numpy() for x in xs]
+    reset_stats()
+    first = _chain(Tensor.from_data(xs[0], fused))
+    first.to_data()  # this run tunes: the candidates' runs come after it
+    assert stats()["tunings"] == 1
+    later = [_chain(Tensor.from_data(x, fused)).to_data().to_numpy() for x in xs[1:]]
+    assert stats()["tunings"] == 1  # the bucket's choice is reused
+    # The tuned run's value was not a buffer a candidate (or a later step) wrote over.
+    np.testing.assert_allclose(first.to_data().to_numpy(), eager[0], rtol=RTOL, atol=ATOL)
+    for got, want in zip(later, eager[1:], strict=True):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
 def test_a_tuning_picks_a_candidate_and_persists_it(runtime, tmp_path):
     shape = (ROWS, COLS)
     x = np.random.default_rng(1).normal(size=shape).astype(np.float32)
