@@ -6,8 +6,8 @@ its size and the machine: waking a second thread costs tens of microseconds (mil
 on a loaded machine), and a block of a few cheap ops may run as fast through NumPy's own
 loops. So the first time a block of a given kind and size bucket runs, the :class:`Tuner`
 times each candidate a few times (after the run whose outputs the caller keeps), keeps
-the fastest (by a trimmed mean: see :func:`_score`), and writes the choice to a file of the kernel cache folder, which
-later processes read instead of timing again.
+the fastest (see :func:`_score`) and writes the choice to a file of the kernel cache
+folder, which later processes read instead of timing again.
 
 **What a choice is keyed by.** The block's :meth:`~ember.backends.fusion.ir.Block.key`
 (its ops, dtypes, ranks and broadcast pattern: what one compiled kernel covers) and a
@@ -275,7 +275,7 @@ class Tuner:
                 break
             for c in live:
                 runs[c].append(once(c))
-        scores = {c: _score(runs[c][1:] or runs[c]) for c in live}  # the warm-up run aside
+        scores = {c: _score(c, runs[c][1:] or runs[c]) for c in live}  # the warm-up run aside
         chosen = min(scores, key=scores.__getitem__)
         return chosen, {c: scores.get(c, min(r)) for c, r in runs.items()}
 
@@ -343,12 +343,15 @@ class Tuner:
             print(f"[ember.fusion] autotune: {message}", file=sys.stderr)
 
 
-def _score(samples: list[float]) -> float:
-    """A candidate's expected seconds per run: the mean of its samples, less the largest
-    when there are three or more. Not the median: a second thread on a loaded machine
-    often waits a scheduler tick (4 ms beside a 0.05 ms kernel) in a third of its runs,
-    and those stalls are the candidate's own cost, which a median would hide; one
-    outlier (a page fault, a collection) is dropped."""
+def _score(choice: Choice, samples: list[float]) -> float:
+    """A candidate's expected seconds per run. One thread (fused, or NumPy's unfused ops):
+    the median, since the process being preempted now and then is noise that strikes any
+    candidate. Several threads: the mean less the largest sample, since on a loaded
+    machine one of them often waits a scheduler tick for a core (4 ms beside a 0.05 ms
+    kernel) in a fraction of its runs, a cost of the candidate itself that a median would
+    hide."""
+    if choice.run == "unfused" or choice.threads == 1:
+        return statistics.median(samples)
     if len(samples) >= 3:
         samples = sorted(samples)[:-1]
     return statistics.fmean(samples)
