@@ -177,7 +177,7 @@ class Tuner:
         self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
         # Kernels of a changed generator may run at other speeds: their choices start over.
         self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
-        self._choices: dict[tuple, Choice] = {}  # (block key, entry) -> choice, this process
+        self._choices: dict[tuple, Choice] = {}  # (key, bucket, thread limit) -> choice
         self._stored: dict[str, Choice] | None = None  # the file's valid entries, once read
         self._lock = threading.Lock()
 
@@ -210,13 +210,14 @@ class Tuner:
         return Pending((key, bucket, limit), entry, limit)
 
     def thread_limit(self) -> int:
-        """The runtime's thread count for a large block (its own, else numba's current)."""
+        """The runtime's thread count for a large block (its own, else numba's current),
+        within numba's pool (a larger count runs on the pool's threads)."""
+        import numba
+
         threads = getattr(self.runtime, "threads", None)
         if threads is None:
-            import numba
-
             threads = numba.get_num_threads()
-        return max(1, int(threads))
+        return max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
 
     def tune(self, pending: Pending, block: ir.Block, inputs: list,
              run_unfused: Callable[[], object]) -> Choice:  # fmt: skip
