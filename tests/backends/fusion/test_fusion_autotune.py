@@ -132,10 +132,12 @@ def test_a_tuning_picks_a_candidate_and_persists_it(runtime, tmp_path):
     assert stats()["tunings"] == 1
 
 
-def test_small_blocks_are_not_tuned(runtime, tmp_path):
+def test_small_and_huge_blocks_are_not_tuned(runtime, tmp_path):
     tuner = Tuner(runtime, tmp_path)
     assert tuner.lookup(_block((100, 100))) is None  # under PARALLEL_MIN: one thread, no timing
     assert tuner.lookup(_block((ROWS, COLS))) is not None
+    assert tuner.lookup(_block((autotune.MAX_ELEMENTS,))) is not None
+    assert tuner.lookup(_block((autotune.MAX_ELEMENTS + 1,))) is None  # too costly to time
 
 
 def test_writers_merge_their_choices(runtime, tmp_path):

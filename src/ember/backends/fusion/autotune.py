@@ -22,7 +22,8 @@ key too, and the file is one per machine kind (processor architecture and CPU co
 its name and checked inside), so a choice made on another machine size never applies.
 
 **Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
-are not tuned: they run on one thread and their per-step cost stays a size check. A
+are not tuned: they run on one thread and their per-step cost stays a size check; nor
+are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). A
 tuning runs each candidate once to warm it up (twice when it is cheap), drops those whose
 best run is twice the best of all, then runs the others in at most :data:`MAX_ROUNDS`
 rounds within about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` when a round is
@@ -74,6 +75,11 @@ BUDGET_SECONDS = 0.004
 MAX_ROUNDS = 5
 MIN_ROUNDS = 2
 """Timed rounds a tuning makes at least when one round of its candidates is cheap."""
+MAX_ELEMENTS = 1 << 21
+"""Blocks of more elements are not tuned: they run at the runtime's own thread count. A
+thread's wake-up is small beside their work, and a fused pass beats the unfused ops'
+several passes over tens of MB, while timing those ops would cost a second (16M f32
+GELU: about 0.8 s unfused, 5 ms fused on 2 threads)."""
 MAX_ENTRIES = 4096
 """The most choices a file keeps (the newest), and reads."""
 MAX_FILE_BYTES = 1 << 20
@@ -184,9 +190,10 @@ class Tuner:
     # ------------------------------------------------------------------ choosing
     def lookup(self, block: ir.Block) -> Choice | Pending | None:
         """How ``block`` runs: a :class:`Choice`, :class:`Pending` when its bucket was never
-        tuned, or None when it is not tuned (small: the runtime's own thread choice)."""
+        tuned, or None when it is not tuned (too small or too large: the runtime's own
+        thread choice)."""
         elements = math.prod(block.shape)
-        if elements < self.min_elements:
+        if not self.min_elements <= elements <= MAX_ELEMENTS:
             return None
         if _forced is not None:
             return _forced
