@@ -21,6 +21,7 @@ _FIELDS = (
     "eager_ops",  # ops run at once (value-dependent shapes, index checks, reads)
     "explorations",  # streams explored (plan cache misses)
     "cache_hits",  # streams whose plan came from the cache
+    "tunings",  # (block kind, size bucket)s timed to choose how they run (autotune.py)
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 

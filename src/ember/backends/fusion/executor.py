@@ -20,7 +20,7 @@ from ember.backend.errors import (
     UnsupportedError,
     fmt_shape,
 )
-from ember.backends.fusion import counters
+from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
 
@@ -49,6 +49,24 @@ def run_record(inner: Backend, record: Record) -> None:
     outs = out if record.multi else (out,)
     for slot, prim in zip(record.outputs, outs, strict=True):
         set_output(inner, slot, prim, record.name)
+
+
+def run_detached(inner: Backend, records: list[Record]) -> None:
+    """Computes ``records`` on ``inner`` as :func:`run_record` does, storing nothing: their
+    outputs live in a local table and are dropped (how a tuning times the unfused ops)."""
+    made: dict[int, object] = {}
+
+    def value(arg):
+        if type(arg) is Slot:
+            return made[arg.id] if arg.id in made else _made(arg, records[0])
+        if type(arg) is list and arg and type(arg[0]) is Slot:
+            return [value(s) for s in arg]
+        return arg
+
+    for record in records:
+        out = getattr(inner, record.name)(*[value(a) for a in record.args])
+        for slot, prim in zip(record.outputs, out if record.multi else (out,), strict=True):
+            made[slot.id] = prim
 
 
 def set_output(inner: Backend, slot: Slot, prim, what: str) -> None:
@@ -120,6 +138,8 @@ class Executor:
         self._planning = threading.Lock()
         release = getattr(self.runtime, "release", None)
         self.recycler = Recycler(release) if release and self.arrays is not None else None
+        # How each large block runs (fused at a thread count, or unfused), timed on first use.
+        self.tuner = autotune.tuner_for(self.runtime) if self.arrays is not None else None
 
     def can_fuse(self, slot: Slot) -> bool:
         return self.arrays is not None and slot.device.place == "cpu"
@@ -223,15 +243,23 @@ class Executor:
         n_records = len(records)
         if not block.outputs:
             return  # nobody can read what it computes
+        how = self.tuner.lookup(block) if self.tuner is not None else None
+        if how == autotune.UNFUSED:  # its ops ran faster one by one when timed
+            if self.debug:
+                print(f"[ember.fusion] block of {n_records} ops shape {list(block.shape)} "
+                      "runs unfused (autotune)", file=sys.stderr)  # fmt: skip
+            self._unfused(records)
+            return
         to_numpy, from_numpy = self.arrays
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
         try:
-            results = self.runtime.run(block, arrays, None)
+            if type(how) is autotune.Choice:
+                results = self.runtime.run(block, arrays, None, how.threads)
+            else:  # untuned, or not tuned yet: the runtime's own thread choice
+                results = self.runtime.run(block, arrays, None)
         except UnsupportedError:  # a dtype or op the runtime does not compile: run unfused
-            counters.add("unfused_ops", n_records)
-            for record in records:
-                run_record(self.inner, record)
+            self._unfused(records)
             return
         counters.add("fused_ops", n_records)
         counters.add("kernels")
@@ -247,6 +275,15 @@ class Executor:
             print(f"[ember.fusion] block of {n_records} ops ({ops}) shape {list(block.shape)} "
                   f"{len(block.inputs)} in / {len(block.outputs)} out, "
                   f"{(time.perf_counter() - started) * 1e3:.3f} ms", file=sys.stderr)  # fmt: skip
+        if type(how) is autotune.Pending:
+            # After the kept run (which compiled the kernel): the candidates write into
+            # buffers of their own, so the outputs stored above stay as they are.
+            self.tuner.tune(how, block, arrays, lambda: run_detached(self.inner, records))
+
+    def _unfused(self, records: list[Record]) -> None:
+        counters.add("unfused_ops", len(records))
+        for record in records:
+            run_record(self.inner, record)
 
 
 def _bind(templates: tuple, records: list[Record]) -> list | None:

@@ -200,8 +200,8 @@ class NumbaRuntime:
         count = threads
         if count is None:
             # Waking other threads for a small block costs more than the block.
-            count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.threads
-        count = max(1, min(int(count or numba.config.NUMBA_NUM_THREADS), _MAX_THREADS))
+            count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.thread_count()
+        count = max(1, min(int(count), _MAX_THREADS))
         args = ([a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs]
                 + [*scalars, *sizes, _CHUNK, err])  # fmt: skip
         started = time.perf_counter()
@@ -213,6 +213,11 @@ class NumbaRuntime:
         if err[0]:
             raise KernelUnsupported("numba runtime: an int raised to a negative power")
         return outputs
+
+    def thread_count(self) -> int:
+        """The threads of a run of at least :data:`PARALLEL_MIN` elements that names none
+        (see the module doc)."""
+        return max(1, min(int(self.threads or numba.config.NUMBA_NUM_THREADS), _MAX_THREADS))
 
     def _first_call(self, kernel: _Kernel, seconds: float) -> None:
         kernel.ready = True

@@ -1,0 +1,423 @@
+"""Kernel selection: how each fused block runs, timed on first use and remembered on disk.
+
+A fused block can run as the runtime's kernel at any thread count, or as its records
+one by one on the inner backend (unfused). Which is fastest depends on the block's ops,
+its size and the machine: waking a second thread costs tens of microseconds (milliseconds
+on a loaded machine), and a block of a few cheap ops may run as fast through NumPy's own
+loops. So the first time a block of a given kind and size bucket runs, the :class:`Tuner`
+times each candidate a few times (after the run whose outputs the caller keeps), keeps
+the fastest (see :func:`_score`) and writes the choice to a file of the kernel cache
+folder, which later processes read instead of timing again.
+
+**What a choice is keyed by.** The block's :meth:`~ember.backends.fusion.ir.Block.key`
+(its ops, dtypes, ranks and broadcast pattern: what one compiled kernel covers) and a
+size bucket: the power of two of the block's element count, plus, for a block with a
+reduction, the power of two of the reduced axis's length. A memory-bound kernel's time
+grows with its element count while a thread's wake-up cost is fixed, so where more
+threads start to pay is a matter of element count; the kernel of a reduction divides the
+positions outside the axis among threads, so its axis length changes that point too.
+Coarser buckets would tune fewer times but mix sizes where the winner changes; per-dim
+buckets would time again for every batch size. The runtime's thread limit is part of the
+key too, and the file is one per machine kind (processor architecture and CPU count, in
+its name and checked inside), so a choice made on another machine size never applies.
+
+**Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
+are not tuned: they run on one thread and their per-step cost stays a size check; nor
+are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). A
+tuning runs each candidate once to warm it up (twice when it is cheap), drops those whose
+best run is twice the best of all, then runs the others in at most :data:`MAX_ROUNDS`
+rounds within about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` when a round is
+cheap): a few ms for a block of a few hundred thousand elements on an idle machine, more
+where a candidate itself takes longer. A bucket is tuned once per cache folder and
+machine kind.
+
+**The file** (``autotune-<arch>-<cpus>cpu.json`` in the runtime's cache folder) may be
+hostile: it is read only when it is a regular file under :data:`MAX_FILE_BYTES`, every
+entry is checked (key form, known candidate, thread count within the key's limit) and a
+bad one is skipped; a file that does not parse is ignored as a whole. Nothing in it is
+ever executed. Writes re-read and merge under a lock file (so processes tuning side by
+side keep each other's choices), keep at most :data:`MAX_ENTRIES`, and replace the file
+atomically. ``EMBER_FUSION_DEBUG=1`` logs what was ignored and each choice made.
+
+``EMBER_FUSION_AUTOTUNE=0`` turns tuning off: blocks run fused at the runtime's own
+thread choice. Only runtimes with thread counts (``thread_count``) are tuned (the
+interpreter runtime is not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import stat
+import statistics
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ember.atomic import atomic_write
+from ember.backends.fusion import counters, ir
+
+VERSION = 1
+"""The file format's and the tuning method's version: a change voids older choices."""
+FORMAT = "ember-fusion-autotune"
+BUDGET_SECONDS = 0.004
+"""About how long one tuning may take, its warm-up runs included (unless they alone take longer)."""
+MAX_ROUNDS = 5
+MIN_ROUNDS = 2
+"""Timed rounds a tuning makes at least when one round of its candidates is cheap."""
+MAX_ELEMENTS = 1 << 21
+"""Blocks of more elements are not tuned: they run at the runtime's own thread count. A
+thread's wake-up is small beside their work, and a fused pass beats the unfused ops'
+several passes over tens of MB, while timing those ops would cost a second (16M f32
+GELU: about 0.8 s unfused, 5 ms fused on 2 threads)."""
+MAX_ENTRIES = 4096
+"""The most choices a file keeps (the newest), and reads."""
+MAX_FILE_BYTES = 1 << 20
+"""A larger file is ignored (4096 entries take about 300 KB)."""
+MAX_THREADS = 4096
+"""The largest thread count a file may name (larger is absurd: ignored)."""
+_ENTRY_KEY = re.compile(r"[0-9a-f]{32}/e\d{1,2}(?:r\d{1,2})?/t(\d{1,4})")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How a block runs: fused on ``threads`` threads, or ``unfused`` (``threads`` None)."""
+
+    run: str  # "fused" or "unfused"
+    threads: int | None = None
+
+    def __str__(self) -> str:
+        return f"fused@{self.threads}" if self.run == "fused" else "unfused"
+
+
+UNFUSED = Choice("unfused")
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A block of a (key, bucket) with no choice yet: the caller runs it as usual, then
+    hands it to :meth:`Tuner.tune`."""
+
+    key: tuple
+    entry: str  # the choice's key in the file
+    limit: int  # the runtime's thread count for this run
+
+
+_forced: Choice | None = None
+
+
+@contextlib.contextmanager
+def forcing(choice: Choice) -> Iterator[None]:
+    """Makes every block that would be tuned run as ``choice`` instead (no timing, nothing
+    written): a test hook, to check each candidate computes what the others do."""
+    global _forced
+    previous, _forced = _forced, choice
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def enabled() -> bool:
+    """Whether tuning is on (``EMBER_FUSION_AUTOTUNE`` is not ``0``)."""
+    return os.environ.get("EMBER_FUSION_AUTOTUNE", "1").strip() != "0"
+
+
+def machine() -> str:
+    """The machine kind choices are made for: processor architecture and CPU count."""
+    arch = re.sub(r"[^A-Za-z0-9_]", "", platform.machine()) or "cpu"
+    return f"{arch}-{os.cpu_count() or 1}cpu"
+
+
+_tuners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_tuners_lock = threading.Lock()
+
+
+def tuner_for(runtime) -> Tuner | None:
+    """The tuner of ``runtime`` (one per runtime, so per process and cache folder), or None
+    when tuning is off or the runtime has no thread counts (``thread_count``)."""
+    if not enabled():
+        return None
+    if not callable(getattr(runtime, "thread_count", None)):
+        return None  # a runtime without thread counts (the interpreter) has nothing to tune
+    with _tuners_lock:
+        found = _tuners.get(runtime)
+        if found is None:
+            found = Tuner(runtime)
+            _tuners[runtime] = found
+        return found
+
+
+class Tuner:
+    """Chooses, remembers and persists how each (block key, size bucket) runs.
+
+    Args:
+        runtime: the runtime whose ``run(block, inputs, out, threads)`` the candidates call.
+        folder: where the choices file lives; default the runtime's ``cache`` folder, else
+            the fusion cache folder.
+    """
+
+    def __init__(self, runtime, folder: str | os.PathLike | None = None) -> None:
+        from ember.backends.fusion import numba_runtime
+
+        self.runtime = runtime
+        if folder is None:
+            folder = getattr(runtime, "cache", None) or numba_runtime.cache_dir()
+        self.machine = machine()
+        self.path = Path(folder) / f"autotune-{self.machine}.json"
+        self.min_elements = numba_runtime.PARALLEL_MIN
+        self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
+        # Kernels of a changed generator may run at other speeds: their choices start over.
+        self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
+        self._choices: dict[tuple, Choice] = {}  # (key, bucket, thread limit) -> choice
+        self._stored: dict[str, Choice] | None = None  # the file's valid entries, once read
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ choosing
+    def lookup(self, block: ir.Block) -> Choice | Pending | None:
+        """How ``block`` runs: a :class:`Choice`, :class:`Pending` when its bucket was never
+        tuned, or None when it is not tuned (too small or too large: the runtime's own
+        thread choice)."""
+        elements = math.prod(block.shape)
+        if not self.min_elements <= elements <= MAX_ELEMENTS:
+            return None
+        if _forced is not None:
+            return _forced
+        limit = self.thread_limit()
+        bucket = f"e{elements.bit_length()}"
+        if block.axis is not None:
+            bucket += f"r{block.shape[block.axis].bit_length()}"
+        key = block.key()
+        found = self._choices.get((key, bucket, limit))
+        if found is not None:
+            return found
+        digest = hashlib.sha256(f"{self._salt}{key!r}".encode()).hexdigest()[:32]
+        entry = f"{digest}/{bucket}/t{limit}"
+        with self._lock:
+            if self._stored is None:
+                self._stored = self._read()
+            found = self._stored.get(entry)
+            if found is not None:
+                self._choices[(key, bucket, limit)] = found
+                return found
+        return Pending((key, bucket, limit), entry, limit)
+
+    def thread_limit(self) -> int:
+        """The runtime's thread count for a large block."""
+        return self.runtime.thread_count()
+
+    def tune(self, pending: Pending, block: ir.Block, inputs: list,
+             run_unfused: Callable[[], object]) -> Choice:  # fmt: skip
+        """Times the candidates for ``pending``'s bucket on ``block`` and ``inputs`` (the
+        arrays of a run that already happened: the kernel is compiled), remembers the
+        fastest and writes it to the file. ``run_unfused`` computes the block's records on
+        the inner backend without storing anything. A candidate that fails (or a file that
+        cannot be written) never fails the caller: the block then keeps running fused."""
+        started = time.perf_counter()
+        try:
+            choice, times = self._time(pending.limit, block, inputs, run_unfused)
+        except Exception as error:  # timing must never change what the user's step does
+            self._log(f"tuning failed ({type(error).__name__}: {error}); running fused")
+            self._choices[pending.key] = Choice("fused", pending.limit)
+            return self._choices[pending.key]
+        counters.add("tunings")
+        self._choices[pending.key] = choice
+        if self.debug:
+            shown = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in times.items())
+            self._log(f"{pending.entry} shape {list(block.shape)}: {choice} ({shown}; tuned in "
+                      f"{(time.perf_counter() - started) * 1e3:.1f} ms)")  # fmt: skip
+        self._save(pending.entry, choice)
+        return choice
+
+    def _time(self, limit: int, block: ir.Block, inputs: list,
+              run_unfused: Callable[[], object]) -> tuple[Choice, dict[Choice, float]]:  # fmt: skip
+        runtime = self.runtime
+        counts = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
+        candidates = [Choice("fused", t) for t in counts] + [UNFUSED]
+
+        def once(choice: Choice) -> float:
+            began = time.perf_counter()
+            if choice.run == "unfused":
+                run_unfused()
+                return time.perf_counter() - began
+            outputs = runtime.run(block, inputs, None, choice.threads)
+            took = time.perf_counter() - began
+            for array in outputs:
+                runtime.release(array)  # a candidate's outputs: nobody else holds them
+            return took
+
+        # A warm-up round (threads start, fresh pages map), and a second look at each cheap
+        # candidate; then the clear losers go, judged by their best run, since a stall (a
+        # thread waiting for a core) only ever makes a run slower. The others run in rounds
+        # while the budget lasts, and at least MIN_ROUNDS times when a round is cheap.
+        started = time.perf_counter()
+        runs = {c: [once(c)] for c in candidates}
+        for c in candidates:
+            if runs[c][0] < BUDGET_SECONDS / len(candidates):
+                runs[c].append(once(c))
+        floor = min(min(r) for r in runs.values())
+        live = [c for c in candidates if min(runs[c]) <= 2 * floor]
+        cheap = sum(min(runs[c]) for c in live) < BUDGET_SECONDS
+        for done in range(MAX_ROUNDS):
+            if time.perf_counter() - started > BUDGET_SECONDS and not (cheap and done < MIN_ROUNDS):
+                break
+            for c in live:
+                runs[c].append(once(c))
+        scores = {c: _score(c, runs[c][1:] or runs[c]) for c in live}  # the warm-up run aside
+        chosen = min(scores, key=scores.__getitem__)
+        return chosen, {c: scores.get(c, min(r)) for c, r in runs.items()}
+
+    def forget(self) -> None:
+        """Drops every choice this process holds, so the next lookups read the file again."""
+        with self._lock:
+            self._choices.clear()
+            self._stored = None
+
+    # ------------------------------------------------------------------ the file
+    def _read(self) -> dict[str, Choice]:
+        """The file's valid entries (empty when it is missing, too large or malformed)."""
+        try:
+            data = _read_bounded(self.path)
+        except OSError as error:
+            if not isinstance(error, FileNotFoundError):
+                self._log(f"ignoring {self.path}: {error}")
+            return {}
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as error:
+            self._log(f"ignoring {self.path}: not JSON ({type(error).__name__})")
+            return {}
+        wanted = {"format": FORMAT, "version": VERSION, "machine": self.machine}
+        if type(document) is not dict or any(document.get(k) != v for k, v in wanted.items()):
+            self._log(f"ignoring {self.path}: not a version {VERSION} choices file of "
+                      f"{self.machine}")  # fmt: skip
+            return {}
+        entries = document.get("choices")
+        if type(entries) is not dict:
+            self._log(f"ignoring {self.path}: 'choices' is not an object")
+            return {}
+        valid: dict[str, Choice] = {}
+        skipped = 0
+        for entry, value in list(entries.items())[-MAX_ENTRIES:]:
+            choice = _parse_entry(entry, value)
+            if choice is None:
+                skipped += 1
+            else:
+                valid[entry] = choice
+        if skipped:
+            self._log(f"{self.path}: ignored {skipped} malformed entries")
+        return valid
+
+    def _save(self, entry: str, choice: Choice) -> None:
+        """Adds ``entry`` to the file: re-read under the lock, merged, written atomically."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(self.path.with_name(self.path.name + ".lock")), self._lock:
+                merged = self._read()
+                merged.pop(entry, None)
+                merged[entry] = choice  # last: the newest survive the cap
+                merged = dict(list(merged.items())[-MAX_ENTRIES:])
+                self._stored = merged
+                document = {
+                    "format": FORMAT, "version": VERSION, "machine": self.machine,
+                    "choices": {e: _entry_value(c) for e, c in merged.items()},
+                }  # fmt: skip
+                atomic_write(self.path, json.dumps(document, indent=0).encode())
+        except OSError as error:  # a read-only cache keeps the choice for this process only
+            self._log(f"could not write {self.path}: {error}")
+
+    def _log(self, message: str) -> None:
+        if self.debug:
+            print(f"[ember.fusion] autotune: {message}", file=sys.stderr)
+
+
+def _score(choice: Choice, samples: list[float]) -> float:
+    """A candidate's expected seconds per run. One thread (fused, or NumPy's unfused ops):
+    the median, since the process being preempted now and then is noise that strikes any
+    candidate. Several threads: the mean less the largest sample, since on a loaded
+    machine one of them often waits a scheduler tick for a core (4 ms beside a 0.05 ms
+    kernel) in a fraction of its runs, a cost of the candidate itself that a median would
+    hide."""
+    if choice.run == "unfused" or choice.threads == 1:
+        return statistics.median(samples)
+    if len(samples) >= 3:
+        samples = sorted(samples)[:-1]
+    return statistics.fmean(samples)
+
+
+def _entry_value(choice: Choice) -> dict:
+    return {"run": choice.run, "threads": choice.threads}
+
+
+def _parse_entry(entry: object, value: object) -> Choice | None:
+    """The choice an entry of the file names, or None when anything about it is off."""
+    if type(entry) is not str or type(value) is not dict or set(value) != {"run", "threads"}:
+        return None
+    key = _ENTRY_KEY.fullmatch(entry)
+    if key is None:
+        return None
+    run, threads = value["run"], value["threads"]
+    if run == "unfused":
+        return UNFUSED if threads is None else None
+    limit = int(key[1])
+    if run != "fused" or type(threads) is not int or not 1 <= threads <= min(limit, MAX_THREADS):
+        return None
+    return Choice("fused", threads)
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most MAX_FILE_BYTES (OSError
+    otherwise): a FIFO or device in its place must not block or stream forever."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise OSError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise OSError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, wait: float = 0.2) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` while writers merge, where the platform has
+    ``flock``; after ``wait`` seconds without it (a stuck or hostile holder) it goes on
+    unlocked: at worst one process's newest choice is lost and timed again later."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: merge without a lock
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -1,0 +1,308 @@
+"""Autotune: whichever way a block runs (fused at any thread count, or unfused), the values
+are the unfused ops' values (within the kernels' stated f32 tolerance); choices persist in
+the cache folder and a new process reuses them without timing; a hostile choices file is
+ignored, never trusted; ``EMBER_FUSION_AUTOTUNE=0`` tunes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor, activation
+from ember.backends.fusion import autotune, executor, ir, reset_stats, stats
+from ember.backends.fusion.autotune import UNFUSED, Choice, Pending, Tuner
+from ember.backends.fusion.executor import runtime_named
+from ember.tensor.dtype import DType
+
+numba_runtime = pytest.importorskip("ember.backends.fusion.numba_runtime")
+if not numba_runtime.available():
+    pytest.skip("numba is not installed (pip install 'ember[jit]')", allow_module_level=True)
+
+RTOL, ATOL = 2e-6, 2e-6  # a few ulp of f32: the kernels' erf/exp approximations
+ROWS, COLS = 320, 256  # 81920 elements: above PARALLEL_MIN, so tuned
+CANDIDATES = [Choice("fused", 1), Choice("fused", 2), UNFUSED]
+F32 = DType.F32
+
+
+def _chain(t: Tensor) -> Tensor:
+    """GELU then softmax over rows: one element-wise + reduction block."""
+    return activation.softmax(activation.gelu(t) * 3.0, 1)
+
+
+def _data(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(ROWS, COLS)).astype(np.float32) * 3
+
+
+def _block(shape: tuple[int, ...]) -> ir.Block:
+    """exp(2x), built by hand: what the tuner sees of a fused block."""
+    return ir.Block(shape, (ir.Input(shape, F32),),
+                    (ir.Instr("mul_scalar", (0,), (2.0,), shape, F32),
+                     ir.Instr("exp", (1,), (), shape, F32)), (2,))  # fmt: skip
+
+
+def _unfused(x: np.ndarray):
+    return lambda: np.exp(x * np.float32(2.0))
+
+
+@pytest.mark.parametrize("choice", CANDIDATES, ids=str)
+def test_every_candidate_computes_the_unfused_values(choice):
+    x = _data()
+    eager = _chain(Tensor.from_data(x, ember.device("ndarray"))).to_data().to_numpy()
+    reset_stats()
+    with autotune.forcing(choice):
+        fused = ember.device("ndarray").fusion(runtime="numba")
+        got = _chain(Tensor.from_data(x, fused)).to_data().to_numpy()
+    counts = stats()
+    if choice == UNFUSED:
+        np.testing.assert_array_equal(got, eager)  # the same ops: the same bits
+        assert counts["kernels"] == 0 and counts["unfused_ops"] > 0
+    else:
+        np.testing.assert_allclose(got, eager, rtol=RTOL, atol=ATOL)
+        assert counts["kernels"] >= 1 and counts["fused_ops"] > counts["kernels"]
+    assert counts["tunings"] == 0  # a forced choice times nothing
+
+
+@pytest.mark.parametrize("choice", CANDIDATES, ids=str)
+def test_every_candidate_raises_what_the_unfused_ops_raise(choice):
+    base = np.full((ROWS, COLS), 2, np.int64)
+    power = np.ones((ROWS, COLS), np.int64)
+    power[5, 7] = -1  # NumPy refuses an int raised to a negative power
+
+    def step(device):
+        return (Tensor.from_data(base, device) * 3).pow(Tensor.from_data(power, device))
+
+    with pytest.raises(Exception) as expected:
+        step(ember.device("ndarray")).to_data()
+    with autotune.forcing(choice), pytest.raises(type(expected.value)) as got:
+        step(ember.device("ndarray").fusion(runtime="numba")).to_data()
+    assert str(got.value) == str(expected.value)
+
+
+def test_the_run_that_tunes_keeps_its_own_outputs(runtime, monkeypatch, tmp_path):
+    # The session's runtime under the devices made here, with a tuner over an empty folder.
+    monkeypatch.setitem(executor._shared, "numba", runtime)
+    monkeypatch.setitem(autotune._tuners, runtime, Tuner(runtime, tmp_path))
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    xs = [_data(seed) for seed in (5, 6, 7)]
+    eager = [_chain(Tensor.from_data(x, ember.device("ndarray"))).to_data().to_numpy() for x in xs]
+    reset_stats()
+    first = _chain(Tensor.from_data(xs[0], fused))
+    first.to_data()  # this run tunes: the candidates' runs come after it
+    assert stats()["tunings"] == 1
+    later = [_chain(Tensor.from_data(x, fused)).to_data().to_numpy() for x in xs[1:]]
+    assert stats()["tunings"] == 1  # the bucket's choice is reused
+    # The tuned run's value was not a buffer a candidate (or a later step) wrote over.
+    np.testing.assert_allclose(first.to_data().to_numpy(), eager[0], rtol=RTOL, atol=ATOL)
+    for got, want in zip(later, eager[1:], strict=True):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_tuning_picks_a_candidate_and_persists_it(runtime, tmp_path):
+    shape = (ROWS, COLS)
+    x = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    block = _block(shape)
+    reset_stats()
+    tuner = Tuner(runtime, tmp_path)
+    pending = tuner.lookup(block)
+    assert type(pending) is Pending
+    runtime.release(runtime.run(block, [x])[0])  # the caller's own run compiles the kernel
+    choice = tuner.tune(pending, block, [x], _unfused(x))
+    assert stats()["tunings"] == 1
+    limit = tuner.thread_limit()
+    assert choice == UNFUSED or (choice.run == "fused" and 1 <= choice.threads <= limit)
+    assert tuner.lookup(block) == choice  # remembered in this process
+    # A new tuner over the folder (as a new process would make) reads the choice.
+    again = Tuner(runtime, tmp_path)
+    assert again.lookup(block) == choice
+    # Another size bucket, or a block of another kind, is not covered by it.
+    assert type(again.lookup(_block((ROWS * 4, COLS)))) is Pending
+    other = ir.Block(shape, block.inputs, block.body[:1], (1,))
+    assert type(again.lookup(other)) is Pending
+    # Nor is another thread limit.
+    one = numba_runtime.NumbaRuntime(cache=runtime.cache, threads=1)
+    assert type(Tuner(one, tmp_path).lookup(block)) is Pending
+    assert stats()["tunings"] == 1
+
+
+def test_small_and_huge_blocks_are_not_tuned(runtime, tmp_path):
+    tuner = Tuner(runtime, tmp_path)
+    assert tuner.lookup(_block((100, 100))) is None  # under PARALLEL_MIN: one thread, no timing
+    assert tuner.lookup(_block((ROWS, COLS))) is not None
+    assert tuner.lookup(_block((autotune.MAX_ELEMENTS,))) is not None
+    assert tuner.lookup(_block((autotune.MAX_ELEMENTS + 1,))) is None  # too costly to time
+
+
+def test_writers_merge_their_choices(runtime, tmp_path):
+    first, second = Tuner(runtime, tmp_path), Tuner(runtime, tmp_path)
+    a, b = _block((ROWS, COLS)), _block((ROWS * 4, COLS))
+    pa, pb = first.lookup(a), second.lookup(b)  # both read the (empty) file first
+    first._save(pa.entry, Choice("fused", 1))
+    second._save(pb.entry, UNFUSED)
+    reader = Tuner(runtime, tmp_path)
+    assert reader.lookup(a) == Choice("fused", 1) and reader.lookup(b) == UNFUSED
+
+
+def _entry(tuner: Tuner, block: ir.Block) -> str:
+    pending = tuner.lookup(block)
+    assert type(pending) is Pending
+    tuner.forget()
+    return pending.entry
+
+
+def _document(tuner: Tuner, choices: object, **changes) -> str:
+    fields = {"format": autotune.FORMAT, "version": autotune.VERSION, "machine": tuner.machine}
+    return json.dumps({**fields, "choices": choices, **changes})
+
+
+HOSTILE_ENTRIES = {
+    "unknown candidate": {"run": "os.system('echo owned')", "threads": 1},
+    "absurd threads": {"run": "fused", "threads": 10**9},
+    "more threads than the limit": {"run": "fused", "threads": 10**3},
+    "zero threads": {"run": "fused", "threads": 0},
+    "threads as text": {"run": "fused", "threads": "2"},
+    "threads as bool": {"run": "fused", "threads": True},
+    "unfused with threads": {"run": "unfused", "threads": 2},
+    "extra field": {"run": "fused", "threads": 1, "code": "import os"},
+    "a list": ["fused", 1],
+    "null": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_ENTRIES))
+def test_a_hostile_entry_is_ignored_and_the_valid_ones_are_kept(runtime, tmp_path, name):
+    tuner = Tuner(runtime, tmp_path)
+    bad, good = _block((ROWS, COLS)), _block((ROWS * 4, COLS))
+    choices = {_entry(tuner, bad): HOSTILE_ENTRIES[name],
+               _entry(tuner, good): {"run": "fused", "threads": 1},
+               "../../etc/passwd": {"run": "unfused", "threads": None}}  # fmt: skip
+    tuner.path.write_text(_document(tuner, choices))
+    reader = Tuner(runtime, tmp_path)
+    assert type(reader.lookup(bad)) is Pending
+    assert reader.lookup(good) == Choice("fused", 1)
+
+
+def _hostile_files(tuner: Tuner, entry: str) -> dict[str, object]:
+    valid = {entry: {"run": "unfused", "threads": None}}
+    return {
+        "garbage bytes": b"\x00\xff\xfe garbage {",
+        "not utf-8 json": b'{"format": "\xff"}',
+        "a list": b"[1, 2, 3]",
+        "deep nesting": b"[" * 100_000 + b"]" * 100_000,
+        "huge": _document(tuner, valid).encode() + b" " * autotune.MAX_FILE_BYTES,
+        "another version": _document(tuner, valid, version=autotune.VERSION + 1).encode(),
+        "another machine": _document(tuner, valid, machine="x86_64-512cpu").encode(),
+        "choices not an object": _document(tuner, [entry, "unfused"]).encode(),
+        "huge integer": _document(tuner, {entry: {"run": "fused", "threads": 7}})
+        .replace('"threads": 7', '"threads": 1' + "0" * 5000)
+        .encode(),
+    }
+
+
+HOSTILE_FILES = ["garbage bytes", "not utf-8 json", "a list", "deep nesting", "huge",
+                 "another version", "another machine", "choices not an object", "huge integer",
+                 "a directory", "a fifo"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", HOSTILE_FILES)
+def test_a_hostile_file_is_ignored_and_tuning_still_works(runtime, tmp_path, kind):
+    tuner = Tuner(runtime, tmp_path)
+    block = _block((ROWS, COLS))
+    entry = _entry(tuner, block)
+    if kind == "a directory":
+        tuner.path.mkdir()
+    elif kind == "a fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs here")
+        os.mkfifo(tuner.path)
+    else:
+        tuner.path.write_bytes(_hostile_files(tuner, entry)[kind])
+    reader = Tuner(runtime, tmp_path)
+    pending = reader.lookup(block)
+    assert type(pending) is Pending  # nothing in it was trusted
+    x = np.random.default_rng(2).normal(size=block.shape).astype(np.float32)
+    runtime.release(runtime.run(block, [x])[0])
+    choice = reader.tune(pending, block, [x], _unfused(x))  # and a tuning never fails on it
+    assert reader.lookup(block) == choice
+    if kind not in ("a directory", "a fifo"):  # a regular file is replaced by a valid one
+        assert Tuner(runtime, tmp_path).lookup(block) == choice
+
+
+def test_hostile_entries_for_real_blocks_leave_results_correct(runtime, monkeypatch):
+    # The session's runtime (its own cache folder) under the fusion devices made here.
+    monkeypatch.setitem(executor._shared, "numba", runtime)
+    tuner = autotune.tuner_for(runtime)
+    x = _data(3)
+    eager = _chain(Tensor.from_data(x, ember.device("ndarray"))).to_data().to_numpy()
+
+    def fused_chain() -> np.ndarray:
+        fused = ember.device("ndarray").fusion(runtime="numba")
+        return _chain(Tensor.from_data(x, fused)).to_data().to_numpy()
+
+    fused_chain()  # tunes this run's blocks (unless an earlier test did), writing the file
+    entries = json.loads(tuner.path.read_text())["choices"]
+    # Every entry now says "fused on 1000 threads", beyond the limit its key names.
+    limit = tuner.thread_limit()
+    hostile = {e: {"run": "fused", "threads": 1000} for e in entries}
+    tuner.path.write_text(_document(tuner, hostile))
+    tuner.forget()
+    reset_stats()
+    np.testing.assert_allclose(fused_chain(), eager, rtol=RTOL, atol=ATOL)
+    assert stats()["tunings"] >= 1  # the bad entries were ignored and timed again
+    rewritten = json.loads(tuner.path.read_text())["choices"]
+    assert all(rewritten[e]["threads"] in (None, *range(1, limit + 1)) for e in entries)
+
+
+def test_autotune_off_tunes_nothing(monkeypatch):
+    monkeypatch.setenv("EMBER_FUSION_AUTOTUNE", "0")
+    runtime = runtime_named("numba")
+    assert autotune.tuner_for(runtime) is None
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    assert fused.backend.executor.tuner is None
+    reset_stats()
+    x = _data(4)
+    got = _chain(Tensor.from_data(x, fused)).to_data().to_numpy()
+    eager = _chain(Tensor.from_data(x, ember.device("ndarray"))).to_data().to_numpy()
+    np.testing.assert_allclose(got, eager, rtol=RTOL, atol=ATOL)
+    assert stats()["tunings"] == 0 and stats()["kernels"] >= 1
+
+
+def test_the_interpreter_runtime_is_not_tuned():
+    assert autotune.tuner_for(runtime_named("interpreter")) is None
+
+
+_CHILD = textwrap.dedent("""
+    import json, numpy as np, ember
+    from ember import Tensor, activation
+    from ember.backends.fusion import stats
+    x = np.random.default_rng(0).normal(size=(320, 256)).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    y = activation.softmax(activation.gelu(Tensor.from_data(x, device)) * 3.0, 1)
+    y = y.to_data().to_numpy().tolist()  # runs the stream
+    print(json.dumps({"tunings": stats()["tunings"], "y": y}))
+""")
+
+
+def test_choices_persist_across_processes(tmp_path):
+    env = {**os.environ, "EMBER_FUSION_CACHE": str(tmp_path), "EMBER_FUSION_AUTOTUNE": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(ember.__file__).parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+
+    def child() -> dict:
+        done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first, second = child(), child()
+    assert first["tunings"] == 1  # the block of GELU and softmax
+    assert second["tunings"] == 0  # its choice read from the file
+    np.testing.assert_array_equal(np.array(second["y"]), np.array(first["y"]))
+    assert list(tmp_path.glob("autotune-*.json"))
