@@ -190,6 +190,23 @@ def test_a_cache_hit_binds_templates_without_the_fusers(device, monkeypatch):
             reset_stats()
 
 
+def test_a_bound_block_shares_its_templates_kernel_key(device, monkeypatch):
+    from ember.backends.fusion.interpreter import InterpreterRuntime
+
+    keys = []
+    run = InterpreterRuntime.run
+
+    def spy(self, block, *args, **kwargs):
+        keys.append((block.key(), block._pattern_key()))
+        return run(self, block, *args, **kwargs)
+
+    monkeypatch.setattr(InterpreterRuntime, "run", spy)
+    clear_plans()
+    for n in (3, 3, 9):  # explored, then bound twice (the same sizes, then others)
+        _norm_step(device, n)
+    assert len(keys) >= 6 and all(shared == fresh for shared, fresh in keys)
+
+
 def test_a_template_whose_sizes_disagree_falls_back_to_the_fusers(device):
     clear_plans()
 

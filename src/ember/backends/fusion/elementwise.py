@@ -194,7 +194,7 @@ class Template:
     running the fuser again.
     """
 
-    __slots__ = ("axis", "body", "inputs", "out_positions", "outputs", "rank")
+    __slots__ = ("axis", "block_key", "body", "inputs", "out_positions", "outputs", "rank")
 
     def __init__(self, fused: Fused, records: list[Record], rank: int, axis: int | None) -> None:
         where: dict[int, tuple[int, int]] = {}  # slot id -> (record offset, input index)
@@ -211,6 +211,7 @@ class Template:
         self.outputs = fused.block.outputs
         first = len(fused.inputs)
         self.out_positions = tuple(r - first for r in fused.block.outputs)  # record offsets
+        self.block_key = fused.block.key()  # every block it binds has this pattern
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Template):
@@ -308,6 +309,7 @@ class Template:
         template.inputs, template.body = tuple(inputs), tuple(body)
         template.outputs = tuple(raw_outputs)
         template.out_positions = tuple(o - first for o in raw_outputs)
+        template.block_key = None  # from its first bound block
         return template
 
     def bind(self, records: list[Record]) -> Fused | None:
@@ -341,6 +343,10 @@ class Template:
             outputs=self.outputs,
             axis=self.axis,
         )
+        if self.block_key is None:
+            self.block_key = block.key()
+        else:
+            block.share_key(self.block_key)
         outs = tuple(records[j].outputs[0] for j in self.out_positions)
         return Fused(block, inputs, outs)
 

@@ -96,8 +96,19 @@ class Block:
 
     def key(self) -> tuple:
         """What a compiled kernel depends on: everything but the sizes of the dims and the
-        values of numeric attributes (only their types)."""
+        values of numeric attributes (only their types). Computed once per block."""
+        found = self.__dict__.get("_key")
+        if found is None:
+            found = self._pattern_key()
+            object.__setattr__(self, "_key", found)  # a cache beside the frozen fields
+        return found
 
+    def share_key(self, key: tuple) -> None:
+        """Gives this block the key of another with the same pattern (a template's earlier
+        block), so it is not computed again; the caller vouches they are equal."""
+        object.__setattr__(self, "_key", key)
+
+    def _pattern_key(self) -> tuple:
         def pattern(shape: tuple[int, ...]) -> tuple[bool, ...]:
             return tuple(d == 1 for d in shape)
 
