@@ -94,11 +94,50 @@ def test_what_still_views_a_dropped_result_keeps_its_buffer(device, pool, view, 
 def test_an_input_dropped_before_its_last_read_is_recycled_after_it(device, pool):
     x = Tensor.from_data(_data(), device)
     y = _step(x, 2.0)
-    z = (y * 0.5).exp()  # pending: reads y
+    z = (y * 0.5).exp().sum_dim(0)  # pending: reads y (a reduction: not over y's buffer)
     del y  # the pending record still reads it: not yet
     assert pool.idle_bytes() == 0
     device.sync()
     assert pool.idle_bytes() >= N * 4  # y, once z's block has run
+    want = np.exp(_expected(_data(), 2.0) * 0.5).sum(0, keepdims=True)
+    np.testing.assert_allclose(z.to_numpy(), want, rtol=1e-5)
+
+
+def test_an_element_wise_block_writes_over_an_input_at_its_last_use(device, pool):
+    x = Tensor.from_data(_data(), device)
+    y = _step(x, 2.0)
+    address = y._prim.slot.prim.__array_interface__["data"][0]
+    z = (y * 0.5).exp()
+    w = y + 1.0  # a later record reads y: z's block may not write over it
+    device.sync()
+    assert z._prim.slot.prim.__array_interface__["data"][0] != address
+    del y
+    v = (w * 3.0).abs()  # w is held: v gets a buffer of its own
+    device.sync()
+    held = w._prim.slot.prim.__array_interface__["data"][0]
+    assert v._prim.slot.prim.__array_interface__["data"][0] != held
+    u = (z * 2.0).neg()  # z's last use, dropped right away
+    z_address = z._prim.slot.prim.__array_interface__["data"][0]
+    del z
+    device.sync()
+    assert u._prim.slot.prim.__array_interface__["data"][0] == z_address
+    assert pool.idle_bytes() == 0  # nothing went back: u lives in z's buffer
+    e = np.exp(_expected(_data(), 2.0) * np.float32(0.5))
+    np.testing.assert_allclose(u.to_numpy(), -(e * 2), rtol=2e-6)
+    np.testing.assert_allclose(v.to_numpy(), np.abs((_expected(_data(), 2.0) + 1) * 3), rtol=2e-6)
+    del u
+    assert pool.idle_bytes() >= N * 4  # u's (once z's) buffer is recycled once
+
+
+def test_a_view_of_an_input_keeps_it_from_being_written_over(device, pool):
+    x = Tensor.from_data(_data(), device)
+    y = _step(x, 2.0)
+    view = y._prim.slot.prim[:4]  # someone holds a NumPy view of y's memory
+    before = view.copy()
+    z = (y * 0.5).exp()
+    del y
+    device.sync()
+    np.testing.assert_array_equal(view, before)
     np.testing.assert_allclose(z.to_numpy(), np.exp(_expected(_data(), 2.0) * 0.5), rtol=2e-6)
 
 
@@ -159,3 +198,18 @@ def test_a_cached_plan_that_no_longer_fits_is_explored_anew():
     assert counts["explorations"] == 2 and counts["cache_hits"] == 0
     np.testing.assert_array_equal(results[1][0], [0, 2, 4])
     np.testing.assert_array_equal(results[1][1], [0, 3, 6, 9])
+
+
+def test_a_value_another_stream_reads_is_never_written_over(device, pool):
+    x = Tensor.from_data(_data(), device)
+    y = _step(x, 2.0)  # made by this thread's stream, pooled
+    pending = []
+    other = threading.Thread(target=lambda t=y: pending.append(t * 3.0))  # its stream, not run
+    other.start()
+    other.join()
+    del other  # with the handle its function held
+    z = (y * 0.5).exp()
+    del y  # this stream's last use; the other thread's record still reads it
+    want = _expected(_data(), 2.0)
+    np.testing.assert_allclose(z.to_numpy(), np.exp(want * 0.5), rtol=2e-6)  # runs z's stream
+    np.testing.assert_array_equal(pending[0].to_numpy(), want * np.float32(3.0))

@@ -110,10 +110,12 @@ class Fusion(Decorator):
                 return self._eager(op, name, args)
 
         stream = stream_for(device, self.executor)
-        for s in present:  # a value another thread's stream will make: make it now
-            other = s.stream
-            if other is not None and other is not stream:
-                other.flush()
+        for s in present:
+            if s.origin is not stream:
+                s.shared = True  # read across streams: never written over (executor)
+                other = s.stream
+                if other is not None:  # a value another thread's stream will make: now
+                    other.flush()
         outputs = tuple([Slot(a.shape, a.dtype, device, stream) for a in out_avals])
         # The handles exist before the record is pushed: a push that fills the stream runs
         # it, and a fused block writes only the outputs someone can read.

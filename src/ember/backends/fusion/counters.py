@@ -22,6 +22,7 @@ _FIELDS = (
     "explorations",  # streams explored (plan cache misses)
     "cache_hits",  # streams whose plan came from the cache
     "tunings",  # (block kind, size bucket)s timed to choose how they run (autotune.py)
+    "in_place",  # block outputs written over an input at its last use
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 

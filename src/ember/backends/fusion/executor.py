@@ -156,7 +156,7 @@ class Executor:
                 counters.add("unfused_ops")
                 run_record(self.inner, records[start])
             else:
-                self._launch(fused, records[start : start + length])
+                self._launch(fused, records[start : start + length], records, start + length)
 
     def _blocks(self, records: list[Record]) -> list:
         """``(start, length, fused block or None)`` of each segment of the stream's plan.
@@ -238,7 +238,9 @@ class Executor:
             plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
-    def _launch(self, fused, records: list[Record]) -> None:
+    def _launch(self, fused, records: list[Record], stream: list[Record] = (),
+                end: int = 0) -> None:  # fmt: skip
+        """Runs a fused block (``records``, which end at ``stream[end]``)."""
         block = fused.block
         n_records = len(records)
         if not block.outputs:
@@ -251,16 +253,21 @@ class Executor:
             self._unfused(records)
             return
         to_numpy, from_numpy = self.arrays
+        out, consumed = None, []
+        if self.recycler is not None and type(how) is not autotune.Pending:
+            out, consumed = self._in_place(fused, stream, end)
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
         try:
             if type(how) is autotune.Choice:
-                results = self.runtime.run(block, arrays, None, how.threads)
+                results = self.runtime.run(block, arrays, out, how.threads)
             else:  # untuned, or not tuned yet: the runtime's own thread choice
-                results = self.runtime.run(block, arrays, None)
+                results = self.runtime.run(block, arrays, out)
         except UnsupportedError:  # a dtype or op the runtime does not compile: run unfused
             self._unfused(records)
             return
+        for slot in consumed:
+            slot.prim = None  # overwritten: a read that cannot happen would raise, not misread
         counters.add("fused_ops", n_records)
         counters.add("kernels")
         for slot, array in zip(fused.outputs, results, strict=True):
@@ -279,6 +286,46 @@ class Executor:
             # After the kept run (which compiled the kernel): the candidates write into
             # buffers of their own, so the outputs stored above stay as they are.
             self.tuner.tune(how, block, arrays, lambda: run_detached(self.inner, records))
+
+    def _in_place(self, fused, stream: list[Record], end: int) -> tuple[list | None, list]:
+        """``(out, consumed)``: for an element-wise float block, output arrays (None where
+        the pool gives one) that overwrite inputs at their last use, and the input slots
+        they consume; ``(None, [])`` when no input qualifies.
+
+        An input qualifies when it is a pooled output of an earlier block (its slot
+        recycles it, so reference counts prove, as :class:`Recycler` does, that no other
+        slot or view holds the array), no handle can read it, no record of another stream
+        reads it, no later record of this stream reads it, and it has the output's shape
+        and dtype. An element-wise kernel
+        reads each element before it writes that position, so it may write over its
+        input. The consumed slots hand their arrays to the outputs' slots.
+        """
+        block = fused.block
+        if block.axis is not None or not all(i.dtype.is_float for i in block.body):
+            return None, []  # a reduction's passes read inputs again; int pow may fail late
+        out: list = []
+        consumed: list[Slot] = []
+        for r in block.outputs:
+            shape, dtype, array = block.register_shape(r), block.register_dtype(r), None
+            for slot, spec in zip(fused.inputs, block.inputs):
+                if slot.recycle is not self.recycler or spec.dtype is not dtype:
+                    continue
+                array = slot.prim
+                fits = (type(array) is np.ndarray and array.shape == shape
+                        and spec.shape == shape and not slot.readable() and not slot.shared
+                        and slot not in consumed and _refs(array) == _EXPECTED_REFS
+                        and not any(slot in later.inputs for later in stream[end:]))  # fmt: skip
+                if fits:
+                    consumed.append(slot)
+                    break
+                array = None
+            out.append(array)
+        if not consumed:
+            return None, []
+        for slot in consumed:
+            slot.recycle = None  # the output's slot recycles the array now
+        counters.add("in_place", len(consumed))
+        return out, consumed
 
     def _unfused(self, records: list[Record]) -> None:
         counters.add("unfused_ops", len(records))

@@ -27,12 +27,14 @@ _ids = itertools.count()
 
 class Slot:
     """One value of a stream. ``prim`` is None until the record that makes it has run;
-    ``stream`` is the stream that will make it (None once made). ``recycle``, when set (by
-    the executor, on a fused block's output), is called with the slot when the slot itself
-    is collected: then no handle, record or other slot can read the value through it."""
+    ``stream`` is the stream that will make it (None once made); ``origin`` stays that
+    stream, and ``shared`` is set once a record of another stream reads the slot (its last
+    use is then not this stream's to know). ``recycle``, when set (by the executor, on a
+    fused block's output), is called with the slot when the slot itself is collected: then
+    no handle, record or other slot can read the value through it."""
 
-    __slots__ = ("__weakref__", "device", "dtype", "handle", "id", "prim", "recycle", "shape",
-                 "stream")  # fmt: skip
+    __slots__ = ("__weakref__", "device", "dtype", "handle", "id", "origin", "prim", "recycle",
+                 "shape", "shared", "stream")  # fmt: skip
 
     def __init__(self, shape: tuple[int, ...], dtype: DType, device: Device,
                  stream: Stream | None = None, prim: Any = None) -> None:  # fmt: skip
@@ -40,7 +42,8 @@ class Slot:
         self.shape = shape
         self.dtype = dtype
         self.device = device  # the inner backend's device
-        self.stream = stream
+        self.stream = self.origin = stream
+        self.shared = False
         self.prim = prim
         self.handle: weakref.ref | None = None
         self.recycle: Callable[[Slot], object] | None = None

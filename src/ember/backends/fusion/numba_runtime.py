@@ -182,11 +182,13 @@ class NumbaRuntime:
     def run(self, block: ir.Block, inputs: list[np.ndarray], out: list[np.ndarray] | None = None,
             threads: int | None = None) -> list[np.ndarray]:  # fmt: skip
         """Computes ``block`` on ``inputs`` (arrays of its inputs' shapes and dtypes, one
-        size per block dim); returns its outputs, written into ``out`` when given."""
+        size per block dim); returns its outputs, written into ``out`` when given (a None
+        entry of ``out`` comes from the pool). An element-wise block may write over an
+        input exactly; other overlaps run into fresh buffers first."""
         kernel = self.kernel(block)
         arrays = _inputs(block, inputs)
         outputs = self._outputs(block, out)
-        if out is not None and any(np.may_share_memory(o, a) for o in out for a in arrays):
+        if out is not None and not _writes_safely(block, outputs, arrays):
             # Kernels may store an intermediate in an output and read it back (numba_source
             # ``_stash``): an output over an input would clobber it. Run into fresh buffers.
             fresh = self.run(block, arrays, None, threads)
@@ -236,6 +238,7 @@ class NumbaRuntime:
             return [self.pool.take(shape, dtype) for shape, dtype in wanted]
         if len(out) != len(wanted):
             raise ShapeError(f"numba runtime: {len(out)} output arrays for {len(wanted)} outputs")
+        out = [self.pool.take(*w) if o is None else o for o, w in zip(out, wanted)]
         for o, (array, (shape, dtype)) in enumerate(zip(out, wanted)):
             fits = (array.shape == shape and array.dtype == dtype
                     and array.flags.c_contiguous and array.flags.writeable)  # fmt: skip
@@ -277,6 +280,21 @@ def _run_parts(kernel, args: list, parts: int) -> None:
     finally:
         for other in others:
             other.result()
+
+
+def _writes_safely(block: ir.Block, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> bool:
+    """Whether the kernel may write ``outputs`` where it runs over ``inputs``: where no
+    output shares memory with an input, or, for an element-wise block, where each shared
+    one is exactly that input (each position is read before it is written)."""
+    for o in outputs:
+        for a in inputs:
+            if not np.may_share_memory(o, a):
+                continue
+            same = (block.axis is None and o.shape == a.shape and o.strides == a.strides
+                    and o.__array_interface__["data"][0] == a.__array_interface__["data"][0])  # fmt: skip
+            if not same:
+                return False
+    return True
 
 
 def _numpy_dtype(dtype: DType) -> np.dtype:
