@@ -49,7 +49,6 @@ another order than NdArray's GEMM adds them (the results agree to rounding).
 
 from __future__ import annotations
 
-import math
 import os
 from typing import TYPE_CHECKING
 
@@ -95,15 +94,20 @@ def _jit(fn):
 
 
 @_jit
-def _pack(x, xq, n, c0, cg, sh, sw, ph, pw, hq, wq):  # pragma: no cover - runs compiled
+def _pack(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq):  # pragma: no cover - runs compiled
     """Copies channels ``c0 .. c0 + cg`` of sample ``n`` of ``x`` into the phased, padded
-    flat buffer ``xq`` ``[cg, sh, sw, hq, wq]`` (zeros where the window hangs outside)."""
+    flat buffer ``xq`` ``[cg, sh, sw, hq, wq]`` (zeros where the window hangs outside).
+
+    Only the phases ``(a, b)`` with ``used[a * sw + b]`` are written: no tap reads the
+    others (a 1x1 kernel at stride 2 reads one phase of four)."""
     h = x.shape[2]
     w = x.shape[3]
     plane = hq * wq
     for c in range(cg):
         for a in range(sh):
             for b in range(sw):
+                if not used[a * sw + b]:
+                    continue
                 start = ((c * sh + a) * sw + b) * plane
                 # Columns j read x column j * sw + b - pw: valid for j in [jlo, jhi).
                 jlo = min(wq, max(0, (pw - b + sw - 1) // sw))
@@ -126,7 +130,7 @@ def _pack(x, xq, n, c0, cg, sh, sw, ph, pw, hq, wq):  # pragma: no cover - runs 
 
 
 @_jit
-def _conv_blocked(x, wt, offs, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nblk,
+def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nblk,
                   rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Output channel blocks of :data:`OB` (see the module doc); ``out`` is
     ``[N, O, oh, ow]``, ``wt`` ``[groups * nblk, taps / 3, 3, 4]``, ``offs`` the flat
@@ -150,7 +154,7 @@ def _conv_blocked(x, wt, offs, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nb
         g = sample_group % groups
         n = sample_group // groups
         if sample_group != packed:
-            _pack(x, xq, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
+            _pack(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
             packed = sample_group
         gb = g * nblk + blk
         r0 = tile * rows_per_tile
@@ -204,7 +208,7 @@ def _conv_blocked(x, wt, offs, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nb
 
 
 @_jit
-def _conv_single(x, wt, offs, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
+def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
                  rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """One output channel per pass (groups of fewer than :data:`OB` channels, depthwise):
     as :func:`_conv_blocked` with a block of one channel; ``wt`` is ``[O, taps / 3, 3]``,
@@ -228,7 +232,7 @@ def _conv_single(x, wt, offs, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
         g = oc // og
         sample_group = n * groups + g
         if sample_group != packed:
-            _pack(x, xq, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
+            _pack(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
@@ -311,6 +315,9 @@ def conv2d(
     wq = ow + dw * (kw - 1) // sw
     offs = _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq)
     taps = offs.size
+    used = np.zeros((sh, sw), np.bool_)
+    used[np.ix_(np.arange(kh) * dh % sh, np.arange(kw) * dw % sw)] = True
+    used = used.reshape(-1)
     w_taps = np.zeros((groups, og, taps), dtype)
     w_taps[:, :, : cg * kh * kw] = weight.reshape(groups, og, cg * kh * kw)
     b = np.zeros((groups, og), dtype) if bias is None else bias.astype(dtype).reshape(groups, og)
@@ -322,7 +329,7 @@ def conv2d(
 
     if og < OB:
         # Fewer than OB channels per group: one pass per channel, no padded channels.
-        args = [x, w_taps.reshape(o, taps // UNROLL, UNROLL), offs, b.reshape(o), out]
+        args = [x, w_taps.reshape(o, taps // UNROLL, UNROLL), offs, used, b.reshape(o), out]
         _run_parts(_conv_single, [*args, *geometry, rows_per_tile], parts)
         return out
     nblk = -(-og // OB)
@@ -334,7 +341,7 @@ def conv2d(
     ).reshape(groups * nblk, taps // UNROLL, UNROLL, OB)
     bias_blocks = np.zeros((groups, nblk * OB), dtype)
     bias_blocks[:, :og] = b
-    args = [x, wt, offs, bias_blocks.reshape(groups * nblk, OB), out]
+    args = [x, wt, offs, used, bias_blocks.reshape(groups * nblk, OB), out]
     _run_parts(_conv_blocked, [*args, *geometry, nblk, rows_per_tile], parts)
     return out
 
