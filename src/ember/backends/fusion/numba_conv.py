@@ -74,6 +74,9 @@ UNROLL = 3
 TILE = 512
 """Output positions per tile and channel, at least: ``OB * TILE`` accumulators (8 KiB in
 float32) stay in L1 while every tap runs over them."""
+LANES = 16
+"""The tile length is rounded up to a multiple of this (a float32 vector of AVX-512): the
+extra positions are computed from the buffer's zeroed slack and dropped."""
 PARALLEL_MIN_MACS = 1 << 21
 """Convolutions of fewer multiply-adds than this run on one thread: waking the others costs
 more than they save."""
@@ -141,8 +144,8 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
     ow = out.shape[3]
     og = o_all // groups
     taps3 = wt.shape[1]
-    xq = np.zeros(cg * sh * sw * hq * wq + wq, x.dtype)
-    acc = np.empty((4, rows_per_tile * wq), x.dtype)
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + LANES, x.dtype)
+    acc = np.empty((4, rows_per_tile * wq + LANES), x.dtype)
     ntiles = (oh + rows_per_tile - 1) // rows_per_tile
     tasks = n_all * groups * nblk * ntiles
     packed = -1
@@ -159,7 +162,8 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
         gb = g * nblk + blk
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
-        length = (r1 - r0) * wq
+        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+        length = -(-(r1 - r0) * wq // LANES) * LANES
         base = r0 * wq
         a0 = acc[0]
         a1 = acc[1]
@@ -219,8 +223,8 @@ def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, c
     ow = out.shape[3]
     og = o_all // groups
     taps3 = wt.shape[1]
-    xq = np.zeros(cg * sh * sw * hq * wq + wq, x.dtype)
-    acc = np.empty(rows_per_tile * wq, x.dtype)
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + LANES, x.dtype)
+    acc = np.empty(rows_per_tile * wq + LANES, x.dtype)
     ntiles = (oh + rows_per_tile - 1) // rows_per_tile
     tasks = n_all * o_all * ntiles
     packed = -1
@@ -236,7 +240,8 @@ def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, c
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
-        length = (r1 - r0) * wq
+        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+        length = -(-(r1 - r0) * wq // LANES) * LANES
         base = r0 * wq
         b = bias[oc]
         for j in range(length):
