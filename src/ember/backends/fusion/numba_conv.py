@@ -127,10 +127,11 @@ def _pack(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq):  # pragma: no cover -
                         continue
                     for j in range(jlo):
                         xq[np.uintp(dst + j)] = 0
-                    col = jlo * sw + b - pw
+                    # A 1-d row view and unsigned indices: the copy vectorizes (sw == 1).
+                    src = x[n, c0 + c, row]
+                    shift = b - pw
                     for j in range(jlo, jhi):
-                        xq[np.uintp(dst + j)] = x[n, c0 + c, row, col]
-                        col += sw
+                        xq[np.uintp(dst + j)] = src[np.uintp(j * sw + shift)]
                     for j in range(jhi, wq):
                         xq[np.uintp(dst + j)] = 0
 
@@ -240,8 +241,9 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
             row_acc = acc[o]
             for r in range(r0, r1):
                 src = (r - r0) * wq
+                dst = out[n, o0 + o, r]
                 for j in range(ow):
-                    out[n, o0 + o, r, j] = row_acc[np.uintp(src + j)]
+                    dst[np.uintp(j)] = row_acc[np.uintp(src + j)]
 
 
 @_jit
@@ -293,8 +295,77 @@ def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, c
                 )  # fmt: skip
         for r in range(r0, r1):
             src = (r - r0) * wq
+            dst = out[n, oc, r]
             for j in range(ow):
-                out[n, oc, r, j] = acc[np.uintp(src + j)]
+                dst[np.uintp(j)] = acc[np.uintp(src + j)]
+
+
+@_jit
+def _conv_single9(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
+                 rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """:func:`_conv_single` adding 9 taps per pass (a whole 3x3 kernel): one accumulator
+    load and store per 9 FMAs instead of per 3 (depthwise 3x3: measured below)."""
+    n_all = x.shape[0]
+    o_all = out.shape[1]
+    oh = out.shape[2]
+    ow = out.shape[3]
+    og = o_all // groups
+    taps9 = wt.shape[1]
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + LANES, x.dtype)
+    acc = np.empty(rows_per_tile * wq + LANES, x.dtype)
+    ntiles = (oh + rows_per_tile - 1) // rows_per_tile
+    tasks = n_all * o_all * ntiles
+    packed = -1
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        tile = task % ntiles
+        rest = task // ntiles
+        oc = rest % o_all
+        n = rest // o_all
+        g = oc // og
+        sample_group = n * groups + g
+        if sample_group != packed:
+            _pack(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
+            packed = sample_group
+        r0 = tile * rows_per_tile
+        r1 = min(oh, r0 + rows_per_tile)
+        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+        length = -(-(r1 - r0) * wq // LANES) * LANES
+        base = r0 * wq
+        b = bias[oc]
+        for j in range(length):
+            acc[np.uintp(j)] = b
+        for t in range(taps9):
+            p0 = offs[9 * t + 0] + base
+            p1 = offs[9 * t + 1] + base
+            p2 = offs[9 * t + 2] + base
+            p3 = offs[9 * t + 3] + base
+            p4 = offs[9 * t + 4] + base
+            p5 = offs[9 * t + 5] + base
+            p6 = offs[9 * t + 6] + base
+            p7 = offs[9 * t + 7] + base
+            p8 = offs[9 * t + 8] + base
+            w0 = wt[oc, t, 0]
+            w1 = wt[oc, t, 1]
+            w2 = wt[oc, t, 2]
+            w3 = wt[oc, t, 3]
+            w4 = wt[oc, t, 4]
+            w5 = wt[oc, t, 5]
+            w6 = wt[oc, t, 6]
+            w7 = wt[oc, t, 7]
+            w8 = wt[oc, t, 8]
+            for j in range(length):
+                acc[np.uintp(j)] += (
+                    w0 * xq[np.uintp(p0 + j)] + w1 * xq[np.uintp(p1 + j)]
+                    + w2 * xq[np.uintp(p2 + j)] + w3 * xq[np.uintp(p3 + j)]
+                    + w4 * xq[np.uintp(p4 + j)] + w5 * xq[np.uintp(p5 + j)]
+                    + w6 * xq[np.uintp(p6 + j)] + w7 * xq[np.uintp(p7 + j)]
+                    + w8 * xq[np.uintp(p8 + j)]
+                )  # fmt: skip
+        for r in range(r0, r1):
+            src = (r - r0) * wq
+            dst = out[n, oc, r]
+            for j in range(ow):
+                dst[np.uintp(j)] = acc[np.uintp(src + j)]
 
 
 def _threads() -> int:
@@ -351,7 +422,8 @@ def conv2d(
     og = o // groups
     hq = oh + dh * (kh - 1) // sh
     wq = ow + dw * (kw - 1) // sw
-    unroll = UNROLL if og >= OB else SINGLE_UNROLL
+    single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
+    unroll = UNROLL if og >= OB else single
     offs = _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
     taps = offs.size
     used = np.zeros((sh, sw), np.bool_)
@@ -368,9 +440,10 @@ def conv2d(
 
     if og < OB:
         # Fewer than OB channels per group: one pass per channel, no padded channels.
-        wt = w_taps.reshape(o, taps // SINGLE_UNROLL, SINGLE_UNROLL)
+        wt = w_taps.reshape(o, taps // single, single)
         args = [x, wt, offs, used, b.reshape(o), out]
-        _run_parts(_conv_single, [*args, *geometry, rows_per_tile], parts)
+        kernel = _conv_single9 if single == 9 else _conv_single
+        _run_parts(kernel, [*args, *geometry, rows_per_tile], parts)
         return out
     nblk = -(-og // OB)
     wt = np.zeros((groups, nblk * OB, taps), dtype)
