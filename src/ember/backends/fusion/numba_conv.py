@@ -35,7 +35,7 @@ output rows):
   positions per channel, which stays in L1 while all taps run over it; a tile starts from
   the bias.
 * **Depthwise** convolutions (one output channel per group, e.g. ``groups == C``) run a
-  one-channel variant of the same loop (:func:`_conv_single`): padding them to :data:`OB`
+  one-channel variant of the same loop (:func:`_conv_single`, :func:`_conv_single9`): padding them to :data:`OB`
   channels would quadruple the work.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their task
@@ -65,7 +65,17 @@ try:  # numba is optional: conv2d raises KernelUnsupported without it
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["OB", "SINGLE_UNROLL", "TILE", "UNROLL", "KernelUnsupported", "conv2d", "supports"]
+__all__ = [
+    "LANES",
+    "OB",
+    "SINGLE_UNROLL",
+    "TILE",
+    "UNROLL",
+    "KernelUnsupported",
+    "conv2d",
+    "pack_phases",
+    "supports",
+]
 
 OB = 4
 """Output channels one inner loop updates (a multiple of this is padded with zero weights)."""
@@ -100,9 +110,10 @@ def _jit(fn):
 
 
 @_jit
-def _pack(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq):  # pragma: no cover - runs compiled
+def pack_phases(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq, fill):  # pragma: no cover
     """Copies channels ``c0 .. c0 + cg`` of sample ``n`` of ``x`` into the phased, padded
-    flat buffer ``xq`` ``[cg, sh, sw, hq, wq]`` (zeros where the window hangs outside).
+    flat buffer ``xq`` ``[cg, sh, sw, hq, wq]`` (``fill`` where the window hangs outside:
+    0 for convolutions and average pooling, -inf for max pooling).
 
     Only the phases ``(a, b)`` with ``used[a * sw + b]`` are written: no tap reads the
     others (a 1x1 kernel at stride 2 reads one phase of four)."""
@@ -123,17 +134,17 @@ def _pack(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq):  # pragma: no cover -
                     dst = start + i * wq
                     if row < 0 or row >= h:
                         for j in range(wq):
-                            xq[np.uintp(dst + j)] = 0
+                            xq[np.uintp(dst + j)] = fill
                         continue
                     for j in range(jlo):
-                        xq[np.uintp(dst + j)] = 0
+                        xq[np.uintp(dst + j)] = fill
                     # A 1-d row view and unsigned indices: the copy vectorizes (sw == 1).
                     src = x[n, c0 + c, row]
                     shift = b - pw
                     for j in range(jlo, jhi):
                         xq[np.uintp(dst + j)] = src[np.uintp(j * sw + shift)]
                     for j in range(jhi, wq):
-                        xq[np.uintp(dst + j)] = 0
+                        xq[np.uintp(dst + j)] = fill
 
 
 @_jit
@@ -161,7 +172,7 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
         g = sample_group % groups
         n = sample_group // groups
         if sample_group != packed:
-            _pack(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
             packed = sample_group
         gb = g * nblk + blk
         r0 = tile * rows_per_tile
@@ -271,7 +282,7 @@ def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, c
         g = oc // og
         sample_group = n * groups + g
         if sample_group != packed:
-            _pack(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
@@ -324,7 +335,7 @@ def _conv_single9(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
         g = oc // og
         sample_group = n * groups + g
         if sample_group != packed:
-            _pack(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq)
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
