@@ -17,8 +17,9 @@ HEAD:src/ember/backends/ndarray/conv.py``) in the same turns, and prints its
 time and the speed-up over it.
 
 Where numba is installed, the fusion backend's direct kernels
-(``ember.backends.fusion.numba_conv``, run on the same number of threads) are timed in
-their own process too: the ``numba`` column, and ``nb/ember`` (below 1: numba is faster
+(``ember.backends.fusion.numba_conv``, with ``EMBER_FUSION_THREADS`` set to the thread
+count: small convolutions still run on one, see ``numba_conv.PARALLEL_MIN_MACS``) are
+timed in their own process too: the ``numba`` column, and ``nb/ember`` (below 1: numba is faster
 than im2col). Transposed convolutions have no numba kernel (``-``).
 """
 
@@ -116,7 +117,7 @@ def _time_ember(repeat: int, path: str | None = None) -> list[tuple[float, float
     return times
 
 
-def _time_numba(threads: int, repeat: int) -> list[tuple[float, float] | None]:
+def _time_numba(repeat: int) -> list[tuple[float, float] | None]:
     import numpy as np
 
     sys.path.insert(0, str(SRC))
@@ -131,7 +132,7 @@ def _time_numba(threads: int, repeat: int) -> list[tuple[float, float] | None]:
         b = rng.standard_normal(ws[0], dtype=np.float32)
         options = ConvOptions(s, p, d, g)
         times.append(
-            _median_ms(lambda: numba_conv.conv2d(x, w, b, options, threads=threads), repeat)  # noqa: B023
+            _median_ms(lambda: numba_conv.conv2d(x, w, b, options), repeat)  # noqa: B023
         )
     return times + [None] * len(TRANSPOSE_CASES)
 
@@ -161,7 +162,12 @@ def _child(which: str, threads: int, repeat: int, baseline: str | None = None) -
     """Times one library in a fresh process: idle OpenBLAS threads spin for a while after
     each call and would steal the cores torch's threads run on (and vice versa)."""
     env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "EMBER_FUSION_THREADS",
+    ):
         env[var] = str(threads)
     cmd = [sys.executable, __file__, "--child", which, "--threads", str(threads)]
     cmd += ["--repeat", str(repeat)]
@@ -196,7 +202,7 @@ def main() -> None:
         if args.child == "torch":
             times = _time_torch(args.threads[0], args.repeat)
         elif args.child == "numba":
-            times = _time_numba(args.threads[0], args.repeat)
+            times = _time_numba(args.repeat)
         else:
             times = _time_ember(args.repeat, args.baseline if args.child == "baseline" else None)
         print(json.dumps(times))
