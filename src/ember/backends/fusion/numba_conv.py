@@ -45,9 +45,10 @@ output rows):
   arithmetic (measured: 0.75 -> 0.5 ms on the depthwise benchmark case).
 
 Measured (Zen 5, float32, one thread, busy machine; ``benchmarks/bench_conv_kernels.py``):
-about 65-75 GMAC/s on 3x3 layers with 8-64 channels, 1.5-3x NdArray's im2col on every
-3x3 case; torch (oneDNN) is still 1.2-1.8x faster on most of them, and as fast as this on
-the first guide layer, the 16-channel pad=1 case and depthwise.
+about 65-80 GMAC/s on 3x3 layers with 8-64 channels: 1.5-3.6x faster than NdArray's
+im2col on every 3x3 case (a 1x1 kernel is a plain GEMM: im2col is 1.15x faster there).
+Torch is 1.1-1.6x faster on the wide layers; this is faster than torch on the first guide
+layer, the 3-channel stem, the 16-channel pad=1 case and depthwise.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their task
 range (like the fusion runtime's generated kernels); :func:`conv2d` runs them with
