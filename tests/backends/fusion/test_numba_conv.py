@@ -172,3 +172,11 @@ def test_empty_batch():
     out = numba_conv.conv2d(np.ones((0, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32),
                             None, ConvOptions((1, 1), (0, 0), (1, 1), 1))  # fmt: skip
     assert out.shape == (0, 3, 3, 3) and out.dtype == np.float32
+
+
+def test_supports_names_what_conv2d_takes():
+    w = np.ones((2, 2, 3, 3), np.float32)
+    assert numba_conv.supports(np.ones((1, 2, 5, 5), np.float32), w)
+    assert numba_conv.supports(np.ones((1, 2, 5, 5), np.float64), w)
+    assert not numba_conv.supports(np.ones((1, 2, 5, 5), np.float16), w)
+    assert not numba_conv.supports(np.ones((2, 5, 5), np.float32), w)
