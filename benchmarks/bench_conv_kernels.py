@@ -1,7 +1,7 @@
 """Times the NdArray backend's conv kernels against PyTorch CPU on the guide shapes.
 
 Usage: ``python benchmarks/bench_conv_kernels.py [--threads 1 2] [--repeat 50] [--rounds 3]
-[--baseline OLD_CONV_PY]``
+[--baseline OLD_CONV_PY] [--no-numba]``
 
 Thread counts are fixed per process (OpenBLAS reads ``OPENBLAS_NUM_THREADS``
 when NumPy loads), so the script re-runs itself once per thread count with
@@ -15,6 +15,12 @@ minimum over all runs) of ember's kernel and of torch, and their ratio
 another copy of ``conv.py`` (say, the last commit's, from ``git show
 HEAD:src/ember/backends/ndarray/conv.py``) in the same turns, and prints its
 time and the speed-up over it.
+
+Where numba is installed, the fusion backend's direct kernels
+(``ember.backends.fusion.numba_conv``, with ``EMBER_FUSION_THREADS`` set to the thread
+count: small convolutions still run on one, see ``numba_conv.PARALLEL_MIN_MACS``) are
+timed in their own process too: the ``numba`` column, and ``nb/ember`` (below 1: numba is faster
+than im2col). Transposed convolutions have no numba kernel (``-``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ CASES = [
     ("conv2d pad=1", (64, 16, 24, 24), (32, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1),
     ("conv2d stride=2", (32, 32, 32, 32), (64, 32, 3, 3), (2, 2), (1, 1), (1, 1), 1),
     ("conv2d depthwise", (32, 32, 32, 32), (32, 1, 3, 3), (1, 1), (1, 1), (1, 1), 32),
+    # The CNN of benchmarks/onnx_inference.py at batch 8.
+    ("onnx 3->32", (8, 3, 32, 32), (32, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("onnx 32->32", (8, 32, 32, 32), (32, 32, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("onnx 32->64 s2", (8, 32, 32, 32), (64, 32, 3, 3), (2, 2), (1, 1), (1, 1), 1),
+    ("onnx 64->64", (8, 64, 16, 16), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("onnx 1x1 32->64 s2", (8, 32, 32, 32), (64, 32, 1, 1), (2, 2), (0, 0), (1, 1), 1),
 ]
 TRANSPOSE_CASES = [
     ("conv_transpose2d s=1", (64, 16, 24, 24), (16, 8, 3, 3), (1, 1), (0, 0), (0, 0), (1, 1), 1),
@@ -105,6 +117,26 @@ def _time_ember(repeat: int, path: str | None = None) -> list[tuple[float, float
     return times
 
 
+def _time_numba(repeat: int) -> list[tuple[float, float] | None]:
+    import numpy as np
+
+    sys.path.insert(0, str(SRC))
+    from ember.backend.options import ConvOptions
+    from ember.backends.fusion import numba_conv
+
+    rng = np.random.default_rng(0)
+    times: list[tuple[float, float] | None] = []
+    for _, xs, ws, s, p, d, g in CASES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ws, dtype=np.float32)
+        b = rng.standard_normal(ws[0], dtype=np.float32)
+        options = ConvOptions(s, p, d, g)
+        times.append(
+            _median_ms(lambda: numba_conv.conv2d(x, w, b, options), repeat)  # noqa: B023
+        )
+    return times + [None] * len(TRANSPOSE_CASES)
+
+
 def _time_torch(threads: int, repeat: int) -> list[tuple[float, float]]:
     import torch
     import torch.nn.functional as F
@@ -130,7 +162,12 @@ def _child(which: str, threads: int, repeat: int, baseline: str | None = None) -
     """Times one library in a fresh process: idle OpenBLAS threads spin for a while after
     each call and would steal the cores torch's threads run on (and vice versa)."""
     env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "EMBER_FUSION_THREADS",
+    ):
         env[var] = str(threads)
     cmd = [sys.executable, __file__, "--child", which, "--threads", str(threads)]
     cmd += ["--repeat", str(repeat)]
@@ -140,11 +177,14 @@ def _child(which: str, threads: int, repeat: int, baseline: str | None = None) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _summary(rounds: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
-    """Per case: the median of the rounds' medians and the minimum of their minimums."""
+def _summary(rounds: list[list]) -> list[tuple[float, float] | None]:
+    """Per case: the median of the rounds' medians and the minimum of their minimums
+    (``None`` where the library has no kernel for the case)."""
     return [
-        (statistics.median(r[0] for r in runs), min(r[1] for r in runs)) for runs in zip(*rounds)
-    ]
+        None if runs[0] is None else
+        (statistics.median(r[0] for r in runs), min(r[1] for r in runs))
+        for runs in zip(*rounds)
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -153,17 +193,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", help="another conv.py to time alongside")
-    parser.add_argument("--child", choices=["ember", "baseline", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--no-numba", action="store_true", help="skip the numba kernels")
+    parser.add_argument(
+        "--child", choices=["ember", "baseline", "torch", "numba"], help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         if args.child == "torch":
             times = _time_torch(args.threads[0], args.repeat)
+        elif args.child == "numba":
+            times = _time_numba(args.repeat)
         else:
             times = _time_ember(args.repeat, args.baseline if args.child == "baseline" else None)
         print(json.dumps(times))
         return
     names = [case[0] for case in CASES + TRANSPOSE_CASES]
+    with_numba = not args.no_numba and importlib.util.find_spec("numba") is not None
     children = ["ember", "torch"] + (["baseline"] if args.baseline else [])
+    children += ["numba"] if with_numba else []
     for threads in args.threads:
         runs = {child: [] for child in children}
         for _ in range(args.rounds):
@@ -171,19 +218,30 @@ def main() -> None:
                 runs[child].append(_child(child, threads, args.repeat, args.baseline))
         ours, ref = _summary(runs["ember"]), _summary(runs["torch"])
         old = _summary(runs["baseline"]) if args.baseline else None
+        fast = _summary(runs["numba"]) if with_numba else None
         print(
             f"--- {threads} thread(s), float32, ms: median of {args.rounds} rounds' medians over"
             f" {args.repeat} runs | minimum"
         )
         header = f"{'case':24s} {'ember':>9s} {'torch':>9s} {'ratio':>6s}"
         header += f" {'before':>9s} {'speedup':>7s}" if old else ""
-        print(f"{header} | {'ember':>9s} {'torch':>9s} {'ratio':>6s}")
+        header += f" {'numba':>9s} {'nb/ember':>8s} {'nb/torch':>8s}" if fast else ""
+        tail = f" {'numba':>9s}" if fast else ""
+        print(f"{header} | {'ember':>9s} {'torch':>9s} {'ratio':>6s}{tail}")
         for i, name in enumerate(names):
             (a, a_min), (b, b_min) = ours[i], ref[i]
             line = f"{name:24s} {a:9.3f} {b:9.3f} {a / b:6.2f}"
             if old:
                 line += f" {old[i][0]:9.3f} {old[i][0] / a:7.2f}"
-            print(f"{line} | {a_min:9.3f} {b_min:9.3f} {a_min / b_min:6.2f}")
+            if fast and fast[i] is not None:
+                c = fast[i][0]
+                line += f" {c:9.3f} {c / a:8.2f} {c / b:8.2f}"
+            elif fast:
+                line += f" {'-':>9s} {'-':>8s} {'-':>8s}"
+            tail = ""
+            if fast:
+                tail = f" {fast[i][1]:9.3f}" if fast[i] is not None else f" {'-':>9s}"
+            print(f"{line} | {a_min:9.3f} {b_min:9.3f} {a_min / b_min:6.2f}{tail}")
 
 
 if __name__ == "__main__":

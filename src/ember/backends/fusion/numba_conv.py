@@ -1,0 +1,496 @@
+"""2-d convolution forward as hand-written numba kernels: a candidate beside NdArray's im2col.
+
+:func:`conv2d` computes exactly what :func:`ember.backends.ndarray.conv.conv2d` computes
+(cross-correlation ``[N, C, H, W] * [O, C/g, kh, kw] -> [N, O, oh, ow]`` with stride,
+zero padding, dilation and groups), for float32 and float64, by *direct* convolution: no
+unrolled matrix is built, so no copy of ``C * kh * kw`` times the input runs through memory
+and small shapes (few channels, where a GEMM is short and wide) pay no BLAS overhead.
+Other dtypes (f16, bf16, ints) raise :class:`KernelUnsupported` so that a caller falls back
+to the NdArray kernel; so does a missing numba.
+
+Layout, per task (sample ``n``, group ``g``, block of :data:`OB` output channels, tile of
+output rows):
+
+* **Phased padded input.** The group's input channels of sample ``n`` are copied once
+  (per part, when the task reaches a new ``(n, g)``) into a scratch buffer
+  ``[cg, sh, sw, hq, wq]``: the zero-padded input split by row and column phase modulo the
+  stride, ``xq[c, a, b, i, j] = x_padded[c, i * sh + a, j * sw + b]``. Tap ``(kh, kw)`` of
+  output ``(oh, ow)`` then reads ``xq[c, (kh dh) % sh, (kw dw) % sw, oh + (kh dh) // sh,
+  ow + (kw dw) // sw]``: every tap is a stride-1 window of one plane, whatever the stride
+  and dilation, so the inner loop always walks contiguous memory.
+* **Full rows.** Output positions are numbered ``q = oh * wq + ow`` over whole rows of
+  the plane (``wq >= ow``), so a tap's window for a tile of rows is *one* contiguous run of
+  the flat buffer, ``xq[offset(tap) + q]``, and the inner loop runs over the whole tile (many
+  rows) instead of one short row. The ``wq - ow`` extra columns per row are computed and
+  dropped when the tile is written out (waste: ``(kw - 1) dw / sw`` columns per row).
+* **Register blocking.** The inner loop updates :data:`OB` output channels from
+  :data:`UNROLL` taps at once: per vector of positions it loads 6 input vectors and 4
+  accumulators, does 24 FMAs and stores 4 accumulators (the 24 weights stay in
+  registers), so the loop is bound by FMAs rather than by the loads and stores of the
+  accumulators (one tap per pass would store once per FMA). Taps are flattened over
+  (input channel, kh, kw) and padded to a multiple of :data:`UNROLL` with zero weights; output channels are padded to a multiple of :data:`OB`
+  with zero weights (the padded channels are never written out). Weights are repacked per
+  call as ``[g * blocks, taps / UNROLL, UNROLL, OB]`` (a few KiB).
+* **Accumulators** for a tile live in an ``[OB, rows * wq]`` array of about :data:`TILE`
+  positions per channel, which stays in L1 while all taps run over it; a tile starts from
+  the bias.
+* **Tiles are whole vectors** (:data:`LANES`): the scalar remainder loop of a tile would
+  cost as much as a vector pass; the extra positions read the buffer's zeroed slack.
+* **Depthwise** convolutions (fewer than :data:`OB` output channels per group, e.g.
+  ``groups == C``) run a one-channel variant of the same loop (:func:`_conv_single`;
+  :func:`_conv_single9` adds a whole 3x3 kernel per pass): padding them to :data:`OB`
+  channels would quadruple the work.
+* **Copies in and out** (packing, writing a tile back) go through 1-d row views with
+  unsigned indices, so they vectorize too: for a depthwise layer they cost as much as the
+  arithmetic (measured: 0.75 -> 0.5 ms on the depthwise benchmark case).
+
+Measured (Zen 5, float32, one thread, busy machine; ``benchmarks/bench_conv_kernels.py``):
+about 65-80 GMAC/s on 3x3 layers with 8-64 channels: 1.5-3.6x faster than NdArray's
+im2col on every 3x3 case (a 1x1 kernel is a plain GEMM: im2col is 1.15x faster there).
+Torch is 1.1-1.6x faster on the wide layers; this is faster than torch on the first guide
+layer, the 3-channel stem, the 16-channel pad=1 case and depthwise.
+
+**Parts.** The kernels take ``part, parts`` and run that contiguous slice of their task
+range (like the fusion runtime's generated kernels); :func:`conv2d` runs them with
+``numba_runtime._run_parts``: part 0 on the calling thread, the others on the runtime's
+worker threads (kernels release the GIL; numba's own thread pool is not used).
+
+Kernels are compiled with ``fastmath={'contract', 'reassoc'}``: sums may be added in
+another order than NdArray's GEMM adds them (the results agree to rounding).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ember.backend.errors import ShapeError, fmt_shape
+from ember.backends.fusion.numba_source import KernelUnsupported
+
+if TYPE_CHECKING:
+    from ember.backend.options import ConvOptions
+
+try:  # numba is optional: conv2d raises KernelUnsupported without it
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+__all__ = [
+    "LANES",
+    "OB",
+    "SINGLE_UNROLL",
+    "TILE",
+    "UNROLL",
+    "KernelUnsupported",
+    "conv2d",
+    "pack_phases",
+    "supports",
+]
+
+OB = 4
+"""Output channels one inner loop updates (a multiple of this is padded with zero weights)."""
+UNROLL = 6
+"""Taps one inner loop of the blocked kernel adds: 6 is two rows of a 3x3 kernel (measured
+on Zen 5, float32: 12-17% faster than 3; 9 runs out of vector registers, 30-50% slower)."""
+SINGLE_UNROLL = 3
+"""Taps one inner loop of the one-channel kernel adds (a row of a 3x3 depthwise kernel)."""
+TILE = 512
+"""Output positions per tile and channel, at least: ``OB * TILE`` accumulators (8 KiB in
+float32) stay in L1 while every tap runs over them."""
+LANES = 16
+"""The tile length is rounded up to a multiple of this (a float32 vector of AVX-512): the
+extra positions are computed from the buffer's zeroed slack and dropped."""
+PARALLEL_MIN_MACS = 1 << 24
+"""Convolutions of fewer multiply-adds than this run on one thread: waking the others costs
+more than they save (measured on 2 busy cores: 3-7 M multiply-adds ran 25-35% slower on 2
+threads than on one, 38 M ran 1.3x faster)."""
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FLAGS = {"contract", "reassoc"}
+
+
+def supports(x: np.ndarray, weight: np.ndarray) -> bool:
+    """Whether :func:`conv2d` takes these arrays (numba present; float32 or float64)."""
+    return numba is not None and x.ndim == 4 and x.dtype in _DTYPES
+
+
+def _jit(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy")(fn)
+
+
+@_jit
+def pack_phases(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq, fill):  # pragma: no cover
+    """Copies channels ``c0 .. c0 + cg`` of sample ``n`` of ``x`` into the phased, padded
+    flat buffer ``xq`` ``[cg, sh, sw, hq, wq]`` (``fill`` where the window hangs outside:
+    0 for convolutions and average pooling, -inf for max pooling).
+
+    Only the phases ``(a, b)`` with ``used[a * sw + b]`` are written: no tap reads the
+    others (a 1x1 kernel at stride 2 reads one phase of four)."""
+    h = x.shape[2]
+    w = x.shape[3]
+    plane = hq * wq
+    for c in range(cg):
+        for a in range(sh):
+            for b in range(sw):
+                if not used[a * sw + b]:
+                    continue
+                start = ((c * sh + a) * sw + b) * plane
+                # Columns j read x column j * sw + b - pw: valid for j in [jlo, jhi).
+                jlo = min(wq, max(0, (pw - b + sw - 1) // sw))
+                jhi = max(jlo, min(wq, (w + pw - b + sw - 1) // sw))
+                for i in range(hq):
+                    row = i * sh + a - ph
+                    dst = start + i * wq
+                    if row < 0 or row >= h:
+                        for j in range(wq):
+                            xq[np.uintp(dst + j)] = fill
+                        continue
+                    for j in range(jlo):
+                        xq[np.uintp(dst + j)] = fill
+                    # A 1-d row view and unsigned indices: the copy vectorizes (sw == 1).
+                    src = x[n, c0 + c, row]
+                    shift = b - pw
+                    for j in range(jlo, jhi):
+                        xq[np.uintp(dst + j)] = src[np.uintp(j * sw + shift)]
+                    for j in range(jhi, wq):
+                        xq[np.uintp(dst + j)] = fill
+
+
+@_jit
+def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nblk,
+                  rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """Output channel blocks of :data:`OB` (see the module doc); ``out`` is
+    ``[N, O, oh, ow]``, ``wt`` ``[groups * nblk, taps / 6, 6, 4]``, ``offs`` the flat
+    buffer offset of each (padded) tap, ``bias`` ``[groups * nblk, 4]``."""
+    n_all = x.shape[0]
+    o_all = out.shape[1]
+    oh = out.shape[2]
+    ow = out.shape[3]
+    og = o_all // groups
+    taps6 = wt.shape[1]
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + LANES, x.dtype)
+    acc = np.empty((4, rows_per_tile * wq + LANES), x.dtype)
+    ntiles = (oh + rows_per_tile - 1) // rows_per_tile
+    tasks = n_all * groups * nblk * ntiles
+    packed = -1
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        tile = task % ntiles
+        rest = task // ntiles
+        blk = rest % nblk
+        sample_group = rest // nblk
+        g = sample_group % groups
+        n = sample_group // groups
+        if sample_group != packed:
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
+            packed = sample_group
+        gb = g * nblk + blk
+        r0 = tile * rows_per_tile
+        r1 = min(oh, r0 + rows_per_tile)
+        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+        length = -(-(r1 - r0) * wq // LANES) * LANES
+        base = r0 * wq
+        a0 = acc[0]
+        a1 = acc[1]
+        a2 = acc[2]
+        a3 = acc[3]
+        bias0 = bias[gb, 0]
+        bias1 = bias[gb, 1]
+        bias2 = bias[gb, 2]
+        bias3 = bias[gb, 3]
+        for j in range(length):
+            a0[np.uintp(j)] = bias0
+            a1[np.uintp(j)] = bias1
+            a2[np.uintp(j)] = bias2
+            a3[np.uintp(j)] = bias3
+        for t in range(taps6):
+            p0 = offs[6 * t + 0] + base
+            p1 = offs[6 * t + 1] + base
+            p2 = offs[6 * t + 2] + base
+            p3 = offs[6 * t + 3] + base
+            p4 = offs[6 * t + 4] + base
+            p5 = offs[6 * t + 5] + base
+            w00 = wt[gb, t, 0, 0]
+            w01 = wt[gb, t, 0, 1]
+            w02 = wt[gb, t, 0, 2]
+            w03 = wt[gb, t, 0, 3]
+            w10 = wt[gb, t, 1, 0]
+            w11 = wt[gb, t, 1, 1]
+            w12 = wt[gb, t, 1, 2]
+            w13 = wt[gb, t, 1, 3]
+            w20 = wt[gb, t, 2, 0]
+            w21 = wt[gb, t, 2, 1]
+            w22 = wt[gb, t, 2, 2]
+            w23 = wt[gb, t, 2, 3]
+            w30 = wt[gb, t, 3, 0]
+            w31 = wt[gb, t, 3, 1]
+            w32 = wt[gb, t, 3, 2]
+            w33 = wt[gb, t, 3, 3]
+            w40 = wt[gb, t, 4, 0]
+            w41 = wt[gb, t, 4, 1]
+            w42 = wt[gb, t, 4, 2]
+            w43 = wt[gb, t, 4, 3]
+            w50 = wt[gb, t, 5, 0]
+            w51 = wt[gb, t, 5, 1]
+            w52 = wt[gb, t, 5, 2]
+            w53 = wt[gb, t, 5, 3]
+            for j in range(length):
+                v0 = xq[np.uintp(p0 + j)]
+                v1 = xq[np.uintp(p1 + j)]
+                v2 = xq[np.uintp(p2 + j)]
+                v3 = xq[np.uintp(p3 + j)]
+                v4 = xq[np.uintp(p4 + j)]
+                v5 = xq[np.uintp(p5 + j)]
+                a0[np.uintp(j)] += (
+                    w00 * v0 + w10 * v1 + w20 * v2
+                    + w30 * v3 + w40 * v4 + w50 * v5
+                )  # fmt: skip
+                a1[np.uintp(j)] += (
+                    w01 * v0 + w11 * v1 + w21 * v2
+                    + w31 * v3 + w41 * v4 + w51 * v5
+                )  # fmt: skip
+                a2[np.uintp(j)] += (
+                    w02 * v0 + w12 * v1 + w22 * v2
+                    + w32 * v3 + w42 * v4 + w52 * v5
+                )  # fmt: skip
+                a3[np.uintp(j)] += (
+                    w03 * v0 + w13 * v1 + w23 * v2
+                    + w33 * v3 + w43 * v4 + w53 * v5
+                )  # fmt: skip
+        o0 = g * og + blk * 4
+        for o in range(min(4, og - blk * 4)):
+            row_acc = acc[o]
+            for r in range(r0, r1):
+                src = (r - r0) * wq
+                dst = out[n, o0 + o, r]
+                for j in range(ow):
+                    dst[np.uintp(j)] = row_acc[np.uintp(src + j)]
+
+
+@_jit
+def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
+                 rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """One output channel per pass (groups of fewer than :data:`OB` channels, depthwise):
+    as :func:`_conv_blocked` with a block of one channel; ``wt`` is ``[O, taps / 3, 3]``,
+    ``bias`` ``[O]``."""
+    n_all = x.shape[0]
+    o_all = out.shape[1]
+    oh = out.shape[2]
+    ow = out.shape[3]
+    og = o_all // groups
+    taps3 = wt.shape[1]
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + LANES, x.dtype)
+    acc = np.empty(rows_per_tile * wq + LANES, x.dtype)
+    ntiles = (oh + rows_per_tile - 1) // rows_per_tile
+    tasks = n_all * o_all * ntiles
+    packed = -1
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        tile = task % ntiles
+        rest = task // ntiles
+        oc = rest % o_all
+        n = rest // o_all
+        g = oc // og
+        sample_group = n * groups + g
+        if sample_group != packed:
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
+            packed = sample_group
+        r0 = tile * rows_per_tile
+        r1 = min(oh, r0 + rows_per_tile)
+        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+        length = -(-(r1 - r0) * wq // LANES) * LANES
+        base = r0 * wq
+        b = bias[oc]
+        for j in range(length):
+            acc[np.uintp(j)] = b
+        for t in range(taps3):
+            p0 = offs[3 * t] + base
+            p1 = offs[3 * t + 1] + base
+            p2 = offs[3 * t + 2] + base
+            w0 = wt[oc, t, 0]
+            w1 = wt[oc, t, 1]
+            w2 = wt[oc, t, 2]
+            for j in range(length):
+                acc[np.uintp(j)] += (
+                    w0 * xq[np.uintp(p0 + j)] + w1 * xq[np.uintp(p1 + j)]
+                    + w2 * xq[np.uintp(p2 + j)]
+                )  # fmt: skip
+        for r in range(r0, r1):
+            src = (r - r0) * wq
+            dst = out[n, oc, r]
+            for j in range(ow):
+                dst[np.uintp(j)] = acc[np.uintp(src + j)]
+
+
+@_jit
+def _conv_single9(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
+                 rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """:func:`_conv_single` adding 9 taps per pass (a whole 3x3 kernel): one accumulator
+    load and store per 9 FMAs instead of per 3 (depthwise 3x3: measured below)."""
+    n_all = x.shape[0]
+    o_all = out.shape[1]
+    oh = out.shape[2]
+    ow = out.shape[3]
+    og = o_all // groups
+    taps9 = wt.shape[1]
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + LANES, x.dtype)
+    acc = np.empty(rows_per_tile * wq + LANES, x.dtype)
+    ntiles = (oh + rows_per_tile - 1) // rows_per_tile
+    tasks = n_all * o_all * ntiles
+    packed = -1
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        tile = task % ntiles
+        rest = task // ntiles
+        oc = rest % o_all
+        n = rest // o_all
+        g = oc // og
+        sample_group = n * groups + g
+        if sample_group != packed:
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
+            packed = sample_group
+        r0 = tile * rows_per_tile
+        r1 = min(oh, r0 + rows_per_tile)
+        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+        length = -(-(r1 - r0) * wq // LANES) * LANES
+        base = r0 * wq
+        b = bias[oc]
+        for j in range(length):
+            acc[np.uintp(j)] = b
+        for t in range(taps9):
+            p0 = offs[9 * t + 0] + base
+            p1 = offs[9 * t + 1] + base
+            p2 = offs[9 * t + 2] + base
+            p3 = offs[9 * t + 3] + base
+            p4 = offs[9 * t + 4] + base
+            p5 = offs[9 * t + 5] + base
+            p6 = offs[9 * t + 6] + base
+            p7 = offs[9 * t + 7] + base
+            p8 = offs[9 * t + 8] + base
+            w0 = wt[oc, t, 0]
+            w1 = wt[oc, t, 1]
+            w2 = wt[oc, t, 2]
+            w3 = wt[oc, t, 3]
+            w4 = wt[oc, t, 4]
+            w5 = wt[oc, t, 5]
+            w6 = wt[oc, t, 6]
+            w7 = wt[oc, t, 7]
+            w8 = wt[oc, t, 8]
+            for j in range(length):
+                acc[np.uintp(j)] += (
+                    w0 * xq[np.uintp(p0 + j)] + w1 * xq[np.uintp(p1 + j)]
+                    + w2 * xq[np.uintp(p2 + j)] + w3 * xq[np.uintp(p3 + j)]
+                    + w4 * xq[np.uintp(p4 + j)] + w5 * xq[np.uintp(p5 + j)]
+                    + w6 * xq[np.uintp(p6 + j)] + w7 * xq[np.uintp(p7 + j)]
+                    + w8 * xq[np.uintp(p8 + j)]
+                )  # fmt: skip
+        for r in range(r0, r1):
+            src = (r - r0) * wq
+            dst = out[n, oc, r]
+            for j in range(ow):
+                dst[np.uintp(j)] = acc[np.uintp(src + j)]
+
+
+def _threads() -> int:
+    """Threads of a large convolution: ``EMBER_FUSION_THREADS``, else every core."""
+    configured = os.environ.get("EMBER_FUSION_THREADS")
+    return max(1, int(configured)) if configured else (os.cpu_count() or 1)
+
+
+def conv2d(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    options: ConvOptions,
+    threads: int | None = None,
+) -> np.ndarray:
+    """2-d convolution ``[N, C, H, W] * [O, C/g, kh, kw] -> [N, O, oh, ow]`` (plus ``bias``
+    ``[O]``), as :func:`ember.backends.ndarray.conv.conv2d` computes it; returns a new
+    C-contiguous array of ``x``'s dtype.
+
+    ``threads`` parts run the kernel (default: one below :data:`PARALLEL_MIN_MACS`
+    multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
+    :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba,
+    and :class:`~ember.backend.errors.ShapeError` for shapes that do not convolve.
+    """
+    if numba is None:
+        raise KernelUnsupported("numba conv2d: numba is not installed")
+    dtype = np.dtype(x.dtype)
+    if dtype not in _DTYPES:
+        raise KernelUnsupported(f"numba conv2d: dtype {dtype} is not supported")
+    if x.ndim != 4 or weight.ndim != 4:
+        raise ShapeError(
+            f"numba conv2d: input {fmt_shape(x.shape)} and weight {fmt_shape(weight.shape)} "
+            "must both be 4-d"
+        )
+    n, c, h, w = x.shape
+    o, cg, kh, kw = weight.shape
+    groups = options.groups
+    (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
+    if groups < 1 or c % groups or o % groups or cg * groups != c:
+        raise ShapeError(
+            f"numba conv2d: input {fmt_shape(x.shape)} and weight {fmt_shape(weight.shape)} "
+            f"do not fit groups={groups}"
+        )
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ShapeError(
+            f"numba conv2d: kernel {kh}x{kw} (dilation {dh}x{dw}) is larger than the padded "
+            f"input {h + 2 * ph}x{w + 2 * pw}"
+        )
+    out = np.empty((n, o, oh, ow), dtype)
+    if out.size == 0:
+        return out
+    og = o // groups
+    hq = oh + dh * (kh - 1) // sh
+    wq = ow + dw * (kw - 1) // sw
+    single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
+    unroll = UNROLL if og >= OB else single
+    offs = _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
+    taps = offs.size
+    used = np.zeros((sh, sw), np.bool_)
+    used[np.ix_(np.arange(kh) * dh % sh, np.arange(kw) * dw % sw)] = True
+    used = used.reshape(-1)
+    w_taps = np.zeros((groups, og, taps), dtype)
+    w_taps[:, :, : cg * kh * kw] = weight.reshape(groups, og, cg * kh * kw)
+    b = np.zeros((groups, og), dtype) if bias is None else bias.astype(dtype).reshape(groups, og)
+    rows_per_tile = max(1, min(oh, -(-TILE // wq)))
+    macs = n * o * oh * ow * cg * kh * kw
+    parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
+    geometry = (sh, sw, ph, pw, hq, wq, groups, cg)
+    from ember.backends.fusion.numba_runtime import _run_parts
+
+    if og < OB:
+        # Fewer than OB channels per group: one pass per channel, no padded channels.
+        wt = w_taps.reshape(o, taps // single, single)
+        args = [x, wt, offs, used, b.reshape(o), out]
+        kernel = _conv_single9 if single == 9 else _conv_single
+        _run_parts(kernel, [*args, *geometry, rows_per_tile], parts)
+        return out
+    nblk = -(-og // OB)
+    wt = np.zeros((groups, nblk * OB, taps), dtype)
+    wt[:, :og] = w_taps
+    # [groups * nblk, taps / UNROLL, UNROLL, OB]: each tap group's weights side by side.
+    wt = np.ascontiguousarray(
+        wt.reshape(groups, nblk, OB, taps // UNROLL, UNROLL).transpose(0, 1, 3, 4, 2)
+    ).reshape(groups * nblk, taps // UNROLL, UNROLL, OB)
+    bias_blocks = np.zeros((groups, nblk * OB), dtype)
+    bias_blocks[:, :og] = b
+    args = [x, wt, offs, used, bias_blocks.reshape(groups * nblk, OB), out]
+    _run_parts(_conv_blocked, [*args, *geometry, nblk, rows_per_tile], parts)
+    return out
+
+
+def _offsets(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, hq: int,
+             wq: int, unroll: int) -> np.ndarray:  # fmt: skip
+    """Flat offset in the phased buffer ``[cg, sh, sw, hq, wq]`` of each tap (channel, kh,
+    kw), padded with offset 0 (zero weight) to a multiple of ``unroll``."""
+    c = np.arange(cg).reshape(cg, 1, 1)
+    rows = np.arange(kh).reshape(1, kh, 1) * dh
+    cols = np.arange(kw).reshape(1, 1, kw) * dw
+    plane = ((c * sh + rows % sh) * sw + cols % sw) * (hq * wq)
+    offs = (plane + (rows // sh) * wq + cols // sw).reshape(-1)
+    taps = -(-offs.size // unroll) * unroll
+    return np.concatenate([offs, np.zeros(taps - offs.size, offs.dtype)]).astype(np.int64)

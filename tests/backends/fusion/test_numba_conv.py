@@ -1,0 +1,182 @@
+"""The numba conv2d kernels against NdArray's im2col conv2d and a float64 NumPy reference.
+
+Every case is compared with the exact result up to a bound on rounding: ``TOL[dtype]``
+times the convolution of the magnitudes (``|x| * |w| + |b|``), which bounds how far any
+order of adding the products can stray.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ember.backend.errors import ShapeError, UnsupportedError
+from ember.backend.options import ConvOptions
+from ember.backends.ndarray import conv as ndarray_conv
+
+numba_conv = pytest.importorskip("ember.backends.fusion.numba_conv")
+pytest.importorskip("numba")
+
+# Rounding per product summed, relative to the sum of magnitudes (a few hundred terms at most).
+TOL = {np.float32: 2e-6, np.float64: 1e-14}
+
+
+def reference(x, w, b, stride, padding, dilation, groups):
+    """Float64 cross-correlation by sliding windows (no code shared with the kernels)."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    w = w.astype(np.float64)
+    o, cg, kh, kw = w.shape
+    span = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    win = sliding_window_view(x, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    og = o // groups
+    out = np.concatenate(
+        [
+            np.einsum("nchwij,ocij->nohw", win[:, g * cg : (g + 1) * cg], w[g * og : (g + 1) * og])
+            for g in range(groups)
+        ],
+        axis=1,
+    )
+    if b is not None:
+        out += b.astype(np.float64).reshape(1, o, 1, 1)
+    return out
+
+
+def check(x, w, b, options, dtype):
+    got = numba_conv.conv2d(x, w, b, options)
+    assert got.dtype == dtype and got.flags.c_contiguous
+    args = (options.stride, options.padding, options.dilation, options.groups)
+    exact = reference(x, w, b, *args)
+    assert got.shape == exact.shape
+    bound = reference(np.abs(x), np.abs(w), None if b is None else np.abs(b), *args)
+    limit = TOL[dtype] * bound + np.finfo(dtype).tiny
+    np.testing.assert_array_less(np.abs(got - exact), limit)
+    im2col = ndarray_conv.conv2d(x, w, b, options)
+    np.testing.assert_array_less(np.abs(got - im2col.astype(np.float64)), 2 * limit)
+    return got
+
+
+def random_case(rng):
+    """Shapes, stride, padding, dilation and groups drawn so the output is at least 1x1."""
+    groups = int(rng.choice([1, 1, 1, 2, 3]))
+    cg, og = int(rng.integers(1, 5)), int(rng.integers(1, 10))
+    kh, kw = (int(k) for k in rng.integers(1, 6, 2))
+    stride = tuple(int(s) for s in rng.integers(1, 4, 2))
+    dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
+    padding = tuple(int(p) for p in rng.integers(0, 4, 2))
+    h, w = (
+        max(1, d * (k - 1) + 1 - 2 * p + int(rng.integers(0, 9)))
+        for d, k, p in zip(dilation, (kh, kw), padding)
+    )
+    n = int(rng.integers(1, 4))
+    return (n, cg * groups, h, w), (og * groups, cg, kh, kw), stride, padding, dilation, groups
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_random_sweep(dtype):
+    rng = np.random.default_rng(14)
+    for _ in range(60):
+        xs, ws, stride, padding, dilation, groups = random_case(rng)
+        x = rng.standard_normal(xs).astype(dtype)
+        w = rng.standard_normal(ws).astype(dtype)
+        b = rng.standard_normal(ws[0]).astype(dtype) if rng.random() < 0.7 else None
+        check(x, w, b, ConvOptions(stride, padding, dilation, groups), dtype)
+
+
+CASES = [
+    # (input, weight, stride, padding, dilation, groups)
+    ((3, 1, 28, 28), (8, 1, 3, 3), (1, 1), (0, 0), (1, 1), 1),  # guide CNN, first layer
+    ((2, 8, 26, 26), (16, 8, 3, 3), (1, 1), (0, 0), (1, 1), 1),  # guide CNN, second layer
+    ((2, 32, 16, 16), (64, 32, 3, 3), (2, 2), (1, 1), (1, 1), 1),  # stride 2
+    ((2, 32, 12, 12), (64, 32, 1, 1), (2, 2), (0, 0), (1, 1), 1),  # 1x1, stride 2
+    ((2, 12, 9, 9), (12, 1, 3, 3), (1, 1), (1, 1), (1, 1), 12),  # depthwise
+    ((2, 6, 9, 9), (12, 1, 3, 3), (2, 1), (1, 2), (1, 1), 6),  # depthwise, multiplier 2
+    ((1, 3, 2, 3), (5, 3, 5, 5), (1, 1), (2, 2), (1, 1), 1),  # kernel larger than input
+    ((1, 2, 5, 40), (4, 2, 1, 7), (1, 3), (0, 3), (1, 2), 1),  # asymmetric everything
+    ((1, 4, 70, 3), (6, 4, 3, 1), (1, 1), (1, 0), (1, 1), 1),  # many short rows, many tiles
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}p{c[3]}g{c[5]}")
+def test_named_shapes(case, dtype):
+    xs, ws, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    check(x, w, b, ConvOptions(stride, padding, dilation, groups), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_contiguous_input_is_read_in_place(dtype):
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal((2, 16, 11, 9)).astype(dtype)
+    x = base.transpose(0, 1, 3, 2)[:, ::2]  # [2, 8, 9, 11], strided in every dim but n
+    assert not x.flags.c_contiguous
+    w = rng.standard_normal((8, 4, 3, 2)).astype(dtype)[:, ::-1]  # negative strides
+    options = ConvOptions((1, 2), (1, 1), (2, 1), 2)
+    got = check(x, w, None, options, dtype)
+    np.testing.assert_array_equal(got, numba_conv.conv2d(np.ascontiguousarray(x), w, None, options))
+
+
+def test_parts_split_the_tasks_without_changing_a_bit():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 8, 13, 10)).astype(np.float32)
+    for w, groups in [
+        (rng.standard_normal((9, 8, 3, 3)), 1),
+        (rng.standard_normal((8, 1, 3, 3)), 8),
+    ]:
+        w = w.astype(np.float32)
+        options = ConvOptions((1, 1), (1, 1), (1, 1), groups)
+        one = numba_conv.conv2d(x, w, None, options, threads=1)
+        for parts in (2, 3, 7, 200):  # more parts than tasks too
+            np.testing.assert_array_equal(
+                numba_conv.conv2d(x, w, None, options, threads=parts), one
+            )
+
+
+def test_inputs_are_not_written():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    copies = [a.copy() for a in (x, w, b)]
+    numba_conv.conv2d(x, w, b, ConvOptions((1, 1), (1, 1), (1, 1), 1))
+    for a, c in zip((x, w, b), copies):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.int32])
+def test_other_dtypes_raise_a_typed_error(dtype):
+    x = np.ones((1, 2, 5, 5), dtype)
+    w = np.ones((2, 2, 3, 3), dtype)
+    with pytest.raises(numba_conv.KernelUnsupported, match="dtype"):
+        numba_conv.conv2d(x, w, None, ConvOptions((1, 1), (0, 0), (1, 1), 1))
+    assert issubclass(numba_conv.KernelUnsupported, UnsupportedError)
+
+
+def test_shapes_that_do_not_convolve_raise_shape_errors():
+    x = np.ones((1, 4, 3, 3), np.float32)
+    with pytest.raises(ShapeError, match="larger than the padded input"):
+        numba_conv.conv2d(x, np.ones((2, 4, 5, 5), np.float32), None,
+                          ConvOptions((1, 1), (0, 0), (1, 1), 1))  # fmt: skip
+    with pytest.raises(ShapeError, match="groups=3"):
+        numba_conv.conv2d(x, np.ones((3, 1, 1, 1), np.float32), None,
+                          ConvOptions((1, 1), (0, 0), (1, 1), 3))  # fmt: skip
+
+
+def test_empty_batch():
+    out = numba_conv.conv2d(np.ones((0, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32),
+                            None, ConvOptions((1, 1), (0, 0), (1, 1), 1))  # fmt: skip
+    assert out.shape == (0, 3, 3, 3) and out.dtype == np.float32
+
+
+def test_supports_names_what_conv2d_takes():
+    w = np.ones((2, 2, 3, 3), np.float32)
+    assert numba_conv.supports(np.ones((1, 2, 5, 5), np.float32), w)
+    assert numba_conv.supports(np.ones((1, 2, 5, 5), np.float64), w)
+    assert not numba_conv.supports(np.ones((1, 2, 5, 5), np.float16), w)
+    assert not numba_conv.supports(np.ones((2, 5, 5), np.float32), w)
