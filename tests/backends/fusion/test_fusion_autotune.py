@@ -306,3 +306,47 @@ def test_choices_persist_across_processes(tmp_path):
     assert second["tunings"] == 0  # its choice read from the file
     np.testing.assert_array_equal(np.array(second["y"]), np.array(first["y"]))
     assert list(tmp_path.glob("autotune-*.json"))
+
+
+# ---------------------------------------------------------------------- single ops
+def _conv_pool(t: Tensor, w: Tensor) -> Tensor:
+    """A convolution, a max pool and an average pool: ops no fuser takes."""
+    from ember.tensor import module
+
+    h = module.conv2d(t, w, None, padding=(1, 1))
+    return module.avg_pool2d(module.max_pool2d(h, (2, 2)), (3, 3), (1, 1), (1, 1))
+
+
+def _images(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(8, 6, 24, 24)).astype(np.float32),
+            rng.normal(size=(12, 6, 3, 3)).astype(np.float32))  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", CANDIDATES, ids=str)
+def test_every_candidate_of_a_single_op_computes_the_inner_ops_values(choice):
+    x, w = _images()
+    eager = ember.device("ndarray")
+    want = _conv_pool(Tensor.from_data(x, eager), Tensor.from_data(w, eager)).to_numpy()
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    reset_stats()
+    with autotune.forcing(choice):
+        got = _conv_pool(Tensor.from_data(x, fused), Tensor.from_data(w, fused)).to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert stats()["op_kernels"] == (0 if choice == UNFUSED else 3)
+
+
+def test_a_single_op_is_tuned_once_per_bucket(runtime, monkeypatch, tmp_path):
+    monkeypatch.setitem(executor._shared, "numba", runtime)
+    monkeypatch.setitem(autotune._tuners, runtime, Tuner(runtime, tmp_path))
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    eager = ember.device("ndarray")
+    reset_stats()
+    for seed in (1, 2):
+        x, w = _images(seed)
+        got = _conv_pool(Tensor.from_data(x, fused), Tensor.from_data(w, fused)).to_numpy()
+        want = _conv_pool(Tensor.from_data(x, eager), Tensor.from_data(w, eager)).to_numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert stats()["tunings"] == 3  # conv, max pool, avg pool: on the first step only
+    stored = json.loads(next(tmp_path.glob("autotune-*.json")).read_text())
+    assert sum("/w" in entry for entry in stored["choices"]) == 3

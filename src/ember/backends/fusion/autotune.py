@@ -85,7 +85,7 @@ MAX_FILE_BYTES = 1 << 20
 """A larger file is ignored (4096 entries take about 300 KB)."""
 MAX_THREADS = 4096
 """The largest thread count a file may name (larger is absurd: ignored)."""
-_ENTRY_KEY = re.compile(r"[0-9a-f]{32}/e\d{1,2}(?:r\d{1,2})?/t(\d{1,4})")
+_ENTRY_KEY = re.compile(r"[0-9a-f]{32}/(?:e\d{1,2}(?:r\d{1,2})?|w\d{1,2})/t(\d{1,4})")
 
 
 @dataclass(frozen=True)
@@ -192,11 +192,25 @@ class Tuner:
             return None
         if _forced is not None:
             return _forced
-        limit = self.thread_limit()
         bucket = f"e{elements.bit_length()}"
         if block.axis is not None:
             bucket += f"r{block.shape[block.axis].bit_length()}"
-        key = block.key()
+        return self._find(block.key(), bucket)
+
+    def lookup_op(self, key: tuple, work: int) -> Choice | Pending | None:
+        """How a single op with a compiled kernel runs (``op_kernels``): ``key`` is what the
+        choice depends on besides size (op, dtype, options), ``work`` its multiply-adds or
+        window reads (its bucket is their power of two). A :class:`Choice` of ``fused``
+        means the compiled kernel at that thread count, ``unfused`` the inner backend's
+        op; None when it is too small to time (then the inner op runs)."""
+        if work < self.min_elements:
+            return None
+        if _forced is not None:
+            return _forced
+        return self._find(("op", *key), f"w{work.bit_length()}")
+
+    def _find(self, key: tuple, bucket: str) -> Choice | Pending:
+        limit = self.thread_limit()
         found = self._choices.get((key, bucket, limit))
         if found is not None:
             return found
@@ -222,9 +236,21 @@ class Tuner:
         fastest and writes it to the file. ``run_unfused`` computes the block's records on
         the inner backend without storing anything. A candidate that fails (or a file that
         cannot be written) never fails the caller: the block then keeps running fused."""
+        runtime = self.runtime
+
+        def run_fused(threads: int) -> None:
+            for array in runtime.run(block, inputs, None, threads):
+                runtime.release(array)  # a candidate's outputs: nobody else holds them
+
+        return self.tune_with(pending, run_fused, run_unfused, f"shape {list(block.shape)}")
+
+    def tune_with(self, pending: Pending, run_fused: Callable[[int], object],
+                  run_unfused: Callable[[], object], what: str = "") -> Choice:  # fmt: skip
+        """:meth:`tune` for any candidates: ``run_fused(threads)`` runs the compiled
+        kernel, ``run_unfused()`` the inner backend's ops (neither stores anything)."""
         started = time.perf_counter()
         try:
-            choice, times = self._time(pending.limit, block, inputs, run_unfused)
+            choice, times = self._time(pending.limit, run_fused, run_unfused)
         except Exception as error:  # timing must never change what the user's step does
             self._log(f"tuning failed ({type(error).__name__}: {error}); running fused")
             self._choices[pending.key] = Choice("fused", pending.limit)
@@ -233,14 +259,13 @@ class Tuner:
         self._choices[pending.key] = choice
         if self.debug:
             shown = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in times.items())
-            self._log(f"{pending.entry} shape {list(block.shape)}: {choice} ({shown}; tuned in "
+            self._log(f"{pending.entry} {what}: {choice} ({shown}; tuned in "
                       f"{(time.perf_counter() - started) * 1e3:.1f} ms)")  # fmt: skip
         self._save(pending.entry, choice)
         return choice
 
-    def _time(self, limit: int, block: ir.Block, inputs: list,
+    def _time(self, limit: int, run_fused: Callable[[int], object],
               run_unfused: Callable[[], object]) -> tuple[Choice, dict[Choice, float]]:  # fmt: skip
-        runtime = self.runtime
         counts = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
         candidates = [Choice("fused", t) for t in counts] + [UNFUSED]
 
@@ -249,11 +274,8 @@ class Tuner:
             if choice.run == "unfused":
                 run_unfused()
                 return time.perf_counter() - began
-            outputs = runtime.run(block, inputs, None, choice.threads)
-            took = time.perf_counter() - began
-            for array in outputs:
-                runtime.release(array)  # a candidate's outputs: nobody else holds them
-            return took
+            run_fused(choice.threads)
+            return time.perf_counter() - began
 
         # A warm-up round (threads start, fresh pages map), and a second look at each cheap
         # candidate; then the clear losers go, judged by their best run, since a stall (a

@@ -23,6 +23,7 @@ _FIELDS = (
     "cache_hits",  # streams whose plan came from the cache
     "tunings",  # (block kind, size bucket)s timed to choose how they run (autotune.py)
     "in_place",  # block outputs written over an input at its last use
+    "op_kernels",  # single ops run by a compiled kernel the tuner chose (op_kernels.py)
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 

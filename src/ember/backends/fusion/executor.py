@@ -140,6 +140,12 @@ class Executor:
         self.recycler = Recycler(release) if release and self.arrays is not None else None
         # How each large block runs (fused at a thread count, or unfused), timed on first use.
         self.tuner = autotune.tuner_for(self.runtime) if self.arrays is not None else None
+        # Compiled candidates for single ops (convolution, pooling), chosen by the tuner.
+        self.op_kernels = {}
+        if self.tuner is not None and inner.name == "ndarray":
+            from ember.backends.fusion.op_kernels import NDARRAY_KERNELS
+
+            self.op_kernels = NDARRAY_KERNELS
 
     def can_fuse(self, slot: Slot) -> bool:
         return self.arrays is not None and slot.device.place == "cpu"
@@ -153,8 +159,11 @@ class Executor:
         segments = self._blocks(records)
         for start, length, fused in segments:
             if fused is None:
-                counters.add("unfused_ops")
-                run_record(self.inner, records[start])
+                record = records[start]
+                kernel = self.op_kernels.get(record.name)
+                if kernel is None or not self._run_op_kernel(kernel, record):
+                    counters.add("unfused_ops")
+                    run_record(self.inner, record)
             else:
                 self._launch(fused, records[start : start + length], records, start + length)
 
@@ -326,6 +335,37 @@ class Executor:
             slot.recycle = None  # the output's slot recycles the array now
         counters.add("in_place", len(consumed))
         return out, consumed
+
+    def _run_op_kernel(self, kernel, record: Record) -> bool:
+        """Runs ``record`` with its compiled kernel where the tuner chose it, or runs the
+        inner op and times both on the first use of its bucket; False when the inner op
+        is still to run (not chosen, not tuned, or a case the kernel does not take)."""
+        args = inner_args(record)
+        if not kernel.supports(args):
+            return False
+        how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
+        if how is None or how == autotune.UNFUSED:
+            return False
+        if type(how) is autotune.Pending:
+            counters.add("unfused_ops")
+            run_record(self.inner, record)  # the run whose outputs are kept
+            inner_op = getattr(self.inner, record.name)
+            try:
+                kernel.run(args, 1)  # compiles (or loads) the kernel before the timing
+            except UnsupportedError:
+                return True
+            self.tuner.tune_with(how, lambda threads: kernel.run(args, threads),
+                                 lambda: inner_op(*args), record.name)  # fmt: skip
+            return True
+        try:
+            out = kernel.run(args, how.threads)
+        except UnsupportedError:
+            return False
+        outs = out if record.multi else (out,)
+        for slot, prim in zip(record.outputs, outs, strict=True):
+            set_output(self.inner, slot, prim, record.name)
+        counters.add("op_kernels")
+        return True
 
     def _unfused(self, records: list[Record]) -> None:
         counters.add("unfused_ops", len(records))

@@ -1,0 +1,107 @@
+"""Compiled kernels for single ops no fuser takes: candidates beside the inner backend's.
+
+Convolution and pooling are not element-wise, so they reach the executor as records that
+run one by one. On NdArray (whose convolution is an im2col copy and a GEMM) the numba
+runtime has direct kernels for them (``numba_conv``, ``numba_pool``): faster on small
+channel counts and 3x3 windows, slower on 1x1 convolutions. Which one runs is the
+tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
+
+Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
+choice depends on besides size (``key``), how much work a call is (``work``: the bucket),
+and how to run it at a thread count (``run``, returning what the inner op returns).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import numpy as np
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class OpKernel:
+    """A compiled kernel for the op (primitive) ``name``; see the module doc."""
+
+    name: str
+    supports: Callable[[list], bool]
+    key: Callable[[list], tuple]
+    work: Callable[[list], int]
+    run: Callable[[list, int], Any]
+
+
+def _floats(array: Any) -> bool:
+    return type(array) is np.ndarray and array.ndim == 4 and array.dtype in _FLOATS
+
+
+def _conv_supports(args: list) -> bool:
+    x, weight, bias, _ = args
+    return (_floats(x) and type(weight) is np.ndarray and weight.dtype == x.dtype
+            and (bias is None or (type(bias) is np.ndarray and bias.dtype == x.dtype)))  # fmt: skip
+
+
+def _conv_key(args: list) -> tuple:
+    x, weight, bias, options = args
+    return ("conv2d", x.dtype.name, weight.shape[1:], bias is None, astuple(options))
+
+
+def _conv_work(args: list) -> int:
+    """Multiply-adds: output elements times the taps of each."""
+    x, weight, _, options = args
+    out = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, p, d, k, st in
+           zip(x.shape[2:], options.padding, options.dilation, weight.shape[2:], options.stride)]  # fmt: skip
+    return x.shape[0] * weight.shape[0] * max(0, math.prod(out)) * math.prod(weight.shape[1:])
+
+
+def _conv_run(args: list, threads: int) -> np.ndarray:
+    from ember.backends.fusion import numba_conv
+
+    return numba_conv.conv2d(*args, threads=threads)
+
+
+def _pool_supports(args: list) -> bool:
+    return _floats(args[0])
+
+
+def _pool_key(name: str) -> Callable[[list], tuple]:
+    return lambda args: (name, args[0].dtype.name, astuple(args[1]))
+
+
+def _pool_work(args: list) -> int:
+    x, options = args
+    return x.size * math.prod(options.kernel_size)
+
+
+def _max_pool_run(args: list, threads: int) -> tuple:
+    from ember.backends.fusion import numba_pool
+
+    return numba_pool.max_pool2d_with_indices(*args, threads=threads)
+
+
+def _max_pool_values_run(args: list, threads: int) -> np.ndarray:
+    return _max_pool_run(args, threads)[0]
+
+
+def _avg_pool_run(args: list, threads: int) -> np.ndarray:
+    from ember.backends.fusion import numba_pool
+
+    return numba_pool.avg_pool2d(*args, threads=threads)
+
+
+NDARRAY_KERNELS = {
+    k.name: k
+    for k in (
+        OpKernel("conv2d", _conv_supports, _conv_key, _conv_work, _conv_run),
+        OpKernel("max_pool2d", _pool_supports, _pool_key("max_pool2d"), _pool_work,
+                 _max_pool_values_run),
+        OpKernel("max_pool2d_with_indices", _pool_supports, _pool_key("max_pool2d_with_indices"),
+                 _pool_work, _max_pool_run),
+        OpKernel("avg_pool2d", _pool_supports, _pool_key("avg_pool2d"), _pool_work,
+                 _avg_pool_run),
+    )
+}
+"""The compiled candidates of NdArray's ops, by primitive name."""
