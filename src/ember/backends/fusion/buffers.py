@@ -6,6 +6,9 @@ buffers that keep their pages mapped.
 
 Buffers go back to the pool only by an explicit :meth:`BufferPool.release`, by the one
 who knows nobody reads them any more (the fusion stream, from its liveness tracking).
+Finalizers (a slot collected, possibly by the garbage collector in the middle of the pool's
+own work on the same thread) use :meth:`BufferPool.release_later`, which takes no lock:
+the next call into the pool takes those buffers back.
 Weak-reference callbacks cannot decide that: a NumPy view of a pooled array
 (``out[1:]``, ``out.reshape(...)``) keeps the memory in use after the array itself is
 gone, and its ``base`` names the pool's buffer, not the array that was handed out.
@@ -17,7 +20,7 @@ import math
 import os
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 
@@ -50,6 +53,9 @@ class BufferPool:
         self._loans: dict[int, np.ndarray] = {}  # id(array handed out) -> its raw buffer
         self._idle_bytes = 0
         self._lock = threading.Lock()
+        # From finalizers, which may run while this thread holds the lock: no lock there.
+        self._returned: deque[np.ndarray] = deque()
+        self._forgotten: deque[int] = deque()
         self.hits = 0
         self.misses = 0
 
@@ -63,6 +69,7 @@ class BufferPool:
         wanted = size_class(nbytes)
         raw = None
         with self._lock:
+            self._drain()
             for key, (cls, buffer) in self._idle.items():
                 if cls == wanted:
                     del self._idle[key]
@@ -82,30 +89,48 @@ class BufferPool:
         return array
 
     def _forget(self, key: int) -> None:
-        with self._lock:
-            self._loans.pop(key, None)
+        self._forgotten.append(key)  # a finalizer: see release_later
 
     def release(self, array: np.ndarray) -> bool:
         """Returns ``array`` (exactly as :meth:`take` handed it out) to the pool; the caller
         promises that neither it nor any view of it is read again. Arrays the pool did not
         hand out are ignored. Returns whether the buffer was taken back."""
         with self._lock:
-            raw = self._loans.pop(id(array), None)
-            if raw is None or array.base is None or not np.shares_memory(array, raw):
-                return False
-            self._idle[id(raw)] = (raw.size, raw)
-            self._idle_bytes += raw.size
-            while self._idle_bytes > self.max_idle_bytes and self._idle:
-                _, (cls, _) = self._idle.popitem(last=False)
-                self._idle_bytes -= cls
-            return True
+            self._drain()
+            return self._release(array)
+
+    def release_later(self, array: np.ndarray) -> None:
+        """:meth:`release` from a finalizer: takes no lock (the thread running the finalizer
+        may hold it already); the next call into the pool takes the buffer back."""
+        self._returned.append(array)
+
+    def _drain(self) -> None:
+        """Takes back what finalizers handed over (with the lock held)."""
+        while self._forgotten:
+            self._loans.pop(self._forgotten.popleft(), None)
+        while self._returned:
+            self._release(self._returned.popleft())
+
+    def _release(self, array: np.ndarray) -> bool:
+        raw = self._loans.pop(id(array), None)
+        if raw is None or array.base is None or not np.shares_memory(array, raw):
+            return False
+        self._idle[id(raw)] = (raw.size, raw)
+        self._idle_bytes += raw.size
+        while self._idle_bytes > self.max_idle_bytes and self._idle:
+            _, (cls, _) = self._idle.popitem(last=False)
+            self._idle_bytes -= cls
+        return True
 
     def idle_bytes(self) -> int:
         """Bytes of released buffers kept for reuse."""
-        return self._idle_bytes
+        with self._lock:
+            self._drain()
+            return self._idle_bytes
 
     def clear(self) -> None:
         """Frees every idle buffer."""
         with self._lock:
+            self._drain()
             self._idle.clear()
             self._idle_bytes = 0

@@ -136,7 +136,7 @@ class Executor:
         self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
         # The fusers hold the records they are offered: one thread plans at a time.
         self._planning = threading.Lock()
-        release = getattr(self.runtime, "release", None)
+        release = getattr(self.runtime, "release_later", None)  # from slot finalizers
         self.recycler = Recycler(release) if release and self.arrays is not None else None
         # How each large block runs (fused at a thread count, or unfused), timed on first use.
         self.tuner = autotune.tuner_for(self.runtime) if self.arrays is not None else None

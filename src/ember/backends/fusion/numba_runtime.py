@@ -254,6 +254,10 @@ class NumbaRuntime:
         afterwards); see :meth:`BufferPool.release`."""
         return self.pool.release(array)
 
+    def release_later(self, array: np.ndarray) -> None:
+        """:meth:`release` from a finalizer (no lock taken; see :meth:`BufferPool.release_later`)."""
+        self.pool.release_later(array)
+
 
 _MAX_THREADS = os.cpu_count() or 1
 _workers: ThreadPoolExecutor | None = None
