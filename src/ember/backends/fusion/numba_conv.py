@@ -270,6 +270,36 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
                     dst[np.uintp(j)] = row_acc[np.uintp(src + j)]
 
 
+def _inline(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(inline="always", fastmath=_FLAGS, error_model="numpy")(fn)
+
+
+@_inline
+def _single_task(task, ntiles, o_all, og, rows_per_tile, oh, wq):  # pragma: no cover
+    """Where task ``task`` of a one-channel kernel works: sample, output channel, its
+    group, the tile's first and end rows, and the vector-padded length of the tile."""
+    tile = task % ntiles
+    rest = task // ntiles
+    oc = rest % o_all
+    r0 = tile * rows_per_tile
+    r1 = min(oh, r0 + rows_per_tile)
+    # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
+    length = -(-(r1 - r0) * wq // LANES) * LANES
+    return rest // o_all, oc, oc // og, r0, r1, length
+
+
+@_inline
+def _store_rows(out, acc, n, oc, r0, r1, wq, ow):  # pragma: no cover
+    """Writes the valid columns of a tile's full-row accumulators to ``out[n, oc]``."""
+    for r in range(r0, r1):
+        src = (r - r0) * wq
+        dst = out[n, oc, r]
+        for j in range(ow):
+            dst[np.uintp(j)] = acc[np.uintp(src + j)]
+
+
 @_jit
 def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg,
                  rows_per_tile, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
@@ -288,19 +318,11 @@ def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, c
     tasks = n_all * o_all * ntiles
     packed = -1
     for task in range(tasks * part // parts, tasks * (part + 1) // parts):
-        tile = task % ntiles
-        rest = task // ntiles
-        oc = rest % o_all
-        n = rest // o_all
-        g = oc // og
+        n, oc, g, r0, r1, length = _single_task(task, ntiles, o_all, og, rows_per_tile, oh, wq)
         sample_group = n * groups + g
         if sample_group != packed:
             pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
             packed = sample_group
-        r0 = tile * rows_per_tile
-        r1 = min(oh, r0 + rows_per_tile)
-        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
-        length = -(-(r1 - r0) * wq // LANES) * LANES
         base = r0 * wq
         b = bias[oc]
         for j in range(length):
@@ -317,11 +339,7 @@ def _conv_single(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, c
                     w0 * xq[np.uintp(p0 + j)] + w1 * xq[np.uintp(p1 + j)]
                     + w2 * xq[np.uintp(p2 + j)]
                 )  # fmt: skip
-        for r in range(r0, r1):
-            src = (r - r0) * wq
-            dst = out[n, oc, r]
-            for j in range(ow):
-                dst[np.uintp(j)] = acc[np.uintp(src + j)]
+        _store_rows(out, acc, n, oc, r0, r1, wq, ow)
 
 
 @_jit
@@ -341,19 +359,11 @@ def _conv_single9(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
     tasks = n_all * o_all * ntiles
     packed = -1
     for task in range(tasks * part // parts, tasks * (part + 1) // parts):
-        tile = task % ntiles
-        rest = task // ntiles
-        oc = rest % o_all
-        n = rest // o_all
-        g = oc // og
+        n, oc, g, r0, r1, length = _single_task(task, ntiles, o_all, og, rows_per_tile, oh, wq)
         sample_group = n * groups + g
         if sample_group != packed:
             pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
             packed = sample_group
-        r0 = tile * rows_per_tile
-        r1 = min(oh, r0 + rows_per_tile)
-        # Whole vectors only: the scalar remainder loop would cost as much as a vector pass.
-        length = -(-(r1 - r0) * wq // LANES) * LANES
         base = r0 * wq
         b = bias[oc]
         for j in range(length):
@@ -385,11 +395,7 @@ def _conv_single9(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
                     + w6 * xq[np.uintp(p6 + j)] + w7 * xq[np.uintp(p7 + j)]
                     + w8 * xq[np.uintp(p8 + j)]
                 )  # fmt: skip
-        for r in range(r0, r1):
-            src = (r - r0) * wq
-            dst = out[n, oc, r]
-            for j in range(ow):
-                dst[np.uintp(j)] = acc[np.uintp(src + j)]
+        _store_rows(out, acc, n, oc, r0, r1, wq, ow)
 
 
 def _threads() -> int:
