@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+from timing import median_of_runs
 
 # (name, op, input shape, kernel, stride, padding)
 CASES = [
@@ -26,17 +27,6 @@ CASES = [
     ("avg 2x2", "avg", (64, 16, 24, 24), (2, 2), (2, 2), (0, 0)),
     ("avg 3x3 s1 p1", "avg", (8, 64, 32, 32), (3, 3), (1, 1), (1, 1)),
 ]
-
-
-def _median_ms(fn, repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -76,7 +66,7 @@ def main() -> None:
                 lambda: numba_pool.avg_pool2d(x, options, args.threads),  # noqa: B023
                 lambda: F.avg_pool2d(xt, k, s, p),  # noqa: B023
             ]
-        rounds = [[_median_ms(fn, args.repeat) for fn in fns] for _ in range(args.rounds)]
+        rounds = [[median_of_runs(fn, args.repeat, warm_up=True) * 1e3 for fn in fns] for _ in range(args.rounds)]
         nd, nb, tc = (statistics.median(r[i] for r in rounds) for i in range(3))
         print(f"{name:24s} {nd:9.3f} {nb:9.3f} {tc:9.3f} {nb / nd:6.2f} {nb / tc:8.2f}")
 

@@ -5,6 +5,26 @@ from __future__ import annotations
 
 import pytest
 
+from ember.backends.fusion.interpreter import InterpreterRuntime
+
+
+class CountingRuntime:
+    """The interpreter, counting the blocks it runs."""
+
+    def __init__(self) -> None:
+        self.inner = InterpreterRuntime()
+        self.blocks = 0
+
+    def run(self, block, inputs, outputs=None):
+        self.blocks += 1
+        return self.inner.run(block, inputs, outputs)
+
+
+@pytest.fixture
+def counting_runtimes():
+    """Two counting interpreter runtimes, for devices that must keep their blocks apart."""
+    return CountingRuntime(), CountingRuntime()
+
 
 @pytest.fixture(scope="session")
 def kernel_cache(tmp_path_factory):

@@ -7,19 +7,6 @@ from __future__ import annotations
 import ember
 from ember import Tensor
 from ember.backends.fusion import reset_stats, stats
-from ember.backends.fusion.interpreter import InterpreterRuntime
-
-
-class CountingRuntime:
-    """The interpreter, counting the blocks it runs."""
-
-    def __init__(self) -> None:
-        self.inner = InterpreterRuntime()
-        self.blocks = 0
-
-    def run(self, block, inputs, outputs=None):
-        self.blocks += 1
-        return self.inner.run(block, inputs, outputs)
 
 
 def _fusion_device_on(runtime) -> ember.Device:
@@ -32,8 +19,8 @@ def _chain(device: ember.Device) -> Tensor:
     return ((Tensor.from_data([1.0, -2.0, 3.0], device) * 2.0).abs() + 1.0).exp().log()
 
 
-def test_each_runtime_runs_its_own_devices_blocks():
-    first, second = CountingRuntime(), CountingRuntime()
+def test_each_runtime_runs_its_own_devices_blocks(counting_runtimes):
+    first, second = counting_runtimes
     on_first, on_second = _fusion_device_on(first), _fusion_device_on(second)
     assert on_first == on_second  # equal devices: their tensors are interchangeable
     reset_stats()
@@ -45,8 +32,8 @@ def test_each_runtime_runs_its_own_devices_blocks():
     assert stats()["streams"] == 2
 
 
-def test_equal_devices_on_different_runtimes_mix_their_tensors():
-    first, second = CountingRuntime(), CountingRuntime()
+def test_equal_devices_on_different_runtimes_mix_their_tensors(counting_runtimes):
+    first, second = counting_runtimes
     on_first, on_second = _fusion_device_on(first), _fusion_device_on(second)
     pending = _chain(on_first)  # recorded on the first device's stream, not run
     # An op runs on its first operand's backend: here the second device's, whose stream

@@ -14,7 +14,6 @@ import ember
 from ember import Tensor, TensorData
 from ember.backend.device import Device
 from ember.backends.fusion import reset_stats, stats
-from ember.backends.fusion.interpreter import InterpreterRuntime
 from ember.backends.fusion.stream import stream_for
 
 torch = pytest.importorskip("torch")
@@ -80,18 +79,6 @@ def test_training_step_on_fusion_matches_ndarray(name):
         assert stats()["fused_ops"] > stats()["kernels"]
 
 
-class _CountingRuntime:
-    """The interpreter, counting the blocks it runs."""
-
-    def __init__(self) -> None:
-        self.inner = InterpreterRuntime()
-        self.blocks = 0
-
-    def run(self, block, inputs, outputs=None):
-        self.blocks += 1
-        return self.inner.run(block, inputs, outputs)
-
-
 def test_stream_lookup_remembers_the_last_stream_per_device_and_executor():
     device = ember.device("ndarray")
 
@@ -109,8 +96,8 @@ def test_stream_lookup_remembers_the_last_stream_per_device_and_executor():
     assert stream_for(Device(device.backend, device.place, device.index), first) is one
 
 
-def test_interleaved_ops_of_two_devices_go_to_their_own_streams():
-    runtimes = [_CountingRuntime(), _CountingRuntime()]
+def test_interleaved_ops_of_two_devices_go_to_their_own_streams(counting_runtimes):
+    runtimes = list(counting_runtimes)
     devices = []
     for runtime in runtimes:
         device = ember.device("ndarray").fusion(runtime="interpreter")
