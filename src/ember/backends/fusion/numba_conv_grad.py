@@ -1,0 +1,449 @@
+"""Gradients of 2-d convolution as numba kernels: candidates beside NdArray's backward ops.
+
+:func:`conv2d_x_backward` and :func:`conv2d_weight_backward` compute what
+``NdArray().conv_x_backward`` / ``conv_weight_backward`` compute (the gradients of
+:func:`ember.backends.ndarray.conv.conv2d` for its input and its weight, given the output
+gradient ``grad``), for float32 and float64, with stride, zero padding, dilation and groups.
+Other dtypes, or a missing numba, raise :class:`KernelUnsupported` so that a caller falls
+back to the NdArray ops.
+
+**Input gradient** (``dx [N, C, H, W]``). Input row ``i`` receives ``grad[o] * w[t]`` for
+every tap ``t`` and output row ``o`` with ``o * s + t * d - p == i``. Split the input rows
+by their *phase* ``r = (i + p) % s``: the taps that reach phase ``r`` are those with
+``t * d % s == r``, evenly spaced, and each phase is a *stride-1* correlation of ``grad``
+with those taps, flipped (a sub-pixel decomposition: no zeros are inserted into ``grad``,
+so no multiply-add is wasted at stride 2). Each phase (pair of row and column phases) runs
+:func:`ember.backends.fusion.numba_conv.conv2d` on the zero-padded (or cropped) gradient
+with the weight's channels exchanged (``[C, O/g, kh', kw']`` per group), and is written to
+every ``s``-th row and column of ``dx``. At stride 1 there is one phase whose padding is
+symmetric, ``d (k - 1) - p``: ``conv2d`` pads it itself and its output *is* ``dx``.
+
+**Weight gradient** (``dw [O, C/g, kh, kw]``): ``dw[o, c, t] = sum over (n, oh, ow) of
+grad[n, o, oh, ow] * x_padded[n, c, oh sh + kh dh, ow sw + kw dw]``, a reduction, by
+:func:`_weight_blocked`:
+
+* **Shared position numbering.** A chunk of samples is copied into a phased, padded buffer
+  as ``numba_conv`` does (``xq[c, a, b, n, i, j] = x_padded[n, c, i sh + a, j sw + b]``,
+  planes of ``hq x wq``), and ``grad`` into ``gq[o, n, i, j]`` on the *same* planes, zero
+  outside ``oh x ow``. A position ``u = (n * hq + i) * wq + j`` then numbers both: tap
+  ``(c, kh, kw)`` reads ``xq[offset(tap) + u]``, so each ``(o, tap)`` sum is one long dot
+  product of two contiguous runs over every sample of the chunk (the zeros of ``gq`` drop
+  the extra columns and rows, and whatever they meet of the next sample).
+* **Register blocking.** The inner loop adds the products of :data:`OB` gradient rows with
+  :data:`TB` taps: per vector of positions 8 loads and 16 FMAs into 16 vector
+  accumulators, which are summed (horizontally) once per tile of :data:`TILE` positions.
+  Groups of fewer than :data:`OB` output channels (depthwise) run a one-channel variant,
+  :func:`_weight_single`, over :data:`TB_SINGLE` taps per pass.
+* **Parts** take contiguous chunks of samples; each adds into its own float64 partial sums,
+  added up at the end (so results do not depend on the thread count's timing, only on it).
+
+Kernels are compiled with ``fastmath={'contract', 'reassoc'}``: sums may be added in
+another order than NdArray's (the results agree to rounding).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ember.backend.errors import ShapeError, fmt_shape
+from ember.backends.fusion import numba_conv
+from ember.backends.fusion.numba_conv import LANES, _threads
+from ember.backends.fusion.numba_source import KernelUnsupported
+
+if TYPE_CHECKING:
+    from ember.backend.options import ConvOptions
+
+try:  # numba is optional: the functions raise KernelUnsupported without it
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+__all__ = ["KernelUnsupported", "conv2d_weight_backward", "conv2d_x_backward", "supports"]
+
+OB = 4
+"""Output channels (gradient rows) one inner loop of the weight gradient reads."""
+TB = 4
+"""Taps one inner loop of the weight gradient reads: ``OB * TB`` = 16 vector accumulators
+and 8 loads fit AVX-512's 32 registers."""
+TB_SINGLE = 8
+"""Taps per pass of the one-channel (depthwise) weight gradient kernel."""
+TILE = 2048
+"""Positions per tile of the weight gradient: the accumulators are summed once per tile."""
+CHUNK_BYTES = 1 << 21
+"""Bytes of packed input and gradient per chunk of samples (per part)."""
+PARALLEL_MIN_MACS = numba_conv.PARALLEL_MIN_MACS
+"""Below this many multiply-adds a gradient runs on one thread (see ``numba_conv``)."""
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FLAGS = {"contract", "reassoc"}
+
+
+def supports(x: np.ndarray, weight: np.ndarray, grad: np.ndarray) -> bool:
+    """Whether the gradients take these arrays (numba present; 4-d float32 / float64)."""
+    return (numba is not None and x.ndim == 4 and x.dtype in _DTYPES
+            and weight.dtype == x.dtype and grad.dtype == x.dtype)  # fmt: skip
+
+
+def _jit(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy")(fn)
+
+
+def _check(x: np.ndarray, weight: np.ndarray, grad: np.ndarray, options: ConvOptions,
+           what: str) -> tuple[int, int]:  # fmt: skip
+    """Raises unless the gradient is computable here; returns the forward's output size."""
+    if numba is None:
+        raise KernelUnsupported(f"numba {what}: numba is not installed")
+    for a in (x, weight, grad):
+        if np.dtype(a.dtype) not in _DTYPES or a.dtype != x.dtype:
+            raise KernelUnsupported(f"numba {what}: dtype {a.dtype} is not supported")
+    if x.ndim != 4 or weight.ndim != 4 or grad.ndim != 4:
+        raise ShapeError(
+            f"numba {what}: input {fmt_shape(x.shape)}, weight {fmt_shape(weight.shape)} and "
+            f"grad {fmt_shape(grad.shape)} must all be 4-d"
+        )
+    n, c, h, w = x.shape
+    o, cg, kh, kw = weight.shape
+    groups = options.groups
+    if groups < 1 or c % groups or o % groups or cg * groups != c:
+        raise ShapeError(
+            f"numba {what}: input {fmt_shape(x.shape)} and weight {fmt_shape(weight.shape)} "
+            f"do not fit groups={groups}"
+        )
+    (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if grad.shape != (n, o, oh, ow):
+        raise ShapeError(
+            f"numba {what}: grad {fmt_shape(grad.shape)} is not the output "
+            f"{fmt_shape((n, o, oh, ow))} of input {fmt_shape(x.shape)} and weight "
+            f"{fmt_shape(weight.shape)}"
+        )
+    return oh, ow
+
+
+def _parts(macs: int, threads: int | None) -> int:
+    return max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
+
+
+# ------------------------------------------------------------------------- input gradient
+def _phases(size: int, out: int, k: int, s: int, p: int, d: int) -> list[tuple]:
+    """Along one dim, per phase ``r`` that has input rows and taps: ``(taps, dilation,
+    first input row, rows, grad start, padded grad length)`` of its stride-1 correlation
+    (taps in the flipped order of the correlation; see the module doc)."""
+    phases = []
+    for r in range(s):
+        taps = [t for t in range(k) if t * d % s == r]
+        m_lo = -((r - p) // s)  # first m with input row s m + r - p >= 0
+        rows = (size - 1 + p - r) // s - m_lo + 1
+        if not taps or rows <= 0:
+            continue
+        dil = (taps[1] - taps[0]) * d // s if len(taps) > 1 else 1
+        reach = (taps[0] * d - r) // s + (len(taps) - 1) * dil
+        first = s * m_lo + r - p
+        phases.append((taps[::-1], dil, first, rows, m_lo - reach, rows + (len(taps) - 1) * dil))
+    return phases
+
+
+def _window(grad: np.ndarray, start: tuple[int, int], length: tuple[int, int]) -> np.ndarray:
+    """``grad[:, :, start : start + length]`` per spatial dim, zero outside ``grad``."""
+    n, o, oh, ow = grad.shape
+    out = np.zeros((n, o, *length), grad.dtype)
+    (r0, c0), (lh, lw) = start, length
+    rs, re = max(0, r0), min(oh, r0 + lh)
+    cs, ce = max(0, c0), min(ow, c0 + lw)
+    if rs < re and cs < ce:
+        out[:, :, rs - r0 : re - r0, cs - c0 : ce - c0] = grad[:, :, rs:re, cs:ce]
+    return out
+
+
+def conv2d_x_backward(
+    x: np.ndarray,
+    weight: np.ndarray,
+    grad: np.ndarray,
+    options: ConvOptions,
+    threads: int | None = None,
+) -> np.ndarray:
+    """Gradient of ``conv2d(x, weight)`` for ``x`` given the output gradient ``grad``
+    (``[N, C, H, W]``, ``x``'s dtype; ``x`` is read only for its shape).
+
+    ``threads``: as :func:`ember.backends.fusion.numba_conv.conv2d` (per phase). Raises
+    :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba, and
+    :class:`~ember.backend.errors.ShapeError` for shapes that do not fit.
+    """
+    from ember.backend.options import ConvOptions
+
+    oh, ow = _check(x, weight, grad, options, "conv2d_x_backward")
+    c, h, w = x.shape[1:]
+    o, cg, kh, kw = weight.shape
+    groups = options.groups
+    og = o // groups
+    (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
+    # The weight with its channels exchanged per group: [C, O/g, kh, kw].
+    wt = weight.reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(c, og, kh, kw)
+    if grad.size == 0 or x.size == 0:
+        return np.zeros(x.shape, x.dtype)
+    if sh == sw == 1 and ph <= dh * (kh - 1) and pw <= dw * (kw - 1):
+        # One phase, symmetric padding: conv2d's output is dx.
+        flipped = np.ascontiguousarray(wt[:, :, ::-1, ::-1])
+        pad = (dh * (kh - 1) - ph, dw * (kw - 1) - pw)
+        return numba_conv.conv2d(grad, flipped, None,
+                                 ConvOptions((1, 1), pad, (dh, dw), groups), threads)  # fmt: skip
+    dx = np.zeros(x.shape, x.dtype)
+    for taps_h, dil_h, first_h, rows_h, start_h, len_h in _phases(h, oh, kh, sh, ph, dh):
+        for taps_w, dil_w, first_w, rows_w, start_w, len_w in _phases(w, ow, kw, sw, pw, dw):
+            sub = np.ascontiguousarray(wt[:, :, taps_h][:, :, :, taps_w])
+            window = _window(grad, (start_h, start_w), (len_h, len_w))
+            part = numba_conv.conv2d(window, sub, None,
+                                     ConvOptions((1, 1), (0, 0), (dil_h, dil_w), groups),
+                                     threads)  # fmt: skip
+            dx[:, :, first_h::sh, first_w::sw][:, :, :rows_h, :rows_w] = part
+    return dx
+
+
+# ------------------------------------------------------------------------ weight gradient
+@_jit
+def _pack(x, grad, xq, gq, n0, nb, chunk, sh, sw, ph, pw, hq, wq, groups, ogp):  # pragma: no cover
+    """Copies samples ``n0 .. n0 + nb`` of ``x`` into ``xq`` ``[C, sh, sw, chunk, hq, wq]``
+    (zero-padded, phased) and of ``grad`` into ``gq`` ``[groups * ogp, chunk, hq, wq]``
+    (rows ``>= oh`` and columns ``>= ow`` stay zero); both flat."""
+    c_all = x.shape[1]
+    h = x.shape[2]
+    w = x.shape[3]
+    o_all = grad.shape[1]
+    oh = grad.shape[2]
+    ow = grad.shape[3]
+    og = o_all // groups
+    plane = hq * wq
+    for c in range(c_all):
+        for a in range(sh):
+            for b in range(sw):
+                jlo = min(wq, max(0, (pw - b + sw - 1) // sw))
+                jhi = max(jlo, min(wq, (w + pw - b + sw - 1) // sw))
+                shift = b - pw
+                for s in range(nb):
+                    start = (((c * sh + a) * sw + b) * chunk + s) * plane
+                    for i in range(hq):
+                        row = i * sh + a - ph
+                        if row < 0 or row >= h:
+                            continue  # stays zero
+                        dst = start + i * wq
+                        src = x[n0 + s, c, row]
+                        for j in range(jlo, jhi):
+                            xq[np.uintp(dst + j)] = src[np.uintp(j * sw + shift)]
+    for oc in range(o_all):
+        row_o = (oc // og) * ogp + oc % og
+        for s in range(nb):
+            start = (row_o * chunk + s) * plane
+            for i in range(oh):
+                src = grad[n0 + s, oc, i]
+                dst = start + i * wq
+                for j in range(ow):
+                    gq[np.uintp(dst + j)] = src[np.uintp(j)]
+
+
+@_jit
+def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, nblk, chunk,
+                    part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """Weight gradient by blocks of :data:`OB` channels x :data:`TB` taps (module doc):
+    adds into ``partial[part]`` ``[groups * nblk * OB, taps]`` (float64); ``offs`` are the
+    taps' offsets in a group's part of the packed input (padded with 0 to a multiple of
+    :data:`TB`)."""
+    n_all = x.shape[0]
+    c_all = x.shape[1]
+    plane = hq * wq
+    group_stride = cg * sh * sw * chunk * plane
+    row_stride = chunk * plane
+    xq = np.zeros(c_all * sh * sw * chunk * plane + plane + LANES, x.dtype)
+    gq = np.zeros(groups * nblk * 4 * chunk * plane + LANES, x.dtype)
+    acc = partial[part]
+    zero = gq[gq.size - 1]  # the slack: a zero of the arrays' dtype
+    taps4 = offs.size // 4
+    chunks = (n_all + chunk - 1) // chunk
+    for k in range(chunks * part // parts, chunks * (part + 1) // parts):
+        n0 = k * chunk
+        nb = min(chunk, n_all - n0)
+        _pack(x, grad, xq, gq, n0, nb, chunk, sh, sw, ph, pw, hq, wq, groups, nblk * 4)
+        length = nb * plane
+        for t0 in range(0, length, TILE):
+            size = min(TILE, length - t0)
+            for g in range(groups):
+                xbase = g * group_stride + t0
+                for blk in range(nblk):
+                    ob = (g * nblk + blk) * 4
+                    g0 = gq[(ob + 0) * row_stride + t0 :]
+                    g1 = gq[(ob + 1) * row_stride + t0 :]
+                    g2 = gq[(ob + 2) * row_stride + t0 :]
+                    g3 = gq[(ob + 3) * row_stride + t0 :]
+                    for t in range(taps4):
+                        x0 = xq[xbase + offs[4 * t + 0] :]
+                        x1 = xq[xbase + offs[4 * t + 1] :]
+                        x2 = xq[xbase + offs[4 * t + 2] :]
+                        x3 = xq[xbase + offs[4 * t + 3] :]
+                        s00 = s01 = s02 = s03 = zero
+                        s10 = s11 = s12 = s13 = zero
+                        s20 = s21 = s22 = s23 = zero
+                        s30 = s31 = s32 = s33 = zero
+                        for j in range(size):
+                            u = np.uintp(j)
+                            v0 = x0[u]
+                            v1 = x1[u]
+                            v2 = x2[u]
+                            v3 = x3[u]
+                            e0 = g0[u]
+                            e1 = g1[u]
+                            e2 = g2[u]
+                            e3 = g3[u]
+                            s00 += e0 * v0
+                            s01 += e0 * v1
+                            s02 += e0 * v2
+                            s03 += e0 * v3
+                            s10 += e1 * v0
+                            s11 += e1 * v1
+                            s12 += e1 * v2
+                            s13 += e1 * v3
+                            s20 += e2 * v0
+                            s21 += e2 * v1
+                            s22 += e2 * v2
+                            s23 += e2 * v3
+                            s30 += e3 * v0
+                            s31 += e3 * v1
+                            s32 += e3 * v2
+                            s33 += e3 * v3
+                        c0 = 4 * t
+                        acc[ob + 0, c0 + 0] += s00
+                        acc[ob + 0, c0 + 1] += s01
+                        acc[ob + 0, c0 + 2] += s02
+                        acc[ob + 0, c0 + 3] += s03
+                        acc[ob + 1, c0 + 0] += s10
+                        acc[ob + 1, c0 + 1] += s11
+                        acc[ob + 1, c0 + 2] += s12
+                        acc[ob + 1, c0 + 3] += s13
+                        acc[ob + 2, c0 + 0] += s20
+                        acc[ob + 2, c0 + 1] += s21
+                        acc[ob + 2, c0 + 2] += s22
+                        acc[ob + 2, c0 + 3] += s23
+                        acc[ob + 3, c0 + 0] += s30
+                        acc[ob + 3, c0 + 1] += s31
+                        acc[ob + 3, c0 + 2] += s32
+                        acc[ob + 3, c0 + 3] += s33
+
+
+@_jit
+def _weight_single(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, og, chunk,
+                   part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """:func:`_weight_blocked` one channel at a time (groups of fewer than :data:`OB`
+    channels), :data:`TB_SINGLE` taps per pass: adds into ``partial[part]``
+    ``[O, taps]``."""
+    n_all = x.shape[0]
+    c_all = x.shape[1]
+    plane = hq * wq
+    group_stride = cg * sh * sw * chunk * plane
+    row_stride = chunk * plane
+    xq = np.zeros(c_all * sh * sw * chunk * plane + plane + LANES, x.dtype)
+    gq = np.zeros(groups * og * chunk * plane + LANES, x.dtype)
+    acc = partial[part]
+    zero = gq[gq.size - 1]  # the slack: a zero of the arrays' dtype
+    taps8 = offs.size // 8
+    chunks = (n_all + chunk - 1) // chunk
+    for k in range(chunks * part // parts, chunks * (part + 1) // parts):
+        n0 = k * chunk
+        nb = min(chunk, n_all - n0)
+        _pack(x, grad, xq, gq, n0, nb, chunk, sh, sw, ph, pw, hq, wq, groups, og)
+        length = nb * plane
+        for t0 in range(0, length, TILE):
+            size = min(TILE, length - t0)
+            for oc in range(groups * og):
+                xbase = (oc // og) * group_stride + t0
+                e = gq[oc * row_stride + t0 :]
+                for t in range(taps8):
+                    x0 = xq[xbase + offs[8 * t + 0] :]
+                    x1 = xq[xbase + offs[8 * t + 1] :]
+                    x2 = xq[xbase + offs[8 * t + 2] :]
+                    x3 = xq[xbase + offs[8 * t + 3] :]
+                    x4 = xq[xbase + offs[8 * t + 4] :]
+                    x5 = xq[xbase + offs[8 * t + 5] :]
+                    x6 = xq[xbase + offs[8 * t + 6] :]
+                    x7 = xq[xbase + offs[8 * t + 7] :]
+                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
+                    for j in range(size):
+                        u = np.uintp(j)
+                        v = e[u]
+                        s0 += v * x0[u]
+                        s1 += v * x1[u]
+                        s2 += v * x2[u]
+                        s3 += v * x3[u]
+                        s4 += v * x4[u]
+                        s5 += v * x5[u]
+                        s6 += v * x6[u]
+                        s7 += v * x7[u]
+                    c0 = 8 * t
+                    acc[oc, c0 + 0] += s0
+                    acc[oc, c0 + 1] += s1
+                    acc[oc, c0 + 2] += s2
+                    acc[oc, c0 + 3] += s3
+                    acc[oc, c0 + 4] += s4
+                    acc[oc, c0 + 5] += s5
+                    acc[oc, c0 + 6] += s6
+                    acc[oc, c0 + 7] += s7
+
+
+def _offsets(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, chunk: int,
+             hq: int, wq: int, multiple: int) -> np.ndarray:  # fmt: skip
+    """Offset of each tap (channel, kh, kw) in a group's part of the packed input
+    ``[cg, sh, sw, chunk, hq, wq]``, padded with 0 to a multiple of ``multiple``."""
+    c = np.arange(cg).reshape(cg, 1, 1)
+    rows = np.arange(kh).reshape(1, kh, 1) * dh
+    cols = np.arange(kw).reshape(1, 1, kw) * dw
+    plane = ((c * sh + rows % sh) * sw + cols % sw) * (chunk * hq * wq)
+    offs = (plane + (rows // sh) * wq + cols // sw).reshape(-1)
+    taps = -(-offs.size // multiple) * multiple
+    return np.concatenate([offs, np.zeros(taps - offs.size, offs.dtype)]).astype(np.int64)
+
+
+def conv2d_weight_backward(
+    x: np.ndarray,
+    weight: np.ndarray,
+    grad: np.ndarray,
+    options: ConvOptions,
+    threads: int | None = None,
+) -> np.ndarray:
+    """Gradient of ``conv2d(x, weight)`` for ``weight`` given the output gradient ``grad``
+    (``[O, C/g, kh, kw]``, ``x``'s dtype; ``weight`` is read only for its shape).
+
+    ``threads`` parts split the samples (default: one below :data:`PARALLEL_MIN_MACS`
+    multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
+    :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba, and
+    :class:`~ember.backend.errors.ShapeError` for shapes that do not fit.
+    """
+    oh, ow = _check(x, weight, grad, options, "conv2d_weight_backward")
+    n, c = x.shape[:2]
+    o, cg, kh, kw = weight.shape
+    groups = options.groups
+    og = o // groups
+    (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
+    dtype = np.dtype(x.dtype)
+    if grad.size == 0 or x.size == 0 or weight.size == 0:
+        return np.zeros(weight.shape, dtype)
+    hq = oh + dh * (kh - 1) // sh
+    wq = ow + dw * (kw - 1) // sw
+    single = og < OB
+    ogp = og if single else -(-og // OB) * OB
+    per_sample = (c * sh * sw + groups * ogp) * hq * wq * dtype.itemsize
+    parts = min(n, _parts(n * o * oh * ow * cg * kh * kw, threads))
+    chunk = max(1, min(-(-n // parts), CHUNK_BYTES // per_sample))
+    parts = min(parts, -(-n // chunk))
+    offs = _offsets(cg, kh, kw, sh, sw, dh, dw, chunk, hq, wq, TB_SINGLE if single else TB)
+    partial = np.zeros((parts, groups * ogp, offs.size), np.float64)
+    geometry = (sh, sw, ph, pw, hq, wq, groups, cg)
+    from ember.backends.fusion.numba_runtime import _run_parts
+
+    if single:
+        _run_parts(_weight_single, [x, grad, offs, partial, *geometry, og, chunk], parts)
+    else:
+        _run_parts(_weight_blocked, [x, grad, offs, partial, *geometry, ogp // OB, chunk], parts)
+    total = partial.sum(axis=0).reshape(groups, ogp, offs.size)[:, :og, : cg * kh * kw]
+    return total.reshape(o, cg, kh, kw).astype(dtype)
