@@ -148,16 +148,48 @@ def _phases(size: int, out: int, k: int, s: int, p: int, d: int) -> list[tuple]:
     return phases
 
 
-def _window(grad: np.ndarray, start: tuple[int, int], length: tuple[int, int]) -> np.ndarray:
-    """``grad[:, :, start : start + length]`` per spatial dim, zero outside ``grad``."""
-    n, o, oh, ow = grad.shape
-    out = np.zeros((n, o, *length), grad.dtype)
-    (r0, c0), (lh, lw) = start, length
-    rs, re = max(0, r0), min(oh, r0 + lh)
-    cs, ce = max(0, c0), min(ow, c0 + lw)
-    if rs < re and cs < ce:
-        out[:, :, rs - r0 : re - r0, cs - c0 : ce - c0] = grad[:, :, rs:re, cs:ce]
-    return out
+def _correlate_into(grad: np.ndarray, sub: np.ndarray, out: np.ndarray, pad: tuple[int, int],
+                    dilation: tuple[int, int], groups: int, parts: int) -> None:  # fmt: skip
+    """Writes into ``out`` ``[N, C, rows, cols]`` (any strides: a phase of ``dx``) the
+    stride-1 correlation of ``grad`` ``[N, O, oh, ow]`` by ``sub`` ``[C, O/g, jh, jw]``, with
+    ``pad`` zero rows and columns before ``grad`` (negative: that many are skipped) and as
+    many after it as ``out`` needs.
+
+    This is :func:`numba_conv.conv2d`'s set-up around its kernels: their packing copies
+    the window of ``grad`` (its ``fill`` of zeros pads both ends, a negative padding crops)
+    and their write-out stores into ``out`` in place, so neither a padded copy of ``grad``
+    nor a scatter of each phase into ``dx`` is made."""
+    c, og, jh, jw = sub.shape
+    cg = c // groups  # the output channels of a group: the correlation's own "og"
+    dh, dw = dilation
+    rows, cols = out.shape[2:]
+    hq, wq = rows + dh * (jh - 1), cols + dw * (jw - 1)
+    single = 9 if (og * jh * jw) % 9 == 0 else numba_conv.SINGLE_UNROLL
+    unroll = numba_conv.UNROLL if cg >= numba_conv.OB else single
+    offs = numba_conv._offsets(og, jh, jw, 1, 1, dh, dw, hq, wq, unroll)
+    taps = offs.size
+    used = np.ones(1, np.bool_)
+    w_taps = np.zeros((groups, cg, taps), sub.dtype)
+    w_taps[:, :, : og * jh * jw] = sub.reshape(groups, cg, og * jh * jw)
+    rows_per_tile = max(1, min(rows, -(-numba_conv.TILE // wq)))
+    geometry = (1, 1, pad[0], pad[1], hq, wq, groups, og)
+    from ember.backends.fusion.numba_runtime import _run_parts
+
+    if cg < numba_conv.OB:
+        wt = w_taps.reshape(c, taps // single, single)
+        args = [grad, wt, offs, used, np.zeros(c, sub.dtype), out]
+        kernel = numba_conv._conv_single9 if single == 9 else numba_conv._conv_single
+        _run_parts(kernel, [*args, *geometry, rows_per_tile], parts)
+        return
+    ob = numba_conv.OB
+    nblk = -(-cg // ob)
+    wt = np.zeros((groups, nblk * ob, taps), sub.dtype)
+    wt[:, :cg] = w_taps
+    wt = np.ascontiguousarray(
+        wt.reshape(groups, nblk, ob, taps // unroll, unroll).transpose(0, 1, 3, 4, 2)
+    ).reshape(groups * nblk, taps // unroll, unroll, ob)
+    args = [grad, wt, offs, used, np.zeros((groups * nblk, ob), sub.dtype), out]
+    _run_parts(numba_conv._conv_blocked, [*args, *geometry, nblk, rows_per_tile], parts)
 
 
 def conv2d_x_backward(
@@ -170,37 +202,32 @@ def conv2d_x_backward(
     """Gradient of ``conv2d(x, weight)`` for ``x`` given the output gradient ``grad``
     (``[N, C, H, W]``, ``x``'s dtype; ``x`` is read only for its shape).
 
-    ``threads``: as :func:`ember.backends.fusion.numba_conv.conv2d` (per phase). Raises
+    ``threads`` parts run each phase (default: one below :data:`PARALLEL_MIN_MACS`
+    multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
     :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba, and
     :class:`~ember.backend.errors.ShapeError` for shapes that do not fit.
     """
-    from ember.backend.options import ConvOptions
-
     oh, ow = _check(x, weight, grad, options, "conv2d_x_backward")
-    c, h, w = x.shape[1:]
+    n, c, h, w = x.shape
     o, cg, kh, kw = weight.shape
     groups = options.groups
     og = o // groups
     (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
+    phases_h = _phases(h, oh, kh, sh, ph, dh)
+    phases_w = _phases(w, ow, kw, sw, pw, dw)
+    # Every input row and column in a phase with taps: each is written once.
+    covered = sum(p[3] for p in phases_h) == h and sum(p[3] for p in phases_w) == w
+    dx = (np.empty if covered else np.zeros)(x.shape, x.dtype)
+    if grad.size == 0 or dx.size == 0:
+        return np.zeros(x.shape, x.dtype)
     # The weight with its channels exchanged per group: [C, O/g, kh, kw].
     wt = weight.reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(c, og, kh, kw)
-    if grad.size == 0 or x.size == 0:
-        return np.zeros(x.shape, x.dtype)
-    if sh == sw == 1 and ph <= dh * (kh - 1) and pw <= dw * (kw - 1):
-        # One phase, symmetric padding: conv2d's output is dx.
-        flipped = np.ascontiguousarray(wt[:, :, ::-1, ::-1])
-        pad = (dh * (kh - 1) - ph, dw * (kw - 1) - pw)
-        return numba_conv.conv2d(grad, flipped, None,
-                                 ConvOptions((1, 1), pad, (dh, dw), groups), threads)  # fmt: skip
-    dx = np.zeros(x.shape, x.dtype)
-    for taps_h, dil_h, first_h, rows_h, start_h, len_h in _phases(h, oh, kh, sh, ph, dh):
-        for taps_w, dil_w, first_w, rows_w, start_w, len_w in _phases(w, ow, kw, sw, pw, dw):
+    parts = _parts(n * o * oh * ow * cg * kh * kw, threads)
+    for taps_h, dil_h, first_h, rows_h, start_h, _ in phases_h:
+        for taps_w, dil_w, first_w, rows_w, start_w, _ in phases_w:
             sub = np.ascontiguousarray(wt[:, :, taps_h][:, :, :, taps_w])
-            window = _window(grad, (start_h, start_w), (len_h, len_w))
-            part = numba_conv.conv2d(window, sub, None,
-                                     ConvOptions((1, 1), (0, 0), (dil_h, dil_w), groups),
-                                     threads)  # fmt: skip
-            dx[:, :, first_h::sh, first_w::sw][:, :, :rows_h, :rows_w] = part
+            out = dx[:, :, first_h::sh, first_w::sw][:, :, :rows_h, :rows_w]
+            _correlate_into(grad, sub, out, (-start_h, -start_w), (dil_h, dil_w), groups, parts)
     return dx
 
 
