@@ -30,7 +30,7 @@ grad[n, o, oh, ow] * x_padded[n, c, oh sh + kh dh, ow sw + kw dw]``, a reduction
   product of two contiguous runs over every sample of the chunk (the zeros of ``gq`` drop
   the extra columns and rows, and whatever they meet of the next sample).
 * **Register blocking.** The inner loop adds the products of :data:`OB` gradient rows with
-  :data:`TB` taps: per vector of positions 8 loads and 16 FMAs into 16 vector
+  :data:`TB` taps: per vector of positions 10 loads and 24 FMAs into 24 vector
   accumulators, which are summed (horizontally) once per tile of :data:`TILE` positions.
   Groups of fewer than :data:`OB` output channels (depthwise) run a one-channel variant,
   :func:`_weight_single`, over :data:`TB_SINGLE` taps per pass.
@@ -64,9 +64,10 @@ __all__ = ["KernelUnsupported", "conv2d_weight_backward", "conv2d_x_backward", "
 
 OB = 4
 """Output channels (gradient rows) one inner loop of the weight gradient reads."""
-TB = 4
-"""Taps one inner loop of the weight gradient reads: ``OB * TB`` = 16 vector accumulators
-and 8 loads fit AVX-512's 32 registers."""
+TB = 6
+"""Taps one inner loop of the weight gradient reads: ``OB * TB`` = 24 vector accumulators
+(the taps' loads fold into the FMAs). Measured on Zen 5, float32, one thread: 5-15% faster
+than 4 taps; 8 channels x 3 taps and 6 x 4 were slower."""
 TB_SINGLE = 8
 """Taps per pass of the one-channel (depthwise) weight gradient kernel."""
 TILE = 2048
@@ -288,7 +289,7 @@ def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, 
     gq = np.zeros(groups * nblk * 4 * chunk * plane + LANES, x.dtype)
     acc = partial[part]
     zero = gq[gq.size - 1]  # the slack: a zero of the arrays' dtype
-    taps4 = offs.size // 4
+    taps6 = offs.size // 6
     chunks = (n_all + chunk - 1) // chunk
     for k in range(chunks * part // parts, chunks * (part + 1) // parts):
         n0 = k * chunk
@@ -305,21 +306,25 @@ def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, 
                     g1 = gq[(ob + 1) * row_stride + t0 :]
                     g2 = gq[(ob + 2) * row_stride + t0 :]
                     g3 = gq[(ob + 3) * row_stride + t0 :]
-                    for t in range(taps4):
-                        x0 = xq[xbase + offs[4 * t + 0] :]
-                        x1 = xq[xbase + offs[4 * t + 1] :]
-                        x2 = xq[xbase + offs[4 * t + 2] :]
-                        x3 = xq[xbase + offs[4 * t + 3] :]
-                        s00 = s01 = s02 = s03 = zero
-                        s10 = s11 = s12 = s13 = zero
-                        s20 = s21 = s22 = s23 = zero
-                        s30 = s31 = s32 = s33 = zero
+                    for t in range(taps6):
+                        x0 = xq[xbase + offs[6 * t + 0] :]
+                        x1 = xq[xbase + offs[6 * t + 1] :]
+                        x2 = xq[xbase + offs[6 * t + 2] :]
+                        x3 = xq[xbase + offs[6 * t + 3] :]
+                        x4 = xq[xbase + offs[6 * t + 4] :]
+                        x5 = xq[xbase + offs[6 * t + 5] :]
+                        s00 = s01 = s02 = s03 = s04 = s05 = zero
+                        s10 = s11 = s12 = s13 = s14 = s15 = zero
+                        s20 = s21 = s22 = s23 = s24 = s25 = zero
+                        s30 = s31 = s32 = s33 = s34 = s35 = zero
                         for j in range(size):
                             u = np.uintp(j)
                             v0 = x0[u]
                             v1 = x1[u]
                             v2 = x2[u]
                             v3 = x3[u]
+                            v4 = x4[u]
+                            v5 = x5[u]
                             e0 = g0[u]
                             e1 = g1[u]
                             e2 = g2[u]
@@ -328,35 +333,51 @@ def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, 
                             s01 += e0 * v1
                             s02 += e0 * v2
                             s03 += e0 * v3
+                            s04 += e0 * v4
+                            s05 += e0 * v5
                             s10 += e1 * v0
                             s11 += e1 * v1
                             s12 += e1 * v2
                             s13 += e1 * v3
+                            s14 += e1 * v4
+                            s15 += e1 * v5
                             s20 += e2 * v0
                             s21 += e2 * v1
                             s22 += e2 * v2
                             s23 += e2 * v3
+                            s24 += e2 * v4
+                            s25 += e2 * v5
                             s30 += e3 * v0
                             s31 += e3 * v1
                             s32 += e3 * v2
                             s33 += e3 * v3
-                        c0 = 4 * t
+                            s34 += e3 * v4
+                            s35 += e3 * v5
+                        c0 = 6 * t
                         acc[ob + 0, c0 + 0] += s00
                         acc[ob + 0, c0 + 1] += s01
                         acc[ob + 0, c0 + 2] += s02
                         acc[ob + 0, c0 + 3] += s03
+                        acc[ob + 0, c0 + 4] += s04
+                        acc[ob + 0, c0 + 5] += s05
                         acc[ob + 1, c0 + 0] += s10
                         acc[ob + 1, c0 + 1] += s11
                         acc[ob + 1, c0 + 2] += s12
                         acc[ob + 1, c0 + 3] += s13
+                        acc[ob + 1, c0 + 4] += s14
+                        acc[ob + 1, c0 + 5] += s15
                         acc[ob + 2, c0 + 0] += s20
                         acc[ob + 2, c0 + 1] += s21
                         acc[ob + 2, c0 + 2] += s22
                         acc[ob + 2, c0 + 3] += s23
+                        acc[ob + 2, c0 + 4] += s24
+                        acc[ob + 2, c0 + 5] += s25
                         acc[ob + 3, c0 + 0] += s30
                         acc[ob + 3, c0 + 1] += s31
                         acc[ob + 3, c0 + 2] += s32
                         acc[ob + 3, c0 + 3] += s33
+                        acc[ob + 3, c0 + 4] += s34
+                        acc[ob + 3, c0 + 5] += s35
 
 
 @_jit
