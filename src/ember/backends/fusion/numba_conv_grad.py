@@ -135,7 +135,7 @@ def _parts(macs: int, threads: int | None) -> int:
 
 
 # ------------------------------------------------------------------------- input gradient
-def _phases(size: int, out: int, k: int, s: int, p: int, d: int) -> list[tuple]:
+def _phases(size: int, k: int, s: int, p: int, d: int) -> list[tuple]:
     """Along one dim, per phase ``r`` that has input rows and taps: ``(taps, dilation,
     first input row, rows, grad start)`` of its stride-1 correlation (taps in the flipped
     order of the correlation; ``grad start`` is the row of ``grad`` its first output reads,
@@ -219,8 +219,8 @@ def conv2d_x_backward(
     groups = options.groups
     og = o // groups
     (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
-    phases_h = _phases(h, oh, kh, sh, ph, dh)
-    phases_w = _phases(w, ow, kw, sw, pw, dw)
+    phases_h = _phases(h, kh, sh, ph, dh)
+    phases_w = _phases(w, kw, sw, pw, dw)
     # Every input row and column in a phase with taps: each is written once.
     covered = sum(p[3] for p in phases_h) == h and sum(p[3] for p in phases_w) == w
     dx = (np.empty if covered else np.zeros)(x.shape, x.dtype)
