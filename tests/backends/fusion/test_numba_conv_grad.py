@@ -134,6 +134,17 @@ def test_parts_give_the_results_of_one_part():
                                            rtol=1e-12, atol=1e-12)  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_contiguous_arrays_are_read_in_place(dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 12, 11, 9)).astype(dtype).transpose(0, 1, 3, 2)[:, ::2]
+    w = rng.standard_normal((8, 3, 3, 2)).astype(dtype)[:, ::-1]  # negative strides
+    options = ConvOptions((1, 2), (1, 1), (2, 1), 2)
+    g = output_grad(x, w, options, rng)[:, ::-1]
+    assert not (x.flags.c_contiguous or w.flags.c_contiguous or g.flags.c_contiguous)
+    check(x, w, g, options, dtype)
+
+
 def test_inputs_are_not_written():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
@@ -177,6 +188,15 @@ def test_empty_batch():
     assert grad_kernels.conv2d_x_backward(x, w, g, options).shape == (0, 2, 5, 5)
     dw = grad_kernels.conv2d_weight_backward(x, w, g, options)
     assert dw.shape == (3, 2, 3, 3) and dw.dtype == np.float32 and not dw.any()
+
+
+def test_supports_names_what_the_gradients_take():
+    x, w, g = (np.ones(s, np.float32) for s in [(1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 3, 3)])
+    assert grad_kernels.supports(x, w, g)
+    assert grad_kernels.supports(*(a.astype(np.float64) for a in (x, w, g)))
+    assert not grad_kernels.supports(*(a.astype(np.float16) for a in (x, w, g)))
+    assert not grad_kernels.supports(x, w.astype(np.float64), g)
+    assert not grad_kernels.supports(x[0], w, g)
 
 
 def test_op_kernel_entries_take_float_arrays_only():
