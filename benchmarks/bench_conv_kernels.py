@@ -21,6 +21,12 @@ Where numba is installed, the fusion backend's direct kernels
 count: small convolutions still run on one, see ``numba_conv.PARALLEL_MIN_MACS``) are
 timed in their own process too: the ``numba`` column, and ``nb/ember`` (below 1: numba is faster
 than im2col). Transposed convolutions have no numba kernel (``-``).
+
+``--backward`` times the gradients of the convolution cases instead: per case a ``dx`` row
+(``conv_x_backward``: NdArray's transposed convolution, ``numba_conv_grad.conv2d_x_backward``,
+torch's ``aten.convolution_backward`` for the input) and a ``dw`` row (``conv_weight_backward``:
+NdArray's unfold and matmul, ``numba_conv_grad.conv2d_weight_backward``, torch's for the
+weight).
 """
 
 from __future__ import annotations
@@ -158,7 +164,69 @@ def _time_torch(threads: int, repeat: int) -> list[tuple[float, float]]:
     return times
 
 
-def _child(which: str, threads: int, repeat: int, baseline: str | None = None) -> list:
+def _backward_cases():
+    """Per convolution case, its arrays' shapes and options, and a gradient of its output."""
+    import numpy as np
+
+    sys.path.insert(0, str(SRC))
+    from ember.backend.options import ConvOptions
+
+    rng = np.random.default_rng(0)
+    for _, xs, ws, s, p, d, g in CASES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ws, dtype=np.float32)
+        out = [(n + 2 * pad - dil * (k - 1) - 1) // st + 1
+               for n, pad, dil, k, st in zip(xs[2:], p, d, ws[2:], s)]  # fmt: skip
+        grad = rng.standard_normal((xs[0], ws[0], *out), dtype=np.float32)
+        yield x, w, grad, ConvOptions(s, p, d, g)
+
+
+def _time_backward(which: str, threads: int, repeat: int) -> list[tuple[float, float]]:
+    """The ``dx`` and ``dw`` rows of every convolution case, by ``which`` library."""
+    times = []
+    if which == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    for x, w, grad, options in _backward_cases():
+        if which == "torch":
+            xt, wt, gt = (torch.from_numpy(a) for a in (x, w, grad))
+            conv_backward = torch.ops.aten.convolution_backward
+
+            def dx(xt=xt, wt=wt, gt=gt, o=options, conv_backward=conv_backward):
+                return conv_backward(gt, xt, wt, None, o.stride, o.padding, o.dilation, False,
+                                     (0, 0), o.groups, (True, False, False))  # fmt: skip
+
+            def dw(xt=xt, wt=wt, gt=gt, o=options, conv_backward=conv_backward):
+                return conv_backward(gt, xt, wt, None, o.stride, o.padding, o.dilation, False,
+                                     (0, 0), o.groups, (False, True, False))  # fmt: skip
+
+        elif which == "numba":
+            from ember.backends.fusion import numba_conv_grad
+
+            def dx(x=x, w=w, grad=grad, o=options):
+                return numba_conv_grad.conv2d_x_backward(x, w, grad, o)
+
+            def dw(x=x, w=w, grad=grad, o=options):
+                return numba_conv_grad.conv2d_weight_backward(x, w, grad, o)
+
+        else:
+            from ember.backends.ndarray import NdArray
+
+            backend = NdArray()
+
+            def dx(x=x, w=w, grad=grad, o=options, backend=backend):
+                return backend.conv_x_backward(x, w, grad, o)
+
+            def dw(x=x, w=w, grad=grad, o=options, backend=backend):
+                return backend.conv_weight_backward(x, w, grad, o)
+
+        times += [_median_ms(dx, repeat), _median_ms(dw, repeat)]
+    return times
+
+
+def _child(which: str, threads: int, repeat: int, baseline: str | None = None,
+           backward: bool = False) -> list:  # fmt: skip
     """Times one library in a fresh process: idle OpenBLAS threads spin for a while after
     each call and would steal the cores torch's threads run on (and vice versa)."""
     env = dict(os.environ)
@@ -173,6 +241,8 @@ def _child(which: str, threads: int, repeat: int, baseline: str | None = None) -
     cmd += ["--repeat", str(repeat)]
     if baseline:
         cmd += ["--baseline", baseline]
+    if backward:
+        cmd += ["--backward"]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -194,12 +264,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", help="another conv.py to time alongside")
     parser.add_argument("--no-numba", action="store_true", help="skip the numba kernels")
+    parser.add_argument("--backward", action="store_true", help="time the gradients instead")
     parser.add_argument(
         "--child", choices=["ember", "baseline", "torch", "numba"], help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     if args.child:
-        if args.child == "torch":
+        if args.backward:
+            times = _time_backward(args.child, args.threads[0], args.repeat)
+        elif args.child == "torch":
             times = _time_torch(args.threads[0], args.repeat)
         elif args.child == "numba":
             times = _time_numba(args.repeat)
@@ -208,6 +281,10 @@ def main() -> None:
         print(json.dumps(times))
         return
     names = [case[0] for case in CASES + TRANSPOSE_CASES]
+    if args.backward:
+        if args.baseline:
+            parser.error("--baseline times forward convolutions only")
+        names = [f"{case[0]} {row}" for case in CASES for row in ("dx", "dw")]
     with_numba = not args.no_numba and importlib.util.find_spec("numba") is not None
     children = ["ember", "torch"] + (["baseline"] if args.baseline else [])
     children += ["numba"] if with_numba else []
@@ -215,7 +292,9 @@ def main() -> None:
         runs = {child: [] for child in children}
         for _ in range(args.rounds):
             for child in children:
-                runs[child].append(_child(child, threads, args.repeat, args.baseline))
+                runs[child].append(
+                    _child(child, threads, args.repeat, args.baseline, args.backward)
+                )
         ours, ref = _summary(runs["ember"]), _summary(runs["torch"])
         old = _summary(runs["baseline"]) if args.baseline else None
         fast = _summary(runs["numba"]) if with_numba else None
@@ -223,14 +302,14 @@ def main() -> None:
             f"--- {threads} thread(s), float32, ms: median of {args.rounds} rounds' medians over"
             f" {args.repeat} runs | minimum"
         )
-        header = f"{'case':24s} {'ember':>9s} {'torch':>9s} {'ratio':>6s}"
+        header = f"{'case':27s} {'ember':>9s} {'torch':>9s} {'ratio':>6s}"
         header += f" {'before':>9s} {'speedup':>7s}" if old else ""
         header += f" {'numba':>9s} {'nb/ember':>8s} {'nb/torch':>8s}" if fast else ""
         tail = f" {'numba':>9s}" if fast else ""
         print(f"{header} | {'ember':>9s} {'torch':>9s} {'ratio':>6s}{tail}")
         for i, name in enumerate(names):
             (a, a_min), (b, b_min) = ours[i], ref[i]
-            line = f"{name:24s} {a:9.3f} {b:9.3f} {a / b:6.2f}"
+            line = f"{name:27s} {a:9.3f} {b:9.3f} {a / b:6.2f}"
             if old:
                 line += f" {old[i][0]:9.3f} {old[i][0] / a:7.2f}"
             if fast and fast[i] is not None:

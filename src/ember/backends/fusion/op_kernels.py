@@ -63,6 +63,34 @@ def _conv_run(args: list, threads: int) -> np.ndarray:
     return numba_conv.conv2d(*args, threads=threads)
 
 
+def _conv_grad_supports(args: list) -> bool:
+    x, weight, grad, _ = args
+    return (_floats(x) and type(weight) is np.ndarray and weight.dtype == x.dtype
+            and type(grad) is np.ndarray and grad.dtype == x.dtype)  # fmt: skip
+
+
+def _conv_grad_key(name: str) -> Callable[[list], tuple]:
+    return lambda args: (name, args[0].dtype.name, args[1].shape[1:], astuple(args[3]))
+
+
+def _conv_grad_work(args: list) -> int:
+    """Multiply-adds: those of the forward convolution."""
+    x, weight, _, options = args
+    return _conv_work([x, weight, None, options])
+
+
+def _conv_x_backward_run(args: list, threads: int) -> np.ndarray:
+    from ember.backends.fusion import numba_conv_grad
+
+    return numba_conv_grad.conv2d_x_backward(*args, threads=threads)
+
+
+def _conv_weight_backward_run(args: list, threads: int) -> np.ndarray:
+    from ember.backends.fusion import numba_conv_grad
+
+    return numba_conv_grad.conv2d_weight_backward(*args, threads=threads)
+
+
 def _pool_supports(args: list) -> bool:
     return _floats(args[0])
 
@@ -96,6 +124,11 @@ NDARRAY_KERNELS = {
     k.name: k
     for k in (
         OpKernel("conv2d", _conv_supports, _conv_key, _conv_work, _conv_run),
+        OpKernel("conv_x_backward", _conv_grad_supports, _conv_grad_key("conv_x_backward"),
+                 _conv_grad_work, _conv_x_backward_run),
+        OpKernel("conv_weight_backward", _conv_grad_supports,
+                 _conv_grad_key("conv_weight_backward"), _conv_grad_work,
+                 _conv_weight_backward_run),
         OpKernel("max_pool2d", _pool_supports, _pool_key("max_pool2d"), _pool_work,
                  _max_pool_values_run),
         OpKernel("max_pool2d_with_indices", _pool_supports, _pool_key("max_pool2d_with_indices"),
