@@ -234,3 +234,16 @@ def test_a_slot_collected_while_its_thread_holds_the_pool_lock(device, pool):
     thread.join(timeout=30)
     assert done.is_set(), "a finalizer waited for the pool's lock"
     assert pool.idle_bytes() >= N * 4  # taken back at the next call into the pool
+
+
+def test_a_step_repeated_after_dropping_its_result_reuses_one_buffer(device, pool):
+    # The pool learns of a dropped result late (from a finalizer) and Python reuses the
+    # ids of dead arrays at once: a late notice about an old loan must not void a new one.
+    x = Tensor.from_data(_data(), device)
+    _step(x, 1.0)  # the first call's buffer
+    misses = pool.misses
+    for k in range(2, 12):
+        y = _step(x, float(k))
+        np.testing.assert_array_equal(y.to_numpy(), _expected(_data(), float(k)))
+        del y
+    assert pool.misses == misses

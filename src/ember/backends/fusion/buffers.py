@@ -16,6 +16,7 @@ gone, and its ``base`` names the pool's buffer, not the array that was handed ou
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -50,12 +51,15 @@ class BufferPool:
             max_idle_bytes = int(os.environ.get("EMBER_FUSION_POOL_BYTES", 1 << 30))
         self.max_idle_bytes = max_idle_bytes
         self._idle: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # id -> (class, raw)
-        self._loans: dict[int, np.ndarray] = {}  # id(array handed out) -> its raw buffer
+        # id(array handed out) -> (its raw buffer, the loan's number): ids are reused once
+        # an array is gone, so a finalizer's late notice names the loan it was about.
+        self._loans: dict[int, tuple[np.ndarray, int]] = {}
+        self._numbers = itertools.count()
         self._idle_bytes = 0
         self._lock = threading.Lock()
         # From finalizers, which may run while this thread holds the lock: no lock there.
         self._returned: deque[np.ndarray] = deque()
-        self._forgotten: deque[int] = deque()
+        self._forgotten: deque[tuple[int, int]] = deque()
         self.hits = 0
         self.misses = 0
 
@@ -83,13 +87,14 @@ class BufferPool:
             raw = np.empty(wanted, np.uint8)
         array = raw[:nbytes].view(dtype).reshape(shape)
         with self._lock:
-            self._loans[id(array)] = raw
+            number = next(self._numbers)
+            self._loans[id(array)] = (raw, number)
         # An array dropped without release frees its memory as any array does.
-        weakref.finalize(array, self._forget, id(array))
+        weakref.finalize(array, self._forget, id(array), number)
         return array
 
-    def _forget(self, key: int) -> None:
-        self._forgotten.append(key)  # a finalizer: see release_later
+    def _forget(self, key: int, number: int) -> None:
+        self._forgotten.append((key, number))  # a finalizer: see release_later
 
     def release(self, array: np.ndarray) -> bool:
         """Returns ``array`` (exactly as :meth:`take` handed it out) to the pool; the caller
@@ -107,12 +112,15 @@ class BufferPool:
     def _drain(self) -> None:
         """Takes back what finalizers handed over (with the lock held)."""
         while self._forgotten:
-            self._loans.pop(self._forgotten.popleft(), None)
+            key, number = self._forgotten.popleft()
+            loan = self._loans.get(key)
+            if loan is not None and loan[1] == number:  # not a later loan of a reused id
+                del self._loans[key]
         while self._returned:
             self._release(self._returned.popleft())
 
     def _release(self, array: np.ndarray) -> bool:
-        raw = self._loans.pop(id(array), None)
+        raw, _ = self._loans.pop(id(array), (None, None))
         if raw is None or array.base is None or not np.shares_memory(array, raw):
             return False
         self._idle[id(raw)] = (raw.size, raw)
