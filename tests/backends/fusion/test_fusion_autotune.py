@@ -350,3 +350,24 @@ def test_a_single_op_is_tuned_once_per_bucket(runtime, monkeypatch, tmp_path):
         assert stats()["tunings"] == 3  # conv, max pool, avg pool: on the first step only
     stored = json.loads(next(tmp_path.glob("autotune-*.json")).read_text())
     assert sum("/w" in entry for entry in stored["choices"]) == 3
+
+
+def test_a_single_op_kernel_writes_into_the_pool():
+    from ember.tensor import module
+
+    x, w = _images(3)
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    pool = runtime_named("numba").pool
+    xt, wt = Tensor.from_data(x, fused), Tensor.from_data(w, fused)
+    want = module.conv2d(Tensor.from_data(x, ember.device("ndarray")),
+                         Tensor.from_data(w, ember.device("ndarray")), None, padding=(1, 1))  # fmt: skip
+    with autotune.forcing(Choice("fused", 1)):
+        y = module.conv2d(xt, wt, None, padding=(1, 1))
+        np.testing.assert_allclose(y.to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-5)
+        del y
+        misses, hits = pool.misses, pool.hits
+        for _ in range(3):  # each result dropped: the next one takes its buffer back
+            y = module.conv2d(xt, wt, None, padding=(1, 1))
+            np.testing.assert_allclose(y.to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-5)
+            del y
+    assert pool.misses == misses and pool.hits >= hits + 3

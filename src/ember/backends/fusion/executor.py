@@ -358,12 +358,14 @@ class Executor:
                                  lambda: inner_op(*args), record.name)  # fmt: skip
             return True
         try:
-            out = kernel.run(args, how.threads)
+            out = kernel.run(args, how.threads, self.runtime.pool.take)
         except UnsupportedError:
             return False
         outs = out if record.multi else (out,)
         for slot, prim in zip(record.outputs, outs, strict=True):
             set_output(self.inner, slot, prim, record.name)
+            if self.recycler is not None:
+                slot.recycle = self.recycler  # pooled outputs go back (others are ignored)
         counters.add("op_kernels")
         return True
 

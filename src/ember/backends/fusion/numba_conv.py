@@ -62,6 +62,7 @@ another order than NdArray's GEMM adds them (the results agree to rounding).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -410,6 +411,7 @@ def conv2d(
     bias: np.ndarray | None,
     options: ConvOptions,
     threads: int | None = None,
+    empty: Callable = np.empty,
 ) -> np.ndarray:
     """2-d convolution ``[N, C, H, W] * [O, C/g, kh, kw] -> [N, O, oh, ow]`` (plus ``bias``
     ``[O]``), as :func:`ember.backends.ndarray.conv.conv2d` computes it; returns a new
@@ -419,6 +421,7 @@ def conv2d(
     multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
     :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba,
     and :class:`~ember.backend.errors.ShapeError` for shapes that do not convolve.
+    ``empty(shape, dtype)`` makes the output (a pool's ``take``, say).
     """
     if numba is None:
         raise KernelUnsupported("numba conv2d: numba is not installed")
@@ -446,7 +449,7 @@ def conv2d(
             f"numba conv2d: kernel {kh}x{kw} (dilation {dh}x{dw}) is larger than the padded "
             f"input {h + 2 * ph}x{w + 2 * pw}"
         )
-    out = np.empty((n, o, oh, ow), dtype)
+    out = empty((n, o, oh, ow), dtype)
     if out.size == 0:
         return out
     og = o // groups

@@ -54,6 +54,7 @@ another order than NdArray's (the results agree to rounding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -211,6 +212,7 @@ def conv2d_x_backward(
     grad: np.ndarray,
     options: ConvOptions,
     threads: int | None = None,
+    empty: Callable = np.empty,
 ) -> np.ndarray:
     """Gradient of ``conv2d(x, weight)`` for ``x`` given the output gradient ``grad``
     (``[N, C, H, W]``, ``x``'s dtype; ``x`` is read only for its shape).
@@ -218,7 +220,8 @@ def conv2d_x_backward(
     ``threads`` parts run each phase (default: one for a phase of fewer than
     :data:`PARALLEL_MIN_MACS` multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
     :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba, and
-    :class:`~ember.backend.errors.ShapeError` for shapes that do not fit.
+    :class:`~ember.backend.errors.ShapeError` for shapes that do not fit. ``empty(shape,
+    dtype)`` makes the output (a pool's ``take``, say).
     """
     _check(x, weight, grad, options, "conv2d_x_backward")
     c, h, w = x.shape[1:]
@@ -230,9 +233,11 @@ def conv2d_x_backward(
     phases_w = _phases(w, kw, sw, pw, dw)
     # Every input row and column in a phase with taps: each is written once.
     covered = sum(p[3] for p in phases_h) == h and sum(p[3] for p in phases_w) == w
-    dx = (np.empty if covered else np.zeros)(x.shape, x.dtype)
-    if grad.size == 0 or dx.size == 0:
+    if grad.size == 0 or x.size == 0:
         return np.zeros(x.shape, x.dtype)
+    dx = empty(x.shape, x.dtype)
+    if not covered:
+        dx.fill(0)
     # The weight with its channels exchanged per group: [C, O/g, kh, kw].
     wt = weight.reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(c, og, kh, kw)
     for taps_h, dil_h, first_h, rows_h, start_h in phases_h:

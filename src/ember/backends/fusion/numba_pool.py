@@ -24,6 +24,7 @@ another order than NdArray's: equal to rounding).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -176,15 +177,16 @@ def _counts(out: int, size: int, k: int, stride: int, pad: int, dil: int, includ
 
 
 def max_pool2d_with_indices(
-    x: np.ndarray, options: PoolOptions, threads: int | None = None
+    x: np.ndarray, options: PoolOptions, threads: int | None = None, empty: Callable = np.empty
 ) -> tuple[np.ndarray, np.ndarray]:
     """2-d max pooling of ``[N, C, H, W]``: the maxima and, as int64, the flat index
     ``h * W + w`` of each within its plane, as
-    :func:`ember.backends.ndarray.pool.max_pool2d_with_indices` computes them."""
+    :func:`ember.backends.ndarray.pool.max_pool2d_with_indices` computes them;
+    ``empty(shape, dtype)`` makes the outputs (a pool's ``take``, say)."""
     oh, ow, hq, wq, used = _geometry(x, options)
     n, c = x.shape[:2]
-    values = np.empty((n, c, oh, ow), x.dtype)
-    indices = np.empty((n, c, oh, ow), np.int64)
+    values = empty((n, c, oh, ow), x.dtype)
+    indices = empty((n, c, oh, ow), np.int64)
     if values.size == 0:
         return values, indices
     (kh, kw), (sh, sw) = options.kernel_size, options.stride
@@ -200,12 +202,14 @@ def max_pool2d_with_indices(
     return values, indices
 
 
-def avg_pool2d(x: np.ndarray, options: PoolOptions, threads: int | None = None) -> np.ndarray:
+def avg_pool2d(x: np.ndarray, options: PoolOptions, threads: int | None = None,
+               empty: Callable = np.empty) -> np.ndarray:  # fmt: skip
     """2-d average pooling of ``[N, C, H, W]`` as
-    :func:`ember.backends.ndarray.pool.avg_pool2d` computes it."""
+    :func:`ember.backends.ndarray.pool.avg_pool2d` computes it; ``empty(shape, dtype)``
+    makes the output (a pool's ``take``, say)."""
     oh, ow, hq, wq, used = _geometry(x, options)
     n, c, h, w = x.shape
-    out = np.empty((n, c, oh, ow), x.dtype)
+    out = empty((n, c, oh, ow), x.dtype)
     if out.size == 0:
         return out
     (kh, kw), (sh, sw) = options.kernel_size, options.stride

@@ -8,7 +8,9 @@ tuner's choice (``autotune.py``), per op, options and work bucket, like a fused 
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
 choice depends on besides size (``key``), how much work a call is (``work``: the bucket),
-and how to run it at a thread count (``run``, returning what the inner op returns).
+and how to run it at a thread count with an allocator for its outputs (``run(args,
+threads, empty)``, returning what the inner op returns; ``empty`` is the runtime's pool, so
+outputs reuse mapped pages instead of faulting fresh ones in).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class OpKernel:
     supports: Callable[[list], bool]
     key: Callable[[list], tuple]
     work: Callable[[list], int]
-    run: Callable[[list, int], Any]
+    run: Callable[[list, int, Callable], Any]
 
 
 def _floats(array: Any) -> bool:
@@ -57,10 +59,10 @@ def _conv_work(args: list) -> int:
     return x.shape[0] * weight.shape[0] * max(0, math.prod(out)) * math.prod(weight.shape[1:])
 
 
-def _conv_run(args: list, threads: int) -> np.ndarray:
+def _conv_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
     from ember.backends.fusion import numba_conv
 
-    return numba_conv.conv2d(*args, threads=threads)
+    return numba_conv.conv2d(*args, threads=threads, empty=empty)
 
 
 def _conv_grad_supports(args: list) -> bool:
@@ -79,13 +81,13 @@ def _conv_grad_work(args: list) -> int:
     return _conv_work([x, weight, None, options])
 
 
-def _conv_x_backward_run(args: list, threads: int) -> np.ndarray:
+def _conv_x_backward_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
     from ember.backends.fusion import numba_conv_grad
 
-    return numba_conv_grad.conv2d_x_backward(*args, threads=threads)
+    return numba_conv_grad.conv2d_x_backward(*args, threads=threads, empty=empty)
 
 
-def _conv_weight_backward_run(args: list, threads: int) -> np.ndarray:
+def _conv_weight_backward_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
     from ember.backends.fusion import numba_conv_grad
 
     return numba_conv_grad.conv2d_weight_backward(*args, threads=threads)
@@ -104,20 +106,20 @@ def _pool_work(args: list) -> int:
     return x.size * math.prod(options.kernel_size)
 
 
-def _max_pool_run(args: list, threads: int) -> tuple:
+def _max_pool_run(args: list, threads: int, empty: Callable = np.empty) -> tuple:
     from ember.backends.fusion import numba_pool
 
-    return numba_pool.max_pool2d_with_indices(*args, threads=threads)
+    return numba_pool.max_pool2d_with_indices(*args, threads=threads, empty=empty)
 
 
-def _max_pool_values_run(args: list, threads: int) -> np.ndarray:
-    return _max_pool_run(args, threads)[0]
+def _max_pool_values_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+    return _max_pool_run(args, threads, empty)[0]
 
 
-def _avg_pool_run(args: list, threads: int) -> np.ndarray:
+def _avg_pool_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
     from ember.backends.fusion import numba_pool
 
-    return numba_pool.avg_pool2d(*args, threads=threads)
+    return numba_pool.avg_pool2d(*args, threads=threads, empty=empty)
 
 
 NDARRAY_KERNELS = {
