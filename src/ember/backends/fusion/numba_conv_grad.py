@@ -192,8 +192,7 @@ def _correlate_into(grad: np.ndarray, sub: np.ndarray, out: np.ndarray, pad: tup
     if cg < numba_conv.OB:
         wt = w_taps.reshape(c, taps // single, single)
         args = [grad, wt, offs, used, np.zeros(c, sub.dtype), out]
-        kernel = numba_conv._conv_single9 if single == 9 else numba_conv._conv_single
-        _run_parts(kernel, [*args, *geometry, rows_per_tile], parts)
+        _run_parts(numba_conv._conv_single, [*args, *geometry, rows_per_tile], parts)
         return
     ob = numba_conv.OB
     nblk = -(-cg // ob)
