@@ -3,9 +3,14 @@ cached in a folder of this run only (so each run compiles what it tests, once)."
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from ember.backends.fusion.interpreter import InterpreterRuntime
+
+sys.path.insert(0, str(Path(__file__).parent))  # the tests' helper modules (conv_cases)
 
 
 class CountingRuntime:

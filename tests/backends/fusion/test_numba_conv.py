@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conv_cases import random_case
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ember.backend.errors import ShapeError, UnsupportedError
@@ -56,22 +57,6 @@ def check(x, w, b, options, dtype):
     im2col = ndarray_conv.conv2d(x, w, b, options)
     np.testing.assert_array_less(np.abs(got - im2col.astype(np.float64)), 2 * limit)
     return got
-
-
-def random_case(rng):
-    """Shapes, stride, padding, dilation and groups drawn so the output is at least 1x1."""
-    groups = int(rng.choice([1, 1, 1, 2, 3]))
-    cg, og = int(rng.integers(1, 5)), int(rng.integers(1, 10))
-    kh, kw = (int(k) for k in rng.integers(1, 6, 2))
-    stride = tuple(int(s) for s in rng.integers(1, 4, 2))
-    dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
-    padding = tuple(int(p) for p in rng.integers(0, 4, 2))
-    h, w = (
-        max(1, d * (k - 1) + 1 - 2 * p + int(rng.integers(0, 9)))
-        for d, k, p in zip(dilation, (kh, kw), padding)
-    )
-    n = int(rng.integers(1, 4))
-    return (n, cg * groups, h, w), (og * groups, cg, kh, kw), stride, padding, dilation, groups
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
