@@ -118,6 +118,7 @@ class Explorer:
     def __init__(self, fusers: list[Fuser]) -> None:
         self.fusers = fusers
         self.names = tuple(f.name for f in fusers)
+        self._might_take: dict[tuple[str, bool], bool] = {}
 
     def key(self, records: list[Record]) -> tuple:
         """The stream's plan key: the fusers' names and the relativized stream."""
@@ -227,9 +228,13 @@ class Explorer:
         their ops alone): then every record runs by itself and the stream needs no plan,
         so no key either (a stream of matmuls and views, such as an LSTM's)."""
         run = 0
-        fusers = self.fusers
+        known = self._might_take  # by (primitive, several outputs): what might_take reads
         for record in records:
-            if any(f.might_take(record) for f in fusers):
+            key = (record.name, record.multi)
+            might = known.get(key)
+            if might is None:
+                might = known[key] = any(f.might_take(record) for f in self.fusers)
+            if might:
                 run += 1
                 if run >= MIN_SCORE:
                     return False

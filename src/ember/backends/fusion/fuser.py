@@ -51,8 +51,9 @@ class Fuser(Protocol):
     name: str
 
     def might_take(self, record: Record) -> bool:
-        """A quick necessary condition of :meth:`fuse` taking ``record`` (by its op alone):
-        where it is False for every fuser, no block can hold the record."""
+        """A quick necessary condition of :meth:`fuse` taking ``record``, from its op and
+        whether it has several outputs alone (the explorer caches it by those): where it
+        is False for every fuser, no block can hold the record."""
 
     def fuse(self, record: Record) -> None:
         """Takes ``record`` into the block, or closes (status CLOSED) without taking it."""
