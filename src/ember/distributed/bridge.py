@@ -1,0 +1,82 @@
+"""Carrying ember tensors into ``torch.distributed`` and back.
+
+Collectives work in place on torch tensors. :func:`to_engine` makes the one copy a
+collective needs (ember tensors never change, so the engine may not write into the caller's
+buffer): a torch tensor on the Torch backend is cloned on its own device (so NCCL gets CUDA
+memory); any other backend's elements are copied once into a new CPU buffer that torch and
+NumPy share. :func:`from_engine` hands that buffer back without a copy: NdArray wraps the
+NumPy view of it, Torch wraps the tensor itself. Autodiff tensors travel as their values
+(the result is untracked, as a collective has no gradient rule); a fusion tensor is
+computed first (reading its data runs its stream).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ember.backend.device import Device, device
+from ember.backend.errors import DTypeError
+from ember.tensor import DType, Tensor
+from ember.tensor.tensor import _wrap
+
+# The dtypes each engine reduces, broadcasts and gathers (measured on gloo: int16 and the
+# unsigned types above 8 bits are "Invalid scalar type"; NCCL has no bool).
+ENGINE_DTYPES: dict[str, frozenset[DType]] = {
+    "gloo": frozenset({DType.F64, DType.F32, DType.F16, DType.BF16, DType.I64, DType.I32,
+                       DType.I8, DType.U8, DType.BOOL}),
+    "nccl": frozenset({DType.F64, DType.F32, DType.F16, DType.BF16, DType.I64, DType.I32,
+                       DType.I8, DType.U8}),
+}
+
+
+def check_dtype(owner: str, tensor: Tensor, engine: str) -> None:
+    """:class:`DTypeError` unless ``engine`` carries ``tensor``'s dtype."""
+    carried = ENGINE_DTYPES[engine]
+    if tensor.dtype not in carried:
+        names = ", ".join(sorted(d.value for d in carried))
+        raise DTypeError(
+            f"{owner}: {engine} cannot carry {tensor.dtype.value} tensors; it carries {names} "
+            "(cast the tensor first)"
+        )
+
+
+def _is_torch(dev: Device) -> bool:
+    return dev.backend.name == "torch"
+
+
+def _plain(tensor: Tensor) -> Tensor:
+    return tensor.inner() if hasattr(tensor.device.backend, "backward") else tensor
+
+
+def to_engine(tensor: Tensor) -> Any:
+    """A contiguous torch tensor holding a copy of ``tensor``'s elements (the engine's own)."""
+    import torch
+
+    plain = _plain(tensor)
+    if _is_torch(plain.device):
+        return plain._prim.detach().clone(memory_format=torch.contiguous_format)
+    shared = Tensor.from_data(plain.into_data(), device("torch"))._prim  # shares the buffer
+    return shared.clone(memory_format=torch.contiguous_format)
+
+
+def engine_device(tensor: Tensor) -> Any:
+    """The torch device a collective on ``tensor`` runs on (CUDA for a CUDA Torch tensor)."""
+    plain = _plain(tensor)
+    if _is_torch(plain.device):
+        return plain._prim.device
+    import torch
+
+    return torch.device("cpu")
+
+
+def from_engine(buffer: Any, like: Tensor) -> Tensor:
+    """``buffer`` (a torch tensor the engine filled) as a tensor on ``like``'s device."""
+    dev = like.device
+    autodiff = hasattr(dev.backend, "backward")
+    inner = dev.inner() if autodiff else dev
+    if _is_torch(inner):
+        result = _wrap(buffer, inner, like.kind)
+    else:
+        data = _wrap(buffer, device("torch"), like.kind).into_data()  # a view, not a copy
+        result = Tensor.from_data(data, inner, like.dtype)
+    return Tensor.from_inner(result, dev) if autodiff else result
