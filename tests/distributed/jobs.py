@@ -106,6 +106,90 @@ def collectives(out: Path, rank: int, world: int) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(errors))
 
 
+def train_steps(backend: str, rank: int, world: int, steps: int = 4, bucket_mb: float = 25.0,
+                unused: bool = False):
+    """A 3-layer MLP trained with Adam and gradient clipping on rank ``rank``'s share of
+    64 rows; returns the final weights ({path: array}) and the sync's stats."""
+    import ember
+    import ember.distributed as dist
+    from ember import Tensor
+    from ember.module import Module
+    from ember.nn.linear import Linear, LinearConfig
+    from ember.optim.adam import AdamConfig
+    from ember.optim.clipping import GradientClippingConfig
+    from ember.tensor.activation import relu
+
+    class MLP(Module):
+        a: Linear
+        b: Linear
+        c: Linear
+        spare: Linear  # never used when ``unused``: its gradient is zeros on every rank
+
+        def forward(self, x):
+            h = relu(self.b(relu(self.a(x))))
+            return self.c(h) if unused else self.c(h) + self.spare(h) * 0.5
+
+    device = make_device(backend)
+    ember.seed(device, 7 + rank)  # ranks differ until broadcast_module
+    model = MLP(LinearConfig(8, 16).init(device), LinearConfig(16, 16).init(device),
+                LinearConfig(16, 4).init(device), LinearConfig(16, 4).init(device))  # fmt: skip
+    sync = dist.GradientSync(bucket_mb=bucket_mb)
+    if world == 1:
+        ember.seed(device, 7)
+        model = MLP(LinearConfig(8, 16).init(device), LinearConfig(16, 16).init(device),
+                    LinearConfig(16, 4).init(device), LinearConfig(16, 4).init(device))  # fmt: skip
+    model = sync.broadcast_module(model)
+    rng = np.random.default_rng(1)
+    x_all = rng.standard_normal((64, 8)).astype(np.float32)
+    y_all = rng.standard_normal((64, 4)).astype(np.float32)
+    share = slice(rank * 64 // world, (rank + 1) * 64 // world)
+    x = Tensor.from_data(x_all[share], device)
+    y = Tensor.from_data(y_all[share], device)
+    optim = AdamConfig(gradient_clipping=GradientClippingConfig.Norm(0.05)).init()
+    for _ in range(steps):
+        loss = ((model(x) - y) ** 2).mean()
+        with sync.syncing(model):
+            grads = loss.backward()
+        model = optim.step(0.01, model, grads)
+    weights = {path: p.val().to_numpy() for path, p in model.params()}
+    return weights, sync.stats
+
+
+def train(out: Path, rank: int, world: int, backend: str, bucket_mb: str = "25",
+          unused: str = "0") -> None:
+    import ember.distributed as dist
+
+    dist.init()
+    weights, stats = train_steps(backend, rank, world, bucket_mb=float(bucket_mb),
+                                 unused=unused == "1")  # fmt: skip
+    dist.shutdown()
+    np.savez(out / f"rank{rank}.npz", **weights)
+    summary = {"events": stats.events, "steps": stats.steps, "buckets": stats.buckets,
+               "bytes": stats.bytes}  # fmt: skip
+    (out / f"rank{rank}.json").write_text(json.dumps(summary))
+
+
+def mismatch(out: Path, rank: int, world: int) -> None:
+    """Rank 1 trains another model than rank 0: every rank gets a typed error."""
+    import ember
+    import ember.distributed as dist
+    from ember import Tensor
+    from ember.nn.linear import LinearConfig
+
+    dist.init()
+    device = ember.device("ndarray").autodiff()
+    model = LinearConfig(4, 3 if rank == 0 else 5).init(device)
+    sync = dist.GradientSync()
+    try:
+        with sync.syncing(model):
+            model(Tensor.ones([2, 4], device)).sum().backward()
+        error = "no error"
+    except Exception as e:
+        error = _error(e)
+    dist.shutdown()
+    (out / f"rank{rank}.json").write_text(json.dumps({"error": error}))
+
+
 def main() -> None:
     import os
 

@@ -15,6 +15,7 @@ from ember.distributed.collectives import (
     broadcast,
     reduce_scatter,
 )
+from ember.distributed.gradient_sync import GradientSync, SyncStats
 from ember.distributed.group import (
     DistributedError,
     GroupInfo,
@@ -29,7 +30,7 @@ from ember.distributed.group import (
 )
 
 __all__ = [
-    "DistributedError", "GroupInfo", "NotInitializedError", "ReduceOp", "all_gather",
-    "all_reduce", "barrier", "broadcast", "info", "init", "is_initialized", "is_main_process",
-    "rank", "reduce_scatter", "shutdown", "world_size",
+    "DistributedError", "GradientSync", "GroupInfo", "NotInitializedError", "ReduceOp",
+    "SyncStats", "all_gather", "all_reduce", "barrier", "broadcast", "info", "init",
+    "is_initialized", "is_main_process", "rank", "reduce_scatter", "shutdown", "world_size",
 ]  # fmt: skip

@@ -20,6 +20,7 @@ from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.errors import ArgumentError, UnsupportedError
 from ember.backend.ops import OpDef
+from ember.backends.autodiff import listener
 from ember.backends.autodiff import rules as _rules  # noqa: F401  (registers every rule)
 from ember.backends.autodiff.graph import Gradients, Node, Recompute, TrackedTensor, backward
 from ember.backends.autodiff.partial import Accumulator
@@ -179,7 +180,7 @@ class Autodiff(Decorator):
             )
         inner, prim = self.inner, x.primitive
         seed = inner.float_ones(inner.shape(prim), inner.device_of(prim), inner.dtype(prim))
-        return backward(x.node, seed, inner, self._accumulator)
+        return backward(x.node, seed, inner, self._accumulator, listener.current())
 
     def grad(self, x: TrackedTensor, grads: Gradients) -> Any:
         return grads.get(x.node)

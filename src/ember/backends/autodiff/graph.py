@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.backend.errors import EmberError
+from ember.backends.autodiff.listener import GradientListener
 from ember.backends.autodiff.partial import INCOMPLETE, Accumulator
 
 _ids = itertools.count()  # thread-safe under the GIL; ids only need to increase
@@ -107,7 +108,8 @@ class Gradients:
         return f"Gradients({len(self._grads)} tensors)"
 
 
-def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator) -> Gradients:
+def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
+             listener: GradientListener | None = None) -> Gradients:  # fmt: skip
     """Runs every backward rule reachable from ``root`` once, in reverse creation order.
 
     Args:
@@ -115,6 +117,8 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator) -> Gra
         seed: the gradient of the root (ones of its shape).
         inner: the backend the rules run on.
         accumulator: adds the gradients of one node (with the inner backend's ops).
+        listener: hears each leaf's gradient when it is complete, and the end of the pass
+            (``listener.py``).
     """
     order = _reachable(root)
     recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
@@ -130,6 +134,8 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator) -> Gra
             grad = resolve(grad)
         if node.is_leaf:
             grads.replace(node, grad)
+            if listener is not None:
+                listener.on_gradient(node, grad)
             continue
         if node.freed:
             raise GraphFreedError(
@@ -148,6 +154,8 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator) -> Gra
                 continue
             previous = pending.get(parent.id)
             pending[parent.id] = g if previous is None else merge(previous, g)
+    if listener is not None:
+        listener.on_finish(grads)
     return grads
 
 
