@@ -5,6 +5,8 @@ Commands::
     ember guide train        train the guide's model on MNIST (the dashboard on a terminal)
     ember guide infer        classify test digits with the trained model
     ember guide custom-loop  train the same model with a hand-written loop
+    ember launch --nproc N script.py ...
+                             run a script in N processes that form one job (torchrun)
 
 ``ember guide <command> --help`` lists each command's options. ``python -m ember`` is
 the same command. Errors (no trained model, an unknown backend, missing data) print
@@ -116,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     steps = guide.add_subparsers(dest="step", required=True, metavar="STEP")
     # ``ember onnx ...`` is parsed by ember.onnx.cli (see main); listed here for --help.
     commands.add_parser("onnx", help="import ONNX models as ember code plus weights",
+                        add_help=False)  # fmt: skip
+    # ``ember launch ...`` is parsed by ember.distributed.launch (see main).
+    commands.add_parser("launch", help="run a script in several processes (a distributed job)",
                         add_help=False)  # fmt: skip
 
     train = steps.add_parser(
@@ -249,6 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ember.onnx.cli import main as onnx_main
 
         return onnx_main(arguments[1:])
+    if arguments[:1] == ["launch"]:
+        from ember.distributed.launch import main as launch_main
+
+        return launch_main(arguments[1:])
     parser = build_parser()
     args = parser.parse_args(arguments)
     try:

@@ -1,0 +1,90 @@
+"""``ember launch``: start a job of several processes on this machine (or one node of many).
+
+    ember launch --nproc 2 train.py --epochs 3
+    ember launch --nproc 2 -m ember guide train --backend ndarray
+
+It is ``torchrun`` underneath (``torch.distributed.run``: its agent starts the processes,
+sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``, and
+watches them), so nothing new is installed and several machines are started the same way
+with ``--nnodes``/``--node-rank``/``--master-addr`` or with ``torchrun`` itself. Each
+process runs the script through :mod:`ember.distributed.worker`, which records an uncaught
+error for the agent. When one process fails, the agent stops the others at once (none is
+left waiting in a collective), and ``ember launch`` prints which rank failed, its exit
+status and its error, and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ember launch",
+        description="Runs a script (or -m module) in --nproc processes that form one job.",
+    )
+    parser.add_argument("--nproc", type=_positive, required=True, metavar="N",
+                        help="processes on this machine (one per device)")  # fmt: skip
+    parser.add_argument("--nnodes", type=_positive, default=1, metavar="N",
+                        help="machines taking part (default: 1)")  # fmt: skip
+    parser.add_argument("--node-rank", type=int, default=0, metavar="I",
+                        help="this machine's index among them (default: 0)")  # fmt: skip
+    parser.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                        help="the machine of node 0 (default: 127.0.0.1)")  # fmt: skip
+    parser.add_argument("--master-port", type=int, default=29500, metavar="PORT",
+                        help="its port (default: 29500; 0 on one machine picks a free one)")  # fmt: skip
+    parser.add_argument("-m", dest="module", action="store_true",
+                        help="run the target as a module (python -m)")  # fmt: skip
+    parser.add_argument("target", help="the script (or module with -m)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the target's arguments")
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def main(argv: Sequence[str]) -> int:
+    """Runs ``ember launch`` with ``argv``; 0 when every process succeeded."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    if not args.module and not Path(args.target).is_file():
+        parser.error(f"no script at {args.target!r} (use -m for a module)")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in [0, {args.nnodes}), got {args.node_rank}")
+    if not 0 <= args.master_port < 65536:
+        parser.error(f"--master-port must be in 0..65535, got {args.master_port}")
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import get_args_parser, run
+    except ImportError:
+        parser.exit(1, "ember launch: needs torch (pip install ember[torch])\n")
+
+    torchrun = ["--nproc-per-node", str(args.nproc), "--nnodes", str(args.nnodes),
+                "--node-rank", str(args.node_rank), "--master-addr", args.master_addr,
+                "--master-port", str(args.master_port), "--max-restarts", "0"]  # fmt: skip
+    if args.nnodes == 1 and args.master_port == 0:
+        torchrun.append("--standalone")
+    worker = ["--module", "ember.distributed.worker", "-m" if args.module else "--",
+              args.target, *args.args]  # fmt: skip
+    try:
+        run(get_args_parser().parse_args(torchrun + worker))
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        message = failure.message
+        if isinstance(message, dict):  # the error file's record
+            message = message.get("message", message)
+        text = str(message).strip() or "(no error recorded)"
+        print(f"ember launch: rank {rank} failed with exit status {failure.exitcode}: {text}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
