@@ -100,6 +100,12 @@ def collectives(out: Path, rank: int, world: int) -> None:
             errors[name] = _error(e)
     after = dist.all_reduce(Tensor.ones([3], device))
     results["after-errors"] = after.to_numpy()
+    # Pooled buffers: a result keeps its values while later collectives of its size run.
+    big = Tensor.ones([1 << 16], device)
+    kept = dist.all_reduce(big)
+    for _ in range(3):
+        dist.all_reduce(big * 5.0)
+    results["kept"] = kept.to_numpy()[:4]
     dist.barrier()
     dist.shutdown()
     np.savez(out / f"rank{rank}.npz", **results)

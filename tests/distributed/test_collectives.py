@@ -109,3 +109,9 @@ def test_careless_calls_raise_typed_errors_on_every_rank(job, case, expected):
         assert errors[case].startswith(expected), errors[case]
         # The job is still usable afterwards.
         np.testing.assert_array_equal(results["after-errors"], np.full(3, world, np.float32))
+
+
+def test_a_result_keeps_its_values_while_later_collectives_reuse_buffers(job):
+    world, ranks = job
+    for results, _ in ranks:
+        np.testing.assert_array_equal(results["kept"], np.full(4, world, np.float32))

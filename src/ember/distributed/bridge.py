@@ -2,9 +2,9 @@
 
 Collectives work in place on torch tensors. :func:`to_engine` makes the one copy a
 collective needs (ember tensors never change, so the engine may not write into the caller's
-buffer): a torch tensor on the Torch backend is cloned on its own device (so NCCL gets CUDA
-memory); any other backend's elements are copied once into a new CPU buffer that torch and
-NumPy share. :func:`from_engine` hands that buffer back without a copy: NdArray wraps the
+buffer): a CUDA tensor of the Torch backend is cloned on its own device (so NCCL gets CUDA
+memory); any other tensor's elements are copied once into a CPU buffer that torch and
+NumPy share, reused from a pool once nothing refers to it (``buffers.py``). :func:`from_engine` hands that buffer back without a copy: NdArray wraps the
 NumPy view of it, Torch wraps the tensor itself. Autodiff tensors travel as their values
 (the result is untracked, as a collective has no gradient rule); a fusion tensor is
 computed first (reading its data runs its stream).
@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
 from ember.backend.device import Device, device
 from ember.backend.errors import DTypeError
+from ember.distributed.buffers import POOL
 from ember.tensor import DType, Tensor
 from ember.tensor.tensor import _wrap
 
@@ -53,10 +57,14 @@ def to_engine(tensor: Tensor) -> Any:
     import torch
 
     plain = _plain(tensor)
-    if _is_torch(plain.device):
+    if _is_torch(plain.device) and plain._prim.device.type != "cpu":
         return plain._prim.detach().clone(memory_format=torch.contiguous_format)
-    shared = Tensor.from_data(plain.into_data(), device("torch"))._prim  # shares the buffer
-    return shared.clone(memory_format=torch.contiguous_format)
+    source = plain.into_data().to_numpy()  # NdArray's own buffer; a view of a CPU torch tensor
+    target = POOL.take(source.nbytes)[: source.nbytes].view(source.dtype).reshape(source.shape)
+    np.copyto(target, source)
+    if source.dtype == ml_dtypes.bfloat16:  # NumPy's bfloat16 crosses as its bits
+        return torch.from_numpy(target.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(target)
 
 
 def engine_device(tensor: Tensor) -> Any:
