@@ -196,6 +196,58 @@ def mismatch(out: Path, rank: int, world: int) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps({"error": error}))
 
 
+def learner(out: Path, rank: int, world: int, artifact: str, epochs: str, resume: str = "0",
+            kill: str = "0") -> None:
+    """The Learner on a small classification task, data-parallel over the job's ranks.
+
+    ``resume``: the epoch to resume from (0: none). ``kill``: rank 1 kills itself (SIGKILL)
+    at iteration 3 of this epoch (0: never)."""
+    import os
+    import signal
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    from learner_support import CallbackRenderer, classifier, loaders, weights
+
+    import ember.distributed as dist
+    from ember.optim.adam import AdamConfig
+    from ember.train.learner.builder import LearnerBuilder
+    from ember.train.metric.accuracy import AccuracyMetric
+    from ember.train.metric.base import Metric, MetricEntry
+    from ember.train.metric.loss import LossMetric
+
+    class KillRank1(Metric):
+        name = "Kill"
+        input_type = None
+
+        def update(self, item, metadata) -> MetricEntry:
+            if rank == 1 and metadata.epoch == int(kill) and metadata.iteration == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return MetricEntry(self.name, "", "")
+
+        def clear(self) -> None:
+            pass
+
+    if world > 1:
+        dist.init()
+    renderer = CallbackRenderer()
+    builder = (LearnerBuilder(Path(artifact)).num_epochs(int(epochs)).renderer(renderer)
+               .metric_train_numeric(LossMetric()).metric_valid_numeric(LossMetric())
+               .metric_train_numeric(AccuracyMetric()).metric_valid_numeric(AccuracyMetric())
+               .metric_train(KillRank1()).with_file_checkpointer(keep_last=None))  # fmt: skip
+    if resume != "0":
+        builder = builder.checkpoint(int(resume))
+    train, valid = loaders(train_size=48, valid_size=16, batch_size=4)
+    learner = builder.build(classifier(seed=3 + rank), AdamConfig().init(), 0.05)
+    model = learner.fit(train, valid)
+    if world > 1:
+        dist.shutdown()
+    np.savez(out / f"rank{rank}.npz", **weights(model))
+    history = {f"{split}|{name}": {str(e): v for e, v in learner.history.values(split, name).items()}
+               for split in ("train", "valid") for name in ("Loss", "Accuracy")}  # fmt: skip
+    (out / f"rank{rank}.json").write_text(json.dumps(
+        {"history": history, "train_updates": sum(1 for u in renderer.updates if u[0] == "train")}))
+
+
 def main() -> None:
     import os
 

@@ -23,6 +23,12 @@ runs each ``train_step`` on a copy of the model on its device (``model.fork``), 
 gradients on ``d0`` and steps once. The steps run one after another in the training
 thread; each item feeds the training metrics. Validation runs on ``d0``'s inner device.
 
+**Several processes.** In a job of several processes (``ember launch``, ``torchrun``,
+after ``ember.distributed.init()``) the learner trains data-parallel, one device per
+process: each rank reads its part of every epoch, gradients are averaged over the ranks
+during the backward pass, metrics are combined over the ranks, and only rank 0 writes
+(see :mod:`ember.train.learner.data_parallel`).
+
 **Stopping.** Ctrl-C (SIGINT, when ``fit`` runs in the main thread) and the
 :class:`~ember.train.renderer.base.TrainingInterrupter` (the dashboard's stop key,
 or any code holding ``builder.interrupter()``) both ask the learner to stop. It
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -63,6 +70,7 @@ from ember.optim.accumulator import GradientsAccumulator
 from ember.optim.lr_scheduler.base import LrScheduler
 from ember.optim.optimizer import Optimizer
 from ember.train.learner.checkpoint import FileCheckpointer, TrainingState
+from ember.train.learner.data_parallel import DataParallel, steps
 from ember.train.learner.early_stopping import MetricEarlyStopping
 from ember.train.learner.history import MetricHistory
 from ember.train.learner.summary import LearnerSummary
@@ -127,6 +135,9 @@ class Learner:
         self.history = MetricHistory()
         self.summary: LearnerSummary | None = None
         self._fitted = False
+        self.parallel: DataParallel | None = None
+        self._combined: dict[Split, dict[str, float]] = {"train": {}, "valid": {}}
+        self._stop_asked = False
 
     # ------------------------------------------------------------------ the run
     def fit(self, train_loader: Any, valid_loader: Any | None) -> Module:
@@ -149,8 +160,14 @@ class Learner:
         if self._fitted:
             raise ArgumentError("Learner.fit: a learner fits once; build a new one to train again")
         self._fitted = True
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        with experiment_log(self.artifact_dir), _sigint_stops(self.interrupter):
+        self.parallel = DataParallel.current()
+        writes = self.parallel is None or self.parallel.is_main
+        if not writes:  # only rank 0 shows and writes (see data_parallel.py)
+            self.renderer, self.loggers, self.with_summary = _Silent(), {"train": None, "valid": None}, False
+        else:
+            self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        log_file = experiment_log(self.artifact_dir) if writes else contextlib.nullcontext()
+        with log_file, _sigint_stops(self.interrupter):
             try:
                 self.renderer.bind(self.interrupter)
                 model = self._run(train_loader, valid_loader)
@@ -166,6 +183,17 @@ class Learner:
 
     def _run(self, train_loader: Any, valid_loader: Any | None) -> Module:
         model, start = self._resume()
+        limit = valid_limit = None
+        if self.parallel is not None:
+            if len(self.devices) > 1:
+                raise ArgumentError(
+                    f"Learner: in a job of {self.parallel.world_size} processes each process "
+                    f"trains on one device, got devices {', '.join(map(str, self.devices))}"
+                )
+            model = self.parallel.start(model)
+            train_loader, limit = self.parallel.shard(train_loader)
+            if valid_loader is not None:
+                valid_loader, valid_limit = self.parallel.shard(valid_loader)
         log.info(
             "training %s (%d parameters) for epochs %d to %d on %s, artifacts in %s",
             type(model).__name__, model.num_params(), start, self.num_epochs,
@@ -185,15 +213,15 @@ class Learner:
             if self.interrupter.should_stop():
                 log.info("stop requested before epoch %d: training ends", epoch)
                 break
-            model, iteration, stopped = self._train_epoch(model, parts, epoch)
+            model, iteration, stopped = self._train_epoch(model, parts, epoch, limit)
             if not stopped and valid is not None:
-                stopped = self._valid_epoch(model.valid(), valid, epoch)
+                stopped = self._valid_epoch(model.valid(), valid, epoch, valid_limit)
             if stopped:
                 self._interrupted(model, epoch, iteration)
                 break
             self._log_epoch(epoch)
             stop = self._check_early_stopping(epoch)
-            if self.checkpointer is not None:
+            if self.checkpointer is not None and self._writes:
                 early = None if self.early_stopping is None else self.early_stopping.to_record()
                 state = TrainingState(epoch, True, None, self.history, early, self._rng_states())
                 self.checkpointer.save(epoch, model, self.optimizer, self.scheduler, state)
@@ -233,15 +261,22 @@ class Learner:
         return model, epoch + 1
 
     # ------------------------------------------------------------------ epochs
-    def _train_epoch(self, model: Module, parts: list[Any], epoch: int) -> tuple[Module, int, bool]:
-        """One training epoch; returns the model, the iterations run and whether it stopped."""
+    @property
+    def _writes(self) -> bool:
+        return self.parallel is None or self.parallel.is_main
+
+    def _train_epoch(self, model: Module, parts: list[Any], epoch: int,
+                     limit: int | None = None) -> tuple[Module, int, bool]:  # fmt: skip
+        """One training epoch; returns the model, the iterations run and whether it stopped.
+        ``limit``: the iterations every rank of a job runs."""
         for part in parts:
             part.set_epoch(epoch)
         total = sum(part.num_items() for part in parts)
         per_iteration = parts[0].batch_size * len(parts)
         accumulator = GradientsAccumulator()
         pending, lr, iteration, stopped = 0, 0.0, 0, False
-        for batches in zip_longest(*parts):
+        batches_of = zip_longest(*parts)
+        for batches in batches_of if limit is None else steps(batches_of, limit):
             iteration += 1
             if pending == 0:
                 lr = self.scheduler.step()
@@ -265,7 +300,7 @@ class Learner:
             for output in outputs:
                 self._update_metrics("train", output.item, metadata)
             self.renderer.render_train(TrainingProgress(progress, epoch, self.num_epochs, iteration))
-            if self.interrupter.should_stop():
+            if self._should_stop():
                 stopped = True
                 break
         if pending and not stopped:  # the epoch's last, shorter group
@@ -274,7 +309,11 @@ class Learner:
         return model, iteration, stopped
 
     def _train_step(self, model: Module, batch: Any) -> TrainOutput[Any]:
-        output = model.train_step(batch)  # type: ignore[attr-defined]
+        if self.parallel is None:
+            output = model.train_step(batch)  # type: ignore[attr-defined]
+        else:
+            with self.parallel.syncing(model):
+                output = model.train_step(batch)  # type: ignore[attr-defined]
         if not isinstance(output, TrainOutput):
             raise ArgumentError(
                 f"Learner: {type(model).__name__}.train_step must return a TrainOutput "
@@ -282,18 +321,20 @@ class Learner:
             )
         return output
 
-    def _valid_epoch(self, model: Module, loader: Any, epoch: int) -> bool:
+    def _valid_epoch(self, model: Module, loader: Any, epoch: int, limit: int | None = None) -> bool:
         """One validation epoch; returns whether it was stopped."""
         loader.set_epoch(epoch)
         total, stopped = loader.num_items(), False
-        for iteration, batch in enumerate(loader, 1):
+        count = len(loader) if limit is None else limit
+        batches = iter(loader) if limit is None else steps(iter(loader), limit)
+        for iteration, batch in enumerate(batches, 1):
             item = model.valid_step(batch)  # type: ignore[attr-defined]
             progress = Progress(min(iteration * loader.batch_size, total), total)
             metadata = MetricMetadata(progress, epoch, self.num_epochs, iteration)
             self._update_metrics("valid", item, metadata)
             self.renderer.render_valid(TrainingProgress(progress, epoch, self.num_epochs, iteration))
             # A stop during the last iteration leaves the epoch complete.
-            if self.interrupter.should_stop() and iteration < len(loader):
+            if self._should_stop() and iteration < count:
                 stopped = True
                 break
         self._end_epoch("valid", epoch, complete=not stopped)
@@ -302,19 +343,31 @@ class Learner:
     def _update_metrics(self, split: Split, item: Any, metadata: MetricMetadata) -> None:
         show = self.renderer.update_train if split == "train" else self.renderer.update_valid
         logger = self.loggers[split]
-        for metric, plotted in self.metrics[split]:
-            entry = metric.update(adapt(item, metric.input_type), metadata)
-            value = metric.value() if plotted else None  # type: ignore[attr-defined]
-            show(MetricUpdate(entry, value))
+        metrics = self.metrics[split]
+        entries = [metric.update(adapt(item, metric.input_type), metadata) for metric, _ in metrics]
+        values = [metric.value() if isinstance(metric, Numeric) else math.nan for metric, _ in metrics]
+        if self.parallel is not None:  # every rank's values, and its stop request, combined
+            items = metadata.progress.items_processed
+            values, self._stop_asked = self.parallel.combine(
+                [(v, items) for v in values], self.interrupter.should_stop())
+            self._combined[split] = {m.name: v for (m, _), v in zip(metrics, values, strict=True)}
+        for (_, plotted), entry, value in zip(metrics, entries, values, strict=True):
+            show(MetricUpdate(entry, value if plotted else None))
             if logger is not None:
                 logger.log(entry)
+
+    def _should_stop(self) -> bool:
+        """A stop was asked (in a job: on any rank, as of the last metrics update)."""
+        return self._stop_asked if self.parallel is not None else self.interrupter.should_stop()
 
     def _end_epoch(self, split: Split, epoch: int, complete: bool) -> None:
         """Records the epoch values (of a complete epoch), tells the others, clears."""
         if complete:
+            combined = self._combined[split]
             for metric, _ in self.metrics[split]:
                 if isinstance(metric, Numeric):
-                    self.history.record(split, metric.name, epoch, metric.value())
+                    value = combined[metric.name] if self.parallel is not None else metric.value()
+                    self.history.record(split, metric.name, epoch, value)
             self.renderer.on_epoch_end(split, epoch)
         logger = self.loggers[split]
         if logger is not None:
@@ -345,6 +398,8 @@ class Learner:
             return None
 
     def _interrupted(self, model: Module, epoch: int, iteration: int) -> None:
+        if not self._writes:
+            return
         if self.checkpointer is None:
             log.warning("training stopped during epoch %d (iteration %d); no checkpointer is "
                         "configured, so nothing was saved", epoch, iteration)  # fmt: skip
@@ -400,3 +455,18 @@ def _sigint_stops(interrupter: TrainingInterrupter) -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
+
+class _Silent(MetricsRenderer):
+    """The renderer of ranks other than 0: they show nothing."""
+
+    def update_train(self, update: MetricUpdate) -> None:
+        pass
+
+    def update_valid(self, update: MetricUpdate) -> None:
+        pass
+
+    def render_train(self, progress: TrainingProgress) -> None:
+        pass
+
+    def render_valid(self, progress: TrainingProgress) -> None:
+        pass
