@@ -16,6 +16,7 @@ one message on standard error and exit with status 1; bad options exit with stat
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -142,6 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: the dashboard on a terminal, plain lines otherwise",
     )
+    train.add_argument(
+        "--nproc",
+        type=_at_least(1),
+        default=1,
+        metavar="N",
+        help="train data-parallel in N processes on this machine, each on its own part of "
+        "every epoch with --batch-size digits per step (default: 1; see `ember launch`)",
+    )
+    train.add_argument(
+        "--limit",
+        type=_at_least(1),
+        metavar="N",
+        help="train and validate on the first N digits of each split only (a quick run)",
+    )
     train.set_defaults(run=_train)
 
     infer = steps.add_parser(
@@ -210,8 +225,21 @@ def _training_config(args: argparse.Namespace, on: Device) -> TrainingConfig:
 
 
 def _train(args: argparse.Namespace) -> None:
+    import ember.distributed as dist
     from ember.guide.training import MODEL_FILE, RECORDER, train
 
+    model_path = RECORDER().path_for(Path(args.artifact_dir) / MODEL_FILE)
+    in_job = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if args.nproc > 1 and not in_job:  # start the job: this command again in each process
+        from ember.distributed.launch import main as launch
+
+        command = ["-m", "ember", *_without_option(args.argv, "--nproc")]
+        if launch(["--nproc", str(args.nproc), "--master-port", "0", *command]) != 0:
+            raise dist.DistributedError("the data-parallel run failed (the failed rank's error "
+                                        "is above)")  # fmt: skip
+        return  # rank 0 told where the model is
+    if in_job and not dist.is_initialized():
+        dist.init()
     on = _device(args)
     renderer = None
     if args.renderer == "plain":
@@ -222,12 +250,34 @@ def _train(args: argparse.Namespace) -> None:
         from ember.train.renderer.dashboard import DashboardRenderer
 
         renderer = DashboardRenderer()
-    train(args.artifact_dir, _training_config(args, on), on, renderer=renderer)
-    model_path = RECORDER().path_for(Path(args.artifact_dir) / MODEL_FILE)
-    print(
-        f"The trained model is in {model_path}; try it with "
-        f"`ember guide infer --artifact-dir {args.artifact_dir}`"
-    )
+    datasets = {}
+    if args.limit is not None:
+        from ember.data.dataset.transform.partial import PartialDataset
+        from ember.data.vision.mnist import MnistDataset
+
+        datasets = {"train_dataset": PartialDataset(MnistDataset.train(), 0, args.limit),
+                    "valid_dataset": PartialDataset(MnistDataset.test(), 0, args.limit)}  # fmt: skip
+    main_process = dist.is_main_process()
+    try:
+        train(args.artifact_dir, _training_config(args, on), on, renderer=renderer, **datasets)
+    finally:
+        dist.shutdown()
+    if main_process:
+        print(f"The trained model is in {model_path}; try it with "
+              f"`ember guide infer --artifact-dir {args.artifact_dir}`")  # fmt: skip
+
+
+def _without_option(argv: list[str], name: str) -> list[str]:
+    """``argv`` without ``name VALUE`` / ``name=VALUE``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            kept.append(arg)
+    return kept
 
 
 def _infer(args: argparse.Namespace) -> None:
@@ -260,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return launch_main(arguments[1:])
     parser = build_parser()
     args = parser.parse_args(arguments)
+    args.argv = arguments
     try:
         args.run(args)
     except EmberError as error:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import cast
 
 import ember
+import ember.distributed
 from ember.backend.device import Device
 from ember.config import Config
 from ember.config.fields import NonNegativeInt, PositiveFloat, PositiveInt
@@ -170,7 +171,9 @@ def train(
     """
     artifact_dir = Path(artifact_dir)
     artifact_dir.mkdir(parents=True, exist_ok=True)
-    config.save(artifact_dir / CONFIG_FILE)
+    writes = ember.distributed.is_main_process()  # in a job of several processes, rank 0
+    if writes:
+        config.save(artifact_dir / CONFIG_FILE)
 
     device = autodiff_device(device)
     ember.seed(device, config.seed)
@@ -193,6 +196,6 @@ def train(
         config.model.init(device), config.optimizer.init(), config.learning_rate
     )
     model = cast(Model, learner.fit(train_loader, valid_loader))
-
-    model.save_file(artifact_dir / MODEL_FILE, RECORDER())
+    if writes:
+        model.save_file(artifact_dir / MODEL_FILE, RECORDER())
     return model
