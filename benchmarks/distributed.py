@@ -1,9 +1,12 @@
-"""all_reduce of 1, 16 and 128 MB: ember's collective against raw ``torch.distributed``.
+"""Data parallelism on this machine: all_reduce against raw ``torch.distributed``, and the
+guide's training throughput in one and several processes.
 
-Run: ``.venv/bin/python benchmarks/distributed.py [--nproc 2] [--repeat 9]``
+Run: ``.venv/bin/python benchmarks/distributed.py [--nproc 2] [--repeat 9] [--steps 30]``
 
-The script starts ``--nproc`` copies of itself on localhost (gloo), as ``ember launch``
-would. Each size is timed, interleaved in one run, as:
+The script starts copies of itself on localhost (gloo), as ``ember launch`` would.
+
+**all_reduce** of 1, 16 and 128 MB (``--nproc`` processes), each size timed, interleaved
+in one run, as:
 
 * **torch in place**: ``dist.all_reduce(t)`` on a preallocated torch tensor (what a
   PyTorch user writes; it overwrites its input);
@@ -13,6 +16,12 @@ would. Each size is timed, interleaved in one run, as:
 * **ember, check=False**: the same without the agreement check (one small message less).
 
 Rank 0 prints medians and each ember column's ratio to torch (1.00 is parity).
+
+**Guide training throughput**: the guide's CNN (``autodiff(ndarray)``, Adam, batches of 64
+random 28x28 images per process), timed over ``--steps`` steps after warm-up, in 1 process
+x 1 thread, 1 process x 2 threads and ``--nproc`` processes x 1 thread (gradients averaged
+by ``GradientSync`` during the backward pass): images per second, and the time each step's
+backward pass waited for communication at its end.
 """
 
 from __future__ import annotations
@@ -70,25 +79,92 @@ def _rank_main(repeat: int) -> None:
     dist.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=9)
-    args = parser.parse_args()
-    if "RANK" in os.environ:
-        _rank_main(args.repeat)
-        return
+def _guide_rank(steps: int, out: str) -> None:
+    import json
+
+    import numpy as np
+
+    import ember
+    import ember.distributed as dist
+    from ember.guide.data import MnistBatch
+    from ember.guide.training import default_config
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init()
+    config = default_config()
+    device = ember.device("ndarray").autodiff()
+    ember.seed(device, 0)
+    model = config.model.init(device)
+    optimizer = config.optimizer.init()
+    sync = dist.GradientSync()
+    model = sync.broadcast_module(model)
+    rng = np.random.default_rng(dist.rank())
+    images = ember.Tensor.from_data(rng.random((64, 28, 28), np.float32), device)
+    targets = ember.Tensor.from_data(rng.integers(0, 10, 64), device)
+    batch = MnistBatch(images, targets)
+    times = []
+    for step in range(steps + 5):
+        start = time.perf_counter()
+        with sync.syncing(model):
+            output = model.train_step(batch)
+        model = optimizer.step(1e-4, model, output.grads)
+        if step >= 5:  # warm-up: caches, pools
+            times.append(time.perf_counter() - start)
+        if step == 4:
+            sync.stats.wait_seconds, sync.stats.steps = 0.0, 0
+    waited = sync.stats.wait_seconds / max(sync.stats.steps, 1)
+    if dist.rank() == 0:
+        with open(out, "w") as f:
+            json.dump({"step": float(np.median(times)), "wait": waited,
+                       "world": dist.world_size()}, f)  # fmt: skip
+    dist.shutdown()
+
+
+def _spawn(nproc: int, threads: int, argv: list[str]) -> None:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               WORLD_SIZE=str(args.nproc), OMP_NUM_THREADS="1")  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, __file__, "--repeat", str(args.repeat)],
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
+               OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, __file__, *argv],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(args.nproc)]  # fmt: skip
-    sys.exit(max(p.wait() for p in procs))
+             for r in range(nproc)]  # fmt: skip
+    if max(p.wait() for p in procs):
+        sys.exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--guide-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if "RANK" in os.environ:
+        if args.guide_out:
+            _guide_rank(args.steps, args.guide_out)
+        else:
+            _rank_main(args.repeat)
+        return
+    _spawn(args.nproc, 1, ["--repeat", str(args.repeat)])
+
+    import json
+    import tempfile
+
+    rows, base = [], None
+    for nproc, threads in ((1, 1), (1, 2), (args.nproc, 1)):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            _spawn(nproc, threads, ["--steps", str(args.steps), "--guide-out", out.name])
+            result = json.loads(Path(out.name).read_text())
+        rate = 64 * nproc / result["step"]
+        base = base or rate
+        rows.append([f"{nproc} x {threads}", f"{result['step'] * 1e3:.1f}", f"{rate:.0f}",
+                     f"{rate / base:.2f}x", f"{result['wait'] * 1e3:.2f}" if nproc > 1 else "-"])  # fmt: skip
+    print_table("guide CNN training, autodiff(ndarray), batch 64 per process",
+                ["processes x threads", "ms / step", "images / s", "x 1 x 1",
+                 "backward waited ms / step"], rows)  # fmt: skip
 
 
 if __name__ == "__main__":
