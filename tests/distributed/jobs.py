@@ -248,6 +248,31 @@ def learner(out: Path, rank: int, world: int, artifact: str, epochs: str, resume
         {"history": history, "train_updates": sum(1 for u in renderer.updates if u[0] == "train")}))
 
 
+def cuda_collectives(out: Path, rank: int, world: int) -> None:
+    """NCCL on one GPU per rank: collectives on CUDA tensors; CPU tensors refused."""
+    import ember
+    import ember.distributed as dist
+    from ember import Tensor
+
+    dist.init(engine="nccl")
+    device = ember.device("torch", f"cuda:{rank}")
+    x = Tensor.from_data(value(rank, "f32"), device)
+    results = {
+        "all_reduce": dist.all_reduce(x).to_numpy(),
+        "broadcast": dist.broadcast(x, src=0).to_numpy(),
+        "all_gather": np.stack([t.to_numpy() for t in dist.all_gather(x)]),
+        "device": np.array([dist.all_reduce(x).device == device]),
+    }
+    try:
+        dist.all_reduce(Tensor.from_data(value(rank, "f32"), ember.device("ndarray")))
+        error = "no error"
+    except Exception as e:
+        error = _error(e)
+    dist.shutdown()
+    np.savez(out / f"rank{rank}.npz", **results)
+    (out / f"rank{rank}.json").write_text(json.dumps({"cpu": error}))
+
+
 def main() -> None:
     import os
 

@@ -48,7 +48,13 @@ from ember.backend.device import Device, device
 from ember.backend.errors import ArgumentError
 from ember.backends.autodiff.listener import listening
 from ember.distributed.collectives import all_gather, broadcast
-from ember.distributed.group import DistributedError, info, torch_distributed, world_size
+from ember.distributed.group import (
+    DistributedError,
+    control_device,
+    info,
+    torch_distributed,
+    world_size,
+)
 from ember.module import Module, Param, ParamId
 from ember.tensor import DType, Kind, Tensor
 from ember.tensor.data import numpy_dtype
@@ -280,7 +286,7 @@ class GradientSync:
         return _Layout(tuple(buckets), tuple(dtypes))
 
     def _agree(self, layout: _Layout) -> None:
-        mine = Tensor.from_data(np.array([layout.digest], dtype=np.int64), device("ndarray"))
+        mine = Tensor.from_data(np.array([layout.digest], dtype=np.int64), control_device())
         digests = [int(t.to_numpy()[0]) for t in all_gather(mine)]
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
         if differ:
@@ -301,7 +307,7 @@ class GradientSync:
             return module
         params = list(module.params())
         ids = np.array([p.id.value for _, p in params], dtype=np.uint64).view(np.int64)
-        theirs = broadcast(Tensor.from_data(ids, device("ndarray")), src).to_numpy()
+        theirs = broadcast(Tensor.from_data(ids, control_device()), src).to_numpy()
         new_ids = {path: ParamId(int(v)) for (path, _), v in zip(params, theirs.view(np.uint64))}
 
         def on_param(path: str, param: Param) -> Param:

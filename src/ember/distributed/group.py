@@ -192,6 +192,15 @@ def info(owner: str = "ember.distributed") -> GroupInfo:
     return _info
 
 
+def control_device():
+    """The ember device of the small tensors ember exchanges itself (layouts, metrics, ids):
+    NdArray on gloo, this process's GPU (``LOCAL_RANK``) on NCCL, which carries only CUDA."""
+    from ember.backend.device import device
+
+    group = info()
+    return device("torch", f"cuda:{group.local_rank}") if group.engine == "nccl" else device("ndarray")
+
+
 def rank() -> int:
     """This process's rank; 0 when no process group was initialised (a job of one)."""
     return 0 if _info is None else _info.rank

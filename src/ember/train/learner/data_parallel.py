@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ember.backend.device import device
 from ember.module import Module
 from ember.tensor import Tensor
 
@@ -80,7 +79,7 @@ class DataParallel:
         for value, items in values:
             known = items > 0 and not math.isnan(value)
             flat += [value * items if known else 0.0, float(items) if known else 0.0]
-        mine = Tensor.from_data(np.array(flat, np.float64), device("ndarray"))
+        mine = Tensor.from_data(np.array(flat, np.float64), dist.group.control_device())
         total = dist.all_reduce(mine, "sum", check=False).to_numpy()
         combined = [float(total[1 + 2 * i] / total[2 + 2 * i]) if total[2 + 2 * i] else float("nan")
                     for i in range(len(values))]  # fmt: skip
