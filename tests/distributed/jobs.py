@@ -20,7 +20,7 @@ def make_device(name: str):
     import ember
 
     if name.startswith("autodiff-"):
-        return ember.device(name.removeprefix("autodiff-")).autodiff()
+        return make_device(name.removeprefix("autodiff-")).autodiff()
     if name.startswith("fusion-"):
         return ember.device(name.removeprefix("fusion-")).fusion()
     return ember.device(name)
