@@ -273,6 +273,22 @@ def cuda_collectives(out: Path, rank: int, world: int) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps({"cpu": error}))
 
 
+def raising(out: Path, rank: int, world: int) -> None:
+    """Rank 1 raises while rank 0 waits in a collective: rank 0's error names rank 1."""
+    import ember
+    import ember.distributed as dist
+
+    dist.init()
+    if rank == 1:
+        raise ValueError("boom from rank 1")
+    try:
+        dist.all_reduce(ember.Tensor.from_data([1.0]))
+        error = "no error"
+    except Exception as e:
+        error = _error(e)
+    (out / f"rank{rank}.json").write_text(json.dumps({"error": error}))
+
+
 def main() -> None:
     import os
 

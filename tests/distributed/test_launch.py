@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import run_job
 
 pytest.importorskip("torch.distributed")
 
@@ -49,6 +53,15 @@ def test_a_failing_rank_stops_the_job_and_is_named(tmp_path):
     assert "ember launch: rank 1 failed with exit status 1: ValueError: boom from rank 1" in done.stderr
     # Stopped by the launcher, long before the collective's timeout (EMBER_DIST_TIMEOUT, 300 s).
     assert time.monotonic() - started < 100
+
+
+def test_without_a_launcher_the_waiting_rank_names_the_failed_one(tmp_path):
+    results = run_job(2, "raising", tmp_path)
+    assert results[1].returncode == 1 and "ValueError: boom from rank 1" in results[1].output
+    assert results[0].returncode == 0  # it caught the typed error
+    error = json.loads((tmp_path / "rank0.json").read_text())["error"]
+    assert error.startswith("DistributedError: ember.distributed.all_reduce: rank 0: the "
+                            "collective failed (rank 1 failed: ValueError: boom from rank 1)")  # fmt: skip
 
 
 def test_a_killed_rank_stops_the_job(tmp_path):

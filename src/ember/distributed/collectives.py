@@ -32,7 +32,7 @@ import numpy as np
 
 from ember.backend.errors import ArgumentError, DTypeError, ShapeError, fmt_shape
 from ember.distributed import bridge
-from ember.distributed.group import DistributedError, info, torch_distributed
+from ember.distributed.group import DistributedError, failure_note, info, torch_distributed
 from ember.tensor import DType, Tensor
 
 _MAX_RANK = 8  # header slots for a shape's dims; more dims are folded into a hash
@@ -134,7 +134,8 @@ def _run(owner: str, call) -> Any:
     except DistributedError:
         raise
     except RuntimeError as e:  # gloo/NCCL: a peer closed the connection, a timeout
-        raise DistributedError(f"{owner}: rank {info(owner).rank}: the collective failed: {e}") from e
+        raise DistributedError(f"{owner}: rank {info(owner).rank}: the collective failed "
+                               f"({failure_note()}): {e}") from e  # fmt: skip
 
 
 def all_reduce(tensor: Tensor, op: ReduceOp | str = "sum", check: bool | None = None) -> Tensor:

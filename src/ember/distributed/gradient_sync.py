@@ -51,6 +51,7 @@ from ember.distributed.collectives import all_gather, broadcast
 from ember.distributed.group import (
     DistributedError,
     control_device,
+    failure_note,
     info,
     torch_distributed,
     world_size,
@@ -201,7 +202,8 @@ def _issue(call) -> Any:
         return call()
     except RuntimeError as e:
         raise DistributedError(
-            f"ember.distributed.GradientSync: rank {info().rank}: a gradient all-reduce failed: {e}"
+            f"ember.distributed.GradientSync: rank {info().rank}: a gradient all-reduce failed "
+            f"({failure_note()}): {e}"
         ) from e
 
 

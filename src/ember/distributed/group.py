@@ -16,8 +16,11 @@ Example (two processes on this machine, each running)::
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 from ember.backend.errors import ArgumentError, BackendUnavailableError, EmberError
@@ -163,7 +166,55 @@ def init(
             f"{addr}:{port} ({engine}): {e}"
         ) from e
     _info = GroupInfo(rank, world_size, local_rank, engine, timeout)
+    _report_failures_to_peers(rank)
+    # A group left alive at exit aborts the process in gloo's threads; leave it cleanly.
+    atexit.register(shutdown)
     return _info
+
+
+_FAILED = "ember/failed/"
+
+
+def _store():
+    """The job's key-value store (the rendezvous's), or None where torch hides it."""
+    getter = getattr(torch_distributed().distributed_c10d, "_get_default_store", None)
+    try:
+        return getter() if getter is not None else None
+    except Exception:  # no default group any more
+        return None
+
+
+def _report_failures_to_peers(rank: int) -> None:
+    """An uncaught error of this process is left in the store, so that the ranks left
+    waiting in a collective can say which rank failed and why (:func:`failure_note`)."""
+    previous = sys.excepthook
+
+    def hook(kind, error, trace):
+        store = _store() if _info is not None else None
+        if store is not None:
+            # The store may be gone with rank 0; the error still prints.
+            with contextlib.suppress(Exception):
+                store.set(f"{_FAILED}{rank}", f"{kind.__name__}: {error}"[:2000])
+        previous(kind, error, trace)
+
+    sys.excepthook = hook
+
+
+def failure_note() -> str:
+    """What the store says about failed ranks, for an error of a collective that failed."""
+    store = _store() if _info is not None else None
+    notes = []
+    if store is not None:
+        for peer in range(_info.world_size):
+            key = f"{_FAILED}{peer}"
+            try:
+                if store.check([key]):
+                    notes.append(f"rank {peer} failed: {store.get(key).decode(errors='replace')}")
+            except Exception:  # the store is rank 0's: gone when rank 0 is
+                break
+    if notes:
+        return "; ".join(notes)
+    return "another rank closed its connection or stopped answering (it may have died)"
 
 
 def shutdown() -> None:
@@ -172,6 +223,7 @@ def shutdown() -> None:
     if _info is None:
         return
     _info = None
+    atexit.unregister(shutdown)
     dist = torch_distributed()
     if dist.is_initialized():
         dist.destroy_process_group()
