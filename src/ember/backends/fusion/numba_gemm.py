@@ -92,56 +92,41 @@ def _jit(fn):
 
 
 @_jit
-def _pack(a, b, ap, bp, mr, nr, part, parts):  # pragma: no cover - runs compiled
-    """Packs ``a`` ``[Ba, M, K]`` into ``ap`` ``[Ba, M / mr, K, mr]`` and ``b`` ``[Bb, K,
-    N]`` into ``bp`` ``[Bb, N / nr, K, nr]`` (zeros past the edges; see the module doc).
-    Tasks are row blocks, then column blocks; each walks its source along the smaller
-    stride."""
-    m = a.shape[1]
-    k = a.shape[2]
+def _pack(b, bp, part, parts):  # pragma: no cover - runs compiled
+    """Packs ``b`` ``[Bb, K, N]`` into column panels ``bp`` ``[Bb, N / nr, K, nr]`` (zeros
+    past the last column). A task is one panel; it walks ``b`` along its smaller stride:
+    rows (a copy that vectorizes) or, for a transposed ``b``, columns."""
+    k = b.shape[1]
     n = b.shape[2]
-    a_tasks = ap.shape[0] * ap.shape[1]
-    tasks = a_tasks + bp.shape[0] * bp.shape[1]
+    nr = bp.shape[3]
+    blocks = bp.shape[1]
+    tasks = bp.shape[0] * blocks
     for task in range(tasks * part // parts, tasks * (part + 1) // parts):
-        if task < a_tasks:
-            t = task // ap.shape[1]
-            blk = task % ap.shape[1]
-            rows = min(mr, m - blk * mr)
-            dst = ap[t, blk]
-            src = a[t, blk * mr : blk * mr + rows]
-            if rows < mr:
-                dst[:, rows:] = 0
-            if a.strides[2] <= a.strides[1]:
-                for r in range(rows):
-                    for q in range(k):
-                        dst[q, r] = src[r, q]
-            else:
-                for q in range(k):
-                    for r in range(rows):
-                        dst[q, r] = src[r, q]
-        else:
-            t = (task - a_tasks) // bp.shape[1]
-            blk = (task - a_tasks) % bp.shape[1]
-            cols = min(nr, n - blk * nr)
-            dst = bp[t, blk]
-            src = b[t, :, blk * nr : blk * nr + cols]
-            if cols < nr:
-                dst[:, cols:] = 0
-            if b.strides[2] <= b.strides[1]:
-                for q in range(k):
-                    for j in range(cols):
-                        dst[q, j] = src[q, j]
-            else:
+        t = task // blocks
+        j0 = task % blocks * nr
+        cols = min(nr, n - j0)
+        dst = bp[t, task % blocks]
+        if cols < nr:
+            dst[:, cols:] = 0
+        if b.strides[2] <= b.strides[1]:
+            for q in range(k):
+                src = b[t, q]
+                row = dst[q]
                 for j in range(cols):
-                    for q in range(k):
-                        dst[q, j] = src[q, j]
+                    row[np.uintp(j)] = src[np.uintp(j0 + j)]
+        else:
+            for j in range(cols):
+                src = b[t, :, j0 + j]
+                for q in range(k):
+                    dst[q, j] = src[np.uintp(q)]
 
 
 def _tile_source(mr: int, nr: int) -> str:
-    """Python source of the tile kernel ``tiles(ap, bp, out, a_of, b_of, edge, part,
-    parts)`` for ``mr x nr`` tiles: ``out`` is ``[batch, M, N]``, ``a_of[t]`` / ``b_of[t]``
-    the packed operand of batch entry ``t``, ``edge`` an ``[mr, nr]`` scratch tile for
-    tiles that overhang the matrix."""
+    """Python source of the tile kernel ``tiles(a, bp, out, a_of, b_of, edge, part,
+    parts)`` for ``mr x nr`` tiles: ``a`` is ``[Ba, M, K]`` (C-contiguous), ``bp`` ``B``'s
+    column panels, ``out`` ``[batch, M, N]``, ``a_of[t]`` / ``b_of[t]`` the operands' batch
+    entries of batch entry ``t``, ``edge`` an ``[mr, nr]`` scratch tile for tiles that
+    overhang the matrix. Rows past ``M`` read row ``M - 1`` again (never stored)."""
     cells = [(r, j) for r in range(mr) for j in range(nr)]
     lines = [
         "import numba",
@@ -149,11 +134,11 @@ def _tile_source(mr: int, nr: int) -> str:
         "",
         "",
         f"@numba.njit(nogil=True, cache=True, fastmath={set(sorted(_FLAGS))!r}, error_model='numpy')",
-        "def tiles(ap, bp, out, a_of, b_of, edge, part, parts):",
+        "def tiles(a, bp, out, a_of, b_of, edge, part, parts):",
         "    m = out.shape[1]",
         "    n = out.shape[2]",
-        "    k = ap.shape[2]",
-        "    row_blocks = ap.shape[1]",
+        "    k = a.shape[2]",
+        f"    row_blocks = (m + {mr - 1}) // {mr}",
         "    col_blocks = bp.shape[1]",
         f"    chunks = (row_blocks + {ROW_BLOCKS_PER_TASK - 1}) // {ROW_BLOCKS_PER_TASK}",
         "    tasks = out.shape[0] * col_blocks * chunks",
@@ -166,13 +151,12 @@ def _tile_source(mr: int, nr: int) -> str:
         f"        j0 = jb * {nr}",
         f"        for ib in range(chunk * {ROW_BLOCKS_PER_TASK},"
         f" min(row_blocks, (chunk + 1) * {ROW_BLOCKS_PER_TASK})):",
-        "            apanel = ap[a_of[t], ib].reshape(-1)",
         f"            i0 = ib * {mr}",
+        *(f"            row{r} = a[a_of[t], min(i0 + {r}, m - 1)]" for r in range(mr)),
         *(f"            c{r}_{j} = zero" for r, j in cells),
         "            for q in range(k):",
-        f"                pa = np.uintp(q * {mr})",
         f"                pb = np.uintp(q * {nr})",
-        *(f"                a{r} = apanel[pa + np.uintp({r})]" for r in range(mr)),
+        *(f"                a{r} = row{r}[np.uintp(q)]" for r in range(mr)),
         *(f"                b{j} = bpanel[pb + np.uintp({j})]" for j in range(nr)),
         *(f"                c{r}_{j} += a{r} * b{j}" for r, j in cells),
         f"            if i0 + {mr} <= m and j0 + {nr} <= n:",
@@ -186,50 +170,60 @@ def _tile_source(mr: int, nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-_tiles: dict[np.dtype, Callable] = {}
+_tiles: dict[tuple[np.dtype, bool], Callable] = {}
 _tiles_lock = threading.Lock()
 
 
-def _tile_kernel(dtype: np.dtype) -> Callable:
-    """The compiled tile kernel for ``dtype`` (see the module doc: generated into the cache
-    folder, compiled with SLP vectorization on, no further compilation allowed)."""
+def _tile_kernel(dtype: np.dtype, readonly: bool) -> Callable:
+    """The tile kernel for ``dtype``, compiled for an ``A`` that is ``readonly`` or not (a
+    type of its own to numba), with SLP vectorization on (see the module doc)."""
     with _tiles_lock:
-        found = _tiles.get(dtype)
+        found = _tiles.get((dtype, readonly))
         if found is None:
-            found = _tiles[dtype] = _load_tiles(dtype)
+            found = _tiles[dtype, readonly] = _compile(_tile_module(dtype).tiles, dtype,
+                                                       readonly)  # fmt: skip
     return found
 
 
-def _load_tiles(dtype: np.dtype) -> Callable:
-    from numba.core.compiler_lock import global_compiler_lock
-
+def _tile_module(dtype: np.dtype):
+    """The module of the tile kernel for ``dtype``: its generated source is written into the
+    fusion cache folder (so numba can cache its machine code beside it) and imported."""
     from ember.backends.fusion.numba_runtime import cache_dir
 
-    nr = NR[dtype]
-    source = _tile_source(MR, nr)
+    source = _tile_source(MR, NR[dtype])
     name = f"gemm_{dtype.name}_{hashlib.sha256(source.encode()).hexdigest()[:24]}"
+    module_name = f"ember_fusion_kernels.{name}"  # as numba_runtime names its kernels
+    if module_name in sys.modules:
+        return sys.modules[module_name]
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"
     # Rewriting an identical file would change its time stamp and void numba's cache.
     if not path.exists() or path.read_bytes() != source.encode():
         atomic_write(path, source.encode())
-    spec = importlib.util.spec_from_file_location(f"ember_fusion_kernels.{name}", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.modules[spec.name] = module
-    tiles = module.tiles
+    sys.modules[module_name] = module
+    return module
+
+
+def _compile(tiles: Callable, dtype: np.dtype, readonly: bool) -> Callable:
+    """Compiles (or loads from numba's cache) the signature of ``tiles`` that
+    :func:`matmul` calls, with SLP vectorization on."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    a = np.zeros((1, 1, 1), dtype)
+    a.flags.writeable = not readonly
     with global_compiler_lock:  # no other compilation sees the flag
         saved = numba.config.SLP_VECTORIZE
         numba.config.SLP_VECTORIZE = 1
         try:
-            # Compiles (or loads from numba's cache) the one signature matmul calls.
-            tiles(np.zeros((1, 1, 1, MR), dtype), np.zeros((1, 1, 1, nr), dtype),
-                  np.zeros((1, 1, 1), dtype), np.zeros(1, np.int64), np.zeros(1, np.int64),
-                  np.zeros((MR, nr), dtype), 0, 1)  # fmt: skip
+            tiles(a, np.zeros((1, 1, 1, NR[dtype]), dtype), np.zeros((1, 1, 1), dtype),
+                  np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros((MR, NR[dtype]), dtype),
+                  0, 1)  # fmt: skip
         finally:
             numba.config.SLP_VECTORIZE = saved
-    tiles.disable_compile()
     return tiles
 
 
@@ -260,29 +254,28 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)
-    a3 = a.reshape(-1, m, k)
+    a3 = np.ascontiguousarray(a.reshape(-1, m, k))  # read in place where it is already
     b3 = b.reshape(-1, k, n)
-    ap = np.empty((a3.shape[0], -(-m // MR), k, MR), dtype)
     bp = np.empty((b3.shape[0], -(-n // nr), k, nr), dtype)
     out = empty((*batch, m, n), dtype)
     macs = a_of.size * m * n * k
     parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
-    tiles = _tile_kernel(dtype)
+    tiles = _tile_kernel(dtype, not a3.flags.writeable)
     from ember.backends.fusion.numba_runtime import _run_parts
 
-    _run_parts(_pack, [a3, b3, ap, bp, MR, nr], parts)
-    edges = np.empty((MR, nr), dtype) if parts == 1 else None
-    if edges is not None:
-        _run_parts(tiles, [ap, bp, out.reshape(-1, m, n), a_of, b_of, edges], 1)
+    _run_parts(_pack, [b3, bp], parts)
+    if parts == 1:
+        _run_parts(tiles, [a3, bp, out.reshape(-1, m, n), a_of, b_of, np.empty((MR, nr), dtype)],
+                   1)  # fmt: skip
     else:
-        _run_parts(_tiles_with_own_edge, [tiles, ap, bp, out.reshape(-1, m, n), a_of, b_of],
+        _run_parts(_tiles_with_own_edge, [tiles, a3, bp, out.reshape(-1, m, n), a_of, b_of],
                    parts)  # fmt: skip
     return out
 
 
-def _tiles_with_own_edge(tiles, ap, bp, out, a_of, b_of, part, parts) -> None:
+def _tiles_with_own_edge(tiles, a, bp, out, a_of, b_of, part, parts) -> None:
     """Runs part ``part`` of the tile kernel with a scratch edge tile of its own."""
-    tiles(ap, bp, out, a_of, b_of, np.empty((MR, bp.shape[3]), out.dtype), part, parts)
+    tiles(a, bp, out, a_of, b_of, np.empty((MR, bp.shape[3]), out.dtype), part, parts)
 
 
 def _batch_map(shape: tuple[int, ...], batch: tuple[int, ...]) -> np.ndarray:
