@@ -47,6 +47,10 @@ def test_transposed_and_strided_inputs(dtype):
     _check(x[:40, :90], np.ascontiguousarray(y.T).T)  # a weight stored [N, K], used as [K, N]
     batched = rng.standard_normal((3, 20, 50)).astype(dtype)
     _check(batched, batched.swapaxes(1, 2))  # q @ k^T, as attention does
+    readonly = x[:40].copy()
+    readonly.flags.writeable = False  # as Tensor.from_data may hold it
+    _check(readonly, y)
+    _check(y.T, readonly.T[:, :7])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -125,8 +125,8 @@ def _tile_source(mr: int, nr: int) -> str:
     """Python source of the tile kernel ``tiles(a, bp, out, a_of, b_of, edge, part,
     parts)`` for ``mr x nr`` tiles: ``a`` is ``[Ba, M, K]`` (C-contiguous), ``bp`` ``B``'s
     column panels, ``out`` ``[batch, M, N]``, ``a_of[t]`` / ``b_of[t]`` the operands' batch
-    entries of batch entry ``t``, ``edge`` an ``[mr, nr]`` scratch tile for tiles that
-    overhang the matrix. Rows past ``M`` read row ``M - 1`` again (never stored)."""
+    entries of batch entry ``t``, ``edge`` an ``[mr, nr]`` scratch tile each tile is
+    stored through (its rows and columns inside the matrix are copied out). Rows past ``M`` read row ``M - 1`` again (never stored)."""
     cells = [(r, j) for r in range(mr) for j in range(nr)]
     lines = [
         "import numba",
@@ -159,29 +159,28 @@ def _tile_source(mr: int, nr: int) -> str:
         *(f"                a{r} = row{r}[np.uintp(q)]" for r in range(mr)),
         *(f"                b{j} = bpanel[pb + np.uintp({j})]" for j in range(nr)),
         *(f"                c{r}_{j} += a{r} * b{j}" for r, j in cells),
-        f"            if i0 + {mr} <= m and j0 + {nr} <= n:",
-        *(f"                out[t, i0 + {r}, j0 + {j}] = c{r}_{j}" for r, j in cells),
-        "            else:",
-        *(f"                edge[{r}, {j}] = c{r}_{j}" for r, j in cells),
-        f"                for r in range(min({mr}, m - i0)):",
-        f"                    for j in range(min({nr}, n - j0)):",
-        "                        out[t, i0 + r, j0 + j] = edge[r, j]",
+        # Through the scratch tile: one store block (compile time) for whole and edge tiles.
+        *(f"            edge[{r}, {j}] = c{r}_{j}" for r, j in cells),
+        f"            for r in range(min({mr}, m - i0)):",
+        "                src = edge[r]",
+        "                dst = out[t, i0 + r]",
+        f"                for j in range(min({nr}, n - j0)):",
+        "                    dst[np.uintp(j0 + j)] = src[np.uintp(j)]",
     ]
     return "\n".join(lines) + "\n"
 
 
-_tiles: dict[tuple[np.dtype, bool], Callable] = {}
+_tiles: dict[np.dtype, Callable] = {}
 _tiles_lock = threading.Lock()
 
 
-def _tile_kernel(dtype: np.dtype, readonly: bool) -> Callable:
-    """The tile kernel for ``dtype``, compiled for an ``A`` that is ``readonly`` or not (a
-    type of its own to numba), with SLP vectorization on (see the module doc)."""
+def _tile_kernel(dtype: np.dtype) -> Callable:
+    """The tile kernel for ``dtype``, compiled with SLP vectorization on (see the module
+    doc)."""
     with _tiles_lock:
-        found = _tiles.get((dtype, readonly))
+        found = _tiles.get(dtype)
         if found is None:
-            found = _tiles[dtype, readonly] = _compile(_tile_module(dtype).tiles, dtype,
-                                                       readonly)  # fmt: skip
+            found = _tiles[dtype] = _compile(_tile_module(dtype).tiles, dtype)
     return found
 
 
@@ -208,22 +207,22 @@ def _tile_module(dtype: np.dtype):
     return module
 
 
-def _compile(tiles: Callable, dtype: np.dtype, readonly: bool) -> Callable:
-    """Compiles (or loads from numba's cache) the signature of ``tiles`` that
-    :func:`matmul` calls, with SLP vectorization on."""
+def _compile(tiles: Callable, dtype: np.dtype) -> Callable:
+    """Compiles (or loads from numba's cache) the one signature of ``tiles`` that
+    :func:`matmul` calls (all arrays C-contiguous and writable), with SLP vectorization on;
+    no other signature is compiled after it."""
     from numba.core.compiler_lock import global_compiler_lock
 
-    a = np.zeros((1, 1, 1), dtype)
-    a.flags.writeable = not readonly
     with global_compiler_lock:  # no other compilation sees the flag
         saved = numba.config.SLP_VECTORIZE
         numba.config.SLP_VECTORIZE = 1
         try:
-            tiles(a, np.zeros((1, 1, 1, NR[dtype]), dtype), np.zeros((1, 1, 1), dtype),
-                  np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros((MR, NR[dtype]), dtype),
-                  0, 1)  # fmt: skip
+            a, out, index = np.zeros((1, 1, 1), dtype), np.zeros((1, 1, 1), dtype), np.zeros(1, int)
+            panels, edge = np.zeros((1, 1, 1, NR[dtype]), dtype), np.zeros((MR, NR[dtype]), dtype)
+            tiles(a, panels, out, index, index, edge, 0, 1)
         finally:
             numba.config.SLP_VECTORIZE = saved
+    tiles.disable_compile()  # a call of another signature raises instead of compiling slowly
     return tiles
 
 
@@ -254,13 +253,16 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)
-    a3 = np.ascontiguousarray(a.reshape(-1, m, k))  # read in place where it is already
+    a3 = a.reshape(-1, m, k)
+    if not (a3.flags.c_contiguous and a3.flags.writeable):
+        # A readonly array is a type of its own to numba: one compilation less (~10 s).
+        a3 = np.array(a3, order="C")
     b3 = b.reshape(-1, k, n)
     bp = np.empty((b3.shape[0], -(-n // nr), k, nr), dtype)
     out = empty((*batch, m, n), dtype)
     macs = a_of.size * m * n * k
     parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
-    tiles = _tile_kernel(dtype, not a3.flags.writeable)
+    tiles = _tile_kernel(dtype)
     from ember.backends.fusion.numba_runtime import _run_parts
 
     _run_parts(_pack, [b3, bp], parts)
