@@ -5,11 +5,13 @@ N]``, batch dims broadcast) for float32 and float64, by the classic packed, regi
 GEMM. NumPy's OpenBLAS is held to AVX2 kernels in some environments
 (``OPENBLAS_CORETYPE=Haswell``); on an AVX-512 CPU this kernel is then faster.
 
-* **Packing.** Both operands are copied once per call, from any strides, into panels that
-  the inner loop reads contiguously: ``A`` into row blocks of :data:`MR` rows, ``[K, MR]``
-  each (element ``(k, r)`` at ``k * MR + r``), ``B`` into column blocks of ``NR`` columns,
-  ``[K, NR]`` each. Rows and columns past the matrix edge are packed as zeros, so every
-  tile runs the same loop. A batch operand that is broadcast is packed once.
+* **Packing.** ``B`` is copied once per call, from any strides, into column panels of
+  ``NR`` columns, ``[K, NR]`` each (zeros past the last column, so every tile runs the
+  same loop), that the inner loop reads contiguously; a broadcast batch entry is packed
+  once. ``A`` is read in place, a tile's :data:`MR` rows side by side (rows past the last
+  one read it again and are never stored); only an ``A`` that is not C-contiguous and
+  writable is copied first. (Packing ``A`` into ``[K, MR]`` blocks as well measured as
+  fast on the linear layers and 15-25% slower on the small batched attention products.)
 * **Register tile.** A tile of ``MR x NR`` outputs lives in registers for the whole sum over
   ``K``: per ``k`` the loop reads ``NR`` values of ``B`` (``NR / lanes`` vectors), ``MR``
   values of ``A`` (broadcast) and does ``MR * NR / lanes`` vector FMAs; the outputs are
@@ -23,16 +25,18 @@ GEMM. NumPy's OpenBLAS is held to AVX2 kernels in some environments
   (:func:`_tile_source`) into the fusion cache folder so numba's ``cache=True`` keeps the
   machine code. Its flags are FMA contraction only: with ``reassoc`` LLVM vectorizes the
   ``k`` loop as reductions instead (measured 8x slower).
-* **Blocking.** A task is one column block of one batch entry and a run of row blocks:
-  the column block's panel (``K * NR`` values) stays in cache while the row blocks' panels
-  stream past it. The shapes this targets (transformer layers, ``K`` up to about 1024) need
-  no blocking of ``K``.
+* **Blocking.** A task is one column panel of one batch entry and a run of row blocks:
+  the panel (``K * NR`` values) stays in cache while the rows of ``A`` stream past it.
+  The shapes this targets (transformer layers, ``K`` up to about 1024) need no blocking
+  of ``K``.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks;
 :func:`matmul` runs them with ``numba_runtime._run_parts`` (part 0 on the calling thread).
 
-Measured (Zen 5, float32, one thread, busy machine): about 200 GFLOP/s on
-``[1024, 256] @ [256, 1024]``-like shapes, 1.6x NumPy's Haswell OpenBLAS there.
+Measured (Zen 5, one thread, thread time, busy machine; ``benchmarks/bench_matmul_kernels.py``):
+float32 about 210-240 GFLOP/s on the ONNX encoder's linear layers (``[1024, 256] @ [256,
+768]`` and the like), 1.6-1.9x NumPy's Haswell OpenBLAS and 2x torch; 170-200 GFLOP/s on
+its batched attention products (1.5x NumPy); float64 about 100 GFLOP/s (1.5-2x NumPy).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 __all__ = ["MR", "NR", "KernelUnsupported", "matmul", "supports"]
 
 MR = 4
-"""Rows of a register tile (and of a packed row block of ``A``)."""
+"""Rows of a register tile."""
 NR = {np.dtype(np.float32): 64, np.dtype(np.float64): 32}
 """Columns of a register tile per dtype: four AVX-512 vectors."""
 ROW_BLOCKS_PER_TASK = 16
