@@ -130,14 +130,16 @@ def _tile_source(mr: int, nr: int) -> str:
     parts)`` for ``mr x nr`` tiles: ``a`` is ``[Ba, M, K]`` (C-contiguous), ``bp`` ``B``'s
     column panels, ``out`` ``[batch, M, N]``, ``a_of[t]`` / ``b_of[t]`` the operands' batch
     entries of batch entry ``t``, ``edge`` an ``[mr, nr]`` scratch tile each tile is
-    stored through (its rows and columns inside the matrix are copied out). Rows past ``M`` read row ``M - 1`` again (never stored)."""
+    stored through (its rows and columns inside the matrix are copied out). Rows past
+    ``M`` read row ``M - 1`` again (never stored)."""
+    flags = "{" + ", ".join(repr(f) for f in sorted(_FLAGS)) + "}"
     cells = [(r, j) for r in range(mr) for j in range(nr)]
     lines = [
         "import numba",
         "import numpy as np",
         "",
         "",
-        f"@numba.njit(nogil=True, cache=True, fastmath={set(sorted(_FLAGS))!r}, error_model='numpy')",
+        f"@numba.njit(nogil=True, cache=True, fastmath={flags}, error_model='numpy')",
         "def tiles(a, bp, out, a_of, b_of, edge, part, parts):",
         "    m = out.shape[1]",
         "    n = out.shape[2]",
