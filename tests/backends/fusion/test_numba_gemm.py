@@ -30,8 +30,10 @@ def _check(a: np.ndarray, b: np.ndarray, threads: int = 1) -> None:
 def test_random_shapes_match_numpy(dtype):
     rng = np.random.default_rng(0)
     for _ in range(12):
-        # Sizes around the tile (4 rows, 32 or 64 columns): edges, single rows and columns.
-        m, k, n = (int(rng.choice([1, 2, 3, 4, 5, 7, 33, 64, 65, 130])) for _ in range(3))
+        # Sizes around the tile (4 rows, 32 or 64 columns): edges, single rows, and as few
+        # columns as it takes (a quarter tile, 16 or 8).
+        m, k = (int(rng.choice([1, 2, 3, 4, 5, 7, 33, 64, 65, 130])) for _ in range(2))
+        n = int(rng.choice([gemm.NR[np.dtype(dtype)] // 4, 17, 33, 64, 65, 130]))
         a = rng.standard_normal((m, k)).astype(dtype)
         b = rng.standard_normal((k, n)).astype(dtype)
         _check(a, b, threads=int(rng.integers(1, 4)))
@@ -50,14 +52,14 @@ def test_transposed_and_strided_inputs(dtype):
     readonly = x[:40].copy()
     readonly.flags.writeable = False  # as Tensor.from_data may hold it
     _check(readonly, y)
-    _check(y.T, readonly.T[:, :7])
+    _check(y.T, readonly.T[:, :17])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batch_dims_broadcast_like_numpy(dtype):
     rng = np.random.default_rng(2)
-    cases = [((2, 1, 5, 7), (3, 7, 9)), ((5, 7), (4, 7, 3)), ((4, 5, 7), (7, 3)),
-             ((1, 6, 65), (2, 65, 66)), ((2, 3, 1, 4), (2, 3, 4, 1))]  # fmt: skip
+    cases = [((2, 1, 5, 7), (3, 7, 19)), ((5, 7), (4, 7, 33)), ((4, 5, 7), (7, 16)),
+             ((1, 6, 65), (2, 65, 66)), ((2, 3, 1, 4), (2, 3, 4, 70))]  # fmt: skip
     for sa, sb in cases:
         _check(rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype), 2)
 
@@ -74,7 +76,7 @@ def test_parts_split_the_tasks_without_changing_a_bit():
 def test_inputs_are_not_written_and_output_comes_from_empty():
     rng = np.random.default_rng(4)
     a = rng.standard_normal((9, 10)).astype(np.float32)
-    b = rng.standard_normal((10, 11)).astype(np.float32)
+    b = rng.standard_normal((10, 21)).astype(np.float32)
     a0, b0 = a.copy(), b.copy()
     made = []
 
@@ -84,22 +86,26 @@ def test_inputs_are_not_written_and_output_comes_from_empty():
 
     out = gemm.matmul(a, b, threads=1, empty=empty)
     assert out is made[0]
+    # Every element written (9 rows: the last tile holds one; 21 columns: a third of one).
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(a, a0)
     np.testing.assert_array_equal(b, b0)
 
 
 def test_supports_refuses_what_ndarray_must_run():
     a = np.ones((3, 4), np.float32)
-    b = np.ones((4, 5), np.float32)
+    b = np.ones((4, 16), np.float32)
     assert gemm.supports(a, b) and gemm.supports(a.astype(np.float64), b.astype(np.float64))
     refused = [
         (a.astype(np.float16), b.astype(np.float16)),  # low precision: NdArray's f32 path
         (a.astype(np.int64), b.astype(np.int64)),
         (a, b.astype(np.float64)),  # mixed dtypes
-        (a, np.ones((5, 4), np.float32)),  # inner dims differ
+        (a, np.ones((5, 16), np.float32)),  # inner dims differ
         (np.ones((0, 4), np.float32), b),  # empty
         (np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32)),  # batch 2 vs 3
         (np.ones(4, np.float32), b),  # rank 1
+        (np.ones((3, 4), np.float32), np.ones((4, 15), np.float32)),  # under a quarter tile
+        (np.ones((3, 4)), np.ones((4, 7))),
     ]
     for x, y in refused:
         assert not gemm.supports(x, y)
@@ -110,11 +116,11 @@ def test_supports_refuses_what_ndarray_must_run():
 def test_op_kernel_entry_names_work_and_key():
     kernel = op_kernels.NDARRAY_KERNELS["float_matmul"]
     a = np.ones((2, 3, 5, 7), np.float32)
-    b = np.ones((7, 4), np.float32)
+    b = np.ones((7, 20), np.float32)
     assert kernel.supports([a, b])
     assert not kernel.supports([a.astype(np.int32), b.astype(np.int32)])
-    assert kernel.work([a, b]) == 2 * 3 * 5 * 4 * 7
-    assert kernel.key([a, b]) != kernel.key([a, np.ones((4, 7), np.float32).T])
+    assert kernel.work([a, b]) == 2 * 3 * 5 * 20 * 7
+    assert kernel.key([a, b]) != kernel.key([a, np.ones((20, 7), np.float32).T])
     np.testing.assert_array_equal(kernel.run([a, b], 1), np.matmul(a, b))
 
 

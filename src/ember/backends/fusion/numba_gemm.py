@@ -75,12 +75,16 @@ _FLAGS = {"contract"}
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether :func:`matmul` takes these arrays: numba present, both float32 or both
-    float64, rank >= 2, matching inner dims, broadcastable batch dims, no empty dim."""
+    float64, rank >= 2, matching inner dims, broadcastable batch dims, no empty dim, and at
+    least a quarter tile of columns (``NR / 4``): a narrower product (a matrix-vector one)
+    would compute and pack more than 4 times the columns it has."""
     if numba is None or type(a) is not np.ndarray or type(b) is not np.ndarray:
         return False
     if a.dtype != b.dtype or a.dtype not in NR or a.ndim < 2 or b.ndim < 2:
         return False
     if a.shape[-1] != b.shape[-2] or 0 in a.shape or 0 in b.shape:
+        return False
+    if b.shape[-1] < NR[a.dtype] // 4:
         return False
     try:
         np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
