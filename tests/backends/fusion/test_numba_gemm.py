@@ -53,6 +53,11 @@ def test_transposed_and_strided_inputs(dtype):
     readonly.flags.writeable = False  # as Tensor.from_data may hold it
     _check(readonly, y)
     _check(y.T, readonly.T[:, :17])
+    raw = np.zeros(40 * 90 * np.dtype(dtype).itemsize + 1, np.uint8)
+    unaligned = raw[1:].view(dtype).reshape(40, 90)  # a C-contiguous array off alignment
+    unaligned[...] = x[:40]
+    assert not unaligned.flags.aligned
+    _check(unaligned, y)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -264,8 +264,9 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)
     a3 = a.reshape(-1, m, k)
-    if not (a3.flags.c_contiguous and a3.flags.writeable):
-        # A readonly array is a type of its own to numba: one compilation less (~10 s).
+    if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
+        # The tile kernel has one compiled signature (~5-10 s each): readonly or unaligned
+        # arrays are types of their own to numba.
         a3 = np.array(a3, order="C")
     b3 = b.reshape(-1, k, n)
     bp = np.empty((b3.shape[0], -(-n // nr), k, nr), dtype)
