@@ -337,28 +337,22 @@ class Executor:
         return out, consumed
 
     def _run_op_kernel(self, kernel, record: Record) -> bool:
-        """Runs ``record`` with its compiled kernel where the tuner chose it, or runs the
-        inner op and times both on the first use of its bucket; False when the inner op
-        is still to run (not chosen, not tuned, or a case the kernel does not take)."""
+        """Runs ``record`` with its compiled kernel where the tuner chose it, or on the first
+        use of its bucket (then times it against the inner op, as a fused block's first run
+        is kept and then timed: every later run of the bucket computes what the chosen
+        candidate computes, in a kernel's rounding from the start where it wins); False when
+        the inner op is to run (not chosen, too small to time, or a case the kernel does not
+        take)."""
         args = inner_args(record)
         if not kernel.supports(args):
             return False
         how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
         if how is None or how == autotune.UNFUSED:
             return False
-        if type(how) is autotune.Pending:
-            counters.add("unfused_ops")
-            run_record(self.inner, record)  # the run whose outputs are kept
-            inner_op = getattr(self.inner, record.name)
-            try:
-                kernel.run(args, 1)  # compiles (or loads) the kernel before the timing
-            except UnsupportedError:
-                return True
-            self.tuner.tune_with(how, lambda threads: kernel.run(args, threads),
-                                 lambda: inner_op(*args), record.name)  # fmt: skip
-            return True
+        pending = type(how) is autotune.Pending
         try:
-            out = kernel.run(args, how.threads, self.runtime.pool.take)
+            # On the first use this compiles (or loads) the kernel before the timing.
+            out = kernel.run(args, 1 if pending else how.threads, self.runtime.pool.take)
         except UnsupportedError:
             return False
         outs = out if record.multi else (out,)
@@ -367,6 +361,11 @@ class Executor:
             if self.recycler is not None:
                 slot.recycle = self.recycler  # pooled outputs go back (others are ignored)
         counters.add("op_kernels")
+        if pending:
+            # After the kept run: the candidates write into buffers of their own.
+            inner_op = getattr(self.inner, record.name)
+            self.tuner.tune_with(how, lambda threads: kernel.run(args, threads),
+                                 lambda: inner_op(*args), record.name)  # fmt: skip
         return True
 
     def _unfused(self, records: list[Record]) -> None:

@@ -1,9 +1,10 @@
 """Compiled kernels for single ops no fuser takes: candidates beside the inner backend's.
 
-Convolution and pooling are not element-wise, so they reach the executor as records that
-run one by one. On NdArray (whose convolution is an im2col copy and a GEMM) the numba
-runtime has direct kernels for them (``numba_conv``, ``numba_pool``): faster on small
-channel counts and 3x3 windows, slower on 1x1 convolutions. Which one runs is the
+Convolution, pooling and matrix products are not element-wise, so they reach the executor
+as records that run one by one. On NdArray (whose convolution is an im2col copy and a GEMM)
+the numba runtime has direct kernels for them (``numba_conv``, ``numba_pool``): faster on
+small channel counts and 3x3 windows, slower on 1x1 convolutions; and a GEMM
+(``numba_gemm``), faster than NumPy's BLAS where that is held to AVX2 kernels. Which one runs is the
 tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
@@ -122,6 +123,33 @@ def _avg_pool_run(args: list, threads: int, empty: Callable = np.empty) -> np.nd
     return numba_pool.avg_pool2d(*args, threads=threads, empty=empty)
 
 
+def _matmul_supports(args: list) -> bool:
+    from ember.backends.fusion import numba_gemm
+
+    return numba_gemm.supports(*args)
+
+
+def _matmul_key(args: list) -> tuple:
+    """Rank and which operands are transposed or broadcast matter besides size: they change
+    the packing (walked along the other stride) and the batch map."""
+    a, b = args
+    return ("float_matmul", a.dtype.name, a.ndim, b.ndim, a.shape[:-2] == b.shape[:-2],
+            a.strides[-1] > a.strides[-2], b.strides[-1] > b.strides[-2])  # fmt: skip
+
+
+def _matmul_work(args: list) -> int:
+    """Multiply-adds: output elements times the inner dim."""
+    a, b = args
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return math.prod(batch) * a.shape[-2] * b.shape[-1] * a.shape[-1]
+
+
+def _matmul_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+    from ember.backends.fusion import numba_gemm
+
+    return numba_gemm.matmul(*args, threads=threads, empty=empty)
+
+
 NDARRAY_KERNELS = {
     k.name: k
     for k in (
@@ -137,6 +165,7 @@ NDARRAY_KERNELS = {
                  _pool_work, _max_pool_run),
         OpKernel("avg_pool2d", _pool_supports, _pool_key("avg_pool2d"), _pool_work,
                  _avg_pool_run),
+        OpKernel("float_matmul", _matmul_supports, _matmul_key, _matmul_work, _matmul_run),
     )
 }
 """The compiled candidates of NdArray's ops, by primitive name."""

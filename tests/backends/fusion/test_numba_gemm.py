@@ -1,0 +1,155 @@
+"""The numba GEMM (``numba_gemm``) against NumPy in float64, and its op kernel entry through
+a ``fusion(ndarray)`` device with the numba runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor
+from ember.backend.errors import UnsupportedError
+from ember.backends.fusion import autotune, op_kernels, reset_stats, stats
+
+gemm = pytest.importorskip("ember.backends.fusion.numba_gemm")
+pytest.importorskip("numba")
+
+DTYPES = [np.float32, np.float64]
+
+
+def _check(a: np.ndarray, b: np.ndarray, threads: int = 1) -> None:
+    got = gemm.matmul(a, b, threads=threads)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert got.dtype == a.dtype and got.shape == want.shape and got.flags.c_contiguous
+    tol = 1e-5 if a.dtype == np.float32 else 1e-12
+    scale = np.sqrt(a.shape[-1]) * max(1.0, np.abs(a).max() * np.abs(b).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_random_shapes_match_numpy(dtype):
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        # Sizes around the tile (4 rows, 32 or 64 columns): edges, single rows, and as few
+        # columns as it takes (a quarter tile, 16 or 8).
+        m, k = (int(rng.choice([1, 2, 3, 4, 5, 7, 33, 64, 65, 130])) for _ in range(2))
+        n = int(rng.choice([gemm.NR[np.dtype(dtype)] // 4, 17, 33, 64, 65, 130]))
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        _check(a, b, threads=int(rng.integers(1, 4)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_and_strided_inputs(dtype):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((70, 90)).astype(dtype)
+    y = rng.standard_normal((90, 40)).astype(dtype)
+    _check(x.T[:33], x[:, 3:70])  # transposed lhs [33, 70] @ a column slice [70, 67]
+    _check(x[::2, ::3], y[::3, ::2][:30])  # steps in both dims of both
+    _check(x[:40, :90], np.ascontiguousarray(y.T).T)  # a weight stored [N, K], used as [K, N]
+    batched = rng.standard_normal((3, 20, 50)).astype(dtype)
+    _check(batched, batched.swapaxes(1, 2))  # q @ k^T, as attention does
+    readonly = x[:40].copy()
+    readonly.flags.writeable = False  # as Tensor.from_data may hold it
+    _check(readonly, y)
+    _check(y.T, readonly.T[:, :17])
+    raw = np.zeros(40 * 90 * np.dtype(dtype).itemsize + 1, np.uint8)
+    unaligned = raw[1:].view(dtype).reshape(40, 90)  # a C-contiguous array off alignment
+    unaligned[...] = x[:40]
+    assert not unaligned.flags.aligned
+    _check(unaligned, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_dims_broadcast_like_numpy(dtype):
+    rng = np.random.default_rng(2)
+    cases = [((2, 1, 5, 7), (3, 7, 19)), ((5, 7), (4, 7, 33)), ((4, 5, 7), (7, 16)),
+             ((1, 6, 65), (2, 65, 66)), ((2, 3, 1, 4), (2, 3, 4, 70))]  # fmt: skip
+    for sa, sb in cases:
+        _check(rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype), 2)
+
+
+def test_parts_split_the_tasks_without_changing_a_bit():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 150, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 200)).astype(np.float32)
+    one = gemm.matmul(a, b, threads=1)
+    for threads in (2, 3, 7):
+        np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
+
+
+def test_inputs_are_not_written_and_output_comes_from_empty():
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((9, 10)).astype(np.float32)
+    b = rng.standard_normal((10, 21)).astype(np.float32)
+    a0, b0 = a.copy(), b.copy()
+    made = []
+
+    def empty(shape, dtype):
+        made.append(np.full(shape, np.nan, dtype))
+        return made[-1]
+
+    out = gemm.matmul(a, b, threads=1, empty=empty)
+    assert out is made[0]
+    # Every element written (9 rows: the last tile holds one; 21 columns: a third of one).
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(a, a0)
+    np.testing.assert_array_equal(b, b0)
+
+
+def test_supports_refuses_what_ndarray_must_run():
+    a = np.ones((3, 4), np.float32)
+    b = np.ones((4, 16), np.float32)
+    assert gemm.supports(a, b) and gemm.supports(a.astype(np.float64), b.astype(np.float64))
+    refused = [
+        (a.astype(np.float16), b.astype(np.float16)),  # low precision: NdArray's f32 path
+        (a.astype(np.int64), b.astype(np.int64)),
+        (a, b.astype(np.float64)),  # mixed dtypes
+        (a, np.ones((5, 16), np.float32)),  # inner dims differ
+        (np.ones((0, 4), np.float32), b),  # empty
+        (np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32)),  # batch 2 vs 3
+        (np.ones(4, np.float32), b),  # rank 1
+        (np.ones((3, 4), np.float32), np.ones((4, 15), np.float32)),  # under a quarter tile
+        (np.ones((3, 4)), np.ones((4, 7))),
+    ]
+    for x, y in refused:
+        assert not gemm.supports(x, y)
+        with pytest.raises(UnsupportedError):
+            gemm.matmul(x, y)
+
+
+def test_op_kernel_entry_names_work_and_key():
+    kernel = op_kernels.NDARRAY_KERNELS["float_matmul"]
+    a = np.ones((2, 3, 5, 7), np.float32)
+    b = np.ones((7, 20), np.float32)
+    assert kernel.supports([a, b])
+    assert not kernel.supports([a.astype(np.int32), b.astype(np.int32)])
+    assert kernel.work([a, b]) == 2 * 3 * 5 * 20 * 7
+    assert kernel.key([a, b]) != kernel.key([a, np.ones((20, 7), np.float32).T])
+    np.testing.assert_array_equal(kernel.run([a, b], 1), np.matmul(a, b))
+
+
+def _encoder_products(device, x, w, q, k):
+    """A linear layer's product and attention's scores, as ember's Linear and
+    MultiHeadAttention compute them (``x @ w``, ``q @ k^T``)."""
+    xt = Tensor.from_data(x, device)
+    wt = Tensor.from_data(w, device)
+    scores = Tensor.from_data(q, device).matmul(Tensor.from_data(k, device).swap_dims(2, 3))
+    return [xt.matmul(wt).to_numpy(), scores.to_numpy()]
+
+
+def test_fusion_device_runs_the_numba_matmul():
+    rng = np.random.default_rng(5)
+    # Large enough to be tuned (autotune: at least numba_runtime.PARALLEL_MIN multiply-adds).
+    x = rng.standard_normal((130, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    q = rng.standard_normal((2, 3, 40, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 40, 16)).astype(np.float32)
+    want = _encoder_products(ember.device("ndarray"), x, w, q, k)
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    reset_stats()
+    with autotune.forcing(autotune.Choice("fused", 1)):
+        got = _encoder_products(fused, x, w, q, k)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
+    assert stats()["op_kernels"] == 2
