@@ -678,6 +678,20 @@ def test_run_parts_workers_take_parts_while_the_caller_is_busy():
     assert any(name.startswith("ember-fusion") for _, _, _, name in log)
 
 
+@pytest.mark.parametrize("eventfd", [True, False])
+def test_workers_over_eventfds_and_over_pipes(monkeypatch, eventfd):
+    if not eventfd:
+        monkeypatch.delattr(os, "eventfd", raising=False)
+    elif not hasattr(os, "eventfd"):
+        pytest.skip("no eventfd here")
+    workers = nr._Workers(2)
+    for parts in (2, 3, 9):
+        log = []
+        workers.run(_recording_kernel(log, slow_part=0, wait_for_worker=True), ["p"], parts)
+        assert sorted(p for _, p, _, _ in log) == list(range(parts))
+        assert any(name.startswith("ember-fusion") for _, _, _, name in log)
+
+
 def test_run_parts_raises_a_workers_error_after_all_parts_end():
     log = []
     with pytest.raises(ZeroDivisionError, match="part 2"):
