@@ -14,7 +14,8 @@ kernels alone), side by side in one run, at each ``--threads`` count:
   ``fusion(ndarray)``, ``ndarray`` and PyTorch eager.
 
 Each cell is the median milliseconds of one call (recording, running at ``sync``, freeing
-the result). Then: the first call of each workload in a fresh process with an empty kernel
+the result); at one thread the GELU row also gives its ratio to the copy in CPU time of the
+calling thread, which a busy machine hardly moves. Then: the first call of each workload in a fresh process with an empty kernel
 cache (``EMBER_FUSION_CACHE``), and again in another fresh process over the warmed
 folder; and the peak memory of one GELU call above what the process held before it
 (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``).
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +73,20 @@ def workloads(device):
         "softmax": run(lambda t: activation.softmax(t, 1), rows),
         "layer_norm": run(norm, rows),
     }
+
+
+def median_thread_seconds(fn, repeat: int, calls: int = 5) -> float:
+    """Median CPU seconds of the calling thread per call of ``fn`` (``calls`` calls per
+    sample, after a warm-up): on a busy machine far steadier than wall time, and the whole
+    cost of a one-thread run."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        samples.append((time.thread_time() - start) / calls)
+    return statistics.median(samples)
 
 
 def _first_calls() -> dict[str, float]:
@@ -174,6 +190,12 @@ def main() -> None:
         # pin_threads set EMBER_FUSION_THREADS, which the runtimes read once: set each row's.
         runtime_named("numba").threads = kernel_runtime.threads = threads
         ms = {k: median_seconds(fn, args.repeat) * 1e3 for k, fn in peers.items() if fn}
+        # One thread does all the work of a one-thread row: its CPU time, unlike wall time,
+        # hardly moves with the machine's load (the GELU target is a ratio to the copy).
+        cpu = {}
+        if threads == 1:
+            cpu = {impl: median_thread_seconds(peers[("gelu", impl)], args.repeat)
+                   for impl in ("fusion(ndarray)", "copy into reused")}  # fmt: skip
         for (work, impl), t in ms.items():
             eager, plain = ms[(work, "torch eager")], ms[(work, "ndarray")]
             notes = []
@@ -182,6 +204,9 @@ def main() -> None:
             if impl == "fusion(ndarray)" and work == "gelu":
                 notes.append(f"{t / ms[(work, 'copy into reused')]:.2f}x copy")
                 notes.append(f"{t / ms[(work, 'fused kernel alone')]:.2f}x kernel alone")
+                if cpu:
+                    ratio = cpu["fusion(ndarray)"] / cpu["copy into reused"]
+                    notes.append(f"{ratio:.2f}x copy in thread CPU time")
             table.append([str(threads), work, impl, f"{t:.2f}", f"{t / eager:.2f}x",
                           f"{t / plain:.2f}x", ", ".join(notes)])  # fmt: skip
     print(f"numpy={np.__version__}  torch={torch.__version__}  numba={numba.__version__}  "

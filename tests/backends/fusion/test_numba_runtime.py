@@ -12,6 +12,8 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -637,6 +639,80 @@ def test_runs_leave_numbas_thread_pool_alone(runtime):
     runtime.run(gelu_block(x.shape), [x], threads=2)
     with pytest.raises(ValueError):  # numba's parallel pool never started
         nr.numba.threading_layer()
+
+
+def _recording_kernel(log, slow_part=None, failing_part=None, wait_for_worker=False):
+    """A stand-in kernel: records (tag, part, parts, thread name); one part may sleep, or
+    wait until a worker thread ran a part, and one may raise."""
+    worker_ran = threading.Event()
+
+    def kernel(tag, part, parts):
+        if part == slow_part:
+            if wait_for_worker:
+                assert worker_ran.wait(10), "no worker thread took a part"
+            else:
+                time.sleep(0.02)
+        log.append((tag, part, parts, threading.current_thread().name))
+        if threading.current_thread() is not threading.main_thread():
+            worker_ran.set()
+        if part == failing_part:
+            raise ZeroDivisionError(f"part {part}")
+
+    return kernel
+
+
+@pytest.mark.parametrize("slow_part", [None, 0, 3])
+def test_run_parts_runs_every_part_once_part_0_on_the_caller(slow_part):
+    log = []
+    nr._run_parts(_recording_kernel(log, slow_part), ["a"], 7)
+    assert sorted(p for _, p, _, _ in log) == list(range(7))
+    assert {(t, n) for t, _, n, _ in log} == {("a", 7)}
+    assert [name for _, p, _, name in log if p == 0] == [threading.current_thread().name]
+
+
+@pytest.mark.skipif(nr._MAX_THREADS < 2, reason="one core: no worker threads")
+def test_run_parts_workers_take_parts_while_the_caller_is_busy():
+    log = []
+    nr._run_parts(_recording_kernel(log, slow_part=0, wait_for_worker=True), ["w"], 4)
+    assert sorted(p for _, p, _, _ in log) == [0, 1, 2, 3]
+    assert any(name.startswith("ember-fusion") for _, _, _, name in log)
+
+
+@pytest.mark.parametrize("eventfd", [True, False])
+def test_workers_over_eventfds_and_over_pipes(monkeypatch, eventfd):
+    if not eventfd:
+        monkeypatch.delattr(os, "eventfd", raising=False)
+    elif not hasattr(os, "eventfd"):
+        pytest.skip("no eventfd here")
+    workers = nr._Workers(2)
+    for parts in (2, 3, 9):
+        log = []
+        workers.run(_recording_kernel(log, slow_part=0, wait_for_worker=True), ["p"], parts)
+        assert sorted(p for _, p, _, _ in log) == list(range(parts))
+        assert any(name.startswith("ember-fusion") for _, _, _, name in log)
+
+
+def test_run_parts_raises_a_workers_error_after_all_parts_end():
+    log = []
+    with pytest.raises(ZeroDivisionError, match="part 2"):
+        nr._run_parts(_recording_kernel(log, slow_part=0, failing_part=2), ["b"], 4)
+    assert sorted(p for _, p, _, _ in log) == [0, 1, 2, 3]
+    log.clear()  # the workers are left in order for the next launch
+    nr._run_parts(_recording_kernel(log), ["c"], 3)
+    assert sorted(p for _, p, _, _ in log) == [0, 1, 2]
+
+
+def test_run_parts_from_several_threads_at_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    log = []
+
+    def launch(tag):
+        nr._run_parts(_recording_kernel(log, slow_part=1), [tag], 5)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(launch, range(8)))
+    assert sorted((t, p) for t, p, _, _ in log) == [(t, p) for t in range(8) for p in range(5)]
 
 
 def test_sizes_are_not_part_of_the_key(runtime):

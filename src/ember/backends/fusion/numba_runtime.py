@@ -26,20 +26,21 @@ raised to a negative power): the unfused ops then raise NumPy's own error.
 **Threads.** Each run uses ``threads`` when the run names it; otherwise one thread below
 :data:`PARALLEL_MIN` elements, and above it the runtime's count (its argument, else
 ``EMBER_FUSION_THREADS``, else ``NUMBA_NUM_THREADS``: every core by default). The calling
-thread runs one part of the kernel's tasks and worker threads of the process the others;
-numba's own thread pool and thread count are not used.
+thread runs the first part of the kernel's tasks, and the others are claimed by worker
+threads of the process, or by the calling thread itself when it is done before a worker
+woke (see ``_Workers``); numba's own thread pool and thread count are not used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import math
 import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,16 +261,129 @@ class NumbaRuntime:
 
 
 _MAX_THREADS = os.cpu_count() or 1
-_workers: ThreadPoolExecutor | None = None
+
+
+class _Job:
+    """One launch: its kernel and arguments, the counter its parts are claimed from, and
+    the errors of parts that workers ran."""
+
+    __slots__ = ("args", "claims", "errors", "kernel", "parts")
+
+    def __init__(self, kernel, args: list, parts: int) -> None:
+        self.kernel, self.args, self.parts = kernel, args, parts
+        self.claims = itertools.count()  # next() is atomic under the GIL
+        self.errors: list[BaseException] = []
+
+    def claim(self) -> int | None:
+        """An unclaimed part, or None when every part is taken."""
+        part = next(self.claims)
+        return part if part < self.parts else None
+
+
+class _Count:
+    """A count one thread adds to and another takes from, blocking in a system call that
+    releases the GIL: an eventfd where the OS has one, else a pipe (a byte per unit). A
+    pipe's writer wakes the reader as a "sync" wake-up, which Linux may answer by queueing
+    the reader on the writer's own core, where the writer keeps running its part; an
+    eventfd's wake-up carries no such hint."""
+
+    def __init__(self, one_at_a_time: bool) -> None:
+        self._eventfd = hasattr(os, "eventfd")
+        if self._eventfd:
+            self._fd = os.eventfd(0, os.EFD_SEMAPHORE if one_at_a_time else 0)
+        else:  # platforms without eventfd
+            self._read, self._write = os.pipe()
+
+    def add(self, n: int) -> None:
+        if self._eventfd:
+            os.eventfd_write(self._fd, n)
+        else:
+            os.write(self._write, b"x" * n)
+
+    def take(self, most: int) -> int:
+        """Waits until the count is above 0, then takes from it: 1 when made
+        ``one_at_a_time`` (each waiter wakes for one unit), else all of it (at most
+        ``most`` from a pipe)."""
+        if self._eventfd:
+            return os.eventfd_read(self._fd)
+        return len(os.read(self._read, most))
+
+
+class _Workers:
+    """Persistent worker threads that run parts of kernels beside the calling thread.
+
+    The parts of a launch are claimed from a shared counter, the caller's part 0 first, so
+    a part nobody has claimed when the caller is done runs on the caller: a worker that a
+    loaded machine wakes late costs nothing but the part it took. Workers sleep on a
+    :class:`_Count` (no spinning beside BLAS threads) and report each part they ran on
+    another. Measured on 2 cores: a launch round trip of about 5 us, where a
+    ``ThreadPoolExecutor`` (condition variables) took 17-18 us and a pair of locks 11 us.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._wake = _Count(one_at_a_time=True)
+        self._done = _Count(one_at_a_time=False)
+        self._job: _Job | None = None
+        self.busy = threading.Lock()  # one launch at a time uses the workers
+        for i in range(count):
+            threading.Thread(target=self._serve, name=f"ember-fusion-{i}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._wake.take(1)
+            job = self._job  # None, or a later job, when woken late: harmless either way
+            while job is not None and (part := job.claim()) is not None:
+                try:
+                    job.kernel(*job.args, part, job.parts)
+                except BaseException as error:  # the caller raises it
+                    job.errors.append(error)
+                self._done.add(1)
+
+    def run(self, kernel, args: list, parts: int) -> None:
+        job = _Job(kernel, args, parts)
+        job.claim()  # part 0 is the caller's
+        self._job = job
+        if self.count:
+            self._wake.add(min(parts - 1, self.count))
+        mine = 1  # parts the caller claimed
+        try:
+            kernel(*args, 0, parts)
+            while (part := job.claim()) is not None:
+                mine += 1
+                kernel(*args, part, parts)
+        finally:
+            while job.claim() is not None:  # after an error: leave the workers nothing new
+                mine += 1
+            waiting = parts - mine  # the workers' parts: each reports 1
+            while waiting > 0:
+                waiting -= self._done.take(waiting)
+            self._job = None
+        if job.errors:
+            raise job.errors[0]
+
+
+_workers: _Workers | None = None
 _workers_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # A forked child has none of the parent's threads: it starts its own when it needs them.
+    global _workers, _workers_lock
+    _workers, _workers_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _run_parts(kernel, args: list, parts: int) -> None:
     """Runs ``kernel`` over ``parts`` slices of its tasks: part 0 on the calling thread,
-    the others on the runtime's worker threads (kernels release the GIL). Idle workers
-    sleep on a queue: a worker spinning between kernels would take a core from BLAS
-    threads, which spin too (measured: 26 times slower steps on 2 cores with numba's
-    OpenMP pool)."""
+    the others on whichever of the calling thread and the runtime's worker threads claims
+    them first (kernels release the GIL). Idle workers sleep in a blocking read: a worker
+    spinning between kernels would take a core from BLAS threads, which spin too
+    (measured: 26 times slower steps on 2 cores with numba's OpenMP pool). A second
+    thread launching while the workers are busy runs all its parts itself."""
     if parts == 1:
         kernel(*args, 0, 1)
         return
@@ -277,13 +391,16 @@ def _run_parts(kernel, args: list, parts: int) -> None:
     if _workers is None:
         with _workers_lock:
             if _workers is None:
-                _workers = ThreadPoolExecutor(_MAX_THREADS - 1, "ember-fusion")
-    others = [_workers.submit(kernel, *args, part, parts) for part in range(1, parts)]
+                _workers = _Workers(_MAX_THREADS - 1)
+    workers = _workers
+    if not workers.busy.acquire(blocking=False):
+        for part in range(parts):
+            kernel(*args, part, parts)
+        return
     try:
-        kernel(*args, 0, parts)
+        workers.run(kernel, args, parts)
     finally:
-        for other in others:
-            other.result()
+        workers.busy.release()
 
 
 def _writes_safely(block: ir.Block, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> bool:
