@@ -125,7 +125,9 @@ def _worker_main(setup: _WorkerSetup, tasks: Connection, results: Connection) ->
             chunks = (order, order.chunks(size))
         indices = chunks[1][batch]
         sent += 1
-        results.send_bytes(pickle.dumps(_make(setup, token, batch, indices, f"{setup.worker}-{sent}")))
+        results.send_bytes(
+            pickle.dumps(_make(setup, token, batch, indices, f"{setup.worker}-{sent}"))
+        )
 
 
 def _make(setup: _WorkerSetup, token: int, batch: int, indices: np.ndarray, name: str) -> tuple:
@@ -235,13 +237,19 @@ class ProcessWorkers:
                     worker.tasks.send((token, sent, order))
                     worker.pending.append((token, sent, chunks[sent]))
                     sent += 1
+                deadline = None if self.timeout is None else time.monotonic() + self.timeout
                 while batch not in arrived:
-                    self._receive(token, arrived, self.workers[batch % count], batch, chunks[batch])
+                    self._receive(token, arrived, self.workers[batch % count], batch, chunks[batch],
+                                  deadline)  # fmt: skip
                 if self._token != token:
                     raise DataLoaderWorkerError(
                         "this DataLoader iteration was superseded by a newer one over the same "
                         "persistent workers; iterate one epoch at a time",
-                        worker=batch % count, pid=None, batch=batch, indices=chunks[batch])
+                        worker=batch % count,
+                        pid=None,
+                        batch=batch,
+                        indices=chunks[batch],
+                    )
                 yield unpack(arrived.pop(batch), self.folder, self.host, self.device)
         except BaseException:
             self.close()  # a failed or interrupted pool is not reused
@@ -257,13 +265,14 @@ class ProcessWorkers:
                 raise self._death(worker)
 
     def _receive(self, token: int, arrived: dict[int, SharedBatch], waited: _Worker,
-                 batch: int, indices: np.ndarray) -> None:  # fmt: skip
+                 batch: int, indices: np.ndarray, deadline: float | None) -> None:  # fmt: skip
         """Takes whatever the workers sent (or notices a dead one) while waiting for ``batch``."""
         by_handle = {}
         for worker in self.workers:
             by_handle[worker.results] = worker
             by_handle[worker.process.sentinel] = worker
-        ready = wait(list(by_handle), self.timeout)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait(list(by_handle), left)
         if not ready:
             raise DataLoaderWorkerError(
                 f"DataLoader worker {waited.number} (pid {waited.process.pid}) did not deliver "
@@ -319,7 +328,12 @@ class ProcessWorkers:
             batch, indices, where = None, (), "between batches"
         return DataLoaderWorkerError(
             f"DataLoader worker {worker.number} (pid {worker.process.pid}) {how} {where}",
-            worker=worker.number, pid=worker.process.pid, batch=batch, indices=indices, cause=how)
+            worker=worker.number,
+            pid=worker.process.pid,
+            batch=batch,
+            indices=indices,
+            cause=how,
+        )
 
 
 def _shut_down(workers: list[_Worker], folder: SegmentFolder) -> None:
