@@ -300,8 +300,38 @@ def test_leaving_an_epoch_early_frees_its_batches_and_the_next_epoch_is_whole():
         for batch in loader:
             assert as_plain(batch) == want[0]
             break
+        pids = [w.process.pid for w in loader._pool.workers]
         assert [as_plain(b) for b in loader] == want
+        assert [w.process.pid for w in loader._pool.workers] == pids  # the same workers
         assert os.listdir(segment_folders()[0]) == []  # the abandoned batches were freed
+
+
+def test_a_newer_iteration_supersedes_an_older_one_over_persistent_workers():
+    want = [as_plain(b) for b in build(n=20, batch_size=2)]
+    with build(n=20, batch_size=2, workers=2, kind="process", persistent=True) as loader:
+        older = iter(loader)
+        assert as_plain(next(older)) == want[0]
+        newer = iter(loader)
+        assert as_plain(next(newer)) == want[0]
+        with pytest.raises(DataLoaderWorkerError, match="superseded by a newer one"):
+            next(older)
+        assert [as_plain(b) for b in newer] == want[1:]  # the newer one lost nothing
+
+
+def test_a_persistent_worker_that_died_between_epochs_is_reported_then_replaced():
+    with build(n=12, workers=2, kind="process", persistent=True) as loader:
+        list(loader)
+        victim = loader._pool.workers[0].process
+        pid = victim.pid
+        os.kill(pid, signal.SIGKILL)
+        victim.join(10)
+        with pytest.raises(DataLoaderWorkerError) as error:
+            list(loader)
+        assert f"worker 0 (pid {pid}) was killed by signal SIGKILL between batches" in str(
+            error.value
+        )
+        assert (error.value.batch, error.value.indices) == (None, ())
+        assert len(list(loader)) == 3  # the next epoch starts new workers
 
 
 LOADER_SCRIPT = """

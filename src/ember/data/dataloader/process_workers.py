@@ -198,7 +198,7 @@ class ProcessWorkers:
             try:
                 process.start()
             except Exception as error:  # spawn / forkserver: the dataset or batcher did not pickle
-                _shut_down(self.workers, self.folder)
+                _shut_down(self.workers, self.folder, os.getpid())
                 raise DataLoaderWorkerError(
                     f"DataLoader worker {number} could not start with start method "
                     f"{start_method!r} (the dataset and the batcher are pickled to it): "
@@ -208,7 +208,9 @@ class ProcessWorkers:
                 task_out.close()  # the worker's ends: only the worker holds them now
                 result_in.close()
             self.workers.append(_Worker(number, process, task_in, result_out))
-        self._finalizer = weakref.finalize(self, _shut_down, list(self.workers), self.folder)
+        self._finalizer = weakref.finalize(
+            self, _shut_down, list(self.workers), self.folder, os.getpid()
+        )
 
     @property
     def closed(self) -> bool:
@@ -230,8 +232,12 @@ class ProcessWorkers:
         count = len(self.workers)
         arrived: dict[int, SharedBatch] = {}
         sent = 0
+        superseded = None
         try:
             for batch in range(len(chunks)):
+                if self._token != token:  # a newer run() took the workers over
+                    superseded = batch
+                    break
                 while sent < len(chunks) and sent < batch + PREFETCH_PER_WORKER * count:
                     worker = self.workers[sent % count]
                     worker.tasks.send((token, sent, order))
@@ -239,32 +245,35 @@ class ProcessWorkers:
                     sent += 1
                 deadline = None if self.timeout is None else time.monotonic() + self.timeout
                 while batch not in arrived:
-                    self._receive(token, arrived, self.workers[batch % count], batch, chunks[batch],
+                    self._receive(arrived, self.workers[batch % count], batch, chunks[batch],
                                   deadline)  # fmt: skip
-                if self._token != token:
-                    raise DataLoaderWorkerError(
-                        "this DataLoader iteration was superseded by a newer one over the same "
-                        "persistent workers; iterate one epoch at a time",
-                        worker=batch % count,
-                        pid=None,
-                        batch=batch,
-                        indices=chunks[batch],
-                    )
                 yield unpack(arrived.pop(batch), self.folder, self.host, self.device)
+        except GeneratorExit:
+            raise  # left early: the batches still to come are dropped as they arrive
         except BaseException:
-            self.close()  # a failed or interrupted pool is not reused
+            self.close()  # a failure, or an interrupt in the middle of a message: not reused
             raise
         finally:
             for shared in arrived.values():
                 discard(shared, self.folder)
+        if superseded is not None:
+            raise DataLoaderWorkerError(
+                f"this iteration of the DataLoader (at batch {superseded}) was superseded by a "
+                "newer one over the same persistent workers: iterate one epoch at a time",
+                worker=superseded % count,
+                pid=None,
+                batch=superseded,
+                indices=chunks[superseded],
+            )
 
     def _check_alive(self) -> None:
         for worker in self.workers:
             if not worker.process.is_alive():
+                error = self._death(worker)
                 self.close()
-                raise self._death(worker)
+                raise error
 
-    def _receive(self, token: int, arrived: dict[int, SharedBatch], waited: _Worker,
+    def _receive(self, arrived: dict[int, SharedBatch], waited: _Worker,
                  batch: int, indices: np.ndarray, deadline: float | None) -> None:  # fmt: skip
         """Takes whatever the workers sent (or notices a dead one) while waiting for ``batch``."""
         by_handle = {}
@@ -282,15 +291,15 @@ class ProcessWorkers:
         for handle in ready:
             worker = by_handle[handle]
             if handle is worker.results:
-                self._take(worker, token, arrived)
+                self._take(worker, arrived)
         for handle in ready:
             worker = by_handle[handle]
             if handle is worker.process.sentinel:
                 while worker.results.poll():  # what it sent before it ended comes first
-                    self._take(worker, token, arrived)
+                    self._take(worker, arrived)
                 raise self._death(worker)
 
-    def _take(self, worker: _Worker, token: int, arrived: dict[int, SharedBatch]) -> None:
+    def _take(self, worker: _Worker, arrived: dict[int, SharedBatch]) -> None:
         """Reads one message of ``worker``: a batch of this epoch is kept, an older one freed."""
         try:
             message = pickle.loads(worker.results.recv_bytes())
@@ -298,7 +307,7 @@ class ProcessWorkers:
             raise self._death(worker) from None  # it ended in the middle of a message
         _, _, indices = worker.pending.popleft()  # a worker answers its tasks in order
         status, message_token, batch = message[:3]
-        if message_token != token:  # a batch of an abandoned epoch
+        if message_token != self._token:  # a batch of an abandoned epoch
             if status == "ok":
                 discard(message[3], self.folder)
             return
@@ -336,8 +345,14 @@ class ProcessWorkers:
         )
 
 
-def _shut_down(workers: list[_Worker], folder: SegmentFolder) -> None:
-    """Stops ``workers`` (asked first, killed after a grace period) and removes ``folder``."""
+def _shut_down(workers: list[_Worker], folder: SegmentFolder, owner: int) -> None:
+    """Stops ``workers`` (asked first, killed after a grace period) and removes ``folder``.
+
+    Only in the process ``owner`` that started them: a forked worker inherits the pools of
+    its parent, and must not stop them should its garbage collector finalize one.
+    """
+    if os.getpid() != owner:
+        return
     for worker in workers:
         with contextlib.suppress(OSError, ValueError):
             worker.tasks.send(None)
