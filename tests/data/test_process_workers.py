@@ -174,11 +174,16 @@ def test_split_parts_from_processes_match_the_unsplit_order():
     processes.close()
 
 
-def test_spawned_workers_give_the_same_batches():
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_spawned_workers_give_the_same_batches_and_stay_while_idle(start_method):
     want = [as_plain(b) for b in build(n=10)]
-    with build(n=10, workers=1, kind="process", start_method="spawn") as loader:
-        outcome = bounded(lambda: [as_plain(b) for b in loader], seconds=60)
-    assert outcome["value"] == want
+    loader = build(n=10, workers=1, kind="process", start_method=start_method, persistent=True)
+    with loader:
+        assert bounded(lambda: [as_plain(b) for b in loader], seconds=60)["value"] == want
+        pid = loader._pool.workers[0].process.pid
+        time.sleep(1.2)  # idle workers look for their loader process every half second
+        assert [as_plain(b) for b in loader] == want
+        assert loader._pool.workers[0].process.pid == pid
 
 
 # ---------------------------------------------------------------------------- the tensors

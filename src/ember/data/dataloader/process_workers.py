@@ -92,7 +92,8 @@ class _WorkerSetup:
     batcher: Batcher
     device: Device
     folder: SegmentFolder
-    parent: int
+    loader: int  # the loader process's id
+    start_method: str
     seed: int
 
 
@@ -105,12 +106,17 @@ def _worker_main(setup: _WorkerSetup, tasks: Connection, results: Connection) ->
     random.seed(setup.seed)
     np.random.seed(setup.seed % 2**32)
     setup.device.seed(setup.seed)
+    # The parent is the loader process, or the fork server under forkserver (which ends
+    # with the loader process); either way a new parent means the loader is gone.
+    parent = os.getppid()
+    if setup.start_method != "forkserver" and parent != setup.loader:
+        parent = -1  # the loader ended before this worker started
     size = len(setup.dataset)
     chunks: tuple[EpochOrder | None, list[np.ndarray]] = (None, [])
     sent = 0
     while True:
         if not tasks.poll(PARENT_CHECK_SECONDS):
-            if os.getppid() != setup.parent:  # the loader process is gone: leave nothing
+            if os.getppid() != parent:  # the loader process is gone: leave nothing behind
                 setup.folder.remove()
                 return
             continue
@@ -192,12 +198,14 @@ class ProcessWorkers:
             task_out, task_in = context.Pipe(duplex=False)
             result_out, result_in = context.Pipe(duplex=False)
             setup = _WorkerSetup(number, dataset, batcher, self.host, self.folder,
-                                 os.getpid(), seed + number)  # fmt: skip
+                                 os.getpid(), start_method, seed + number)  # fmt: skip
             process = context.Process(target=_worker_main, args=(setup, task_out, result_in),
                                       name=f"ember-data-{number}", daemon=True)  # fmt: skip
             try:
                 process.start()
             except Exception as error:  # spawn / forkserver: the dataset or batcher did not pickle
+                task_in.close()
+                result_out.close()
                 _shut_down(self.workers, self.folder, os.getpid())
                 raise DataLoaderWorkerError(
                     f"DataLoader worker {number} could not start with start method "
