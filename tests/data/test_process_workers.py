@@ -199,9 +199,24 @@ def test_tensors_wrap_shared_memory_without_a_copy_on_ndarray():
         base = base.base
     assert isinstance(base, mmap.mmap)  # a view of the segment, not a copy
     assert isinstance(evens, np.ndarray) and evens.flags.writeable
+    # The segment's file went at once, the folder with the loader; the mapping stays,
+    # valid, while a view of it lives, and goes with the last one.
+    assert segment_folders() == [] and mapped_segments() == 1
+    gc.collect()
+    want = (
+        np.arange(6, dtype=np.float32).reshape(2, 3)
+        + np.array(record.meta["indices"])[:, None, None]
+    )
+    np.testing.assert_array_equal(record.images.to_numpy(), want)
     del record, evens, array, base
-    # The segment's file went at once; the memory goes with the last view.
-    assert segment_folders() == []
+    gc.collect()
+    assert mapped_segments() == 0
+
+
+def mapped_segments() -> int:
+    """How many shared segments of this process's loaders are mapped in it."""
+    with open("/proc/self/maps") as maps:
+        return sum(f"/ember-loader-{os.getpid()}-" in line for line in maps)
 
 
 @pytest.mark.parametrize("name", ["autodiff", "torch"])

@@ -11,17 +11,20 @@ order, with at most ``2 * n`` batches in flight; each worker computes the epoch'
 from the same :class:`~ember.data.dataloader.epoch_order.EpochOrder` value, so the
 batches are those of thread workers and of no worker at all.
 
-Start method. ``fork`` where the platform has it (Linux; what PyTorch uses there): the
-workers start at once and nothing has to be picklable. A fork copies only the thread
-that calls it; the workers make batches on NdArray (NumPy) and never use the parent's
-numba or torch thread pools, and a worker sets torch to one thread if torch was imported
-(torch re-creates its pool after a fork). A dataset that holds OS resources reopens
-them in the worker (ember's SQLite dataset does so by process id). ``spawn`` and
-``forkserver`` work as well when the dataset and the batcher pickle (they are sent to
-each worker); they cost a fresh interpreter per worker (a second or so with ember
-imported), so use them with persistent workers. Choose them where the parent holds
-something a fork must not copy (a CUDA context used by the dataset, threads holding
-locks the dataset needs).
+Start method. ``fork`` where the platform has it (Linux; what PyTorch uses there): a
+worker starts in milliseconds and nothing has to be picklable. A fork copies only the
+thread that calls it, so the thread pools the parent started (torch's, the Fusion
+runtime's, numba's) are not there in a worker. Workers make batches on NdArray (NumPy)
+and need none of them; a dataset or batcher that runs torch ops still works (torch makes
+a new pool after a fork; workers set it to one thread), but one that runs a Fusion
+device or numba parallel kernels needs ``spawn`` or ``forkserver`` (numba's GNU OpenMP
+layer ends a forked child that uses it: the loader reports that worker killed by
+SIGTERM). The same holds for a lock another thread held at the fork, and for a CUDA
+context. A dataset that holds OS resources reopens them in the worker (ember's SQLite
+dataset does so by process id). ``spawn`` and ``forkserver`` work whenever the dataset
+and the batcher pickle (they are sent to each worker, and the main module must be
+import-safe, behind ``if __name__ == "__main__":``); they cost a fresh interpreter per
+worker (about 0.7 s with ember imported), so use them with persistent workers.
 
 Failures. A worker whose dataset or batcher raises sends the error back (type, text and
 traceback); a worker that dies (``os._exit``, a signal, a segfault) is seen at once
@@ -152,6 +155,8 @@ def _make(setup: _WorkerSetup, token: int, batch: int, indices: np.ndarray, name
     except Exception as error:  # every error goes back to the loader, typed there
         if item is not None:
             stage = f"dataset[{item}] raised"
+        elif stage.startswith("the batch could not") and isinstance(error, OSError):
+            stage = f"the batch could not be written to shared memory in {setup.folder.path}"
         text = f"{type(error).__name__}: {error}"
         return ("error", token, batch, item, stage, text, traceback.format_exc())
 
