@@ -340,7 +340,10 @@ class ProcessWorkers:
         worker.process.join(STOP_GRACE_SECONDS)
         code = worker.process.exitcode
         if code is not None and code < 0:
-            how = f"was killed by signal {signal.Signals(-code).name}"
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:  # a real-time or otherwise unnamed signal
+                how = f"was killed by signal {-code}"
         else:
             how = f"exited with code {code}"
         if worker.pending:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import mmap
 import os
 import pickle
@@ -161,7 +162,7 @@ class _SkeletonUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         what, index = pid
         slot = self.shared.slots[index]
-        if self.mapping is None or int(np.prod(slot.shape)) == 0:
+        if self.mapping is None or math.prod(slot.shape) == 0:
             array = np.empty(slot.shape, slot.dtype)
         else:
             array = np.ndarray(slot.shape, slot.dtype, buffer=self.mapping, offset=slot.offset)
