@@ -252,9 +252,8 @@ class ProcessWorkers:
                     superseded = batch
                     break
                 while sent < len(chunks) and sent < batch + PREFETCH_PER_WORKER * count:
-                    worker = self.workers[sent % count]
-                    worker.tasks.send((token, sent, order))
-                    worker.pending.append((token, sent, chunks[sent]))
+                    task = (token, sent, order)
+                    self._send(self.workers[sent % count], task, chunks[sent], arrived)
                     sent += 1
                 deadline = None if self.timeout is None else time.monotonic() + self.timeout
                 while batch not in arrived:
@@ -278,6 +277,14 @@ class ProcessWorkers:
                 batch=superseded,
                 indices=chunks[superseded],
             )
+
+    def _send(self, worker: _Worker, task: tuple, indices: np.ndarray,
+              arrived: dict[int, SharedBatch]) -> None:  # fmt: skip
+        worker.pending.append((task[0], task[1], indices))
+        try:
+            worker.tasks.send(task)
+        except OSError:  # a broken pipe: the worker has ended
+            raise self._ended(worker, arrived) from None
 
     def _check_alive(self) -> None:
         for worker in self.workers:
@@ -308,9 +315,13 @@ class ProcessWorkers:
         for handle in ready:
             worker = by_handle[handle]
             if handle is worker.process.sentinel:
-                while worker.results.poll():  # what it sent before it ended comes first
-                    self._take(worker, arrived)
-                raise self._death(worker)
+                raise self._ended(worker, arrived)
+
+    def _ended(self, worker: _Worker, arrived: dict[int, SharedBatch]) -> DataLoaderWorkerError:
+        """The error for a worker found dead, once what it sent before it ended is taken."""
+        while worker.results.poll():
+            self._take(worker, arrived)
+        return self._death(worker)
 
     def _take(self, worker: _Worker, arrived: dict[int, SharedBatch]) -> None:
         """Reads one message of ``worker``: a batch of this epoch is kept, an older one freed."""
