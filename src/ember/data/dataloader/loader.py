@@ -144,6 +144,8 @@ class DataLoader(Generic[BatchT]):
             :class:`~ember.data.dataloader.worker_error.DataLoaderWorkerError`.
         persistent_workers: process workers live across epochs (until :meth:`close`, the
             end of a ``with`` block, or garbage collection) instead of starting each epoch.
+            Iterate such a loader one epoch at a time: a new iteration takes the workers
+            over, and the older one raises if it is resumed.
         start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"`` for process workers;
             None: fork on Linux, spawn elsewhere.
         timeout: the most seconds to wait for one batch from a live process worker

@@ -26,6 +26,12 @@ and the batcher pickle (they are sent to each worker, and the main module must b
 import-safe, behind ``if __name__ == "__main__":``); they cost a fresh interpreter per
 worker (about 0.7 s with ember imported), so use them with persistent workers.
 
+Randomness. Each worker seeds Python's ``random``, NumPy's global generator and its
+device's generator from a seed drawn for the pool plus its number, so forked workers do
+not repeat one another's draws. Random augmentation that uses them therefore changes
+with the run and the worker count; draw it from a generator seeded by the item's index
+(as ``benchmarks/dataloader.py`` does) for batches that are the same everywhere.
+
 Failures. A worker whose dataset or batcher raises sends the error back (type, text and
 traceback); a worker that dies (``os._exit``, a signal, a segfault) is seen at once
 through its process sentinel; either way the loader raises
