@@ -164,11 +164,14 @@ def test_split_parts_from_processes_match_the_unsplit_order():
     processes = build(n=29, batch_size=3, workers=2, kind="process", persistent=True)
     for loader in (serial, processes):
         loader.set_epoch(2)
-    parts = processes.split(2)
-    want = [as_plain(b) for b in serial.split(2)[1]]
-    assert [as_plain(b) for b in parts[1]] == want
-    both = [i for part in parts for b in part for i in as_plain(b)[1]["indices"]]
-    assert both == [i for b in serial for i in as_plain(b)[1]["indices"]]
+    parts, serial_parts = processes.split(2), serial.split(2)
+    for epoch in (2, 5):
+        for part in (*parts, *serial_parts):
+            part.set_epoch(epoch)
+        serial.set_epoch(epoch)
+        assert [as_plain(b) for b in parts[1]] == [as_plain(b) for b in serial_parts[1]]
+        both = [i for part in parts for b in part for i in as_plain(b)[1]["indices"]]
+        assert both == [i for b in serial for i in as_plain(b)[1]["indices"]]
     for part in parts:
         part.close()
     processes.close()
