@@ -329,7 +329,7 @@ def test_leaving_an_epoch_early_frees_its_batches_and_the_next_epoch_is_whole():
         assert os.listdir(segment_folders()[0]) == []  # the abandoned batches were freed
 
 
-def test_a_newer_iteration_supersedes_an_older_one_over_persistent_workers():
+def test_a_newer_iteration_or_close_stops_an_older_one_over_persistent_workers():
     want = [as_plain(b) for b in build(n=20, batch_size=2)]
     with build(n=20, batch_size=2, workers=2, kind="process", persistent=True) as loader:
         older = iter(loader)
@@ -339,6 +339,11 @@ def test_a_newer_iteration_supersedes_an_older_one_over_persistent_workers():
         with pytest.raises(DataLoaderWorkerError, match="superseded by a newer one"):
             next(older)
         assert [as_plain(b) for b in newer] == want[1:]  # the newer one lost nothing
+        batches = iter(loader)
+        next(batches)
+        loader.close()
+        with pytest.raises(DataLoaderWorkerError, match="its workers were closed"):
+            next(batches)
 
 
 def test_a_persistent_worker_that_died_between_epochs_is_reported_then_replaced():

@@ -254,7 +254,7 @@ class ProcessWorkers:
         superseded = None
         try:
             for batch in range(len(chunks)):
-                if self._token != token:  # a newer run() took the workers over
+                if self._token != token or self._closed:  # taken over, or closed meanwhile
                     superseded = batch
                     break
                 while sent < len(chunks) and sent < batch + PREFETCH_PER_WORKER * count:
@@ -275,9 +275,14 @@ class ProcessWorkers:
             for shared in arrived.values():
                 discard(shared, self.folder)
         if superseded is not None:
+            why = (
+                "its workers were closed"
+                if self._closed
+                else "it was superseded by a newer one over the same persistent workers"
+            )
             raise DataLoaderWorkerError(
-                f"this iteration of the DataLoader (at batch {superseded}) was superseded by a "
-                "newer one over the same persistent workers: iterate one epoch at a time",
+                f"this iteration of the DataLoader stopped at batch {superseded}: {why} "
+                "(iterate one epoch at a time)",
                 worker=superseded % count,
                 pid=None,
                 batch=superseded,
