@@ -120,13 +120,21 @@ def _worker_main(setup: _WorkerSetup, tasks: Connection, results: Connection) ->
     parent = os.getppid()
     if setup.start_method != "forkserver" and parent != setup.loader:
         parent = -1  # the loader ended before this worker started
+    try:
+        _serve(setup, tasks, results, parent)
+    finally:
+        if os.getppid() != parent:  # the loader process is gone: leave nothing behind
+            setup.folder.remove()
+
+
+def _serve(setup: _WorkerSetup, tasks: Connection, results: Connection, parent: int) -> None:
+    """Makes the batches asked for until told to stop or the loader process is gone."""
     size = len(setup.dataset)
     chunks: tuple[EpochOrder | None, list[np.ndarray]] = (None, [])
     sent = 0
     while True:
         if not tasks.poll(PARENT_CHECK_SECONDS):
-            if os.getppid() != parent:  # the loader process is gone: leave nothing behind
-                setup.folder.remove()
+            if os.getppid() != parent:
                 return
             continue
         try:
@@ -138,11 +146,14 @@ def _worker_main(setup: _WorkerSetup, tasks: Connection, results: Connection) ->
         token, batch, order = task
         if chunks[0] != order:
             chunks = (order, order.chunks(size))
-        indices = chunks[1][batch]
         sent += 1
-        results.send_bytes(
-            pickle.dumps(_make(setup, token, batch, indices, f"{setup.worker}-{sent}"))
-        )
+        message = _make(setup, token, batch, chunks[1][batch], f"{setup.worker}-{sent}")
+        try:
+            results.send_bytes(pickle.dumps(message))
+        except OSError:  # the loader closed its end: nobody takes batches any more
+            if message[0] == "ok":
+                discard(message[3], setup.folder)
+            return
 
 
 def _make(setup: _WorkerSetup, token: int, batch: int, indices: np.ndarray, name: str) -> tuple:
