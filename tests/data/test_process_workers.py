@@ -31,6 +31,7 @@ import ember
 from ember import Tensor
 from ember.backend.errors import ArgumentError
 from ember.data.dataloader import Batcher, DataLoaderBuilder, DataLoaderWorkerError
+from ember.data.dataloader.shared_batch import SegmentFolder, pack, unpack
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes and signals")
 
@@ -230,6 +231,24 @@ def test_batches_move_to_the_loader_device(name):
         batches = list(loader)
     assert all(b[0].images.device == device and b[0].mask.device == device for b in batches)
     assert [as_plain(b) for b in batches] == want
+
+
+def test_arrays_travel_in_the_segment_and_only_a_small_skeleton_is_pickled():
+    device = ember.device("ndarray")
+    images = Tensor.from_data(np.random.default_rng(0).random((256, 1024), np.float32), device)
+    batch = {"images": images, "ids": list(range(256)), "raw": np.arange(1000)}
+    folder = SegmentFolder.create()
+    try:
+        shared = pack(batch, folder, "0-1")
+        assert len(pickle.dumps(shared)) < 4096  # what goes through the pipe: 1 MB stays out
+        assert os.path.getsize(folder.file("0-1")) == shared.size >= 1024 * 1024 + 8000
+        back = unpack(shared, folder, device, device)
+        assert os.listdir(folder.path) == []  # unlinked as soon as it is mapped
+    finally:
+        folder.remove()
+    np.testing.assert_array_equal(back["images"].to_numpy(), images.to_numpy())
+    np.testing.assert_array_equal(back["raw"], np.arange(1000))
+    assert back["ids"] == list(range(256))
 
 
 class Shapes(Batcher[dict, dict]):
