@@ -37,14 +37,16 @@ Process workers, measured on a busy machine (2 cores shared with other jobs, loa
 12, so wall times mostly show the load; CPU times are steadier):
 
 * ``benchmarks/dataloader.py`` (384 PNG images of 64x64, decoded by a Python loop that
-  holds the GIL, then augmented; 1.25 to 1.3 s of CPU per epoch without workers; three
+  holds the GIL, then augmented; 1.25 to 1.3 s of CPU per epoch without workers; five
   runs): the CPU of the loader's process falls to 0.006 to 0.008 s per epoch with 1, 2
-  or 4 process workers (PyTorch's DataLoader: 0.011 to 0.018 s), all processes together
-  spend 0 to 6 % more than no worker (PyTorch: 3 to 9 %), and the busiest process spends
-  0.65 s with 2 workers and 0.34 s with 4 (PyTorch: 0.65 to 0.68 s and 0.33 to 0.35 s):
-  the epoch's length where the cores are free. Threads keep the whole 1.3 s in one
-  process, the GIL serializing the decoding. The wall times of all sides stayed between
-  1.1 and 3.4 s per epoch, set by the other jobs on the two cores;
+  or 4 process workers (PyTorch's DataLoader: 0.011 to 0.020 s), all processes together
+  spend 0 to 6 % more than no worker (PyTorch: 2 to 9 %), and the busiest process spends
+  0.64 to 0.66 s with 2 workers and 0.33 to 0.34 s with 4 (PyTorch: 0.65 to 0.68 s and
+  0.33 to 0.35 s): the epoch's length where the cores are free. Threads keep the whole
+  1.3 s in one process, the GIL serializing the decoding. Wall times mostly followed the
+  other jobs; in the quietest run the best epoch took 1.25 s without workers, 1.27 to
+  1.29 s with 1, 2 or 4 threads, 0.645 s with 2 process workers and 0.665 s with 4
+  (1.9x; PyTorch: 0.665 and 0.669 s);
 * the guide's MNIST batcher (about 0.13 ms of work per batch of 64): 0.23 s per epoch
   without workers, 0.14 s with 2 threads, 0.41 to 0.52 s with 2 process workers
   (PyTorch's DataLoader with 2 processes: 1.4 to 1.5 s); light batches stay fastest in
