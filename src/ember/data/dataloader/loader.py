@@ -33,24 +33,20 @@ before process workers existed:
 * only a batcher that does much per-item Python work (GIL-bound) scales better in
   forked processes (5x at k = 8) than in threads (which slow it down).
 
-Process workers, measured on a busy machine (2 cores shared with other jobs, load 4 to
-12, so wall times mostly show the load; CPU times are steadier):
+Process workers, measured with ``benchmarks/dataloader.py --mnist`` on a machine of 2
+cores shared with other jobs (load 2 to 12 over six runs; the numbers below are from the
+quietest run, 1.8 to 2.4, and the CPU columns held in every run):
 
-* ``benchmarks/dataloader.py`` (384 PNG images of 64x64, decoded by a Python loop that
-  holds the GIL, then augmented; 1.25 to 1.3 s of CPU per epoch without workers; five
-  runs): the CPU of the loader's process falls to 0.006 to 0.008 s per epoch with 1, 2
-  or 4 process workers (PyTorch's DataLoader: 0.011 to 0.020 s), all processes together
-  spend 0 to 6 % more than no worker (PyTorch: 2 to 9 %), and the busiest process spends
-  0.64 to 0.66 s with 2 workers and 0.33 to 0.34 s with 4 (PyTorch: 0.65 to 0.68 s and
-  0.33 to 0.35 s): the epoch's length where the cores are free. Threads keep the whole
-  1.3 s in one process, the GIL serializing the decoding. Wall times mostly followed the
-  other jobs; in the quietest run the best epoch took 1.25 s without workers, 1.27 to
-  1.29 s with 1, 2 or 4 threads, 0.645 s with 2 process workers and 0.665 s with 4
-  (1.9x; PyTorch: 0.665 and 0.669 s);
-* the guide's MNIST batcher (about 0.13 ms of work per batch of 64): 0.23 s per epoch
-  without workers, 0.14 s with 2 threads, 0.41 to 0.52 s with 2 process workers
-  (PyTorch's DataLoader with 2 processes: 1.4 to 1.5 s); light batches stay fastest in
-  threads, where no batch crosses processes.
+* 384 PNG images of 64x64, decoded by a Python loop that holds the GIL, then augmented
+  (1.28 s per epoch without workers): 1, 2 or 4 threads take 1.25 to 1.29 s (the GIL
+  serializes the decoding); 2 process workers take 0.64 s and 4 take 0.66 s (2.0x and
+  1.9x; PyTorch's DataLoader: 0.67 s with 2 or 4). The loader's process spends 0.006 to
+  0.009 s of CPU per epoch with process workers (PyTorch: 0.015 to 0.021 s), and all
+  processes together 0 to 6 % more than no worker did (PyTorch: 2 to 9 %);
+* MNIST through the guide's batcher (about 0.1 ms of work per batch of 64): 0.11 s per
+  epoch without workers, 0.15 s with 2 threads, 0.22 s with 2 process workers (PyTorch's
+  DataLoader: 0.10 s without workers, 0.97 s with 2 processes); the loader's process
+  spends 0.09 s of CPU receiving the batches (PyTorch: 0.47 s), as much as making them.
 
 So threads remain the default: they suit work that releases the GIL (NumPy on large
 arrays, Pillow, zlib) or is light, and they keep every dataset and batcher usable as it
