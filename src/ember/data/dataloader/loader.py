@@ -41,7 +41,7 @@ quietest run, 1.8 to 2.4, and the CPU columns held in every run):
   (1.28 s per epoch without workers): 1, 2 or 4 threads take 1.25 to 1.29 s (the GIL
   serializes the decoding); 2 process workers take 0.64 s and 4 take 0.66 s (2.0x and
   1.9x; PyTorch's DataLoader: 0.67 s with 2 or 4). The loader's process spends 0.006 to
-  0.009 s of CPU per epoch with process workers (PyTorch: 0.015 to 0.021 s), and all
+  0.009 s of CPU per epoch with process workers (PyTorch: 0.011 to 0.021 s), and all
   processes together 0 to 6 % more than no worker did (PyTorch: 2 to 9 %);
 * MNIST through the guide's batcher (about 0.1 ms of work per batch of 64): 0.11 s per
   epoch without workers, 0.15 s with 2 threads, 0.22 s with 2 process workers (PyTorch's
@@ -53,7 +53,7 @@ arrays, Pillow, zlib) or is light, and they keep every dataset and batcher usabl
 is: nothing has to be picklable, and SQLite connections or device handles are never
 shared across a fork. A thread-safe dataset and a batcher without shared mutable state
 are all they ask. Process workers suit per-item Python work that holds the GIL, given
-free cores; a fork costs 10 to 30 ms per worker here (spawn about 0.7 s), so use
+free cores; starting one costs up to 30 ms with fork here (spawn: about 0.7 s), so use
 ``persistent=True`` when epochs are short.
 """
 
