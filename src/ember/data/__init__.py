@@ -1,6 +1,6 @@
 """Data for training: datasets, their transforms, and the loaders that batch them."""
 
-from ember.data.dataloader import Batcher, DataLoader, DataLoaderBuilder
+from ember.data.dataloader import Batcher, DataLoader, DataLoaderBuilder, DataLoaderWorkerError
 from ember.data.dataset import (
     ComposedDataset,
     Dataset,
@@ -25,6 +25,7 @@ __all__ = [
     "ComposedDataset",
     "DataLoader",
     "DataLoaderBuilder",
+    "DataLoaderWorkerError",
     "Dataset",
     "DatasetError",
     "DatasetFileNotFoundError",

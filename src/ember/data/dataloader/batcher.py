@@ -17,7 +17,10 @@ class Batcher(abc.ABC, Generic[ItemT, BatchT]):
     A :class:`~ember.data.dataloader.loader.DataLoader` calls ``batch`` once per batch,
     with the items in the loader's order and the loader's device; with ``num_workers``
     above zero it calls it from several worker threads at once, so a batcher must not
-    change shared state while batching (keep it a plain value).
+    change shared state while batching (keep it a plain value). Process workers call it
+    in each worker process with a CPU NdArray device (the loader's own device when that
+    is one) and the loader moves the batch to its device: a batch is any nesting of
+    tuples, lists, dicts, dataclasses and other picklable values around Tensors.
 
     Example:
         >>> import ember
