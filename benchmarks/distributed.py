@@ -13,7 +13,9 @@ in one run, as:
 * **ember**: ``ember.distributed.all_reduce(x)`` on an NdArray tensor: one copy into a new
   buffer (ember tensors never change), the shape/dtype agreement check, the collective,
   and the result wrapped without a copy;
-* **ember, check=False**: the same without the agreement check (one small message less).
+* **ember, check=False**: the same without the agreement check (one small message less);
+* **ember, donate**: ``all_reduce(x, donate=True)`` on a tensor nothing else refers to:
+  the result is written into its buffer, as torch's in-place call does (no copy).
 
 Rank 0 prints medians and each ember column's ratio to torch (1.00 is parity).
 
@@ -53,10 +55,19 @@ def _rank_main(repeat: int) -> None:
         count = mb * (1 << 20) // 4
         raw = torch.ones(count)
         x = ember.Tensor.from_data(np.ones(count, np.float32), ember.device("ndarray"))
+        donor = [ember.Tensor.from_data(np.ones(count, np.float32), ember.device("ndarray")) * 1.0]
+
+        def donating(check: bool, donor=donor) -> None:
+            # Each result takes the donated buffer and is donated to the next call, as a
+            # loop hands on what it computed.
+            donor.append(dist.all_reduce(donor.pop(), check=check, donate=True))
+
         calls = {
             "torch": lambda raw=raw: tdist.all_reduce(raw),
             "ember": lambda x=x: dist.all_reduce(x),
             "ember, check=False": lambda x=x: dist.all_reduce(x, check=False),
+            "ember, donate": lambda: donating(True),
+            "ember, donate, check=False": lambda: donating(False),
         }
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for call in calls.values():
@@ -71,11 +82,11 @@ def _rank_main(repeat: int) -> None:
         base = medians["torch"]
         rows.append([f"{mb} MB", f"{base * 1e3:.2f}",
                      *(f"{medians[n] * 1e3:.2f} ({medians[n] / base:.2f}x)"
-                       for n in ("ember", "ember, check=False"))])  # fmt: skip
+                       for n in list(calls)[1:])])  # fmt: skip
     if dist.rank() == 0:
         print_table(f"all_reduce (sum, f32), {dist.world_size()} processes on localhost (gloo)",
-                    ["size", "torch in place ms", "ember ms (x torch)",
-                     "ember check=False ms (x torch)"], rows)  # fmt: skip
+                    ["size", "torch in place ms", *(f"{n} ms (x torch)" for n in list(calls)[1:])],
+                    rows)  # fmt: skip
     dist.shutdown()
 
 

@@ -106,6 +106,19 @@ def collectives(out: Path, rank: int, world: int) -> None:
     for _ in range(3):
         dist.all_reduce(big * 5.0)
     results["kept"] = kept.to_numpy()[:4]
+    # Donation: a fresh tensor's buffer takes the result; one another tensor sees is copied.
+    for name in ("ndarray", "torch"):
+        on = ember.device(name)
+        fresh = Tensor.ones([1 << 16], on) * 3.0
+        before = fresh.to_numpy().__array_interface__["data"][0]
+        reduced = dist.all_reduce(fresh, donate=True)
+        results[f"donate-{name}"] = reduced.to_numpy()[:4]
+        results[f"donate-{name}-same-buffer"] = np.array(
+            [reduced.to_numpy().__array_interface__["data"][0] == before])
+        shared = Tensor.ones([1 << 16], on) * 3.0
+        view = shared.reshape([256, 256])  # refers to shared's buffer
+        dist.all_reduce(shared, donate=True)
+        results[f"donate-{name}-view-kept"] = view.to_numpy()[0, :4]
     dist.barrier()
     dist.shutdown()
     np.savez(out / f"rank{rank}.npz", **results)

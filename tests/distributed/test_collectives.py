@@ -115,3 +115,12 @@ def test_a_result_keeps_its_values_while_later_collectives_reuse_buffers(job):
     world, ranks = job
     for results, _ in ranks:
         np.testing.assert_array_equal(results["kept"], np.full(4, world, np.float32))
+
+
+@pytest.mark.parametrize("backend", ["ndarray", "torch"])
+def test_a_donated_tensor_takes_the_result_unless_something_else_sees_it(job, backend):
+    world, ranks = job
+    for results, _ in ranks:
+        np.testing.assert_array_equal(results[f"donate-{backend}"], np.full(4, 3.0 * world))
+        assert results[f"donate-{backend}-same-buffer"].all()
+        np.testing.assert_array_equal(results[f"donate-{backend}-view-kept"], np.full(4, 3.0))

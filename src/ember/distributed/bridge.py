@@ -12,6 +12,7 @@ computed first (reading its data runs its stream).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import ml_dtypes
@@ -50,6 +51,30 @@ def _is_torch(dev: Device) -> bool:
 
 def _plain(tensor: Tensor) -> Tensor:
     return tensor.inner() if hasattr(tensor.device.backend, "backward") else tensor
+
+
+def donated(tensor: Tensor) -> Any:
+    """``tensor``'s own buffer as a torch tensor, when the caller gave ``tensor`` up and
+    nothing else can see that buffer; None otherwise (then :func:`to_engine` copies).
+
+    Only a plain NdArray or Torch tensor qualifies, whose primitive is a writable,
+    contiguous array that owns its memory and that nothing but the tensor refers to: no
+    other tensor, and no view (a NumPy or torch view holds a reference to its base)."""
+    import torch
+
+    if type(tensor) is not Tensor:
+        return None
+    prim = tensor._prim
+    # References: the tensor's slot, this frame's local and getrefcount's argument.
+    if sys.getrefcount(prim) > 3:
+        return None
+    if type(prim) is np.ndarray and tensor.device.backend.name == "ndarray":
+        usable = prim.base is None and prim.flags.writeable and prim.flags.c_contiguous
+        return torch.from_numpy(prim) if usable and prim.dtype != ml_dtypes.bfloat16 else None
+    if isinstance(prim, torch.Tensor) and _is_torch(tensor.device):
+        usable = prim._base is None and prim.is_contiguous() and not prim.requires_grad
+        return prim if usable else None
+    return None
 
 
 def to_engine(tensor: Tensor) -> Any:

@@ -34,6 +34,7 @@ from ember.backend.errors import ArgumentError, DTypeError, ShapeError, fmt_shap
 from ember.distributed import bridge
 from ember.distributed.group import DistributedError, failure_note, info, torch_distributed
 from ember.tensor import DType, Tensor
+from ember.tensor.tensor import _wrap
 
 _MAX_RANK = 8  # header slots for a shape's dims; more dims are folded into a hash
 
@@ -138,13 +139,18 @@ def _run(owner: str, call) -> Any:
                                f"({failure_note()}): {e}") from e  # fmt: skip
 
 
-def all_reduce(tensor: Tensor, op: ReduceOp | str = "sum", check: bool | None = None) -> Tensor:
+def all_reduce(tensor: Tensor, op: ReduceOp | str = "sum", check: bool | None = None,
+               donate: bool = False) -> Tensor:  # fmt: skip
     """The elements of every rank's ``tensor`` combined by ``op``, on every rank.
 
     Args:
         tensor: this rank's tensor; every rank passes the same shape and dtype.
         op: ``"sum"``, ``"mean"`` (float dtypes), ``"max"``, ``"min"`` or ``"product"``.
         check: exchange shapes first (see the module doc). Default: ``EMBER_DIST_CHECK``, on.
+        donate: the caller gives ``tensor`` up, as Burn's ``all_reduce`` takes it by value:
+            where nothing else refers to its buffer (a plain NdArray or Torch tensor just
+            computed, say), the result is written into that buffer instead of a copy, and
+            ``tensor`` must not be read again. Default: False.
 
     Raises:
         NotInitializedError: before ``ember.distributed.init()``.
@@ -157,8 +163,11 @@ def all_reduce(tensor: Tensor, op: ReduceOp | str = "sum", check: bool | None = 
     _prepare(owner, tensor, check)
     engine_op = _engine_op(op, tensor.dtype, owner)
     dist = torch_distributed()
-    buffer = bridge.to_engine(tensor)
+    given = bridge.donated(tensor) if donate else None
+    buffer = bridge.to_engine(tensor) if given is None else given
     _run(owner, lambda: dist.all_reduce(buffer, op=engine_op))
+    if given is not None:  # the result is the donated tensor's buffer, as it was
+        return _wrap(tensor._prim, tensor.device, tensor.kind)
     return bridge.from_engine(buffer, tensor)
 
 
