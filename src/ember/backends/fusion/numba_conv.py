@@ -23,19 +23,24 @@ output rows):
   the flat buffer, ``xq[offset(tap) + q]``, and the inner loop runs over the whole tile (many
   rows) instead of one short row. The ``wq - ow`` extra columns per row are computed and
   dropped when the tile is written out (waste: ``(kw - 1) dw / sw`` columns per row).
-* **Register blocking.** The inner loop updates :data:`OB` output channels from
-  :data:`UNROLL` taps at once: per vector of positions it loads 6 input vectors and 4
-  accumulators, does 24 FMAs and stores 4 accumulators (the 24 weights stay in
-  registers), so the loop is bound by FMAs rather than by the loads and stores of the
-  accumulators (one tap per pass would store once per FMA). Taps are flattened over
-  (input channel, kh, kw) and padded to a multiple of :data:`UNROLL` with zero weights; output channels are padded to a multiple of :data:`OB`
-  with zero weights (the padded channels are never written out). Weights are repacked per
-  call as ``[g * blocks, taps / UNROLL, UNROLL, OB]`` (a few KiB).
-* **Accumulators** for a tile live in an ``[OB, rows * wq]`` array of about :data:`TILE`
-  positions per channel, which stays in L1 while all taps run over it; a tile starts from
-  the bias.
-* **Tiles are whole vectors** (:data:`LANES`): the scalar remainder loop of a tile would
-  cost as much as a vector pass; the extra positions read the buffer's zeroed slack.
+* **Register blocking.** The forward kernel (:func:`_conv_tiled`) sums :data:`TILE_OB`
+  output channels by :data:`TILE_VECTORS` vectors of positions in registers, over every
+  tap, with :func:`~ember.backends.fusion.numba_tile.tile_kernel` (LLVM IR: numba keeps
+  loop accumulators in memory); per tap it loads 3 vectors and 8 weights for 24 FMAs and
+  stores nothing. Taps are flattened over (input channel, kh, kw); output channels are
+  padded to a multiple of :data:`TILE_OB` with zero weights (never written out). Weights
+  are repacked per call as ``[g * blocks, taps, TILE_OB]`` (a few KiB).
+* **Tiles** are runs of whole rows of about :data:`TILE_POSITIONS` positions, rounded up
+  to whole spans of ``TILE_VECTORS`` vectors (the extra positions read the buffer's zeroed
+  slack and are dropped). A tile's spans run outside its channel blocks, so a span's input
+  stays in L1 while the blocks' weights stream past; its sums, every channel of the
+  group, go to an ``[O/g, tile]`` buffer (L2), written out row by row with the bias.
+* The gradients (``numba_conv_grad``) still run :func:`_conv_blocked`, the earlier kernel:
+  per vector of positions it loads 6 input vectors and 4 accumulators, does 24 FMAs and
+  stores the 4 accumulators (:data:`OB` channels by :data:`UNROLL` taps; its accumulators
+  for a tile of :data:`TILE` positions stay in L1).
+* **Tiles are whole vectors** (:data:`LANES`) in the gradients' kernel too: the scalar
+  remainder loop of a tile would cost as much as a vector pass.
 * **Depthwise** convolutions (fewer than :data:`OB` output channels per group, e.g.
   ``groups == C``) run a one-channel variant of the same loop (:func:`_conv_single`,
   adding a whole 3x3 kernel per pass where the taps allow): padding them to :data:`OB`
@@ -69,6 +74,7 @@ import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.backends.fusion.numba_source import KernelUnsupported
+from ember.backends.fusion.numba_tile import lanes, tile_kernel
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions
@@ -103,6 +109,16 @@ float32) stay in L1 while every tap runs over them."""
 LANES = 16
 """The tile length is rounded up to a multiple of this (a float32 vector of AVX-512): the
 extra positions are computed from the buffer's zeroed slack and dropped."""
+TILE_POSITIONS = 1152
+"""Output positions (of full rows) of one tile of the forward kernel, at most, unless a
+row is longer: a 32x32 plane with its padding columns (1088) is one tile."""
+TILE_OB = 8
+"""Output channels of one register tile of the forward kernel (a multiple of this is padded
+with zero weights)."""
+TILE_VECTORS = 3
+"""Vectors of positions of one register tile: 8 x 3 accumulators, 3 loaded vectors and a
+broadcast weight fill AVX-512's 32 registers (measured on Zen 5, float32, alone: 8x3
+270 GFLOP/s, 6x4 275, 4x6 249, 8x2 255)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Convolutions of fewer multiply-adds than this run on one thread: waking the others costs
 more than they save (measured on 2 busy cores: 3-7 M multiply-adds ran 25-35% slower on 2
@@ -121,6 +137,12 @@ def _jit(fn):
     if numba is None:  # pragma: no cover - exercised where numba is missing
         return fn
     return numba.njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy")(fn)
+
+
+def _inline(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(inline="always", fastmath=_FLAGS, error_model="numpy")(fn)
 
 
 @_jit
@@ -271,10 +293,57 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
                     dst[np.uintp(j)] = row_acc[np.uintp(src + j)]
 
 
-def _inline(fn):
-    if numba is None:  # pragma: no cover - exercised where numba is missing
-        return fn
-    return numba.njit(inline="always", fastmath=_FLAGS, error_model="numpy")(fn)
+_tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS)
+
+
+@_jit
+def _conv_tiled(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nblk,
+                rows_per_tile, span, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """Output channel blocks of :data:`TILE_OB` by spans of ``span`` positions, summed in
+    registers by :func:`numba_tile.tile_kernel` (see the module doc); ``wt`` is flat
+    ``[groups * nblk, taps, TILE_OB]``, ``offs`` the flat buffer offset of each tap,
+    ``bias`` ``[groups * nblk * TILE_OB]``."""
+    n_all = x.shape[0]
+    o_all = out.shape[1]
+    oh = out.shape[2]
+    ow = out.shape[3]
+    og = o_all // groups
+    taps = offs.shape[0]
+    ntiles = (oh + rows_per_tile - 1) // rows_per_tile
+    longest = -(-rows_per_tile * wq // span) * span
+    # Slack: the last span runs past the plane by up to span - 1 positions and a tap's
+    # column shift (< wq); both read zeros and are dropped.
+    xq = np.zeros(cg * sh * sw * hq * wq + wq + span, x.dtype)
+    # Every channel of the group's tile: [nblk * TILE_OB, longest].
+    acc = np.empty(nblk * TILE_OB * longest, x.dtype)
+    tasks = n_all * groups * ntiles
+    packed = -1
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        tile = task % ntiles
+        sample_group = task // ntiles
+        g = sample_group % groups
+        n = sample_group // groups
+        if sample_group != packed:
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
+            packed = sample_group
+        r0 = tile * rows_per_tile
+        r1 = min(oh, r0 + rows_per_tile)
+        length = -(-(r1 - r0) * wq // span) * span
+        # Spans outside, blocks inside: a span's input (its taps' windows) stays in L1
+        # while every block's weights stream past it.
+        for s in range(0, length, span):
+            for blk in range(nblk):
+                wstart = (g * nblk + blk) * taps * TILE_OB
+                _tile(xq, offs, wt, wstart, r0 * wq + s, taps, acc, blk * TILE_OB * longest + s,
+                      longest)  # fmt: skip
+        for o in range(og):
+            b = bias[g * nblk * TILE_OB + o]
+            oc = g * og + o
+            for r in range(r0, r1):
+                src = o * longest + (r - r0) * wq
+                dst = out[n, oc, r]
+                for j in range(ow):
+                    dst[np.uintp(j)] = acc[np.uintp(src + j)] + b
 
 
 @_inline
@@ -441,7 +510,7 @@ def conv2d(
     hq = oh + dh * (kh - 1) // sh
     wq = ow + dw * (kw - 1) // sw
     single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
-    unroll = UNROLL if og >= OB else single
+    unroll = 1 if og >= OB else single  # the tiled kernel adds one tap per step
     offs = _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
     taps = offs.size
     used = np.zeros((sh, sw), np.bool_)
@@ -462,17 +531,19 @@ def conv2d(
         args = [x, wt, offs, used, b.reshape(o), out]
         _run_parts(_conv_single, [*args, *geometry, rows_per_tile], parts)
         return out
-    nblk = -(-og // OB)
-    wt = np.zeros((groups, nblk * OB, taps), dtype)
-    wt[:, :og] = w_taps
-    # [groups * nblk, taps / UNROLL, UNROLL, OB]: each tap group's weights side by side.
-    wt = np.ascontiguousarray(
-        wt.reshape(groups, nblk, OB, taps // UNROLL, UNROLL).transpose(0, 1, 3, 4, 2)
-    ).reshape(groups * nblk, taps // UNROLL, UNROLL, OB)
-    bias_blocks = np.zeros((groups, nblk * OB), dtype)
+    nblk = -(-og // TILE_OB)
+    wt = np.zeros((groups, nblk, TILE_OB, taps), dtype)
+    wt.reshape(groups, nblk * TILE_OB, taps)[:, :og] = w_taps
+    # [groups * nblk, taps, TILE_OB] flat: a tap's weights side by side.
+    wt = np.ascontiguousarray(wt.transpose(0, 1, 3, 2)).reshape(-1)
+    bias_blocks = np.zeros((groups, nblk * TILE_OB), dtype)
     bias_blocks[:, :og] = b
-    args = [x, wt, offs, used, bias_blocks.reshape(groups * nblk, OB), out]
-    _run_parts(_conv_blocked, [*args, *geometry, nblk, rows_per_tile], parts)
+    span = TILE_VECTORS * lanes(dtype.itemsize)
+    # Few row tiles: each rounds up to whole spans (waste), and the sums of a whole plane
+    # (64 channels of 1024 positions: 256 KiB in float32) still sit in L2.
+    ntiles = -(-oh * wq // TILE_POSITIONS)
+    args = [x, wt, offs, used, bias_blocks.reshape(-1), out]
+    _run_parts(_conv_tiled, [*args, *geometry, nblk, -(-oh // ntiles), span], parts)
     return out
 
 
