@@ -66,6 +66,7 @@ another order than NdArray's GEMM adds them (the results agree to rounding).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -302,7 +303,7 @@ def _conv_tiled(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg
     """Output channel blocks of :data:`TILE_OB` by spans of ``span`` positions, summed in
     registers by :func:`numba_tile.tile_kernel` (see the module doc); ``wt`` is flat
     ``[groups * nblk, taps, TILE_OB]``, ``offs`` the flat buffer offset of each tap,
-    ``bias`` ``[groups * nblk * TILE_OB]``."""
+    ``bias`` ``[O]``."""
     n_all = x.shape[0]
     o_all = out.shape[1]
     oh = out.shape[2]
@@ -337,8 +338,8 @@ def _conv_tiled(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg
                 _tile(xq, offs, wt, wstart, r0 * wq + s, taps, acc, blk * TILE_OB * longest + s,
                       longest)  # fmt: skip
         for o in range(og):
-            b = bias[g * nblk * TILE_OB + o]
             oc = g * og + o
+            b = bias[oc]
             for r in range(r0, r1):
                 src = o * longest + (r - r0) * wq
                 dst = out[n, oc, r]
@@ -511,15 +512,9 @@ def conv2d(
     wq = ow + dw * (kw - 1) // sw
     single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
     unroll = 1 if og >= OB else single  # the tiled kernel adds one tap per step
-    offs = _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
+    offs, used = _tap_layout(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
     taps = offs.size
-    used = np.zeros((sh, sw), np.bool_)
-    used[np.ix_(np.arange(kh) * dh % sh, np.arange(kw) * dw % sw)] = True
-    used = used.reshape(-1)
-    w_taps = np.zeros((groups, og, taps), dtype)
-    w_taps[:, :, : cg * kh * kw] = weight.reshape(groups, og, cg * kh * kw)
-    b = np.zeros((groups, og), dtype) if bias is None else bias.astype(dtype).reshape(groups, og)
-    rows_per_tile = max(1, min(oh, -(-TILE // wq)))
+    b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
     macs = n * o * oh * ow * cg * kh * kw
     parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
     geometry = (sh, sw, ph, pw, hq, wq, groups, cg)
@@ -527,24 +522,37 @@ def conv2d(
 
     if og < OB:
         # Fewer than OB channels per group: one pass per channel, no padded channels.
-        wt = w_taps.reshape(o, taps // single, single)
-        args = [x, wt, offs, used, b.reshape(o), out]
+        wt = np.zeros((o, taps), dtype)
+        wt[:, : cg * kh * kw] = weight.reshape(o, cg * kh * kw)
+        rows_per_tile = max(1, min(oh, -(-TILE // wq)))
+        args = [x, wt.reshape(o, taps // single, single), offs, used, b, out]
         _run_parts(_conv_single, [*args, *geometry, rows_per_tile], parts)
         return out
     nblk = -(-og // TILE_OB)
-    wt = np.zeros((groups, nblk, TILE_OB, taps), dtype)
-    wt.reshape(groups, nblk * TILE_OB, taps)[:, :og] = w_taps
-    # [groups * nblk, taps, TILE_OB] flat: a tap's weights side by side.
-    wt = np.ascontiguousarray(wt.transpose(0, 1, 3, 2)).reshape(-1)
-    bias_blocks = np.zeros((groups, nblk * TILE_OB), dtype)
-    bias_blocks[:, :og] = b
+    # [groups * nblk, taps, TILE_OB] flat: a tap's weights side by side, in one copy.
+    blocks = weight.reshape(groups, og, taps)
+    if og % TILE_OB:
+        blocks = np.zeros((groups, nblk * TILE_OB, taps), dtype)
+        blocks[:, :og] = weight.reshape(groups, og, taps)
+    wt = np.empty((groups, nblk, taps, TILE_OB), dtype)
+    wt[...] = blocks.reshape(groups, nblk, TILE_OB, taps).transpose(0, 1, 3, 2)
     span = TILE_VECTORS * lanes(dtype.itemsize)
     # Few row tiles: each rounds up to whole spans (waste), and the sums of a whole plane
     # (64 channels of 1024 positions: 256 KiB in float32) still sit in L2.
     ntiles = -(-oh * wq // TILE_POSITIONS)
-    args = [x, wt, offs, used, bias_blocks.reshape(-1), out]
+    args = [x, wt.reshape(-1), offs, used, b, out]
     _run_parts(_conv_tiled, [*args, *geometry, nblk, -(-oh // ntiles), span], parts)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _tap_layout(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, hq: int,
+                wq: int, unroll: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The taps' offsets (:func:`_offsets`) and which phases ``(a, b)`` of the buffer they
+    read, flat ``[sh * sw]``: computed once per geometry (the kernels never write them)."""
+    used = np.zeros((sh, sw), np.bool_)
+    used[np.ix_(np.arange(kh) * dh % sh, np.arange(kw) * dw % sw)] = True
+    return _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll), used.reshape(-1)
 
 
 def _offsets(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, hq: int,
