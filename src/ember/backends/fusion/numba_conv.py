@@ -69,6 +69,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -138,6 +139,19 @@ def _jit(fn):
     if numba is None:  # pragma: no cover - exercised where numba is missing
         return fn
     return numba.njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy")(fn)
+
+
+def _exact(fn):
+    """Compiled like :func:`_jit` but without fast-math (the epilogue's own rounding)."""
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
+
+
+def _exact_inline(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(inline="always", error_model="numpy")(fn)
 
 
 def _inline(fn):
@@ -298,16 +312,16 @@ _tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS)
 
 
 @_jit
-def _conv_tiled(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg, nblk,
-                rows_per_tile, span, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, stages, writes, sh, sw,
+                ph, pw, hq, wq, groups, cg, nblk, rows_per_tile, span, part,
+                parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Output channel blocks of :data:`TILE_OB` by spans of ``span`` positions, summed in
     registers by :func:`numba_tile.tile_kernel` (see the module doc); ``wt`` is flat
     ``[groups * nblk, taps, TILE_OB]``, ``offs`` the flat buffer offset of each tap,
-    ``bias`` ``[O]``."""
+    ``bias`` ``[O]``; the rest is the epilogue (:func:`_epilogue_rows`)."""
     n_all = x.shape[0]
     o_all = out.shape[1]
     oh = out.shape[2]
-    ow = out.shape[3]
     og = o_all // groups
     taps = offs.shape[0]
     ntiles = (oh + rows_per_tile - 1) // rows_per_tile
@@ -339,12 +353,67 @@ def _conv_tiled(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, cg
                       longest)  # fmt: skip
         for o in range(og):
             oc = g * og + o
-            b = bias[oc]
-            for r in range(r0, r1):
-                src = o * longest + (r - r0) * wq
-                dst = out[n, oc, r]
-                for j in range(ow):
-                    dst[np.uintp(j)] = acc[np.uintp(src + j)] + b
+            _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
+                           bounds)  # fmt: skip
+            if writes[0] or writes[1] or writes[2]:  # a step's value is read elsewhere too
+                _stage_rows(stages, writes, acc, o * longest, bias[oc], n, oc, r0, r1, wq,
+                            res, has_res, bounds)  # fmt: skip
+
+
+@_exact
+def _epilogue_rows(out, acc, a0, b, n, oc, r0, r1, wq, res, has_res,
+                   bounds):  # fmt: skip  # pragma: no cover - runs compiled
+    """Writes rows ``r0 .. r1`` of channel ``oc`` from a tile's sums (``acc[a0:]``, full
+    rows of ``wq``) through the epilogue ``clamp(clamp(sum + b, lo1, hi1) + res, lo2,
+    hi2)`` (``bounds``; infinite ones change nothing, ``res`` only with ``has_res``).
+    Compiled without fast-math: each step rounds as the unfused op does."""
+    ow = out.shape[3]
+    lo1 = bounds[0]
+    hi1 = bounds[1]
+    lo2 = bounds[2]
+    hi2 = bounds[3]
+    for r in range(r0, r1):
+        src = a0 + (r - r0) * wq
+        dst = out[n, oc, r]
+        if has_res:
+            add = res[n, oc, r]
+            for j in range(ow):
+                v = _clamp(acc[np.uintp(src + j)] + b, lo1, hi1) + add[np.uintp(j)]
+                dst[np.uintp(j)] = _clamp(v, lo2, hi2)
+        else:
+            for j in range(ow):
+                dst[np.uintp(j)] = _clamp(_clamp(acc[np.uintp(src + j)] + b, lo1, hi1), lo2, hi2)
+
+
+@_exact
+def _stage_rows(stages, writes, acc, a0, b, n, oc, r0, r1, wq, res, has_res,
+                bounds):  # fmt: skip  # pragma: no cover - runs compiled
+    """As :func:`_epilogue_rows`, writing the values before each step instead: the sum
+    plus bias into ``stages[0]``, after the first clamp into ``stages[1]``, after the
+    residual into ``stages[2]``, each where ``writes`` says (a separate loop: the common
+    case, no stage read elsewhere, stays a plain vector loop)."""
+    ow = stages[0].shape[3] if writes[0] else (stages[1].shape[3] if writes[1] else
+                                               stages[2].shape[3])  # fmt: skip
+    for r in range(r0, r1):
+        src = a0 + (r - r0) * wq
+        for j in range(ow):
+            v = acc[src + j] + b
+            if writes[0]:
+                stages[0][n, oc, r, j] = v
+            v = _clamp(v, bounds[0], bounds[1])
+            if writes[1]:
+                stages[1][n, oc, r, j] = v
+            if has_res:
+                v = v + res[n, oc, r, j]
+            if writes[2]:
+                stages[2][n, oc, r, j] = v
+
+
+@_exact_inline
+def _clamp(v, lo, hi):  # pragma: no cover - runs compiled
+    """``minimum(maximum(v, lo), hi)`` as NumPy computes it (a NaN stays NaN)."""
+    v = lo if v < lo else v
+    return hi if v > hi else v
 
 
 @_inline
@@ -454,6 +523,55 @@ def _add9(acc, xq, wt, offs, oc, t, base, length):  # pragma: no cover - runs co
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Epilogue:
+    """Element-wise ops :func:`conv2d` applies to each output as it stores it, in this
+    order: ``clamp(clamp(conv + bias, *first) + residual, *second)``, where ``clamp(v, lo,
+    hi)`` is NumPy's ``minimum(maximum(v, lo), hi)`` and a bound of None is no bound; each
+    step rounds as the op alone does, so the result equals the ops run one by one.
+
+    ``residual`` is an array of the output's shape and dtype (None: no addition).
+    ``stages`` are arrays (of the output's shape and dtype) that also receive the values
+    before each step: the convolution plus bias, after the first clamp, after the residual
+    addition; None where nobody reads them.
+    """
+
+    first: tuple[float | None, float | None] = (None, None)
+    residual: np.ndarray | None = None
+    second: tuple[float | None, float | None] = (None, None)
+    stages: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
+
+    def arguments(self, out: np.ndarray) -> tuple:
+        """The kernel's epilogue arguments for ``out``: residual, whether there is one, the
+        bounds (infinite where None), the stage arrays and which of them to write.
+
+        Raises:
+            ShapeError: a residual or stage array of another shape or dtype than ``out``.
+        """
+        dtype = out.dtype
+        dummy = np.empty((0, 0, 0, 0), dtype)
+        for array in (self.residual, *self.stages):
+            if array is not None and (array.shape != out.shape or array.dtype != dtype):
+                raise ShapeError(
+                    f"numba conv2d: an epilogue array {fmt_shape(array.shape)} {array.dtype} "
+                    f"does not match the output {fmt_shape(out.shape)} {dtype}"
+                )
+        residual = dummy if self.residual is None else np.ascontiguousarray(self.residual)
+        bounds = np.array([_bound(self.first[0], -np.inf), _bound(self.first[1], np.inf),
+                           _bound(self.second[0], -np.inf), _bound(self.second[1], np.inf)],
+                          dtype)  # fmt: skip
+        for stage in self.stages:
+            if stage is not None and not stage.flags.c_contiguous:
+                raise ShapeError("numba conv2d: an epilogue stage array must be C-contiguous")
+        stages = tuple(dummy if a is None else a for a in self.stages)
+        writes = np.array([a is not None for a in self.stages], np.bool_)
+        return residual, self.residual is not None, bounds, stages, writes
+
+
+def _bound(value: float | None, none: float) -> float:
+    return none if value is None else value
+
+
 def _threads() -> int:
     """Threads of a large convolution: ``EMBER_FUSION_THREADS``, else every core."""
     configured = os.environ.get("EMBER_FUSION_THREADS")
@@ -467,6 +585,7 @@ def conv2d(
     options: ConvOptions,
     threads: int | None = None,
     empty: Callable = np.empty,
+    epilogue: Epilogue | None = None,
 ) -> np.ndarray:
     """2-d convolution ``[N, C, H, W] * [O, C/g, kh, kw] -> [N, O, oh, ow]`` (plus ``bias``
     ``[O]``), as :func:`ember.backends.ndarray.conv.conv2d` computes it; returns a new
@@ -477,6 +596,10 @@ def conv2d(
     :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba,
     and :class:`~ember.backend.errors.ShapeError` for shapes that do not convolve.
     ``empty(shape, dtype)`` makes the output (a pool's ``take``, say).
+
+    With an ``epilogue``, returns ``epilogue``'s ops applied to the convolution instead,
+    computed as each output is stored (see :class:`Epilogue`); it needs at least
+    :data:`OB` output channels per group (:class:`KernelUnsupported` otherwise).
     """
     if numba is None:
         raise KernelUnsupported("numba conv2d: numba is not installed")
@@ -521,6 +644,9 @@ def conv2d(
     from ember.backends.fusion.numba_runtime import _run_parts
 
     if og < OB:
+        if epilogue is not None:
+            raise KernelUnsupported(f"numba conv2d: an epilogue needs {OB} or more output "
+                                    f"channels per group, not {og}")  # fmt: skip
         # Fewer than OB channels per group: one pass per channel, no padded channels.
         wt = np.zeros((o, taps), dtype)
         wt[:, : cg * kh * kw] = weight.reshape(o, cg * kh * kw)
@@ -540,7 +666,8 @@ def conv2d(
     # Few row tiles: each rounds up to whole spans (waste), and the sums of a whole plane
     # (64 channels of 1024 positions: 256 KiB in float32) still sit in L2.
     ntiles = -(-oh * wq // TILE_POSITIONS)
-    args = [x, wt.reshape(-1), offs, used, b, out]
+    epilogue_args = (epilogue or Epilogue()).arguments(out)
+    args = [x, wt.reshape(-1), offs, used, b, out, *epilogue_args]
     _run_parts(_conv_tiled, [*args, *geometry, nblk, -(-oh // ntiles), span], parts)
     return out
 
