@@ -326,9 +326,12 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, stages, writ
     taps = offs.shape[0]
     ntiles = (oh + rows_per_tile - 1) // rows_per_tile
     longest = -(-rows_per_tile * wq // span) * span
-    # Slack: the last span runs past the plane by up to span - 1 positions and a tap's
-    # column shift (< wq); both read zeros and are dropped.
-    xq = np.zeros(cg * sh * sw * hq * wq + wq + span, x.dtype)
+    # Slack: the last span runs past the last row by up to span - 1 positions, and a tap
+    # past the last plane by its offset; both read zeros (dropped, or padding).
+    reach = 0
+    for t in range(taps):
+        reach = max(reach, offs[t] + oh * wq + span)
+    xq = np.zeros(max(cg * sh * sw * hq * wq, reach) + LANES, x.dtype)
     # Every channel of the group's tile: [nblk * TILE_OB, longest].
     acc = np.empty(nblk * TILE_OB * longest, x.dtype)
     tasks = n_all * groups * ntiles
@@ -633,6 +636,11 @@ def conv2d(
     og = o // groups
     hq = oh + dh * (kh - 1) // sh
     wq = ow + dw * (kw - 1) // sw
+    if og >= OB and sw == 1:
+        # A row's right padding columns can be the next row's left ones (zeros as well):
+        # the taps reading past a row's end wrap onto them, so fewer columns are computed
+        # and dropped (a 16-wide 3x3 layer: 17 columns a row instead of 18).
+        wq -= min(pw, dw * (kw - 1))
     single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
     unroll = 1 if og >= OB else single  # the tiled kernel adds one tap per step
     offs, used = _tap_layout(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
