@@ -76,7 +76,7 @@ import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.backends.fusion.numba_source import KernelUnsupported
-from ember.backends.fusion.numba_tile import lanes, tile_kernel
+from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions
@@ -114,9 +114,9 @@ extra positions are computed from the buffer's zeroed slack and dropped."""
 TILE_POSITIONS = 1152
 """Output positions (of full rows) of one tile of the forward kernel, at most, unless a
 row is longer: a 32x32 plane with its padding columns (1088) is one tile."""
-TILE_OB = 8
+TILE_OB = 8 if VECTOR_BYTES == 64 else 4
 """Output channels of one register tile of the forward kernel (a multiple of this is padded
-with zero weights)."""
+with zero weights): 8 with AVX-512's 32 vector registers, 4 with AVX2's 16."""
 TILE_VECTORS = 3
 """Vectors of positions of one register tile: 8 x 3 accumulators, 3 loaded vectors and a
 broadcast weight fill AVX-512's 32 registers (measured on Zen 5, float32, alone: 8x3

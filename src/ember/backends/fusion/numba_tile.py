@@ -9,11 +9,11 @@ operands and, once at the end, to store the sums:
 ``acc[a0 + o * stride + i] = sum over t < taps of wt[wstart + t * ob + o] * xq[offs[t] + q0 + i]``
 
 for ``o < ob`` output channels and ``i < span = nv * lanes`` positions, where ``lanes``
-is the number of elements of a 64-byte (AVX-512) vector of the arrays' dtype (16 float32,
-8 float64). Per tap it loads ``nv`` vectors of positions and ``ob`` weights (each
+is the number of elements of a :data:`VECTOR_BYTES` vector of the arrays' dtype (with
+AVX-512: 16 float32, 8 float64). Per tap it loads ``nv`` vectors of positions and ``ob`` weights (each
 broadcast to a vector) and does ``ob * nv`` fused multiply-adds; with ``ob * nv`` about
 24 the accumulators, the loaded positions and a weight fill the 32 vector registers of
-AVX-512. On a CPU with narrower vectors LLVM splits each vector op (correct, slower).
+AVX-512 (without it, vectors are AVX2's 32 bytes and the caller takes a smaller tile).
 
 The arrays must be 1-d and C-contiguous (numba's ``A`` layout is refused); nothing is
 bounds-checked: the caller guarantees ``offs[t] + q0 + span <= xq.size`` and the sizes of
@@ -33,8 +33,21 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 
 __all__ = ["VECTOR_BYTES", "lanes", "tile_kernel"]
 
-VECTOR_BYTES = 64
-"""Bytes of one accumulator vector: an AVX-512 register."""
+
+def _vector_bytes() -> int:
+    """64 (an AVX-512 register) where the host has AVX-512, else 32 (AVX2's): a vector
+    LLVM must split in two would double the registers a tile needs and spill."""
+    try:
+        from llvmlite import binding
+
+        features = binding.get_host_cpu_features()
+    except Exception:  # pragma: no cover - no llvmlite, or a host it cannot query
+        return 32
+    return 64 if features.get("avx512f", False) else 32
+
+
+VECTOR_BYTES = _vector_bytes()
+"""Bytes of one accumulator vector: an AVX-512 register where the host has one."""
 
 
 def lanes(itemsize: int) -> int:
@@ -85,7 +98,9 @@ def tile_kernel(ob: int, nv: int):
             zero = ir.Constant(vty, None)
             splat_mask = ir.Constant(ir.VectorType(i32, width), None)
             suffix = f"v{width}f{itemsize * 8}"  # llvm.fma.v16f32: one vector FMA
-            fma = builder.module.declare_intrinsic(f"llvm.fma.{suffix}", (), ir.FunctionType(vty, [vty] * 3))
+            fma = builder.module.declare_intrinsic(
+                f"llvm.fma.{suffix}", (), ir.FunctionType(vty, [vty] * 3)
+            )
 
             def const(value):
                 return ir.Constant(i64, value)
