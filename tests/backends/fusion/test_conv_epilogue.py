@@ -39,8 +39,8 @@ def _case(dtype, groups=1, stride=(1, 1), seed=0):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize(("groups", "stride"), [(1, (1, 1)), (2, (2, 1))])
-def test_epilogue_equals_the_ops_after_the_convolution(dtype, groups, stride):
+@pytest.mark.parametrize(("groups", "stride", "threads"), [(1, (1, 1), 1), (2, (2, 1), 3)])
+def test_epilogue_equals_the_ops_after_the_convolution(dtype, groups, stride, threads):
     x, w, b, options = _case(dtype, groups, stride)
     plain = numba_conv.conv2d(x, w, b, options)
     residual = np.random.default_rng(1).standard_normal(plain.shape).astype(dtype)
@@ -49,7 +49,8 @@ def test_epilogue_equals_the_ops_after_the_convolution(dtype, groups, stride):
     after_add = after_first + residual
     want = _clamp(after_add, *second)
     stages = tuple(np.full_like(plain, np.nan) for _ in range(3))
-    got = numba_conv.conv2d(x, w, b, options, epilogue=Epilogue(first, residual, second, stages))
+    epilogue = Epilogue(first, residual, second, stages)
+    got = numba_conv.conv2d(x, w, b, options, threads=threads, epilogue=epilogue)
     np.testing.assert_array_equal(got, want)  # each step rounds as the op alone does
     for stage, value in zip(stages, (plain, after_first, after_add), strict=True):
         np.testing.assert_array_equal(stage, value)
