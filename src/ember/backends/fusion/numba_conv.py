@@ -124,7 +124,8 @@ TILE_OB = 8 if VECTOR_BYTES == 64 else 4
 """Output channels of one register tile of the forward kernel (a multiple of this is padded
 with zero weights): 8 with AVX-512's 32 vector registers, 4 with AVX2's 16."""
 TILE_VECTORS = 3
-"""Vectors of positions of one register tile: 8 x 3 accumulators, 3 loaded vectors and a
+"""Vectors of positions of one register tile (the kernel has tiles of 1 and 2 vectors for
+a partial span, so this stays 3): 8 x 3 accumulators, 3 loaded vectors and a
 broadcast weight fill AVX-512's 32 registers (measured on Zen 5, float32, alone: 8x3
 270 GFLOP/s, 6x4 275, 4x6 249, 8x2 255)."""
 PARALLEL_MIN_MACS = 1 << 24
@@ -315,6 +316,8 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
 
 
 _tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS)
+_tile1 = None if numba is None else tile_kernel(TILE_OB, 1)  # a tile's last, partial span
+_tile2 = None if numba is None else tile_kernel(TILE_OB, 2)
 
 
 @_jit
@@ -352,14 +355,24 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, stages, writ
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
-        length = -(-(r1 - r0) * wq // span) * span
+        positions = (r1 - r0) * wq
+        whole = positions // span * span
+        # A last span of 1 or 2 vectors takes a narrower tile: a 16x16 layer's
+        # 272 positions are 5 spans of 48 and one of 32, not 6 spans (6% more work).
+        rest = -(-(positions - whole) // (span // TILE_VECTORS))
         # Spans outside, blocks inside: a span's input (its taps' windows) stays in L1
         # while every block's weights stream past it.
-        for s in range(0, length, span):
+        for s in range(0, whole + (span if rest else 0), span):
+            q = r0 * wq + s
             for blk in range(nblk):
                 wstart = (g * nblk + blk) * taps * TILE_OB
-                _tile(xq, offs, wt, wstart, r0 * wq + s, taps, acc, blk * TILE_OB * longest + s,
-                      longest)  # fmt: skip
+                a0 = blk * TILE_OB * longest + s
+                if s < whole or rest == TILE_VECTORS:
+                    _tile(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+                elif rest == 1:
+                    _tile1(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+                else:
+                    _tile2(xq, offs, wt, wstart, q, taps, acc, a0, longest)
         for o in range(og):
             oc = g * og + o
             _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
