@@ -178,28 +178,24 @@ class Executor:
 
     def _conv_epilogue(self, fused: ConvEpilogue, records: list[Record]) -> None:
         """Runs a convolution and its epilogue (``conv_epilogue``) in the numba kernel where
-        the tuner chose that kernel for the convolution alone; otherwise (chosen im2col,
-        too small to time, not tuned yet, or a case the kernel refuses) record by record,
-        which also tunes the convolution."""
+        the tuner chose that kernel for the convolution alone and no inner value is read
+        later; otherwise (chosen im2col, too small to time, not tuned yet, a case the
+        kernel refuses, an inner value read) record by record, which also tunes the
+        convolution."""
         kernel = self.op_kernels["conv2d"]
         args = inner_args(fused.conv)
         how = None
-        if kernel.supports(args):
+        if kernel.supports(args) and not fused.inner_read:
             how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
         if type(how) is autotune.Choice and how != autotune.UNFUSED:
-            take = self.runtime.pool.take
-            stages = tuple(None if s is None else take(s.shape, args[0].dtype)
-                           for s in fused.stages)  # fmt: skip
             try:
-                out = run_conv_epilogue(fused, args, stages, how.threads, take)
+                out = run_conv_epilogue(fused, args, how.threads, self.runtime.pool.take)
             except UnsupportedError:
                 pass
             else:
-                made = [(s, a) for s, a in zip(fused.stages, stages) if s is not None]
-                for slot, array in [*made, (fused.output, out)]:
-                    set_output(self.inner, slot, array, "conv2d with its epilogue")
-                    if self.recycler is not None:
-                        slot.recycle = self.recycler
+                set_output(self.inner, fused.output, out, "conv2d with its epilogue")
+                if self.recycler is not None:
+                    fused.output.recycle = self.recycler
                 counters.add("op_kernels")
                 counters.add("fused_ops", len(records) - 1)
                 return

@@ -321,7 +321,7 @@ _tile2 = None if numba is None else tile_kernel(TILE_OB, 2)
 
 
 @_jit
-def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, stages, writes, sh, sw,
+def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
                 ph, pw, hq, wq, groups, cg, nblk, rows_per_tile, span, part,
                 parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Output channel blocks of :data:`TILE_OB` by spans of ``span`` positions, summed in
@@ -377,9 +377,6 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, stages, writ
             oc = g * og + o
             _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
                            bounds)  # fmt: skip
-            if writes[0] or writes[1] or writes[2]:  # a step's value is read elsewhere too
-                _stage_rows(stages, writes, acc, o * longest, bias[oc], n, oc, r0, r1, wq,
-                            res, has_res, bounds)  # fmt: skip
 
 
 @_exact
@@ -405,30 +402,6 @@ def _epilogue_rows(out, acc, a0, b, n, oc, r0, r1, wq, res, has_res,
         else:
             for j in range(ow):
                 dst[np.uintp(j)] = _clamp(_clamp(acc[np.uintp(src + j)] + b, lo1, hi1), lo2, hi2)
-
-
-@_exact
-def _stage_rows(stages, writes, acc, a0, b, n, oc, r0, r1, wq, res, has_res,
-                bounds):  # fmt: skip  # pragma: no cover - runs compiled
-    """As :func:`_epilogue_rows`, writing the values before each step instead: the sum
-    plus bias into ``stages[0]``, after the first clamp into ``stages[1]``, after the
-    residual into ``stages[2]``, each where ``writes`` says (a separate loop: the common
-    case, no stage read elsewhere, stays a plain vector loop)."""
-    ow = stages[0].shape[3] if writes[0] else (stages[1].shape[3] if writes[1] else
-                                               stages[2].shape[3])  # fmt: skip
-    for r in range(r0, r1):
-        src = a0 + (r - r0) * wq
-        for j in range(ow):
-            v = acc[src + j] + b
-            if writes[0]:
-                stages[0][n, oc, r, j] = v
-            v = _clamp(v, bounds[0], bounds[1])
-            if writes[1]:
-                stages[1][n, oc, r, j] = v
-            if has_res:
-                v = v + res[n, oc, r, j]
-            if writes[2]:
-                stages[2][n, oc, r, j] = v
 
 
 @_exact_inline
@@ -553,41 +526,34 @@ class Epilogue:
     step rounds as the op alone does, so the result equals the ops run one by one.
 
     ``residual`` is an array of the output's shape and dtype (None: no addition).
-    ``stages`` are arrays (of the output's shape and dtype) that also receive the values
-    before each step: the convolution plus bias, after the first clamp, after the residual
-    addition; None where nobody reads them.
     """
 
     first: tuple[float | None, float | None] = (None, None)
     residual: np.ndarray | None = None
     second: tuple[float | None, float | None] = (None, None)
-    stages: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (None, None, None)
 
     def arguments(self, out: np.ndarray) -> tuple:
-        """The kernel's epilogue arguments for ``out``: residual, whether there is one, the
-        bounds (infinite where None), the stage arrays and which of them to write.
+        """The kernel's epilogue arguments for ``out``: residual, whether there is one, and
+        the bounds (infinite where None).
 
         Raises:
-            ShapeError: a residual or stage array of another shape or dtype than ``out``.
+            ShapeError: a residual of another shape or dtype than ``out``.
         """
         dtype = out.dtype
-        dummy = np.empty((0, 0, 0, 0), dtype)
-        for array in (self.residual, *self.stages):
-            if array is not None and (array.shape != out.shape or array.dtype != dtype):
-                raise ShapeError(
-                    f"numba conv2d: an epilogue array {fmt_shape(array.shape)} {array.dtype} "
-                    f"does not match the output {fmt_shape(out.shape)} {dtype}"
-                )
-        residual = dummy if self.residual is None else np.ascontiguousarray(self.residual)
+        residual = self.residual
+        if residual is None:
+            residual = np.empty((0, 0, 0, 0), dtype)
+        elif residual.shape != out.shape or residual.dtype != dtype:
+            raise ShapeError(
+                f"numba conv2d: an epilogue residual {fmt_shape(residual.shape)} "
+                f"{residual.dtype} does not match the output {fmt_shape(out.shape)} {dtype}"
+            )
+        else:
+            residual = np.ascontiguousarray(residual)
         bounds = np.array([_bound(self.first[0], -np.inf), _bound(self.first[1], np.inf),
                            _bound(self.second[0], -np.inf), _bound(self.second[1], np.inf)],
                           dtype)  # fmt: skip
-        for stage in self.stages:
-            if stage is not None and not stage.flags.c_contiguous:
-                raise ShapeError("numba conv2d: an epilogue stage array must be C-contiguous")
-        stages = tuple(dummy if a is None else a for a in self.stages)
-        writes = np.array([a is not None for a in self.stages], np.bool_)
-        return residual, self.residual is not None, bounds, stages, writes
+        return residual, self.residual is not None, bounds
 
 
 def _bound(value: float | None, none: float) -> float:
