@@ -17,7 +17,8 @@ AVX-512 (without it, vectors are AVX2's 32 bytes and the caller takes a smaller 
 
 The arrays must be 1-d and C-contiguous (numba's ``A`` layout is refused); nothing is
 bounds-checked: the caller guarantees ``offs[t] + q0 + span <= xq.size`` and the sizes of
-``wt`` and ``acc`` (``a0 + (ob - 1) * stride + span <= acc.size``). Sums are fused multiply-adds in tap order (each lane a sequential sum).
+``wt`` and ``acc`` (``a0 + (ob - 1) * stride + span <= acc.size``). Sums are fused
+multiply-adds in tap order (each lane a sequential sum).
 
 numba's disk cache (``cache=True``) keys a kernel by its own source file only: after a
 change here, the kernels that use the tile (``numba_conv``) keep their old machine code
