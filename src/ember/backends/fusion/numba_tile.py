@@ -13,7 +13,8 @@ is the number of elements of a :data:`VECTOR_BYTES` vector of the arrays' dtype 
 AVX-512: 16 float32, 8 float64). Per tap it loads ``nv`` vectors of positions and ``ob``
 weights (each broadcast to a vector) and does ``ob * nv`` fused multiply-adds; with
 ``ob * nv`` about 24 the accumulators, the loaded positions and a weight fill the 32
-vector registers of AVX-512 (without it, vectors are AVX2's 32 bytes and the caller takes a smaller tile).
+vector registers of AVX-512 (without it, vectors are AVX2's 32 bytes and the caller
+takes a smaller tile).
 
 The arrays must be 1-d and C-contiguous (numba's ``A`` layout is refused); nothing is
 bounds-checked: the caller guarantees ``offs[t] + q0 + span <= xq.size`` and the sizes of
