@@ -21,6 +21,7 @@ from ember.backend.errors import (
     fmt_shape,
 )
 from ember.backends.fusion import autotune, counters
+from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
 
@@ -130,22 +131,25 @@ class Executor:
 
         self.inner = inner
         self.runtime = runtime if runtime is not None else runtime_named()
-        self.arrays = numpy_bridge(inner)
         fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
+        self.arrays = numpy_bridge(inner)
+        # How each large block runs (fused at a thread count, or unfused), timed on first use.
+        self.tuner = autotune.tuner_for(self.runtime) if self.arrays is not None else None
+        # Compiled candidates for single ops (convolution, pooling), chosen by the tuner.
+        self.op_kernels = {}
+        if self.tuner is not None and inner.name == "ndarray":
+            from ember.backends.fusion.conv_epilogue import ConvEpilogueFuser
+            from ember.backends.fusion.op_kernels import NDARRAY_KERNELS
+
+            self.op_kernels = NDARRAY_KERNELS
+            # A convolution's activation and residual add, inside its kernel's store.
+            fusers.append(ConvEpilogueFuser(self.can_fuse))
         self.explorer = Explorer(fusers)
         self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
         # The fusers hold the records they are offered: one thread plans at a time.
         self._planning = threading.Lock()
         release = getattr(self.runtime, "release_later", None)  # from slot finalizers
         self.recycler = Recycler(release) if release and self.arrays is not None else None
-        # How each large block runs (fused at a thread count, or unfused), timed on first use.
-        self.tuner = autotune.tuner_for(self.runtime) if self.arrays is not None else None
-        # Compiled candidates for single ops (convolution, pooling), chosen by the tuner.
-        self.op_kernels = {}
-        if self.tuner is not None and inner.name == "ndarray":
-            from ember.backends.fusion.op_kernels import NDARRAY_KERNELS
-
-            self.op_kernels = NDARRAY_KERNELS
 
     def can_fuse(self, slot: Slot) -> bool:
         return self.arrays is not None and slot.device.place == "cpu"
@@ -159,13 +163,44 @@ class Executor:
         segments = self._blocks(records)
         for start, length, fused in segments:
             if fused is None:
-                record = records[start]
-                kernel = self.op_kernels.get(record.name)
-                if kernel is None or not self._run_op_kernel(kernel, record):
-                    counters.add("unfused_ops")
-                    run_record(self.inner, record)
+                self._single(records[start])
+            elif type(fused) is ConvEpilogue:
+                self._conv_epilogue(fused, records[start : start + length])
             else:
                 self._launch(fused, records[start : start + length], records, start + length)
+
+    def _single(self, record: Record) -> None:
+        """Runs a record no block holds: its compiled kernel where the tuner chose one."""
+        kernel = self.op_kernels.get(record.name)
+        if kernel is None or not self._run_op_kernel(kernel, record):
+            counters.add("unfused_ops")
+            run_record(self.inner, record)
+
+    def _conv_epilogue(self, fused: ConvEpilogue, records: list[Record]) -> None:
+        """Runs a convolution and its epilogue (``conv_epilogue``) in the numba kernel where
+        the tuner chose that kernel for the convolution alone and no inner value is read
+        later; otherwise (chosen im2col, too small to time, not tuned yet, a case the
+        kernel refuses, an inner value read) record by record, which also tunes the
+        convolution."""
+        kernel = self.op_kernels["conv2d"]
+        args = inner_args(fused.conv)
+        how = None
+        if kernel.supports(args) and not fused.inner_read:
+            how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
+        if type(how) is autotune.Choice and how != autotune.UNFUSED:
+            try:
+                out = run_conv_epilogue(fused, args, how.threads, self.runtime.pool.take)
+            except UnsupportedError:
+                pass
+            else:
+                set_output(self.inner, fused.output, out, "conv2d with its epilogue")
+                if self.recycler is not None:
+                    fused.output.recycle = self.recycler
+                counters.add("op_kernels")
+                counters.add("fused_ops", len(records) - 1)
+                return
+        for record in records:
+            self._single(record)
 
     def _blocks(self, records: list[Record]) -> list:
         """``(start, length, fused block or None)`` of each segment of the stream's plan.
@@ -244,7 +279,10 @@ class Executor:
         segments = self.explorer.build(records, build, key)
         if complete:
             self.explorer.remember(key, tuple(templates))
-            plans.save(key, self.explorer.cached(key), tuple(templates))
+            # Only element-wise templates have a disk form: a stream with a convolution
+            # epilogue is planned anew once per process (about a millisecond).
+            if not any(type(t) is EpilogueTemplate for _, _, t in templates):
+                plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
     def _launch(self, fused, records: list[Record], stream: list[Record] = (),

@@ -22,20 +22,31 @@ output rows):
   the plane (``wq >= ow``), so a tap's window for a tile of rows is *one* contiguous run of
   the flat buffer, ``xq[offset(tap) + q]``, and the inner loop runs over the whole tile (many
   rows) instead of one short row. The ``wq - ow`` extra columns per row are computed and
-  dropped when the tile is written out (waste: ``(kw - 1) dw / sw`` columns per row).
-* **Register blocking.** The inner loop updates :data:`OB` output channels from
-  :data:`UNROLL` taps at once: per vector of positions it loads 6 input vectors and 4
-  accumulators, does 24 FMAs and stores 4 accumulators (the 24 weights stay in
-  registers), so the loop is bound by FMAs rather than by the loads and stores of the
-  accumulators (one tap per pass would store once per FMA). Taps are flattened over
-  (input channel, kh, kw) and padded to a multiple of :data:`UNROLL` with zero weights; output channels are padded to a multiple of :data:`OB`
-  with zero weights (the padded channels are never written out). Weights are repacked per
-  call as ``[g * blocks, taps / UNROLL, UNROLL, OB]`` (a few KiB).
-* **Accumulators** for a tile live in an ``[OB, rows * wq]`` array of about :data:`TILE`
-  positions per channel, which stays in L1 while all taps run over it; a tile starts from
-  the bias.
-* **Tiles are whole vectors** (:data:`LANES`): the scalar remainder loop of a tile would
-  cost as much as a vector pass; the extra positions read the buffer's zeroed slack.
+  dropped when the tile is written out (waste: ``(kw - 1) dw / sw`` columns per row). In
+  the forward kernel at stride 1, a row's right padding columns are the next row's left
+  ones (zeros too; taps reading past a row's end wrap onto them): ``min(pw, (kw - 1) dw)``
+  fewer columns per row (a 3x3 layer at 16x16 computes 17 columns a row, not 18).
+* **Epilogue.** The forward kernel's store applies :class:`Epilogue` (clamp, residual
+  add, clamp: ReLU and a residual block's ``relu(conv + skip)``), compiled without
+  fast-math so each step rounds as the op alone does (``conv_epilogue`` fuses the ops).
+* **Register blocking.** The forward kernel (:func:`_conv_tiled`) sums :data:`TILE_OB`
+  output channels by :data:`TILE_VECTORS` vectors of positions in registers, over every
+  tap, with :func:`~ember.backends.fusion.numba_tile.tile_kernel` (LLVM IR: numba keeps
+  loop accumulators in memory); per tap it loads 3 vectors and 8 weights for 24 FMAs and
+  stores nothing. Taps are flattened over (input channel, kh, kw); output channels are
+  padded to a multiple of :data:`TILE_OB` with zero weights (never written out). Weights
+  are repacked per call as ``[g * blocks, taps, TILE_OB]`` (a few KiB).
+* **Tiles** are runs of whole rows of about :data:`TILE_POSITIONS` positions, rounded up
+  to whole spans of ``TILE_VECTORS`` vectors (the extra positions read the buffer's zeroed
+  slack and are dropped). A tile's spans run outside its channel blocks, so a span's input
+  stays in L1 while the blocks' weights stream past; its sums, every channel of the
+  group, go to an ``[O/g, tile]`` buffer (L2), written out row by row with the bias.
+* The gradients (``numba_conv_grad``) still run :func:`_conv_blocked`, the earlier kernel:
+  per vector of positions it loads 6 input vectors and 4 accumulators, does 24 FMAs and
+  stores the 4 accumulators (:data:`OB` channels by :data:`UNROLL` taps; its accumulators
+  for a tile of :data:`TILE` positions stay in L1).
+* **Tiles are whole vectors** (:data:`LANES`) in the gradients' kernel too: the scalar
+  remainder loop of a tile would cost as much as a vector pass.
 * **Depthwise** convolutions (fewer than :data:`OB` output channels per group, e.g.
   ``groups == C``) run a one-channel variant of the same loop (:func:`_conv_single`,
   adding a whole 3x3 kernel per pass where the taps allow): padding them to :data:`OB`
@@ -44,11 +55,11 @@ output rows):
   unsigned indices, so they vectorize too: for a depthwise layer they cost as much as the
   arithmetic (measured: 0.75 -> 0.5 ms on the depthwise benchmark case).
 
-Measured (Zen 5, float32, one thread, busy machine; ``benchmarks/bench_conv_kernels.py``):
-about 65-80 GMAC/s on 3x3 layers with 8-64 channels: 1.5-3.6x faster than NdArray's
-im2col on every 3x3 case (a 1x1 kernel is a plain GEMM: im2col is 1.15x faster there).
-Torch is 1.1-1.6x faster on the wide layers; this is faster than torch on the first guide
-layer, the 3-channel stem, the 16-channel pad=1 case and depthwise.
+Measured (Zen 5, float32, one thread, busy machine; ``benchmarks/bench_conv_kernels.py``,
+medians): the ONNX CNN's layers at batch 8 run at 150-225 GFLOP/s (3->32 stem 0.09 ms,
+32->32 at 32x32 0.68 ms, 32->64 stride 2 0.48 ms, 64->64 at 16x16 0.73 ms), 1.2-1.4x the
+earlier 4x6 kernel with accumulators in memory; torch takes 0.15, 0.79, 0.40 and 0.69 ms.
+The tile alone (no packing, no waste) runs at about 270 GFLOP/s.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their task
 range (like the fusion runtime's generated kernels); :func:`conv2d` runs them with
@@ -61,14 +72,17 @@ another order than NdArray's GEMM adds them (the results agree to rounding).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.backends.fusion.numba_source import KernelUnsupported
+from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions
@@ -103,6 +117,17 @@ float32) stay in L1 while every tap runs over them."""
 LANES = 16
 """The tile length is rounded up to a multiple of this (a float32 vector of AVX-512): the
 extra positions are computed from the buffer's zeroed slack and dropped."""
+TILE_POSITIONS = 1152
+"""Output positions (of full rows) of one tile of the forward kernel, at most, unless a
+row is longer: a 32x32 plane with its padding columns (1088) is one tile."""
+TILE_OB = 8 if VECTOR_BYTES == 64 else 4
+"""Output channels of one register tile of the forward kernel (a multiple of this is padded
+with zero weights): 8 with AVX-512's 32 vector registers, 4 with AVX2's 16."""
+TILE_VECTORS = 3
+"""Vectors of positions of one register tile (the kernel has tiles of 1 and 2 vectors for
+a partial span, so this stays 3): 8 x 3 accumulators, 3 loaded vectors and a
+broadcast weight fill AVX-512's 32 registers (measured on Zen 5, float32, alone: 8x3
+270 GFLOP/s, 6x4 275, 4x6 249, 8x2 255)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Convolutions of fewer multiply-adds than this run on one thread: waking the others costs
 more than they save (measured on 2 busy cores: 3-7 M multiply-adds ran 25-35% slower on 2
@@ -121,6 +146,25 @@ def _jit(fn):
     if numba is None:  # pragma: no cover - exercised where numba is missing
         return fn
     return numba.njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy")(fn)
+
+
+def _exact(fn):
+    """Compiled like :func:`_jit` but without fast-math (the epilogue's own rounding)."""
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
+
+
+def _exact_inline(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(inline="always", error_model="numpy")(fn)
+
+
+def _inline(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(inline="always", fastmath=_FLAGS, error_model="numpy")(fn)
 
 
 @_jit
@@ -271,10 +315,100 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
                     dst[np.uintp(j)] = row_acc[np.uintp(src + j)]
 
 
-def _inline(fn):
-    if numba is None:  # pragma: no cover - exercised where numba is missing
-        return fn
-    return numba.njit(inline="always", fastmath=_FLAGS, error_model="numpy")(fn)
+_tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS)
+_tile1 = None if numba is None else tile_kernel(TILE_OB, 1)  # a tile's last, partial span
+_tile2 = None if numba is None else tile_kernel(TILE_OB, 2)
+
+
+@_jit
+def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
+                ph, pw, hq, wq, groups, cg, nblk, rows_per_tile, span, part,
+                parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """Output channel blocks of :data:`TILE_OB` by spans of ``span`` positions, summed in
+    registers by :func:`numba_tile.tile_kernel` (see the module doc); ``wt`` is flat
+    ``[groups * nblk, taps, TILE_OB]``, ``offs`` the flat buffer offset of each tap,
+    ``bias`` ``[O]``; the rest is the epilogue (:func:`_epilogue_rows`)."""
+    n_all = x.shape[0]
+    o_all = out.shape[1]
+    oh = out.shape[2]
+    og = o_all // groups
+    taps = offs.shape[0]
+    ntiles = (oh + rows_per_tile - 1) // rows_per_tile
+    longest = -(-rows_per_tile * wq // span) * span
+    # Slack: the last span runs past the last row by up to span - 1 positions, and a tap
+    # past the last plane by its offset; both read zeros (dropped, or padding).
+    reach = 0
+    for t in range(taps):
+        reach = max(reach, offs[t] + oh * wq + span)
+    xq = np.zeros(max(cg * sh * sw * hq * wq, reach) + LANES, x.dtype)
+    # Every channel of the group's tile: [nblk * TILE_OB, longest].
+    acc = np.empty(nblk * TILE_OB * longest, x.dtype)
+    tasks = n_all * groups * ntiles
+    packed = -1
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        tile = task % ntiles
+        sample_group = task // ntiles
+        g = sample_group % groups
+        n = sample_group // groups
+        if sample_group != packed:
+            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
+            packed = sample_group
+        r0 = tile * rows_per_tile
+        r1 = min(oh, r0 + rows_per_tile)
+        positions = (r1 - r0) * wq
+        whole = positions // span * span
+        # A last span of 1 or 2 vectors takes a narrower tile: a 16x16 layer's
+        # 272 positions are 5 spans of 48 and one of 32, not 6 spans (6% more work).
+        rest = -(-(positions - whole) // (span // TILE_VECTORS))
+        # Spans outside, blocks inside: a span's input (its taps' windows) stays in L1
+        # while every block's weights stream past it.
+        for s in range(0, whole + (span if rest else 0), span):
+            q = r0 * wq + s
+            for blk in range(nblk):
+                wstart = (g * nblk + blk) * taps * TILE_OB
+                a0 = blk * TILE_OB * longest + s
+                if s < whole or rest == TILE_VECTORS:
+                    _tile(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+                elif rest == 1:
+                    _tile1(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+                else:
+                    _tile2(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+        for o in range(og):
+            oc = g * og + o
+            _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
+                           bounds)  # fmt: skip
+
+
+@_exact
+def _epilogue_rows(out, acc, a0, b, n, oc, r0, r1, wq, res, has_res,
+                   bounds):  # fmt: skip  # pragma: no cover - runs compiled
+    """Writes rows ``r0 .. r1`` of channel ``oc`` from a tile's sums (``acc[a0:]``, full
+    rows of ``wq``) through the epilogue ``clamp(clamp(sum + b, lo1, hi1) + res, lo2,
+    hi2)`` (``bounds``; infinite ones change nothing, ``res`` only with ``has_res``).
+    Compiled without fast-math: each step rounds as the unfused op does."""
+    ow = out.shape[3]
+    lo1 = bounds[0]
+    hi1 = bounds[1]
+    lo2 = bounds[2]
+    hi2 = bounds[3]
+    for r in range(r0, r1):
+        src = a0 + (r - r0) * wq
+        dst = out[n, oc, r]
+        if has_res:
+            add = res[n, oc, r]
+            for j in range(ow):
+                v = _clamp(acc[np.uintp(src + j)] + b, lo1, hi1) + add[np.uintp(j)]
+                dst[np.uintp(j)] = _clamp(v, lo2, hi2)
+        else:
+            for j in range(ow):
+                dst[np.uintp(j)] = _clamp(_clamp(acc[np.uintp(src + j)] + b, lo1, hi1), lo2, hi2)
+
+
+@_exact_inline
+def _clamp(v, lo, hi):  # pragma: no cover - runs compiled
+    """``minimum(maximum(v, lo), hi)`` as NumPy computes it (a NaN stays NaN)."""
+    v = lo if v < lo else v
+    return hi if v > hi else v
 
 
 @_inline
@@ -384,6 +518,48 @@ def _add9(acc, xq, wt, offs, oc, t, base, length):  # pragma: no cover - runs co
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Epilogue:
+    """Element-wise ops :func:`conv2d` applies to each output as it stores it, in this
+    order: ``clamp(clamp(conv + bias, *first) + residual, *second)``, where ``clamp(v, lo,
+    hi)`` is NumPy's ``minimum(maximum(v, lo), hi)`` and a bound of None is no bound; each
+    step rounds as the op alone does, so the result equals the ops run one by one.
+
+    ``residual`` is an array of the output's shape and dtype (None: no addition).
+    """
+
+    first: tuple[float | None, float | None] = (None, None)
+    residual: np.ndarray | None = None
+    second: tuple[float | None, float | None] = (None, None)
+
+    def arguments(self, out: np.ndarray) -> tuple:
+        """The kernel's epilogue arguments for ``out``: residual, whether there is one, and
+        the bounds (infinite where None).
+
+        Raises:
+            ShapeError: a residual of another shape or dtype than ``out``.
+        """
+        dtype = out.dtype
+        residual = self.residual
+        if residual is None:
+            residual = np.empty((0, 0, 0, 0), dtype)
+        elif residual.shape != out.shape or residual.dtype != dtype:
+            raise ShapeError(
+                f"numba conv2d: an epilogue residual {fmt_shape(residual.shape)} "
+                f"{residual.dtype} does not match the output {fmt_shape(out.shape)} {dtype}"
+            )
+        else:
+            residual = np.ascontiguousarray(residual)
+        bounds = np.array([_bound(self.first[0], -np.inf), _bound(self.first[1], np.inf),
+                           _bound(self.second[0], -np.inf), _bound(self.second[1], np.inf)],
+                          dtype)  # fmt: skip
+        return residual, self.residual is not None, bounds
+
+
+def _bound(value: float | None, none: float) -> float:
+    return none if value is None else value
+
+
 def _threads() -> int:
     """Threads of a large convolution: ``EMBER_FUSION_THREADS``, else every core."""
     configured = os.environ.get("EMBER_FUSION_THREADS")
@@ -397,6 +573,7 @@ def conv2d(
     options: ConvOptions,
     threads: int | None = None,
     empty: Callable = np.empty,
+    epilogue: Epilogue | None = None,
 ) -> np.ndarray:
     """2-d convolution ``[N, C, H, W] * [O, C/g, kh, kw] -> [N, O, oh, ow]`` (plus ``bias``
     ``[O]``), as :func:`ember.backends.ndarray.conv.conv2d` computes it; returns a new
@@ -407,6 +584,10 @@ def conv2d(
     :class:`KernelUnsupported` for dtypes other than float32 / float64 or without numba,
     and :class:`~ember.backend.errors.ShapeError` for shapes that do not convolve.
     ``empty(shape, dtype)`` makes the output (a pool's ``take``, say).
+
+    With an ``epilogue``, returns ``epilogue``'s ops applied to the convolution instead,
+    computed as each output is stored (see :class:`Epilogue`); it needs at least
+    :data:`OB` output channels per group (:class:`KernelUnsupported` otherwise).
     """
     if numba is None:
         raise KernelUnsupported("numba conv2d: numba is not installed")
@@ -440,40 +621,58 @@ def conv2d(
     og = o // groups
     hq = oh + dh * (kh - 1) // sh
     wq = ow + dw * (kw - 1) // sw
+    if og >= OB and sw == 1:
+        # A row's right padding columns can be the next row's left ones (zeros as well):
+        # the taps reading past a row's end wrap onto them, so fewer columns are computed
+        # and dropped (a 16-wide 3x3 layer: 17 columns a row instead of 18).
+        wq -= min(pw, dw * (kw - 1))
     single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
-    unroll = UNROLL if og >= OB else single
-    offs = _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
+    unroll = 1 if og >= OB else single  # the tiled kernel adds one tap per step
+    offs, used = _tap_layout(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
     taps = offs.size
-    used = np.zeros((sh, sw), np.bool_)
-    used[np.ix_(np.arange(kh) * dh % sh, np.arange(kw) * dw % sw)] = True
-    used = used.reshape(-1)
-    w_taps = np.zeros((groups, og, taps), dtype)
-    w_taps[:, :, : cg * kh * kw] = weight.reshape(groups, og, cg * kh * kw)
-    b = np.zeros((groups, og), dtype) if bias is None else bias.astype(dtype).reshape(groups, og)
-    rows_per_tile = max(1, min(oh, -(-TILE // wq)))
+    b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
     macs = n * o * oh * ow * cg * kh * kw
     parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
     geometry = (sh, sw, ph, pw, hq, wq, groups, cg)
     from ember.backends.fusion.numba_runtime import _run_parts
 
     if og < OB:
+        if epilogue is not None:
+            raise KernelUnsupported(f"numba conv2d: an epilogue needs {OB} or more output "
+                                    f"channels per group, not {og}")  # fmt: skip
         # Fewer than OB channels per group: one pass per channel, no padded channels.
-        wt = w_taps.reshape(o, taps // single, single)
-        args = [x, wt, offs, used, b.reshape(o), out]
+        wt = np.zeros((o, taps), dtype)
+        wt[:, : cg * kh * kw] = weight.reshape(o, cg * kh * kw)
+        rows_per_tile = max(1, min(oh, -(-TILE // wq)))
+        args = [x, wt.reshape(o, taps // single, single), offs, used, b, out]
         _run_parts(_conv_single, [*args, *geometry, rows_per_tile], parts)
         return out
-    nblk = -(-og // OB)
-    wt = np.zeros((groups, nblk * OB, taps), dtype)
-    wt[:, :og] = w_taps
-    # [groups * nblk, taps / UNROLL, UNROLL, OB]: each tap group's weights side by side.
-    wt = np.ascontiguousarray(
-        wt.reshape(groups, nblk, OB, taps // UNROLL, UNROLL).transpose(0, 1, 3, 4, 2)
-    ).reshape(groups * nblk, taps // UNROLL, UNROLL, OB)
-    bias_blocks = np.zeros((groups, nblk * OB), dtype)
-    bias_blocks[:, :og] = b
-    args = [x, wt, offs, used, bias_blocks.reshape(groups * nblk, OB), out]
-    _run_parts(_conv_blocked, [*args, *geometry, nblk, rows_per_tile], parts)
+    nblk = -(-og // TILE_OB)
+    # [groups * nblk, taps, TILE_OB] flat: a tap's weights side by side, in one copy.
+    blocks = weight.reshape(groups, og, taps)
+    if og % TILE_OB:
+        blocks = np.zeros((groups, nblk * TILE_OB, taps), dtype)
+        blocks[:, :og] = weight.reshape(groups, og, taps)
+    wt = np.empty((groups, nblk, taps, TILE_OB), dtype)
+    wt[...] = blocks.reshape(groups, nblk, TILE_OB, taps).transpose(0, 1, 3, 2)
+    span = TILE_VECTORS * lanes(dtype.itemsize)
+    # Few row tiles: each rounds up to whole spans (waste), and the sums of a whole plane
+    # (64 channels of 1024 positions: 256 KiB in float32) still sit in L2.
+    ntiles = -(-oh * wq // TILE_POSITIONS)
+    epilogue_args = (epilogue or Epilogue()).arguments(out)
+    args = [x, wt.reshape(-1), offs, used, b, out, *epilogue_args]
+    _run_parts(_conv_tiled, [*args, *geometry, nblk, -(-oh // ntiles), span], parts)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _tap_layout(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, hq: int,
+                wq: int, unroll: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The taps' offsets (:func:`_offsets`) and which phases ``(a, b)`` of the buffer they
+    read, flat ``[sh * sw]``: computed once per geometry (the kernels never write them)."""
+    used = np.zeros((sh, sw), np.bool_)
+    used[np.ix_(np.arange(kh) * dh % sh, np.arange(kw) * dw % sw)] = True
+    return _offsets(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll), used.reshape(-1)
 
 
 def _offsets(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, hq: int,

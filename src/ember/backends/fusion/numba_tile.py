@@ -1,0 +1,174 @@
+"""A register-blocked multiply-add tile for numba kernels, written as LLVM IR.
+
+numba vectorizes only innermost loops, so a kernel written in Python keeps its
+accumulators in memory: every pass over the taps of a convolution loads and stores them
+again. :func:`tile_kernel` builds an intrinsic whose accumulators are SSA values (vector
+registers) for the whole loop over the taps, and which touches memory only to load its
+operands and, once at the end, to store the sums:
+
+``acc[a0 + o * stride + i] = sum over t < taps of wt[wstart + t * ob + o] * xq[offs[t] + q0 + i]``
+
+for ``o < ob`` output channels and ``i < span = nv * lanes`` positions, where ``lanes``
+is the number of elements of a :data:`VECTOR_BYTES` vector of the arrays' dtype (with
+AVX-512: 16 float32, 8 float64). Per tap it loads ``nv`` vectors of positions and ``ob``
+weights (each broadcast to a vector) and does ``ob * nv`` fused multiply-adds; with
+``ob * nv`` about 24 the accumulators, the loaded positions and a weight fill the 32
+vector registers of AVX-512 (without it, vectors are AVX2's 32 bytes and the caller
+takes a smaller tile).
+
+The arrays must be 1-d and C-contiguous (numba's ``A`` layout is refused); nothing is
+bounds-checked: the caller guarantees ``offs[t] + q0 + span <= xq.size`` and the sizes of
+``wt`` and ``acc`` (``a0 + (ob - 1) * stride + span <= acc.size``). Sums are fused
+multiply-adds in tap order (each lane a sequential sum).
+
+numba's disk cache (``cache=True``) keys a kernel by its own source file only: after a
+change here, the kernels that use the tile (``numba_conv``) keep their old machine code
+until their file changes too or the cache (``__pycache__``, ``NUMBA_CACHE_DIR``) is
+cleared.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+try:  # numba is optional: the kernels that use the tile check numba first
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    intrinsic = None
+
+__all__ = ["VECTOR_BYTES", "lanes", "tile_kernel"]
+
+
+def _vector_bytes() -> int:
+    """64 (an AVX-512 register) where the host has AVX-512, else 32 (AVX2's): a vector
+    LLVM must split in two would double the registers a tile needs and spill."""
+    try:
+        from llvmlite import binding
+
+        features = binding.get_host_cpu_features()
+    except Exception:  # pragma: no cover - no llvmlite, or a host it cannot query
+        return 32
+    return 64 if features.get("avx512f", False) else 32
+
+
+VECTOR_BYTES = _vector_bytes()
+"""Bytes of one accumulator vector: an AVX-512 register where the host has one."""
+
+
+def lanes(itemsize: int) -> int:
+    """Elements of ``itemsize`` bytes in one vector."""
+    return VECTOR_BYTES // itemsize
+
+
+@cache
+def tile_kernel(ob: int, nv: int):
+    """The intrinsic ``tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)`` for ``ob`` output
+    channels by ``nv`` vectors of positions (see the module doc)."""
+    if intrinsic is None:  # pragma: no cover - exercised where numba is missing
+        raise ImportError("numba is not installed")
+
+    @intrinsic
+    def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride):
+        arrays = (xq, wt, acc)
+        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+                   for a in (*arrays, offs)):  # fmt: skip
+            return None
+        if len({a.dtype for a in arrays}) != 1 or arrays[0].dtype not in (
+            types.float32,
+            types.float64,
+        ):
+            return None
+        if offs.dtype != types.int64:
+            return None
+        sig = types.void(xq, offs, wt, types.int64, types.int64, types.int64, acc, types.int64,
+                         types.int64)  # fmt: skip
+
+        def codegen(context, builder, signature, args):
+            xq_v, offs_v, wt_v, wstart_v, q0_v, taps_v, acc_v, a0_v, stride_v = args
+            xq_t, offs_t, wt_t, _, _, _, acc_t, _, _ = signature.args
+
+            def data(ty, value):
+                return context.make_array(ty)(context, builder, value).data
+
+            xptr, optr, wptr, aptr = (
+                data(xq_t, xq_v), data(offs_t, offs_v), data(wt_t, wt_v), data(acc_t, acc_v)
+            )  # fmt: skip
+            fty = context.get_value_type(xq_t.dtype)
+            itemsize = context.get_abi_sizeof(fty)
+            width = lanes(itemsize)
+            vty = ir.VectorType(fty, width)
+            vptr = vty.as_pointer()
+            i64 = ir.IntType(64)
+            i32 = ir.IntType(32)
+            zero = ir.Constant(vty, None)
+            splat_mask = ir.Constant(ir.VectorType(i32, width), None)
+            suffix = f"v{width}f{itemsize * 8}"  # llvm.fma.v16f32: one vector FMA
+            fma = builder.module.declare_intrinsic(
+                f"llvm.fma.{suffix}", (), ir.FunctionType(vty, [vty] * 3)
+            )
+
+            def const(value):
+                return ir.Constant(i64, value)
+
+            entry = builder.block
+            loop = builder.append_basic_block("tile.loop")
+            done = builder.append_basic_block("tile.done")
+            builder.cbranch(builder.icmp_signed(">", taps_v, const(0)), loop, done)
+
+            builder.position_at_end(loop)
+            t = builder.phi(i64, "t")
+            t.add_incoming(const(0), entry)
+            accs = []
+            for o in range(ob):
+                row = []
+                for v in range(nv):
+                    phi = builder.phi(vty, f"acc{o}_{v}")
+                    phi.add_incoming(zero, entry)
+                    row.append(phi)
+                accs.append(row)
+            off = builder.load(builder.gep(optr, [t], inbounds=True, source_etype=i64), typ=i64)
+            base = builder.add(off, q0_v)
+            xs = []
+            for v in range(nv):
+                p = builder.gep(xptr, [builder.add(base, const(v * width))], inbounds=True,
+                                source_etype=fty)  # fmt: skip
+                xs.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
+            wbase = builder.add(wstart_v, builder.mul(t, const(ob)))
+            sums = []
+            for o in range(ob):
+                p = builder.gep(wptr, [builder.add(wbase, const(o))], inbounds=True,
+                                source_etype=fty)  # fmt: skip
+                w = builder.load(p, typ=fty)
+                one = builder.insert_element(ir.Constant(vty, ir.Undefined), w, ir.Constant(i32, 0))
+                wv = builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), splat_mask)
+                sums.append([builder.call(fma, [xs[v], wv, accs[o][v]]) for v in range(nv)])
+            t_next = builder.add(t, const(1))
+            body_end = builder.block
+            t.add_incoming(t_next, body_end)
+            for o in range(ob):
+                for v in range(nv):
+                    accs[o][v].add_incoming(sums[o][v], body_end)
+            builder.cbranch(builder.icmp_signed("<", t_next, taps_v), loop, done)
+
+            builder.position_at_end(done)
+            finals = []  # every phi first: LLVM wants them at the top of the block
+            for o in range(ob):
+                for v in range(nv):
+                    final = builder.phi(vty)
+                    final.add_incoming(zero, entry)
+                    final.add_incoming(sums[o][v], body_end)
+                    finals.append(final)
+            for o in range(ob):
+                for v in range(nv):
+                    final = finals[o * nv + v]
+                    at = builder.add(builder.add(a0_v, builder.mul(stride_v, const(o))),
+                                     const(v * width))  # fmt: skip
+                    p = builder.gep(aptr, [at], inbounds=True, source_etype=fty)
+                    builder.store(final, builder.bitcast(p, vptr), align=itemsize)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile

@@ -1,0 +1,75 @@
+"""The register tile intrinsic (``numba_tile``) and the tiled convolution built on it,
+against float64 NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.backend.options import ConvOptions
+
+numba = pytest.importorskip("numba")
+numba_tile = pytest.importorskip("ember.backends.fusion.numba_tile")
+numba_conv = pytest.importorskip("ember.backends.fusion.numba_conv")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("ob", "nv"), [(8, 3), (2, 1)])
+def test_tile_sums_taps_into_strided_rows(dtype, ob, nv):
+    tile = numba_tile.tile_kernel(ob, nv)
+
+    @numba.njit
+    def run(xq, offs, wt, wstart, q0, taps, acc, a0, stride):
+        tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)
+
+    rng = np.random.default_rng(3)
+    span = nv * numba_tile.lanes(np.dtype(dtype).itemsize)
+    taps, wstart, q0, a0, stride = 37, 5, 7, 3, span + 11
+    xq = rng.standard_normal(600).astype(dtype)
+    offs = rng.integers(0, 600 - q0 - span, taps).astype(np.int64)
+    wt = rng.standard_normal(wstart + taps * ob).astype(dtype)
+    acc = np.full(a0 + ob * stride, -7.0, dtype)
+    run(xq, offs, wt, wstart, q0, taps, acc, a0, stride)
+
+    w = wt[wstart:].astype(np.float64).reshape(taps, ob)
+    windows = np.stack([xq[o + q0 : o + q0 + span] for o in offs]).astype(np.float64)
+    exact = w.T @ windows  # [ob, span]
+    bound = np.abs(w.T) @ np.abs(windows)
+    tol = {np.float32: 1e-6, np.float64: 1e-15}[dtype]
+    for o in range(ob):
+        got = acc[a0 + o * stride : a0 + o * stride + span]
+        np.testing.assert_array_less(np.abs(got - exact[o]), tol * bound[o] + 1e-30)
+        # Between the rows nothing is written.
+        gap = acc[a0 + o * stride + span : a0 + (o + 1) * stride]
+        assert (gap == -7.0).all()
+    assert (acc[:a0] == -7.0).all()
+
+
+def test_tile_with_no_taps_stores_zeros():
+    tile = numba_tile.tile_kernel(8, 3)
+
+    @numba.njit
+    def run(xq, offs, wt, acc):
+        tile(xq, offs, wt, 0, 0, 0, acc, 0, 48)
+
+    acc = np.ones(8 * 48, np.float32)
+    run(np.ones(64, np.float32), np.zeros(0, np.int64), np.ones(8, np.float32), acc)
+    assert (acc == 0).all()
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_conv_of_several_row_tiles_matches_float64(parts):
+    """A plane longer than TILE_POSITIONS splits into row tiles; odd channel counts pad
+    the last block."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 41, 37)).astype(np.float32)
+    w = rng.standard_normal((11, 5, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(11).astype(np.float32)
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+    assert numba_conv.TILE_POSITIONS < 41 * 39
+    got = numba_conv.conv2d(x, w, b, options, threads=parts)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+    exact = np.einsum("nchwij,ocij->nohw", win, w.astype(np.float64)) + b.reshape(1, -1, 1, 1)
+    bound = np.einsum("nchwij,ocij->nohw", np.abs(win), np.abs(w.astype(np.float64)))
+    np.testing.assert_array_less(np.abs(got - exact), 2e-6 * (bound + np.abs(b).max()))
