@@ -73,3 +73,15 @@ def test_conv_of_several_row_tiles_matches_float64(parts):
     exact = np.einsum("nchwij,ocij->nohw", win, w.astype(np.float64)) + b.reshape(1, -1, 1, 1)
     bound = np.einsum("nchwij,ocij->nohw", np.abs(win), np.abs(w.astype(np.float64)))
     np.testing.assert_array_less(np.abs(got - exact), 2e-6 * (bound + np.abs(b).max()))
+
+
+def test_the_conv_kernels_cache_follows_the_tile_source():
+    """numba_conv's cached machine code inlines the tile: numba_conv.py names the tile
+    source it was compiled with, so an edit of numba_tile.py must touch numba_conv.py too."""
+    import hashlib
+    from pathlib import Path
+
+    digest = hashlib.sha256(Path(numba_tile.__file__).read_bytes()).hexdigest()[:16]
+    assert digest == numba_conv.TILE_SOURCE_SHA256, (
+        "numba_tile.py changed: set numba_conv.TILE_SOURCE_SHA256 to " + digest
+        + " (that edit also renews numba's cache of the convolution kernels)")

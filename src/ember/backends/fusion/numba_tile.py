@@ -21,10 +21,10 @@ bounds-checked: the caller guarantees ``offs[t] + q0 + span <= xq.size`` and the
 ``wt`` and ``acc`` (``a0 + (ob - 1) * stride + span <= acc.size``). Sums are fused
 multiply-adds in tap order (each lane a sequential sum).
 
-numba's disk cache (``cache=True``) keys a kernel by its own source file only: after a
-change here, the kernels that use the tile (``numba_conv``) keep their old machine code
-until their file changes too or the cache (``__pycache__``, ``NUMBA_CACHE_DIR``) is
-cleared.
+numba's disk cache (``cache=True``) keys a kernel by its own source file only, so the
+kernels that use the tile would keep their old machine code after a change here:
+``numba_conv.TILE_SOURCE_SHA256`` names this file's digest, and a test fails until it is
+updated (which edits ``numba_conv.py`` and so renews their cache).
 """
 
 from __future__ import annotations
