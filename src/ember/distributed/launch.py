@@ -79,12 +79,27 @@ def main(argv: Sequence[str]) -> int:
     try:
         run(get_args_parser().parse_args(torchrun + worker))
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
+        print(_report(failed.failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _report(failures: dict) -> str:
+    """Which rank failed first and why; ranks that only saw a peer go (their collective
+    failed) are named after it, since the rank that stopped them is the cause."""
+
+    def text(failure) -> str:
         message = failure.message
         if isinstance(message, dict):  # the error file's record
             message = message.get("message", message)
-        text = str(message).strip() or "(no error recorded)"
-        print(f"ember launch: rank {rank} failed with exit status {failure.exitcode}: {text}",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+        return str(message).strip() or "(no error recorded)"
+
+    def stopped_by_peer(failure) -> bool:
+        return text(failure).startswith("DistributedError") and "collective failed" in text(failure)
+
+    ranks = sorted(failures, key=lambda r: (stopped_by_peer(failures[r]), failures[r].timestamp))
+    first, others = ranks[0], ranks[1:]
+    lines = [f"ember launch: rank {first} failed with exit status {failures[first].exitcode}: "
+             f"{text(failures[first])}"]  # fmt: skip
+    lines += [f"ember launch: rank {r} stopped too (exit status {failures[r].exitcode})" for r in others]
+    return "\n".join(lines)
