@@ -22,14 +22,10 @@ DTYPES = [d for d in DType if not d.is_low_precision]
 REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "product": np.prod}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
-def job(request, tmp_path_factory):
-    world = request.param
-    out = tmp_path_factory.mktemp(f"collectives{world}")
-    check_ok(run_job(world, "collectives", out))
-    ranks = [(dict(np.load(out / f"rank{r}.npz")), json.loads((out / f"rank{r}.json").read_text()))
-             for r in range(world)]  # fmt: skip
-    return world, ranks
+def _job(world: int, tmp_path: Path):
+    check_ok(run_job(world, "collectives", tmp_path))
+    return [(dict(np.load(tmp_path / f"rank{r}.npz")),
+             json.loads((tmp_path / f"rank{r}.json").read_text())) for r in range(world)]  # fmt: skip
 
 
 def _expected(name: str, dtype: DType, rank: int, world: int) -> np.ndarray | None:
@@ -58,10 +54,7 @@ CALLS = [f"all_reduce-{op}" for op in OPS] + ["broadcast", "all_gather", "reduce
                                               "reduce_scatter-max"]  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
-def test_every_collective_matches_numpy(job, backend, dtype):
-    world, ranks = job
+def _collectives_match_numpy(ranks, world, backend, dtype):
     for rank, (results, errors) in enumerate(ranks):
         assert f"{backend}|{dtype.value}|input-changed" not in errors
         for name in CALLS:
@@ -77,50 +70,47 @@ def test_every_collective_matches_numpy(job, backend, dtype):
             np.testing.assert_array_equal(got.astype(np.float64), want, err_msg=key)
 
 
-def test_unsupported_dtypes_name_the_engine_and_dtype(job):
-    _, ranks = job
-    _, errors = ranks[0]
-    message = errors["ndarray|u32|all_reduce-sum"]
-    assert message.startswith("DTypeError: ember.distributed.all_reduce: gloo cannot carry u32")
+CARELESS = [
+    ("shape", "ShapeError: ember.distributed.all_reduce: the ranks passed different tensors (rank 0: f32 [2, 3], rank 1: f32 [2, 4]"),
+    ("dtype", "DTypeError: ember.distributed.all_reduce: the ranks passed different tensors (rank 0: f64 [2], rank 1: f32 [2]"),
+    ("gather-shape", "ShapeError: ember.distributed.all_gather: the ranks passed different tensors (rank 0: f32 [1], rank 1: f32 [2]"),
+    ("bad-op", "ArgumentError: ember.distributed.all_reduce: op must be one of"),
+    ("bad-src", "ArgumentError: ember.distributed.broadcast: src must be a rank in"),
+    ("not-tensor", "ArgumentError: ember.distributed.all_reduce: expected an ember Tensor, got ndarray"),
+    ("scatter-rows", "ShapeError: ember.distributed.reduce_scatter: dim 0 must be a multiple of the world size"),
+    ("bool-sum", "DTypeError: ember.distributed.all_reduce: sum of bool tensors is not defined"),
+    ("int-mean", "DTypeError: ember.distributed.all_reduce: mean of i32 tensors is not defined"),
+]  # fmt: skip
 
 
-def test_collective_before_init_is_a_typed_error(job):
-    for _, errors in job[1]:
-        assert errors["before-init"].startswith("NotInitializedError: ember.distributed.all_reduce")
-
-
-@pytest.mark.parametrize(
-    ("case", "expected"),
-    [
-        ("shape", "ShapeError: ember.distributed.all_reduce: the ranks passed different tensors (rank 0: f32 [2, 3], rank 1: f32 [2, 4]"),
-        ("dtype", "DTypeError: ember.distributed.all_reduce: the ranks passed different tensors (rank 0: f64 [2], rank 1: f32 [2]"),
-        ("gather-shape", "ShapeError: ember.distributed.all_gather: the ranks passed different tensors (rank 0: f32 [1], rank 1: f32 [2]"),
-        ("bad-op", "ArgumentError: ember.distributed.all_reduce: op must be one of"),
-        ("bad-src", "ArgumentError: ember.distributed.broadcast: src must be a rank in"),
-        ("not-tensor", "ArgumentError: ember.distributed.all_reduce: expected an ember Tensor, got ndarray"),
-        ("scatter-rows", "ShapeError: ember.distributed.reduce_scatter: dim 0 must be a multiple of the world size"),
-        ("bool-sum", "DTypeError: ember.distributed.all_reduce: sum of bool tensors is not defined"),
-        ("int-mean", "DTypeError: ember.distributed.all_reduce: mean of i32 tensors is not defined"),
-    ],
-)  # fmt: skip
-def test_careless_calls_raise_typed_errors_on_every_rank(job, case, expected):
-    world, ranks = job
-    for results, errors in ranks:
-        assert errors[case].startswith(expected), errors[case]
-        # The job is still usable afterwards.
-        np.testing.assert_array_equal(results["after-errors"], np.full(3, world, np.float32))
-
-
-def test_a_result_keeps_its_values_while_later_collectives_reuse_buffers(job):
-    world, ranks = job
-    for results, _ in ranks:
-        np.testing.assert_array_equal(results["kept"], np.full(4, world, np.float32))
-
-
-@pytest.mark.parametrize("backend", ["ndarray", "torch"])
-def test_a_donated_tensor_takes_the_result_unless_something_else_sees_it(job, backend):
-    world, ranks = job
-    for results, _ in ranks:
-        np.testing.assert_array_equal(results[f"donate-{backend}"], np.full(4, 3.0 * world))
-        assert results[f"donate-{backend}-same-buffer"].all()
-        np.testing.assert_array_equal(results[f"donate-{backend}-view-kept"], np.full(4, 3.0))
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_in_a_job(world, tmp_path, subtests):
+    """One job per world size (each rank runs every case; starting processes is the cost)."""
+    ranks = _job(world, tmp_path)
+    for backend in BACKENDS:
+        for dtype in DTYPES:
+            with subtests.test(backend=backend, dtype=dtype.value):
+                _collectives_match_numpy(ranks, world, backend, dtype)
+    with subtests.test("unsupported dtypes name the engine and the dtype"):
+        message = ranks[0][1]["ndarray|u32|all_reduce-sum"]
+        assert message.startswith("DTypeError: ember.distributed.all_reduce: gloo cannot carry u32")
+    with subtests.test("a collective before init is a typed error"):
+        for _, errors in ranks:
+            assert errors["before-init"].startswith(
+                "NotInitializedError: ember.distributed.all_reduce")
+    for case, expected in CARELESS:
+        with subtests.test("careless calls raise typed errors on every rank", case=case):
+            for results, errors in ranks:
+                assert errors[case].startswith(expected), errors[case]
+                # The job is still usable afterwards.
+                np.testing.assert_array_equal(results["after-errors"], np.full(3, world, np.float32))
+    with subtests.test("a result keeps its values while later collectives reuse buffers"):
+        for results, _ in ranks:
+            np.testing.assert_array_equal(results["kept"], np.full(4, world, np.float32))
+    for backend in ("ndarray", "torch"):
+        with subtests.test("a donated tensor takes the result unless something else sees it",
+                           backend=backend):  # fmt: skip
+            for results, _ in ranks:
+                np.testing.assert_array_equal(results[f"donate-{backend}"], np.full(4, 3.0 * world))
+                assert results[f"donate-{backend}-same-buffer"].all()
+                np.testing.assert_array_equal(results[f"donate-{backend}-view-kept"], np.full(4, 3.0))
