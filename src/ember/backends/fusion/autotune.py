@@ -281,20 +281,29 @@ class Tuner:
         # candidate; then the clear losers go, judged by their best run, since a stall (a
         # thread waiting for a core) only ever makes a run slower. The others run in rounds
         # while the budget lasts, and at least MIN_ROUNDS times when a round is cheap.
+        # The unfused candidate goes first in the warm-up and last in the rounds: after a
+        # GEMM, OpenBLAS's threads spin for a while on the other cores, and a fused run in
+        # parts timed then would wait for a core it has in production.
         started = time.perf_counter()
-        runs = {c: [once(c)] for c in candidates}
-        for c in candidates:
+        order = [UNFUSED] + [c for c in candidates if c != UNFUSED]
+        runs = {c: [once(c)] for c in order}
+        for c in order:
             if runs[c][0] < BUDGET_SECONDS / len(candidates):
                 runs[c].append(once(c))
         floor = min(min(r) for r in runs.values())
         live = [c for c in candidates if min(runs[c]) <= 2 * floor]
         cheap = sum(min(runs[c]) for c in live) < BUDGET_SECONDS
-        for done in range(MAX_ROUNDS):
-            if time.perf_counter() - started > BUDGET_SECONDS and not (cheap and done < MIN_ROUNDS):
-                break
-            for c in live:
-                runs[c].append(once(c))
-        scores = {c: _score(c, runs[c][1:] or runs[c]) for c in live}  # the warm-up run aside
+        timed: dict[Choice, list[float]] = {c: [] for c in live}
+        fused = [c for c in live if c != UNFUSED]
+        for group, share in ((fused, 0.75), ([c for c in live if c == UNFUSED], 1.0)):
+            for done in range(MAX_ROUNDS):
+                over = time.perf_counter() - started > BUDGET_SECONDS * share
+                if not group or (over and not (cheap and done < MIN_ROUNDS)):
+                    break
+                for c in group:
+                    timed[c].append(once(c))
+        # The rounds' runs, or (none: a costly candidate) the warm-up's second look.
+        scores = {c: _score(c, timed[c] or runs[c][1:] or runs[c]) for c in live}
         chosen = min(scores, key=scores.__getitem__)
         return chosen, {c: scores.get(c, min(r)) for c, r in runs.items()}
 
