@@ -692,6 +692,26 @@ def test_workers_over_eventfds_and_over_pipes(monkeypatch, eventfd):
         assert any(name.startswith("ember-fusion") for _, _, _, name in log)
 
 
+@pytest.mark.skipif(nr._MAX_THREADS < 2, reason="one core: no worker threads")
+def test_sleeping_workers_hold_no_reference_to_a_launchs_arrays():
+    """A kernel's output goes back to the buffer pool when nothing refers to it: a worker
+    that kept its last job would keep every output of a kernel in parts from the pool."""
+    import gc
+    import weakref
+
+    output = np.empty(4)
+    gone = weakref.ref(output)
+    log = []
+    nr._run_parts(_recording_kernel(log, slow_part=0, wait_for_worker=True), [output], 4)
+    assert any(name.startswith("ember-fusion") for _, _, _, name in log)
+    del output, log
+    deadline = time.monotonic() + 5  # the worker may still be between its part and sleep
+    while gone() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert gone() is None
+
+
 def test_run_parts_raises_a_workers_error_after_all_parts_end():
     log = []
     with pytest.raises(ZeroDivisionError, match="part 2"):

@@ -339,6 +339,9 @@ class _Workers:
                 except BaseException as error:  # the caller raises it
                     job.errors.append(error)
                 self._done.add(1)
+            # Asleep, hold nothing: the job's arrays (a kernel's output among them) go back
+            # to the buffer pool only when nothing refers to them.
+            job = None
 
     def run(self, kernel, args: list, parts: int) -> None:
         job = _Job(kernel, args, parts)
