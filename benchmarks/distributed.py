@@ -72,8 +72,11 @@ def _rank_main(repeat: int) -> None:
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for call in calls.values():
             call()  # warm-up
-        for _ in range(repeat):
-            for name, call in calls.items():
+        names = list(calls)
+        for round_ in range(repeat):
+            # Each round starts with another side: no side always runs first (or last).
+            for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+                call = calls[name]
                 dist.barrier()
                 start = time.perf_counter()
                 call()
