@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.backends.fusion.fuser import Properties, Status
+from ember.backends.fusion.fuser import Properties, Status, Taking
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
 from ember.tensor.dtype import DType
@@ -101,7 +101,7 @@ class EpilogueTemplate:
                             inner_read)  # fmt: skip
 
 
-class ConvEpilogueFuser:
+class ConvEpilogueFuser(Taking):
     """Takes a ``conv2d`` record and the epilogue records after it (see the module doc).
 
     Args:
@@ -120,12 +120,6 @@ class ConvEpilogueFuser:
         self.value_operand = -1
         self._template: EpilogueTemplate | None = None
         self._status = Status.OPEN
-
-    def status(self) -> Status:
-        return self._status
-
-    def __len__(self) -> int:
-        return len(self.records)
 
     def properties(self) -> Properties:
         n = len(self.records)

@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 from ember.backend.ops import OPS
-from ember.backends.fusion.fuser import Fused, Properties, Status
+from ember.backends.fusion.fuser import Fused, Properties, Status, Taking
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.ir import REDUCTIONS, Block, Input, Instr, StateError
 from ember.backends.fusion.stream import MAX_RECORDS, Record
@@ -60,7 +60,7 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None
     return tuple(out)
 
 
-class ElementwiseFuser:
+class ElementwiseFuser(Taking):
     """Takes element-wise records (and, with ``reduce``, reductions over one axis).
 
     Args:
@@ -79,12 +79,6 @@ class ElementwiseFuser:
         self.shape: tuple[int, ...] = ()
         self.axis: int | None = None  # counted from the end, so lower ranks agree
         self._status = Status.OPEN
-
-    def status(self) -> Status:
-        return self._status
-
-    def __len__(self) -> int:
-        return len(self.records)
 
     def properties(self) -> Properties:
         n = len(self.records)

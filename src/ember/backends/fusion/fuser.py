@@ -70,3 +70,16 @@ class Fuser(Protocol):
         written out (read later in the stream, or held by the user)."""
 
     def reset(self) -> None: ...
+
+
+class Taking:
+    """What the fusers share: the records taken so far and the status (``reset`` sets both)."""
+
+    records: list[Record]
+    _status: Status
+
+    def status(self) -> Status:
+        return self._status
+
+    def __len__(self) -> int:
+        return len(self.records)
