@@ -161,12 +161,12 @@ class Learner:
             raise ArgumentError("Learner.fit: a learner fits once; build a new one to train again")
         self._fitted = True
         self.parallel = DataParallel.current()
-        writes = self.parallel is None or self.parallel.is_main
-        if not writes:  # only rank 0 shows and writes (see data_parallel.py)
-            self.renderer, self.loggers, self.with_summary = _Silent(), {"train": None, "valid": None}, False
-        else:
+        if self._writes:
             self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        log_file = experiment_log(self.artifact_dir) if writes else contextlib.nullcontext()
+        else:  # only rank 0 shows and writes (see data_parallel.py)
+            self.renderer, self.with_summary = _Silent(), False
+            self.loggers = {"train": None, "valid": None}
+        log_file = experiment_log(self.artifact_dir) if self._writes else contextlib.nullcontext()
         with log_file, _sigint_stops(self.interrupter):
             try:
                 self.renderer.bind(self.interrupter)
@@ -210,7 +210,7 @@ class Learner:
         valid = None if valid_loader is None else valid_loader.to_device(self.devices[0].inner())
 
         for epoch in range(start, self.num_epochs + 1):
-            if self.interrupter.should_stop():
+            if self._should_stop():  # in a job: as every rank saw it at the last iteration
                 log.info("stop requested before epoch %d: training ends", epoch)
                 break
             model, iteration, stopped = self._train_epoch(model, parts, epoch, limit)
