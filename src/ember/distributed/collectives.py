@@ -107,14 +107,23 @@ def _agree(owner: str, tensor: Tensor) -> None:
     import torch
 
     dist = torch_distributed()
-    mine = torch.from_numpy(_header(tensor))
+    header = _header(tensor)
+    # One all-reduce of (h, -h) by max gives every rank the largest and the smallest value
+    # of each field: equal everywhere means the ranks agree (the common case, one message).
+    extremes = torch.from_numpy(np.concatenate([header, -header]))
+    if bridge.engine_device(tensor).type == "cuda":
+        extremes = extremes.to(bridge.engine_device(tensor))
+    _run(owner, lambda: dist.all_reduce(extremes, op=dist.ReduceOp.MAX))
+    extremes = extremes.cpu().numpy()
+    if (extremes[: header.size] == -extremes[header.size:]).all():
+        return
+    # They differ: every rank learned it, and every rank gathers the headers to say how.
+    mine = torch.from_numpy(header)
     if bridge.engine_device(tensor).type == "cuda":
         mine = mine.to(bridge.engine_device(tensor))
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     _run(owner, lambda: dist.all_gather(everyone, mine))
     headers = [h.cpu().numpy() for h in everyone]
-    if all((h == headers[0]).all() for h in headers):
-        return
     dtypes = list(DType)
 
     def describe(h: np.ndarray) -> str:
