@@ -20,15 +20,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ember.cli import _at_least
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ember launch",
         description="Runs a script (or -m module) in --nproc processes that form one job.",
     )
-    parser.add_argument("--nproc", type=_positive, required=True, metavar="N",
+    parser.add_argument("--nproc", type=_at_least(1), required=True, metavar="N",
                         help="processes on this machine (one per device)")  # fmt: skip
-    parser.add_argument("--nnodes", type=_positive, default=1, metavar="N",
+    parser.add_argument("--nnodes", type=_at_least(1), default=1, metavar="N",
                         help="machines taking part (default: 1)")  # fmt: skip
     parser.add_argument("--node-rank", type=int, default=0, metavar="I",
                         help="this machine's index among them (default: 0)")  # fmt: skip
@@ -41,16 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("target", help="the script (or module with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the target's arguments")
     return parser
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def main(argv: Sequence[str]) -> int:

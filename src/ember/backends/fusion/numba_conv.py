@@ -73,7 +73,6 @@ another order than NdArray's GEMM adds them (the results agree to rounding).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -565,12 +564,6 @@ def _bound(value: float | None, none: float) -> float:
     return none if value is None else value
 
 
-def _threads() -> int:
-    """Threads of a large convolution: ``EMBER_FUSION_THREADS``, else every core."""
-    configured = os.environ.get("EMBER_FUSION_THREADS")
-    return max(1, int(configured)) if configured else (os.cpu_count() or 1)
-
-
 def conv2d(
     x: np.ndarray,
     weight: np.ndarray,
@@ -637,9 +630,10 @@ def conv2d(
     taps = offs.size
     b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
     macs = n * o * oh * ow * cg * kh * kw
-    parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    parts = parts_for(macs, PARALLEL_MIN_MACS, threads)
     geometry = (sh, sw, ph, pw, hq, wq, groups, cg)
-    from ember.backends.fusion.numba_runtime import _run_parts
 
     if og < OB:
         if epilogue is not None:

@@ -61,7 +61,7 @@ import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.backends.fusion import numba_conv
-from ember.backends.fusion.numba_conv import LANES, _threads
+from ember.backends.fusion.numba_conv import LANES
 from ember.backends.fusion.numba_source import KernelUnsupported
 
 if TYPE_CHECKING:
@@ -139,7 +139,9 @@ def _check(x: np.ndarray, weight: np.ndarray, grad: np.ndarray, options: ConvOpt
 
 
 def _parts(macs: int, threads: int | None) -> int:
-    return max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
+    from ember.backends.fusion.numba_runtime import parts_for
+
+    return parts_for(macs, PARALLEL_MIN_MACS, threads)
 
 
 # ------------------------------------------------------------------------- input gradient

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -236,12 +235,6 @@ def _compile(tiles: Callable, dtype: np.dtype) -> Callable:
     return tiles
 
 
-def _threads() -> int:
-    """Threads of a large product: ``EMBER_FUSION_THREADS``, else every core."""
-    configured = os.environ.get("EMBER_FUSION_THREADS")
-    return max(1, int(configured)) if configured else (os.cpu_count() or 1)
-
-
 def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
            empty: Callable = np.empty) -> np.ndarray:  # fmt: skip
     """``a @ b`` for ``a`` ``[..., M, K]`` and ``b`` ``[..., K, N]`` (batch dims broadcast,
@@ -272,9 +265,10 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     bp = np.empty((b3.shape[0], -(-n // nr), k, nr), dtype)
     out = empty((*batch, m, n), dtype)
     macs = a_of.size * m * n * k
-    parts = max(1, threads or (1 if macs < PARALLEL_MIN_MACS else _threads()))
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    parts = parts_for(macs, PARALLEL_MIN_MACS, threads)
     tiles = _tile_kernel(dtype)
-    from ember.backends.fusion.numba_runtime import _run_parts
 
     _run_parts(_pack, [b3, bp], parts)
     if parts == 1:

@@ -23,7 +23,6 @@ another order than NdArray's: equal to rounding).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -136,15 +135,6 @@ def _avg_pool(x, out, used, div_h, div_w, kh, kw, sh, sw, ph, pw, dh, dw, hq, wq
                 dst[np.uintp(jj)] = acc[np.uintp(src + jj)] / (div_h[r] * div_w[jj])
 
 
-def _threads(elements: int, threads: int | None) -> int:
-    if threads:
-        return max(1, threads)
-    if elements < PARALLEL_MIN_ELEMENTS:
-        return 1
-    configured = os.environ.get("EMBER_FUSION_THREADS")
-    return max(1, int(configured)) if configured else (os.cpu_count() or 1)
-
-
 def _geometry(x: np.ndarray, options: PoolOptions) -> tuple:
     """Output size, phased plane size and used phases; raises for what the kernels lack."""
     if numba is None:
@@ -195,10 +185,10 @@ def max_pool2d_with_indices(
     start_h, start_w = np.arange(oh) * sh - ph, np.arange(ow) * sw - pw
     first_h = np.where(start_h < 0, (-start_h + dh - 1) // dh, 0).astype(np.int64)
     first_w = np.where(start_w < 0, (-start_w + dw - 1) // dw, 0).astype(np.int64)
-    from ember.backends.fusion.numba_runtime import _run_parts
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     args = [x, values, indices, used, first_h, first_w, kh, kw, sh, sw, ph, pw, dh, dw, hq, wq]
-    _run_parts(_max_pool, args, _threads(x.size, threads))
+    _run_parts(_max_pool, args, parts_for(x.size, PARALLEL_MIN_ELEMENTS, threads))
     return values, indices
 
 
@@ -219,8 +209,8 @@ def avg_pool2d(x: np.ndarray, options: PoolOptions, threads: int | None = None,
     # when a factor is (the window then sums to 0 either way).
     div_h = np.maximum(_counts(oh, h, kh, sh, ph, dh, include), 1).astype(x.dtype)
     div_w = np.maximum(_counts(ow, w, kw, sw, pw, dw, include), 1).astype(x.dtype)
-    from ember.backends.fusion.numba_runtime import _run_parts
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     args = [x, out, used, div_h, div_w, kh, kw, sh, sw, ph, pw, dh, dw, hq, wq]
-    _run_parts(_avg_pool, args, _threads(x.size, threads))
+    _run_parts(_avg_pool, args, parts_for(x.size, PARALLEL_MIN_ELEMENTS, threads))
     return out

@@ -380,6 +380,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def parts_for(work: int, minimum: int, threads: int | None) -> int:
+    """How many parts a single-op kernel (convolution, pooling, matmul) runs in: ``threads``
+    when given; one below ``minimum`` units of ``work`` (waking threads costs more); else
+    ``EMBER_FUSION_THREADS`` or every core."""
+    if threads:
+        return max(1, threads)
+    if work < minimum:
+        return 1
+    configured = os.environ.get("EMBER_FUSION_THREADS")
+    return max(1, int(configured)) if configured else _MAX_THREADS
+
+
 def _run_parts(kernel, args: list, parts: int) -> None:
     """Runs ``kernel`` over ``parts`` slices of its tasks: part 0 on the calling thread,
     the others on whichever of the calling thread and the runtime's worker threads claims

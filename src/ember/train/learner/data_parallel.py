@@ -22,7 +22,6 @@ training script:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -84,11 +83,3 @@ class DataParallel:
         combined = [float(total[1 + 2 * i] / total[2 + 2 * i]) if total[2 + 2 * i] else float("nan")
                     for i in range(len(values))]  # fmt: skip
         return combined, bool(total[0] > 0)
-
-
-def steps(iterator: Iterator[Any], count: int) -> Iterator[Any]:
-    """The first ``count`` items of ``iterator``."""
-    for index, item in enumerate(iterator):
-        if index >= count:
-            return
-        yield item

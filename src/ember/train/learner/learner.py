@@ -59,7 +59,7 @@ import math
 import signal
 import threading
 from collections.abc import Iterator, Sequence
-from itertools import zip_longest
+from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ from ember.optim.accumulator import GradientsAccumulator
 from ember.optim.lr_scheduler.base import LrScheduler
 from ember.optim.optimizer import Optimizer
 from ember.train.learner.checkpoint import FileCheckpointer, TrainingState
-from ember.train.learner.data_parallel import DataParallel, steps
+from ember.train.learner.data_parallel import DataParallel
 from ember.train.learner.early_stopping import MetricEarlyStopping
 from ember.train.learner.history import MetricHistory
 from ember.train.learner.summary import LearnerSummary
@@ -276,7 +276,7 @@ class Learner:
         accumulator = GradientsAccumulator()
         pending, lr, iteration, stopped = 0, 0.0, 0, False
         batches_of = zip_longest(*parts)
-        for batches in batches_of if limit is None else steps(batches_of, limit):
+        for batches in islice(batches_of, limit):
             iteration += 1
             if pending == 0:
                 lr = self.scheduler.step()
@@ -326,7 +326,7 @@ class Learner:
         loader.set_epoch(epoch)
         total, stopped = loader.num_items(), False
         count = len(loader) if limit is None else limit
-        batches = iter(loader) if limit is None else steps(iter(loader), limit)
+        batches = islice(loader, limit)
         for iteration, batch in enumerate(batches, 1):
             item = model.valid_step(batch)  # type: ignore[attr-defined]
             progress = Progress(min(iteration * loader.batch_size, total), total)
