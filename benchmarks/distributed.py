@@ -6,18 +6,27 @@ Run: ``.venv/bin/python benchmarks/distributed.py [--nproc 2] [--repeat 9] [--st
 The script starts copies of itself on localhost (gloo), as ``ember launch`` would.
 
 **all_reduce** of 1, 16 and 128 MB (``--nproc`` processes), each size timed, interleaved
-in one run, as:
+in one run. An ember tensor never changes, so ``all_reduce(x)`` returns a new tensor, and
+by default it first checks that the ranks passed the same shape and dtype (one small
+message; a mismatch otherwise makes gloo abort the process). torch offers each of these
+semantics separately, so each ember mode is compared with the torch call that does the same
+work:
 
-* **torch in place**: ``dist.all_reduce(t)`` on a preallocated torch tensor (what a
-  PyTorch user writes; it overwrites its input);
-* **ember**: ``ember.distributed.all_reduce(x)`` on an NdArray tensor: one copy into a new
-  buffer (ember tensors never change), the shape/dtype agreement check, the collective,
-  and the result wrapped without a copy;
-* **ember, check=False**: the same without the agreement check (one small message less);
-* **ember, donate**: ``all_reduce(x, donate=True)`` on a tensor nothing else refers to:
-  the result is written into its buffer, as torch's in-place call does (no copy).
+=============================  ==============================================================
+ember                          torch doing the same work
+=============================  ==============================================================
+``all_reduce(x, donate=True,   ``dist.all_reduce(t)``: in place, unchecked
+check=False)``
+``all_reduce(x, check=False)`` ``funcol.all_reduce(t)`` (``torch.distributed.
+                               _functional_collectives``): a new result, unchecked
+``all_reduce(x)`` (default)    ``funcol.all_reduce`` on a group made under
+                               ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch's own check): a new
+                               result, checked
+=============================  ==============================================================
 
-Rank 0 prints medians and each ember column's ratio to torch (1.00 is parity).
+Every ember mode is also shown against torch in place. Small sizes repeat the call in each
+sample (about 64 MB a sample) so a sample is not one scheduler wake-up. Rank 0 prints
+medians.
 
 **Guide training throughput**: the guide's CNN (``autodiff(ndarray)``, Adam, batches of 64
 random 28x28 images per process), timed over ``--steps`` steps after warm-up, in 1 process
@@ -45,30 +54,45 @@ def _rank_main(repeat: int) -> None:
     import numpy as np
     import torch
     import torch.distributed as tdist
+    import torch.distributed._functional_collectives as funcol
 
     import ember
     import ember.distributed as dist
 
     dist.init()
-    rows = []
+    plain = tdist.group.WORLD
+    tdist.set_debug_level(tdist.DebugLevel.DETAIL)  # groups made now check each collective
+    checked = tdist.new_group(backend="gloo")
+    tdist.set_debug_level(tdist.DebugLevel.OFF)
+    pairs = {  # ember mode: the torch call doing the same work
+        "ember, donate, check=False": "torch in place",
+        "ember, check=False": "torch functional",
+        "ember": "torch functional, checked",
+    }
+    unpaired = [e for e, t in pairs.items() if t != "torch in place"]
+    rows, ratios = [], []
     for mb in SIZES_MB:
         count = mb * (1 << 20) // 4
         raw = torch.ones(count)
         x = ember.Tensor.from_data(np.ones(count, np.float32), ember.device("ndarray"))
         donor = [ember.Tensor.from_data(np.ones(count, np.float32), ember.device("ndarray")) * 1.0]
 
-        def donating(check: bool, donor=donor) -> None:
+        def donating(donor=donor) -> None:
             # Each result takes the donated buffer and is donated to the next call, as a
             # loop hands on what it computed.
-            donor.append(dist.all_reduce(donor.pop(), check=check, donate=True))
+            donor.append(dist.all_reduce(donor.pop(), check=False, donate=True))
 
         calls = {
-            "torch": lambda raw=raw: tdist.all_reduce(raw),
+            "torch in place": lambda raw=raw: tdist.all_reduce(raw),
+            "torch functional": lambda raw=raw: funcol.wait_tensor(
+                funcol.all_reduce(raw, "sum", plain)),
+            "torch functional, checked": lambda raw=raw: funcol.wait_tensor(
+                funcol.all_reduce(raw, "sum", checked)),
             "ember": lambda x=x: dist.all_reduce(x),
             "ember, check=False": lambda x=x: dist.all_reduce(x, check=False),
-            "ember, donate": lambda: donating(True),
-            "ember, donate, check=False": lambda: donating(False),
+            "ember, donate, check=False": donating,
         }
+        per_sample = max(1, 64 // mb)
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for call in calls.values():
             call()  # warm-up
@@ -79,17 +103,20 @@ def _rank_main(repeat: int) -> None:
                 call = calls[name]
                 dist.barrier()
                 start = time.perf_counter()
-                call()
-                samples[name].append(time.perf_counter() - start)
-        medians = {name: float(np.median(s)) for name, s in samples.items()}
-        base = medians["torch"]
-        rows.append([f"{mb} MB", f"{base * 1e3:.2f}",
-                     *(f"{medians[n] * 1e3:.2f} ({medians[n] / base:.2f}x)"
-                       for n in list(calls)[1:])])  # fmt: skip
+                for _ in range(per_sample):
+                    call()
+                samples[name].append((time.perf_counter() - start) / per_sample)
+        ms = {name: float(np.median(s)) * 1e3 for name, s in samples.items()}
+        rows.append([f"{mb} MB", *(f"{ms[n]:.2f}" for n in names)])
+        ratios.append([f"{mb} MB", *(f"{ms[e] / ms[t]:.2f}x" for e, t in pairs.items()),
+                       *(f"{ms[e] / ms['torch in place']:.2f}x" for e in unpaired)])  # fmt: skip
     if dist.rank() == 0:
-        print_table(f"all_reduce (sum, f32), {dist.world_size()} processes on localhost (gloo)",
-                    ["size", "torch in place ms", *(f"{n} ms (x torch)" for n in list(calls)[1:])],
-                    rows)  # fmt: skip
+        where = f"{dist.world_size()} processes on localhost (gloo)"
+        print_table(f"all_reduce (sum, f32), {where}: ms per call",
+                    ["size", *names], rows)  # fmt: skip
+        print_table("ember over torch: the same work, and torch in place",
+                    ["size", *(f"{e} / {t}" for e, t in pairs.items()),
+                     *(f"{e} / torch in place" for e in unpaired)], ratios)  # fmt: skip
     dist.shutdown()
 
 

@@ -112,9 +112,18 @@ def collectives(out: Path, rank: int, world: int) -> None:
         fresh = Tensor.ones([1 << 16], on) * 3.0
         before = fresh.to_numpy().__array_interface__["data"][0]
         reduced = dist.all_reduce(fresh, donate=True)
-        results[f"donate-{name}"] = reduced.to_numpy()[:4]
+        results[f"donate-{name}"] = reduced.to_numpy()[:4].copy()  # a view would hold it
         results[f"donate-{name}-same-buffer"] = np.array(
             [reduced.to_numpy().__array_interface__["data"][0] == before])
+        # A chain of donations (each result donated to the next call) stays in one buffer,
+        # although the engine holds the previous call's tensor until the next collective.
+        chained = [reduced]
+        del reduced, fresh  # fresh too: the donated tensor shares the result's buffer
+        for _ in range(4):
+            chained.append(dist.all_reduce(chained.pop(), donate=True))
+        results[f"donate-{name}-chain-same-buffer"] = np.array(
+            [chained[0].to_numpy().__array_interface__["data"][0] == before])
+        results[f"donate-{name}-chain"] = chained[0].to_numpy()[:4]
         shared = Tensor.ones([1 << 16], on) * 3.0
         view = shared.reshape([256, 256])  # refers to shared's buffer
         dist.all_reduce(shared, donate=True)

@@ -113,4 +113,7 @@ def test_collectives_in_a_job(world, tmp_path, subtests):
             for results, _ in ranks:
                 np.testing.assert_array_equal(results[f"donate-{backend}"], np.full(4, 3.0 * world))
                 assert results[f"donate-{backend}-same-buffer"].all()
+                assert results[f"donate-{backend}-chain-same-buffer"].all()
+                np.testing.assert_array_equal(results[f"donate-{backend}-chain"],
+                                              np.full(4, 3.0 * world**5))
                 np.testing.assert_array_equal(results[f"donate-{backend}-view-kept"], np.full(4, 3.0))

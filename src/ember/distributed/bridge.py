@@ -13,6 +13,7 @@ computed first (reading its data runs its stream).
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import ml_dtypes
@@ -53,6 +54,12 @@ def _plain(tensor: Tensor) -> Tensor:
     return tensor.inner() if hasattr(tensor.device.backend, "backward") else tensor
 
 
+# gloo keeps the tensor of a rank's last collective alive until its next one. A torch view
+# of a NumPy array holds that array, so the buffer of a result just donated would count one
+# reference too many: (the id of the last donated array, a weak reference to its view).
+_last_donation: tuple[int, Any] = (0, lambda: None)
+
+
 def donated(tensor: Tensor) -> Any:
     """``tensor``'s own buffer as a torch tensor, when the caller gave ``tensor`` up and
     nothing else can see that buffer; None otherwise (then :func:`to_engine` copies).
@@ -62,18 +69,27 @@ def donated(tensor: Tensor) -> Any:
     other tensor, and no view (a NumPy or torch view holds a reference to its base)."""
     import torch
 
+    global _last_donation
     if type(tensor) is not Tensor:
         return None
     prim = tensor._prim
-    # References: the tensor's slot, this frame's local and getrefcount's argument.
-    if sys.getrefcount(prim) > 3:
+    # A live view keeps its array alive, so the id cannot have been reused.
+    engine_view = _last_donation[1]() if _last_donation[0] == id(prim) else None
+    # References: the tensor's slot, this frame's local and getrefcount's argument, and the
+    # engine's view from the last donation while the engine still holds it.
+    if sys.getrefcount(prim) > 3 + (engine_view is not None):
         return None
     if type(prim) is np.ndarray and tensor.device.backend.name == "ndarray":
         usable = prim.base is None and prim.flags.writeable and prim.flags.c_contiguous
-        return torch.from_numpy(prim) if usable and prim.dtype != ml_dtypes.bfloat16 else None
+        if not usable or prim.dtype == ml_dtypes.bfloat16:
+            return None
+        view = engine_view if engine_view is not None else torch.from_numpy(prim)
+        _last_donation = (id(prim), weakref.ref(view))
+        return view
     if isinstance(prim, torch.Tensor) and _is_torch(tensor.device):
         usable = prim._base is None and prim.is_contiguous() and not prim.requires_grad
-        return prim if usable else None
+        # An alias of the storage: what the engine keeps never counts as a reference to prim.
+        return prim.detach() if usable else None
     return None
 
 

@@ -10,8 +10,9 @@ A rank that passes another shape or dtype than the others would make gloo abort 
 whole process from one of its threads. So each collective first exchanges a small header
 (dtype and shape) with the others and raises :class:`~ember.backend.errors.ShapeError` or
 :class:`~ember.backend.errors.DTypeError` on every rank, naming the ranks that differ. The
-header is one extra message of a few bytes: noticeable for messages under a few MB on a
-fast network; ``check=False`` (or ``EMBER_DIST_CHECK=0``) skips it where the caller
+header is one extra message of a few bytes, sent before the collective copies its input
+and awaited after, so the copy hides part of its round trip; what is left is noticeable
+for messages under a few MB (see ``benchmarks/distributed.py``); ``check=False`` (or ``EMBER_DIST_CHECK=0``) skips it where the caller
 knows the shapes agree, as the gradient synchronisation does (it checks its layout once).
 
 Example (in each of the job's processes)::
@@ -80,8 +81,8 @@ def _checking(check: bool | None) -> bool:
     return os.environ.get("EMBER_DIST_CHECK", "1") != "0"
 
 
-def _prepare(owner: str, tensor: Any, check: bool | None) -> str:
-    """The engine's name, after the checks every collective makes on its input."""
+def _prepare(owner: str, tensor: Any) -> None:
+    """The checks every collective makes on its input before anything is sent."""
     if not isinstance(tensor, Tensor):
         raise ArgumentError(f"{owner}: expected an ember Tensor, got {type(tensor).__name__}")
     group = info(owner)
@@ -89,9 +90,14 @@ def _prepare(owner: str, tensor: Any, check: bool | None) -> str:
     if group.engine == "nccl" and bridge.engine_device(tensor).type != "cuda":
         raise ArgumentError(f"{owner}: the nccl engine carries CUDA tensors; this one is on "
                             f"{tensor.device}")  # fmt: skip
-    if _checking(check) and group.world_size > 1:
-        _agree(owner, tensor)
-    return group.engine
+
+
+def _agreement(owner: str, tensor: Tensor, check: bool | None) -> _Agreement | _Agreed:
+    """The shape/dtype agreement message, sent now; the caller confirms it once its copy
+    of the input is made (see :class:`_Agreement`)."""
+    if _checking(check) and info(owner).world_size > 1:
+        return _Agreement(owner, tensor)
+    return _AGREED
 
 
 def _header(tensor: Tensor) -> np.ndarray:
@@ -102,40 +108,67 @@ def _header(tensor: Tensor) -> np.ndarray:
     return np.array([len(shape), code, extra, *dims], dtype=np.int64)
 
 
-def _agree(owner: str, tensor: Tensor) -> None:
-    """Raises on every rank when the ranks' dtypes or shapes differ (see the module doc)."""
-    import torch
+class _Agreement:
+    """Whether the ranks passed tensors of one dtype and shape (see the module doc).
 
-    dist = torch_distributed()
-    header = _header(tensor)
-    # One all-reduce of (h, -h) by max gives every rank the largest and the smallest value
-    # of each field: equal everywhere means the ranks agree (the common case, one message).
-    extremes = torch.from_numpy(np.concatenate([header, -header]))
-    if bridge.engine_device(tensor).type == "cuda":
-        extremes = extremes.to(bridge.engine_device(tensor))
-    _run(owner, lambda: dist.all_reduce(extremes, op=dist.ReduceOp.MAX))
-    extremes = extremes.cpu().numpy()
-    if (extremes[: header.size] == -extremes[header.size:]).all():
-        return
-    # They differ: every rank learned it, and every rank gathers the headers to say how.
-    mine = torch.from_numpy(header)
-    if bridge.engine_device(tensor).type == "cuda":
-        mine = mine.to(bridge.engine_device(tensor))
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    _run(owner, lambda: dist.all_gather(everyone, mine))
-    headers = [h.cpu().numpy() for h in everyone]
-    dtypes = list(DType)
+    The message leaves at once and :meth:`confirm` waits for it: the collective's copy of
+    its input is made meanwhile, so the round trip costs what the copy does not hide.
+    :meth:`confirm` raises on every rank when the ranks differ."""
 
-    def describe(h: np.ndarray) -> str:
-        rank, code = int(h[0]), int(h[1])
-        dims = tuple(int(d) for d in h[3:3 + min(rank, _MAX_RANK)])
-        more = "+..." if rank > _MAX_RANK else ""
-        return f"{dtypes[code].value} {fmt_shape(dims)}{more}"
+    def __init__(self, owner: str, tensor: Tensor) -> None:
+        import torch
 
-    seen = ", ".join(f"rank {r}: {describe(h)}" for r, h in enumerate(headers))
-    kind = DTypeError if len({int(h[1]) for h in headers}) > 1 else ShapeError
-    raise kind(f"{owner}: the ranks passed different tensors ({seen}); every rank must pass "
-               "the same shape and dtype")  # fmt: skip
+        self.owner, self.header = owner, _header(tensor)
+        self.device = bridge.engine_device(tensor)
+        # One all-reduce of (h, -h) by max gives every rank the largest and the smallest
+        # value of each field: equal everywhere means the ranks agree (one message).
+        self.extremes = torch.from_numpy(np.concatenate([self.header, -self.header]))
+        if self.device.type == "cuda":
+            self.extremes = self.extremes.to(self.device)
+        dist = torch_distributed()
+        self.work = _run(owner, lambda: dist.all_reduce(self.extremes, op=dist.ReduceOp.MAX,
+                                                        async_op=True))  # fmt: skip
+
+    def confirm(self) -> None:
+        _run(self.owner, self.work.wait)
+        extremes = self.extremes.cpu().numpy()
+        if (extremes[: self.header.size] == -extremes[self.header.size:]).all():
+            return
+        self._describe_and_raise()
+
+    def _describe_and_raise(self) -> None:
+        import torch
+
+        # They differ: every rank learned it, and every rank gathers the headers to say how.
+        dist = torch_distributed()
+        mine = torch.from_numpy(self.header)
+        if self.device.type == "cuda":
+            mine = mine.to(self.device)
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        _run(self.owner, lambda: dist.all_gather(everyone, mine))
+        headers = [h.cpu().numpy() for h in everyone]
+        dtypes = list(DType)
+
+        def describe(h: np.ndarray) -> str:
+            rank, code = int(h[0]), int(h[1])
+            dims = tuple(int(d) for d in h[3:3 + min(rank, _MAX_RANK)])
+            more = "+..." if rank > _MAX_RANK else ""
+            return f"{dtypes[code].value} {fmt_shape(dims)}{more}"
+
+        seen = ", ".join(f"rank {r}: {describe(h)}" for r, h in enumerate(headers))
+        kind = DTypeError if len({int(h[1]) for h in headers}) > 1 else ShapeError
+        raise kind(f"{self.owner}: the ranks passed different tensors ({seen}); every rank "
+                   "must pass the same shape and dtype")  # fmt: skip
+
+
+class _Agreed:
+    """No agreement message (``check=False``, or a job of one process)."""
+
+    def confirm(self) -> None:
+        pass
+
+
+_AGREED = _Agreed()
 
 
 def _run(owner: str, call) -> Any:
@@ -169,11 +202,13 @@ def all_reduce(tensor: Tensor, op: ReduceOp | str = "sum", check: bool | None = 
     """
     owner = "ember.distributed.all_reduce"
     op = ReduceOp.parse(op, owner)
-    _prepare(owner, tensor, check)
+    _prepare(owner, tensor)
     engine_op = _engine_op(op, tensor.dtype, owner)
+    agreement = _agreement(owner, tensor, check)
     dist = torch_distributed()
     given = bridge.donated(tensor) if donate else None
     buffer = bridge.to_engine(tensor) if given is None else given
+    agreement.confirm()
     _run(owner, lambda: dist.all_reduce(buffer, op=engine_op))
     if given is not None:  # the result is the donated tensor's buffer, as it was
         return _wrap(tensor._prim, tensor.device, tensor.kind)
@@ -184,9 +219,11 @@ def broadcast(tensor: Tensor, src: int = 0, check: bool | None = None) -> Tensor
     """Rank ``src``'s ``tensor`` on every rank (each rank passes a tensor of its shape)."""
     owner = "ember.distributed.broadcast"
     _check_rank(owner, "src", src)
-    _prepare(owner, tensor, check)
+    _prepare(owner, tensor)
+    agreement = _agreement(owner, tensor, check)
     dist = torch_distributed()
     buffer = bridge.to_engine(tensor)
+    agreement.confirm()
     _run(owner, lambda: dist.broadcast(buffer, src))
     return bridge.from_engine(buffer, tensor)
 
@@ -194,10 +231,12 @@ def broadcast(tensor: Tensor, src: int = 0, check: bool | None = None) -> Tensor
 def all_gather(tensor: Tensor, check: bool | None = None) -> list[Tensor]:
     """Every rank's ``tensor``, in rank order, on every rank."""
     owner = "ember.distributed.all_gather"
-    _prepare(owner, tensor, check)
+    _prepare(owner, tensor)
+    agreement = _agreement(owner, tensor, check)
     dist = torch_distributed()
     buffer = bridge.to_engine(tensor).reshape(-1)
     gathered = buffer.new_empty((dist.get_world_size(), buffer.numel()))
+    agreement.confirm()
     _run(owner, lambda: _gather_op(dist)(gathered.reshape(-1), buffer))
     return [bridge.from_engine(part.reshape(tensor.shape), tensor) for part in gathered]
 
@@ -216,11 +255,13 @@ def reduce_scatter(tensor: Tensor, op: ReduceOp | str = "sum", check: bool | Non
     if isinstance(tensor, Tensor) and (not tensor.shape or tensor.shape[0] % size):
         raise ShapeError(f"{owner}: dim 0 must be a multiple of the world size {size}, got "
                          f"shape {fmt_shape(tensor.shape)}")  # fmt: skip
-    _prepare(owner, tensor, check)
+    _prepare(owner, tensor)
     engine_op = _engine_op(op, tensor.dtype, owner)
+    agreement = _agreement(owner, tensor, check)
     dist = torch_distributed()
     buffer = bridge.to_engine(tensor)
     part = buffer.new_empty((buffer.shape[0] // size, *buffer.shape[1:]))
+    agreement.confirm()
     _run(owner, lambda: _scatter_op(dist)(part, buffer, op=engine_op))
     return bridge.from_engine(part, tensor)
 
