@@ -122,3 +122,34 @@ def test_trilu_constant_k_and_eye_like_of_a_dynamic_shape():
                    [("k", np.array(1))])
     source = _check(model, _x(3, 4))
     assert ".tril(1)" in source
+
+
+@pytest.mark.parametrize("indices", [0, -1, [1, 2], [-2, -1], [[0, 1]], [2, 0], [0, 0]],
+                         ids=["scalar", "negative", "run", "negative-run", "2d-run",
+                              "reversed", "repeated"])  # fmt: skip
+@pytest.mark.parametrize("backend", ["ndarray", "fusion"])
+def test_gather_with_constant_indices(indices, backend):
+    # A run of consecutive indices becomes a view (lazy on a fusion device); the others a
+    # gather: both as NumPy's take with ONNX's negative indices.
+    import ember
+    from ember import Tensor
+    from ember.onnx import runtime as rt
+
+    device = ember.device("ndarray")
+    if backend == "fusion":
+        device = device.fusion(runtime="interpreter")
+    x = _x(2, 3, 4)
+    got = rt.gather(Tensor.from_data(x, device) * 1.0, indices, 1).to_numpy()
+    np.testing.assert_array_equal(got, np.take(x, np.asarray(indices), axis=1))
+
+
+@pytest.mark.parametrize("indices", [3, [2, 3], -4])
+def test_gather_with_constant_indices_out_of_range_raises(indices):
+    import ember
+    from ember import Tensor
+    from ember.backend.errors import EmberIndexError
+    from ember.onnx import runtime as rt
+
+    x = Tensor.from_data(_x(2, 3, 4), ember.device("ndarray"))
+    with pytest.raises(EmberIndexError):
+        rt.gather(x, indices, 1)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ember.backend.device import Device
-from ember.backend.errors import ArgumentError, DTypeError, ShapeError, fmt_shape
+from ember.backend.errors import ArgumentError, DTypeError, EmberIndexError, ShapeError, fmt_shape
 from ember.module import Param
 from ember.tensor import DType, Tensor
 from ember.tensor.data import numpy_dtype
@@ -203,6 +203,18 @@ def gather(x: Tensor, indices: Tensor | int | Sequence[Any], dim: int = 0) -> Te
         array = np.asarray(indices, dtype=np.int64)
         index_shape = array.shape
         array = np.where(array < 0, array + size, array).reshape(-1)
+        if array.size and (array.min() < 0 or array.max() >= size):
+            bad = np.asarray(indices).reshape(-1)[(array < 0) | (array >= size)][0]
+            raise EmberIndexError(f"Gather: index {int(bad)} is out of range for dim {d} of "
+                                  f"size {size}")  # fmt: skip
+        start = int(array[0]) if array.size else -1
+        consecutive = array.size and (array == np.arange(start, start + array.size)).all()
+        if consecutive and start >= 0 and start + array.size <= size:
+            # Consecutive constant indices (a split of packed weights or q/k/v): a view,
+            # which a fusion device records lazily instead of running a gather at once.
+            out = x.narrow(d, start, int(array.size))
+            dims = x.shape
+            return out.reshape([*dims[:d], *index_shape, *dims[d + 1 :]])
         flat = Tensor.from_data(array, x.device)
     out = x.select(d, flat)
     dims = x.shape

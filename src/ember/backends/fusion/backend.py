@@ -4,9 +4,10 @@ Every op reaches :meth:`Fusion.call`, the decorator's one generic path. It compu
 output's shape and dtype with the op's rule (``ember.backend.rules``), appends a
 :class:`~ember.backends.fusion.stream.Record` to the stream of this thread and device, and
 returns :class:`~ember.backends.fusion.handle.FusionTensor` handles without running
-anything. A stream runs when a value is read (``into_data``), on ``sync``, at its length
-limit, or on an explicit :meth:`Fusion.flush`; its executor hands it to the fusers
-(``explorer.py``) and runs what they leave on the inner backend.
+anything. A stream runs on ``sync``, at its length limit, or on an explicit
+:meth:`Fusion.flush`; reading a value (``into_data``) runs the records it depends on. The
+executor hands what runs to the fusers (``explorer.py``) and runs what they leave on the
+inner backend.
 
 Some ops run at once, after the streams they read from: ops whose output shape depends on
 values (``argwhere``, or any whose rule cannot tell), ops that check indices in their
@@ -133,7 +134,7 @@ class Fusion(Decorator):
         slots = [None if t is None else t.slot for t in operands]
         for s in slots:
             if s is not None and s.stream is not None:
-                s.stream.flush()
+                s.stream.flush_for([s])
         call_args = [slots] if spread else slots
         attrs = [self.inner_device(a) if isinstance(a, Device) else a for a in args[n:]]
         record = Record(op, name, [*call_args, *attrs], (), ())
@@ -185,7 +186,7 @@ class Fusion(Decorator):
         """The inner primitive of a handle, running its stream first if it is pending."""
         slot = prim.slot
         if slot.stream is not None:
-            slot.stream.flush()
+            slot.stream.flush_for([slot])
         if slot.prim is None:
             raise EmberError(f"fusion: %{slot.id} was never made (an earlier op failed)")
         return slot.prim

@@ -41,8 +41,10 @@ its batched attention products (1.5x NumPy); float64 about 100 GFLOP/s (1.5-2x N
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -260,9 +262,10 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
         # The tile kernel has one compiled signature (~5-10 s each): readonly or unaligned
         # arrays are types of their own to numba.
-        a3 = np.array(a3, order="C")
+        a3 = _scratch("a", a3.shape, dtype)
+        np.copyto(a3, a.reshape(-1, m, k))
     b3 = b.reshape(-1, k, n)
-    bp = np.empty((b3.shape[0], -(-n // nr), k, nr), dtype)
+    bp = _scratch("b", (b3.shape[0], -(-n // nr), k, nr), dtype)
     out = empty((*batch, m, n), dtype)
     macs = a_of.size * m * n * k
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
@@ -285,8 +288,27 @@ def _tiles_with_own_edge(tiles, a, bp, out, a_of, b_of, part, parts) -> None:
     tiles(a, bp, out, a_of, b_of, np.empty((MR, bp.shape[3]), out.dtype), part, parts)
 
 
+_scratch_space = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array of ``shape`` in this thread's scratch buffer ``name``, kept
+    between calls (grown as needed): a packed ``B`` of a 1024 x 1024 weight is 4 MB, whose
+    fresh pages would fault in on every call. Valid until this thread's next call."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffers = getattr(_scratch_space, "buffers", None)
+    if buffers is None:
+        buffers = _scratch_space.buffers = {}
+    raw = buffers.get(name)
+    if raw is None or raw.size < nbytes:
+        raw = buffers[name] = np.empty(max(nbytes, 1 << 16), np.uint8)
+    return raw[:nbytes].view(dtype).reshape(shape)
+
+
+@functools.lru_cache(maxsize=256)
 def _batch_map(shape: tuple[int, ...], batch: tuple[int, ...]) -> np.ndarray:
     """For each entry of the broadcast ``batch``, the flat index of the operand's own batch
-    entry (batch dims ``shape``) that it reads."""
+    entry (batch dims ``shape``) that it reads; shared between calls, never written (left
+    writable: the tile kernel has one compiled signature, of writable arrays)."""
     own = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
     return np.broadcast_to(own, batch).reshape(-1).copy()

@@ -2,9 +2,11 @@
 
 Each (thread, inner device) pair has its own :class:`Stream`, as in Burn: a thread's ops
 never interleave with another's, so many threads training at once compute what they
-would one after another. A stream runs (hands its records to its executor, in order) when
-a value is read, on ``sync``, at :data:`MAX_RECORDS`, or on :meth:`Stream.flush`. Reading
-a value another thread's stream will make flushes that stream (under its lock).
+would one after another. A stream runs (hands its records to its executor, in order) on
+``sync``, at :data:`MAX_RECORDS`, or on :meth:`Stream.flush`. Reading a value runs only
+the records it depends on (:meth:`Stream.flush_for`): the shape arithmetic of an imported
+model or a logged loss does not cut the rest of the stream short of fusion. Reading a
+value another thread's stream will make runs in that stream (under its lock).
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from typing import Any
 from ember.backend.device import Device
 from ember.backend.ops import OpDef
 from ember.backends.fusion import counters
-from ember.backends.fusion.handle import Slot
+from ember.backends.fusion.handle import FusionTensor, Slot
 
 MAX_RECORDS = 256
 """A stream runs when it holds this many records (bounds memory held by pending inputs and
 the size of what the explorer searches)."""
+
+SMALL = 1 << 12
+"""Elements: values no larger are arithmetic on the side (shapes, scalars); reading one runs
+only what it needs (:meth:`Stream.flush_for`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -73,8 +79,47 @@ class Stream:
             if self.records:
                 self._run()
 
+    def flush_for(self, slots: list[Slot]) -> None:
+        """Runs what ``slots`` need. Where that is small arithmetic (every value it makes
+        has at most :data:`SMALL` elements: shape arithmetic, a scalar) beside larger
+        pending work, only the records that make ``slots`` and those they read run, in
+        order, and the larger work stays pending to fuse with what comes next; otherwise
+        every record runs (reading one of several results computes them all at once, and
+        a random op keeps the generator's recording order)."""
+        with self.lock:
+            records = self.records
+            if not records:
+                return
+            needed = set(slots)
+            taken = [False] * len(records)
+            for i in range(len(records) - 1, -1, -1):
+                record = records[i]
+                for out in record.outputs:
+                    if out in needed:
+                        if _elements(record) > SMALL or record.op.name == "random":
+                            self._run()
+                            return
+                        taken[i] = True
+                        needed.update(record.inputs)
+                        break
+            if not any(taken):
+                return
+            rest = [r for r, t in zip(records, taken) if not t]
+            if all(_elements(r) <= SMALL for r in rest):
+                self._run()
+                return
+            # What the rest reads must be written out and never written over: a handle for
+            # the run makes each such value readable (the executor keeps readable values).
+            guards = [FusionTensor(s) for r in rest for s in r.inputs if not s.readable()]
+            self.records = rest
+            self._run_records([r for r, t in zip(records, taken) if t])
+            del guards
+
     def _run(self) -> None:
         records, self.records = self.records, []
+        self._run_records(records)
+
+    def _run_records(self, records: list[Record]) -> None:
         counters.add("flushes")
         counters.add("records", len(records))  # here rather than per push: one lock a run
         try:
@@ -86,6 +131,17 @@ class Stream:
 
     def __len__(self) -> int:
         return len(self.records)
+
+
+def _elements(record: Record) -> int:
+    """The most elements of any value ``record`` makes."""
+    most = 0
+    for out in record.outputs:
+        n = 1
+        for d in out.shape:
+            n *= d
+        most = max(most, n)
+    return most
 
 
 _local = threading.local()
