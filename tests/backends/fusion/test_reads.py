@@ -30,12 +30,20 @@ def _data(shape, seed=0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def test_shape_arithmetic_runs_without_the_pending_work(device):
+def test_shape_arithmetic_runs_at_once_and_leaves_the_pending_work(device):
     x = Tensor.from_data(_data(BIG), device)
     big = (x * 2.0).exp()  # pending, large
-    dims = Tensor.from_data(np.array([4, -1], np.int64), device) * 2  # pending, small
+    dims = Tensor.from_data(np.array([4, -1], np.int64), device) * 2  # small ints: at once
+    assert not _pending(dims) and _pending(big)
+    assert dims.tolist() == [8, -2] and _pending(big)
+
+
+def test_a_small_read_runs_without_the_pending_work(device):
+    x = Tensor.from_data(_data(BIG), device)
+    big = (x * 2.0).exp()  # pending, large
+    scale = Tensor.from_data(np.array([0.5, 4.0], np.float32), device) * 2.0  # pending, small
     reset_stats()
-    assert dims.tolist() == [8, -2]
+    assert scale.tolist() == [1.0, 8.0]
     assert _pending(big) and stats()["records"] == 1
     later = (big + 1.0).reshape([16, -1])  # still fuses with the pending work
     np.testing.assert_allclose(later.to_numpy(), (np.exp(_data(BIG) * 2) + 1).reshape(16, -1),

@@ -90,6 +90,8 @@ class Fusion(Decorator):
         operands = args[0] if spread else args[:n]
         slots = [None if t is None else t.slot for t in operands]
         present = tuple([s for s in slots if s is not None])
+        if present and _side_arithmetic(present):
+            return self._eager(op, name, args)
         attrs = args[n:]
         device = None
         if has_device:
@@ -217,6 +219,16 @@ def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool]:
         op.name in EAGER or op.rule is None,
     )
     return layout
+
+
+def _side_arithmetic(slots: tuple[Slot, ...]) -> bool:
+    """Whether every operand is a made, small integer value (an imported model's shape
+    arithmetic): such an op runs at once, cheaper than a record, and leaves nothing pending
+    for the reshape that reads its result."""
+    for s in slots:
+        if s.prim is None or not s.dtype.is_int or len(s.shape) > 1 or (s.shape and s.shape[0] > 64):
+            return False
+    return True
 
 
 def _unknown(aval: AVal) -> bool:
