@@ -332,6 +332,13 @@ class Tensor:
             return _wrap(prim, device, self._kind)
         return Tensor.from_data(self.into_data(), device)
 
+    def quantize(self, scheme, scales: Tensor | None = None, zero_points: Tensor | None = None):
+        """This Float tensor quantized by ``scheme`` (an ``ember.quantization.QuantScheme``):
+        a ``QTensor``; see :func:`ember.quantization.quantize`."""
+        from ember.quantization import quantize
+
+        return quantize(self, scheme, scales, zero_points)
+
     def cast(self, dtype: DType | str) -> Tensor:
         """Converts the elements to ``dtype`` (any kind). Float to Int truncates toward zero."""
         target = DType.parse(dtype)
