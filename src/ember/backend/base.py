@@ -23,7 +23,7 @@ from ember.backend import conv_grad
 from ember.backend.device import Device
 from ember.backend.errors import DeviceError, DTypeError, UnsupportedError
 from ember.backend.ops import OPS, OpDef, primitives
-from ember.backend.options import ConvOptions, ConvTransposeOptions, PoolOptions
+from ember.backend.options import ConvOptions, ConvTransposeOptions, PoolOptions, QuantOptions
 from ember.tensor.dtype import DType, Kind
 
 
@@ -331,6 +331,37 @@ class Backend:
         a = self.float_slice(x, tuple(first))
         b = self.float_slice(x, tuple(second))
         return self.float_mul(a, self.sigmoid(b))
+
+    # ------------------------------------------------------------ quantized
+    def dequantize(self, values, scales, zero_points, options: QuantOptions):
+        """``(values - zero_points) * scales`` in f32, each value taking the parameters of
+        its place in ``options``' layout (``ember.quantization`` says which)."""
+        shape = self.shape(values)
+        q = self.int_cast(values, DType.F32)
+        axis, block = options.axis, options.block_size
+        if block is not None:  # [..., blocks, block, ...]: one parameter per block
+            q = self.float_reshape(q, (*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
+
+        def along(params):
+            if axis is None:
+                return self.float_reshape(params, (1,) * len(shape))
+            if block is None:
+                return self.float_reshape(params, tuple(shape[axis] if d == axis else 1
+                                                        for d in range(len(shape))))  # fmt: skip
+            blocked = self.shape(params)
+            return self.float_reshape(params, (*blocked[: axis + 1], 1, *blocked[axis + 1 :]))
+
+        if zero_points is not None:
+            q = self.float_sub(q, along(self.int_cast(zero_points, DType.F32)))
+        out = self.float_mul(q, along(self.float_cast(scales, DType.F32)))
+        return self.float_reshape(out, shape)
+
+    def quantized_linear(self, x, values, scales, zero_points, bias, options: QuantOptions):
+        """``x @ dequantize(values, scales, zero_points) + bias``: the reference every
+        backend's integer kernel is tested against."""
+        weight = self.dequantize(values, scales, zero_points, options)
+        out = self.float_matmul(x, self.float_cast(weight, self.dtype(x)))
+        return out if bias is None else self.float_add(out, bias)
 
     # ------------------------------------------------------------ 1-d module ops via 2-d
     # A 1-d op is its 2-d op on [N, C, L, 1]: the options get a neutral second dim.

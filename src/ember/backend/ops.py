@@ -214,6 +214,15 @@ _op("pad", ALL, X, ("options",), r.pad, "module")
 _op("unfold4d", FLOAT, X, ("kernel_size", "options"), r.unfold4d, "module", composite=True,
     prefixed=False)  # fmt: skip
 
+# --- quantized (ember.quantization) ---------------------------------------------------------------
+# Int values with Float scales (and Int zero points) in ``QuantOptions``' layout; the linear's
+# default dequantizes, multiplies and adds the bias; a backend may override it with integer
+# kernels.
+_op("dequantize", {I}, ("values", "scales", "zero_points?"), ("options",), r.dequantize,
+    "quantized", composite=True, prefixed=False)  # fmt: skip
+_op("quantized_linear", FLOAT, ("tensor", "values", "scales", "zero_points?", "bias?"),
+    ("options",), r.quantized_linear, "quantized", composite=True, prefixed=False)  # fmt: skip
+
 ops = SimpleNamespace(**OPS)
 """Attribute access to the table: ``ops.add`` is ``OPS["add"]``."""
 

@@ -70,3 +70,22 @@ class PadOptions:
     pads: tuple[tuple[int, int], ...]
     mode: PadMode = "constant"
     value: float = 0.0
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """Which scale (and zero point) each quantized value takes: one for the whole tensor
+    (``axis`` None), one per index of ``axis`` (``block_size`` None), or one per
+    ``block_size`` consecutive values along ``axis`` (a non-negative axis)."""
+
+    axis: int | None = None
+    block_size: int | None = None
+
+    def scales_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The scales' shape for values of ``shape`` (the layout ``ember.quantization`` uses)."""
+        if self.axis is None:
+            return ()
+        if self.block_size is None:
+            return (shape[self.axis],)
+        a = self.axis
+        return (*shape[:a], shape[a] // self.block_size, *shape[a + 1 :])

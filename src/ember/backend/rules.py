@@ -363,6 +363,44 @@ def matmul(op: str, a: AVal, b: AVal) -> AVal:
     return AVal(batch + (a.shape[-2], b.shape[-1]), _same_dtype(op, a, b))
 
 
+# ---------------------------------------------------------------- quantized
+def dequantize(op: str, values: AVal, scales: AVal, zero_points: AVal | None,
+               options) -> AVal:  # fmt: skip
+    """Int values with Float scales (and Int zero points) of ``options``' layout -> f32."""
+    if values.dtype.kind is not Kind.INT:
+        raise DTypeError(f"{op}: values must be Int, got {values.dtype.value}")
+    if scales.dtype.kind is not Kind.FLOAT:
+        raise DTypeError(f"{op}: scales must be Float, got {scales.dtype.value}")
+    if options.axis is not None and not 0 <= options.axis < len(values.shape):
+        raise ShapeError(f"{op}: axis {options.axis} is out of range for values of shape "
+                         f"{fmt_shape(values.shape)}")  # fmt: skip
+    if options.block_size is not None and values.shape[options.axis] % options.block_size:
+        raise ShapeError(f"{op}: block size {options.block_size} does not divide dim "
+                         f"{options.axis} of {fmt_shape(values.shape)}")  # fmt: skip
+    expected = options.scales_shape(values.shape)
+    for name, params in (("scales", scales), ("zero points", zero_points)):
+        if params is not None and tuple(params.shape) != expected:
+            raise ShapeError(f"{op}: {name} must have shape {fmt_shape(expected)} for values of "
+                             f"shape {fmt_shape(values.shape)}, got {fmt_shape(params.shape)}")  # fmt: skip
+    if zero_points is not None and zero_points.dtype.kind is not Kind.INT:
+        raise DTypeError(f"{op}: zero points must be Int, got {zero_points.dtype.value}")
+    return AVal(values.shape, DType.F32)
+
+
+def quantized_linear(op: str, x: AVal, values: AVal, scales: AVal, zero_points: AVal | None,
+                     bias: AVal | None, options) -> AVal:  # fmt: skip
+    """``x @ dequantize(values, ...) + bias``: a Float ``x`` by a quantized ``[..., K, N]``,
+    plus an optional Float ``bias`` of ``[N]``."""
+    if x.dtype.kind is not Kind.FLOAT:
+        raise DTypeError(f"{op}: the input must be Float, got {x.dtype.value}")
+    weight = dequantize(op, values, scales, zero_points, options)
+    out = matmul(op, x, AVal(weight.shape, x.dtype))
+    if bias is not None and tuple(bias.shape) != out.shape[-1:]:
+        raise ShapeError(f"{op}: bias must have shape {fmt_shape(out.shape[-1:])}, got "
+                         f"{fmt_shape(bias.shape)}")  # fmt: skip
+    return out
+
+
 # ---------------------------------------------------------------- module ops
 def _spatial(op: str, x: AVal, n: int, what: str = "input") -> None:
     if len(x.shape) != n + 2:

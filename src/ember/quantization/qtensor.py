@@ -25,10 +25,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ember.backend import rules
 from ember.backend.device import Device
 from ember.backend.errors import DTypeError, KindError, ShapeError, fmt_shape
+from ember.backend.ops import ops
+from ember.backend.options import QuantOptions
 from ember.quantization.scheme import QuantScheme
 from ember.tensor import DType, Kind, Tensor
+from ember.tensor.tensor import _wrap
 
 __all__ = ["QTensor", "quantize"]
 
@@ -51,12 +55,15 @@ class QTensor:
     Prefer :func:`quantize` (``tensor.quantize(scheme)``), which computes all of them.
     """
 
-    __slots__ = ("scales", "scheme", "shape", "values", "zero_points")
+    __slots__ = ("_operands_cache", "_options", "scales", "scheme", "shape", "values",
+                 "zero_points")  # fmt: skip
 
     def __init__(self, values: Tensor, scales: Tensor, zero_points: Tensor | None,
                  scheme: QuantScheme, shape: Sequence[int]) -> None:  # fmt: skip
         self.values, self.scales, self.zero_points = values, scales, zero_points
         self.scheme, self.shape = scheme, tuple(int(d) for d in shape)
+        self._options: QuantOptions | None = None
+        self._operands_cache: tuple[list, list] | None = None
 
     @property
     def device(self) -> Device:
@@ -77,11 +84,31 @@ class QTensor:
         dtype = DType.parse(dtype)
         if not dtype.is_float:
             raise DTypeError(f"dequantize: dtype must be a float dtype, got {dtype.value}")
-        q = _blocked(self.int_values().cast(DType.F32), self)
-        if self.zero_points is not None:
-            q = q - _along(self.zero_points.cast(DType.F32), self)
-        out = q * _along(self.scales.cast(DType.F32), self)
-        return out.reshape(list(self.shape)).cast(dtype)
+        prims, avals = self._operands()
+        rules.dequantize(ops.dequantize.name, *avals, self.options)
+        prim = self.device.backend.dequantize(*prims, self.options)
+        return _wrap(prim, self.device, Kind.FLOAT).cast(dtype)
+
+    @property
+    def options(self) -> QuantOptions:
+        """The layout of the parameters as the op table's quantized ops take it."""
+        if self._options is None:
+            self._options = QuantOptions(self.scheme.resolved_axis(self.rank), self.scheme.block_size)
+        return self._options
+
+    def _operands(self) -> tuple[list, list]:
+        """The backend primitives of the Int values (int4 unpacked), the scales and the zero
+        points (None for a symmetric scheme), and their abstract values for the op rules.
+        Kept for int8 (a QTensor never changes); int4 values are unpacked per call, so that
+        the unpacked copy never doubles what a 4-bit weight holds."""
+        if self._operands_cache is not None:
+            return self._operands_cache
+        tensors = [self.int_values(), self.scales, self.zero_points]
+        prims = [None if t is None else t._prim for t in tensors]
+        operands = (prims, [None if t is None else t._aval() for t in tensors])
+        if self.scheme.value == "int8":
+            self._operands_cache = operands
+        return operands
 
     def __repr__(self) -> str:
         return (f"QTensor(shape={fmt_shape(self.shape)}, {self.scheme.describe()}, "

@@ -32,6 +32,7 @@ from ember.backend.options import (
     InterpolateOptions,
     PadOptions,
     PoolOptions,
+    QuantOptions,
 )
 from ember.tensor.data import TensorData, numpy_dtype
 from ember.tensor.distribution import Distribution
@@ -403,6 +404,14 @@ class Torch(Backend):
         if a.is_cuda and not a.is_floating_point():
             return _int_matmul_by_blocks(a, b)
         return torch.matmul(a, b)
+
+    def quantized_linear(self, x, values, scales, zero_points, bias, options: QuantOptions):
+        from ember.backends.torch.quantized import linear_dynamic
+
+        out = linear_dynamic(x, values, scales, zero_points, bias, options)
+        if out is None:  # not a case PyTorch's int8 kernel takes
+            return super().quantized_linear(x, values, scales, zero_points, bias, options)
+        return out
 
     # ------------------------------------------------------------ module ops
     def conv2d(self, x, weight, bias, o: ConvOptions):

@@ -1,4 +1,4 @@
-"""Backward rule of the matrix product."""
+"""Backward rules of the matrix products (float, and float by a quantized weight)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,18 @@ def _matmul(B, g, s):
     else:
         gb = unbroadcast(B, B.float_matmul(_transpose(B, a), g), b_shape)
     return ga, gb
+
+
+@backward("quantized_linear", keep="inputs")
+def _quantized_linear(B, g, s):
+    # out = x @ w + bias with w = dequantize(values, scales, zero points): d x = g @ w^T and
+    # d bias = g summed over its rows. The quantized weight is a constant (Burn's q_inner):
+    # its Int values have no gradient and its scales get none.
+    x, values, scales, zero_points, bias = s.inputs
+    gx = gb = None
+    if s.needs[0]:
+        weight = B.float_cast(B.dequantize(values, scales, zero_points, s.attrs[0]), B.dtype(x))
+        gx = unbroadcast(B, B.float_matmul(g, _transpose(B, weight)), s.shapes[0])
+    if bias is not None and s.needs[4]:
+        gb = unbroadcast(B, g, s.shapes[4])
+    return gx, None, None, None, gb

@@ -1,0 +1,88 @@
+"""Quantized linear layers: ember int8 beside ember f32 and PyTorch's dynamic quantization.
+
+Run: ``.venv/bin/python benchmarks/quantization.py [--threads 2] [--repeat 7]``
+
+A linear layer of 4096 x 4096 on batches of 1 and 64 rows, in one run, each side timed
+as the median of repeated calls (``--threads`` threads everywhere):
+
+* **torch f32**: ``torch.nn.Linear`` (no grad);
+* **torch int8 dynamic**: ``torch.ao.quantization.quantize_dynamic`` of that layer (int8
+  weights, one scale per output channel: ``per_channel_dynamic_qconfig``);
+* **ember f32 (Torch)**: ``x @ w + b`` on ember's Torch backend;
+* **ember int8 (Torch)**: ``ember.quantization.linear`` with the weight quantized int8
+  symmetric per output channel: PyTorch's int8 kernel through the op table;
+* **ember f32 (NdArray)** and **ember int8 (NdArray)**: the same on NdArray, whose int8
+  linear is still the default of the op table (dequantize, then matmul; an integer kernel is
+  the plan's next step), so it is slower than f32 there.
+
+Ratios are each side's time over torch int8 dynamic (lower is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timing import median_seconds, pin_threads, print_table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--size", type=int, default=4096)
+    args = parser.parse_args()
+    pin_threads(args.threads)
+
+    import numpy as np
+    import torch
+
+    import ember
+    from ember import Tensor
+    from ember.quantization import QuantScheme, linear
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    n = args.size
+    layer = torch.nn.Linear(n, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dynamic = torch.ao.quantization.quantize_dynamic(
+            torch.nn.Sequential(layer), {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+            dtype=torch.qint8)  # fmt: skip
+    weight = layer.weight.detach().numpy().T.copy()  # ember's [d_input, d_output]
+    bias = layer.bias.detach().numpy().copy()
+    scheme = QuantScheme(granularity="axis", axis=1)
+    sides = {}
+    for name in ("torch", "ndarray"):
+        device = ember.device(name)
+        w = Tensor.from_data(weight, device)
+        sides[name] = (device, w, w.quantize(scheme), Tensor.from_data(bias, device))
+
+    rows = []
+    for batch in (1, 64):
+        x_host = np.random.default_rng(batch).standard_normal((batch, n)).astype(np.float32)
+        xt = torch.from_numpy(x_host)
+        times = {}
+        with torch.no_grad():
+            times["torch f32"] = median_seconds(lambda: layer(xt), repeat=args.repeat)
+            times["torch int8 dynamic"] = median_seconds(lambda: dynamic(xt), repeat=args.repeat)
+        for name, label in (("torch", "Torch"), ("ndarray", "NdArray")):
+            device, w, q, b = sides[name]
+            x = Tensor.from_data(x_host, device)
+            times[f"ember f32 ({label})"] = median_seconds(
+                lambda x=x, w=w, b=b: (x.matmul(w) + b).to_numpy(), repeat=args.repeat)  # fmt: skip
+            times[f"ember int8 ({label})"] = median_seconds(
+                lambda x=x, q=q, b=b: linear(x, q, b).to_numpy(), repeat=args.repeat)  # fmt: skip
+        base = times["torch int8 dynamic"]
+        for side, seconds in times.items():
+            rows.append([f"{batch} x {n}", side, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}x"])
+    print_table(f"linear {n} x {n}, {args.threads} thread(s): ms per call",
+                ["input", "side", "ms", "x torch int8 dynamic"], rows)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

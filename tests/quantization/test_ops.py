@@ -1,0 +1,154 @@
+"""A Float input by a quantized weight: the default (dequantize, then matmul) against
+NumPy float64, PyTorch's int8 kernel on the Torch backend against PyTorch's own dynamically
+quantized Linear and within the input's quantization error, gradients to the input, and
+careless calls."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor
+from ember.backend.errors import ArgumentError, DeviceError, KindError, ShapeError
+from ember.quantization import QuantScheme, linear, matmul
+
+NDARRAY_LIKE = {
+    "ndarray": lambda: ember.device("ndarray"),
+    "autodiff": lambda: ember.device("ndarray").autodiff(),
+    "fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter"),
+}
+SCHEMES = [
+    QuantScheme(),
+    QuantScheme(granularity="axis", axis=1),
+    QuantScheme(mode="affine", granularity="axis", axis=-1),
+    QuantScheme(value="int4", granularity="block", axis=0, block_size=8),
+    QuantScheme(value="int4", mode="affine", granularity="block", axis=0, block_size=16,
+                scale_dtype="f16"),  # fmt: skip
+]
+RNG = np.random.default_rng(11)
+X = RNG.standard_normal((3, 5, 32)).astype(np.float32)
+W = RNG.standard_normal((32, 24)).astype(np.float32)
+B = RNG.standard_normal(24).astype(np.float32)
+
+
+def _dequantized(scheme: QuantScheme) -> np.ndarray:
+    """The weight as the scheme stores it, dequantized in float64 from its numbers."""
+    q = Tensor.from_data(W, ember.device("ndarray")).quantize(scheme)
+    values = q.int_values().to_numpy().astype(np.float64)
+    scales = q.scales.to_numpy().astype(np.float64)
+    zps = 0.0 if q.zero_points is None else q.zero_points.to_numpy().astype(np.float64)
+    if scheme.granularity == "block":
+        scales = np.repeat(scales, scheme.block_size, axis=0)
+        zps = zps if np.isscalar(zps) else np.repeat(zps, scheme.block_size, axis=0)
+    return (values - zps) * scales
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.describe())
+@pytest.mark.parametrize("backend", list(NDARRAY_LIKE))
+def test_the_default_is_dequantize_then_matmul(scheme, backend):
+    device = NDARRAY_LIKE[backend]()
+    q = Tensor.from_data(W, device).quantize(scheme)
+    got = linear(Tensor.from_data(X, device), q, Tensor.from_data(B, device)).to_numpy()
+    expected = X.astype(np.float64) @ _dequantized(scheme) + B
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def torch_device():
+    pytest.importorskip("torch", reason="the Torch backend needs torch (ember[torch])")
+    return ember.device("torch")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES[:2], ids=lambda s: s.describe())
+def test_torch_runs_pytorchs_dynamic_int8_linear(scheme, torch_device):
+    import torch
+
+    q = Tensor.from_data(W, torch_device).quantize(scheme)
+    got = linear(Tensor.from_data(X, torch_device), q, Tensor.from_data(B, torch_device)).to_numpy()
+    # PyTorch's own dynamically quantized Linear holding the same int8 weight and scales.
+    values = torch.from_numpy(q.int_values().to_numpy().T.copy())
+    scales = torch.from_numpy(q.scales.to_numpy().astype(np.float64))
+    if scheme.granularity == "tensor":
+        weight = torch._make_per_tensor_quantized_tensor(values, float(scales), 0)
+    else:
+        weight = torch._make_per_channel_quantized_tensor(values, scales,
+                                                          torch.zeros(24, dtype=torch.long), 0)  # fmt: skip
+    reference = torch.ao.nn.quantized.dynamic.Linear(32, 24, dtype=torch.qint8)
+    reference.set_weight_bias(weight, torch.from_numpy(B))
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(X)).numpy()
+    np.testing.assert_array_equal(got, expected)
+    # Within the input's quantization error of the exact product: PyTorch quantizes each
+    # row block of the input to 7 bits over [min(x, 0), max(x, 0)].
+    exact = X.astype(np.float64) @ _dequantized(scheme) + B
+    step = (max(X.max(), 0) - min(X.min(), 0)) / 127
+    bound = step / 2 * np.abs(_dequantized(scheme)).sum(axis=0) + 1e-4
+    assert np.all(np.abs(got - exact) <= bound)
+
+
+def test_torch_falls_back_to_the_default_where_its_kernel_does_not_apply(torch_device):
+    for scheme in SCHEMES[2:]:
+        q = Tensor.from_data(W, torch_device).quantize(scheme)
+        got = matmul(Tensor.from_data(X, torch_device), q).to_numpy()
+        np.testing.assert_allclose(got, X.astype(np.float64) @ _dequantized(scheme), rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+
+
+def test_the_packed_weight_is_made_once_and_dropped_with_the_weight(torch_device):
+    from ember.backends.torch import quantized
+
+    def packed_for(values) -> list:
+        return [entry[1] for entry in quantized._packed.values() if entry[0][0]() is values]
+
+    q = Tensor.from_data(W, torch_device).quantize(QuantScheme(granularity="axis", axis=1))
+    x = Tensor.from_data(X, torch_device)
+    first = matmul(x, q).to_numpy()
+    made = packed_for(q.values._prim)
+    assert len(made) == 1
+    np.testing.assert_array_equal(matmul(x, q).to_numpy(), first)
+    assert packed_for(q.values._prim) == made  # reused, not packed again
+    del q
+    gc.collect()
+    other = Tensor.from_data(W * 2, torch_device).quantize(QuantScheme(granularity="axis", axis=1))
+    matmul(x, other)  # packs its own weight, and drops the dead one's
+    assert all(entry[0][0]() is not None for entry in quantized._packed.values())
+
+
+@pytest.mark.parametrize("name", ["autodiff", "autodiff-torch"])
+def test_the_gradient_flows_to_the_input_only(name):
+    if name == "autodiff-torch":
+        pytest.importorskip("torch", reason="the Torch backend needs torch (ember[torch])")
+        device = ember.device("torch").autodiff()
+    else:
+        device = ember.device("ndarray").autodiff()
+    scheme = QuantScheme(granularity="axis", axis=1)
+    q = Tensor.from_data(W, device).quantize(scheme)
+    x = Tensor.from_data(X, device).require_grad()
+    b = Tensor.from_data(B, device).require_grad()
+    upstream = RNG.standard_normal((3, 5, 24)).astype(np.float32)
+    grads = (linear(x, q, b) * Tensor.from_data(upstream, device)).sum().backward()
+    expected = upstream.astype(np.float64) @ _dequantized(scheme).T
+    np.testing.assert_allclose(x.grad(grads).to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b.grad(grads).to_numpy(), upstream.sum(axis=(0, 1)), rtol=1e-5)
+    assert q.scales.grad(grads) is None
+
+
+def test_careless_calls_are_typed_errors():
+    device = ember.device("ndarray")
+    q = Tensor.from_data(W, device).quantize(QuantScheme())
+    x = Tensor.from_data(X, device)
+    with pytest.raises(ArgumentError, match="weight must be a QTensor"):
+        matmul(x, Tensor.from_data(W, device))
+    with pytest.raises(KindError, match="the input must be a Float tensor, got Int"):
+        matmul(Tensor.from_data(X.astype(np.int64), device, kind=ember.Kind.INT), q)
+    with pytest.raises(ShapeError, match=r"inner dims differ: \[3, 5, 24\] @ \[32, 24\]"):
+        matmul(Tensor.zeros([3, 5, 24], device), q)
+    with pytest.raises(DeviceError):
+        matmul(Tensor.from_data(X, ember.device("ndarray").autodiff()), q)
+    with pytest.raises(ShapeError, match=r"bias must have shape \[24\], got \[32\]"):
+        linear(x, q, Tensor.zeros([32], device))
+    with pytest.raises(KindError, match="the bias must be a Float tensor, got Int"):
+        linear(x, q, Tensor.zeros([24], device, kind=ember.Kind.INT))
