@@ -68,8 +68,9 @@ def main() -> None:
         xt = torch.from_numpy(x_host)
         times = {}
         with torch.no_grad():
-            times["torch f32"] = median_seconds(lambda: layer(xt), repeat=args.repeat)
-            times["torch int8 dynamic"] = median_seconds(lambda: dynamic(xt), repeat=args.repeat)
+            times["torch f32"] = median_seconds(lambda xt=xt: layer(xt), repeat=args.repeat)
+            times["torch int8 dynamic"] = median_seconds(lambda xt=xt: dynamic(xt),
+                                                         repeat=args.repeat)  # fmt: skip
         for name, label in (("torch", "Torch"), ("ndarray", "NdArray")):
             device, w, q, b = sides[name]
             x = Tensor.from_data(x_host, device)

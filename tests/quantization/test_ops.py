@@ -26,7 +26,7 @@ SCHEMES = [
     QuantScheme(mode="affine", granularity="axis", axis=-1),
     QuantScheme(value="int4", granularity="block", axis=0, block_size=8),
     QuantScheme(value="int4", mode="affine", granularity="block", axis=0, block_size=16,
-                scale_dtype="f16"),  # fmt: skip
+                scale_dtype="f16"),
 ]
 RNG = np.random.default_rng(11)
 X = RNG.standard_normal((3, 5, 32)).astype(np.float32)

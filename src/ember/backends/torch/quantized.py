@@ -16,9 +16,9 @@ other dtypes) returns None and the backend runs the default (dequantize, then ma
 from __future__ import annotations
 
 import threading
-from collections import deque
 import warnings
 import weakref
+from collections import deque
 from typing import Any
 
 import torch
