@@ -180,13 +180,16 @@ def test_round_trip_at_every_precision(recorder_type, precision):
     assert recorder.to_bytes(record) == data  # deterministic (gzip without a timestamp)
 
 
-def test_bool_and_u8_keep_their_dtype_and_ints_widen():
+def test_bool_and_bytes_keep_their_dtype_and_ints_widen():
+    # Bytes (u8, i8: quantized values) stay bytes; other ints take the settings' int dtype.
     record = {"b": TensorData([True]), "u": TensorData(np.array([255], np.uint8)),
-              "i": TensorData(np.array([-3], np.int8))}
+              "i": TensorData(np.array([-3], np.int8)), "s": TensorData(np.array([7], np.int16))}
     recorder = BinBytesRecorder(HalfPrecision)
     loaded = recorder.from_bytes(recorder.to_bytes(record))
-    assert [loaded[k].dtype for k in "bui"] == [DType.BOOL, DType.U8, DType.I16]
-    assert PrecisionSettings("x", "f32", "i64").target(DType.I8) is DType.I64
+    assert [loaded[k].dtype for k in "buis"] == [DType.BOOL, DType.U8, DType.I8, DType.I16]
+    assert loaded["i"].tolist() == [-3]
+    wide = PrecisionSettings("x", "f32", "i64")
+    assert wide.target(DType.I8) is DType.I8 and wide.target(DType.I16) is DType.I64
 
 
 @pytest.mark.parametrize("recorder_type", RECORDERS, ids=_name)

@@ -1,11 +1,15 @@
-"""Quantization: schemes, quantized tensors and (to come) quantized models.
+"""Quantization: schemes, quantized tensors, quantized layers and weight-only quantization
+of models (``model.quantize(QuantizeConfig(...))``).
 
 See ``docs/quantization_plan.md`` for the design: a :class:`QTensor` is Int values with
 Float scales (and Int zero points), so every backend and decorator carries it unchanged.
 """
 
+from ember.quantization.linear import QuantizedLinear
+from ember.quantization.mapper import QuantizeConfig, quantize_module
 from ember.quantization.ops import linear, matmul
 from ember.quantization.qtensor import QTensor, quantize
 from ember.quantization.scheme import QuantScheme
 
-__all__ = ["QTensor", "QuantScheme", "linear", "matmul", "quantize"]
+__all__ = ["QTensor", "QuantScheme", "QuantizeConfig", "QuantizedLinear", "linear", "matmul",
+           "quantize", "quantize_module"]

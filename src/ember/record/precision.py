@@ -5,9 +5,10 @@ model trains at: each Float tensor is converted to ``float_dtype`` and each Int
 tensor to ``int_dtype``. Two kinds keep their dtype:
 
 - Bool tensors (a mask is a mask at any precision);
-- ``u8`` tensors: unsigned bytes (images, quantized weights, packed flags) mean
-  something as bytes, and every int dtype of the settings is signed, so turning
-  them into ``i16`` / ``i32`` would only make them bigger.
+- byte tensors, ``u8`` and ``i8``: bytes (images, quantized weights, packed int4
+  values, flags) mean something as bytes, and turning them into ``i16`` / ``i32``
+  would only make them bigger (a quantized model's record would be as large as a
+  float one).
 
 Loading never converts: a tensor comes back in the dtype it was stored with, and
 the module that loads it converts to its own dtype, so a record written at any
@@ -42,7 +43,8 @@ class PrecisionSettings:
     Args:
         name: a short name saved in the file's metadata (``"full"``).
         float_dtype: the dtype every Float tensor is saved as.
-        int_dtype: the dtype every Int tensor except ``u8`` is saved as.
+        int_dtype: the dtype every Int tensor except bytes (``u8``, ``i8``) and unsigned
+            ones is saved as.
 
     Raises:
         ArgumentError: ``float_dtype`` is not a float dtype, or ``int_dtype`` not a signed
@@ -80,8 +82,9 @@ class PrecisionSettings:
             return dtype
         if dtype.is_float:
             return self.float_dtype
-        # Unsigned ints keep their dtype: a signed int_dtype could not hold their range.
-        if dtype.is_int and not dtype.is_unsigned:
+        # Unsigned ints keep their dtype: a signed int_dtype could not hold their range; so
+        # do signed bytes (quantized values), which no int_dtype would make smaller.
+        if dtype.is_int and not dtype.is_unsigned and dtype is not DType.I8:
             return self.int_dtype
         return dtype
 

@@ -1,0 +1,77 @@
+"""A linear layer whose weight is quantized: what weight-only quantization makes of
+:class:`ember.nn.Linear`.
+
+The quantized weight's parts are ordinary parameters (Int values, Float scales, Int zero
+points for affine schemes), none of them trained, so records, recorders, devices and
+decorators handle the layer like any other; the scheme and the weight's shape are
+configuration, rebuilt by quantizing the same model with the same config before a record is
+loaded (as Burn rebuilds a module from its config).
+
+Example:
+    >>> import ember
+    >>> from ember import Tensor, nn
+    >>> from ember.quantization import QuantizedLinear, QuantScheme
+    >>> layer = nn.LinearConfig(64, 8).init(ember.device("ndarray"))
+    >>> q = QuantizedLinear.quantize(layer, QuantScheme(granularity="axis", axis=-1))
+    >>> q(Tensor.ones([2, 64])).shape, q.values.dtype.value, q.scales.shape
+    ((2, 8), 'i8', (8,))
+"""
+
+from __future__ import annotations
+
+from ember.module import Module, Param
+from ember.quantization.ops import linear
+from ember.quantization.qtensor import QTensor
+from ember.quantization.scheme import QuantScheme
+from ember.tensor import Tensor
+
+__all__ = ["QuantizedLinear"]
+
+
+class QuantizedLinear(Module):
+    """``x @ dequantize(weight) + bias`` with a quantized weight of ``[d_input, d_output]``.
+
+    Args:
+        values: the weight's quantized values (i8, or u8 packing int4), not trained.
+        scales: the weight's scales, not trained.
+        zero_points: its zero points (affine schemes), or None.
+        bias: ``[d_output]``, or None; trainable as in :class:`ember.nn.Linear`.
+        scheme: the weight's :class:`QuantScheme`.
+        shape: ``(d_input, d_output)``.
+
+    Shape:
+        ``[..., d_input]`` -> ``[..., d_output]``.
+    """
+
+    values: Param
+    scales: Param
+    zero_points: Param | None
+    bias: Param | None
+    scheme: QuantScheme
+    shape: tuple[int, int]
+
+    @staticmethod
+    def quantize(layer, scheme: QuantScheme) -> QuantizedLinear:
+        """``layer`` (an :class:`ember.nn.Linear`) with its weight quantized by ``scheme``;
+        the bias stays as it is."""
+        weight = layer.weight.val().detach() if layer.weight.val().is_require_grad() else layer.weight.val()
+        q = weight.quantize(scheme)
+        zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
+        return QuantizedLinear(Param(q.values, require_grad=False), Param(q.scales, require_grad=False),
+                               zero_points, layer.bias, scheme, tuple(weight.shape))  # fmt: skip
+
+    @property
+    def d_input(self) -> int:
+        return self.shape[0]
+
+    @property
+    def d_output(self) -> int:
+        return self.shape[1]
+
+    def weight(self) -> QTensor:
+        """The quantized weight."""
+        zero_points = None if self.zero_points is None else self.zero_points.val()
+        return QTensor(self.values.val(), self.scales.val(), zero_points, self.scheme, self.shape)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight(), None if self.bias is None else self.bias.val())

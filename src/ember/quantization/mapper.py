@@ -1,0 +1,98 @@
+"""Weight-only (dynamic) quantization of a model: its linear layers, by path.
+
+:func:`quantize_module` (``model.quantize(config)``) returns a copy of the model in which
+every :class:`ember.nn.Linear` becomes a :class:`QuantizedLinear`, except those a pattern
+of ``skip`` names; a layer whose path matches a pattern of ``overrides`` takes that scheme
+instead of the default. Patterns are shell-style (``fnmatch``) over dotted parameter paths
+(``encoder.layers.0.ffn.linear_inner``). A pattern that matches no linear layer is an
+error: a typo must not leave a layer unquantized silently.
+
+Example:
+    >>> import ember
+    >>> from ember import nn
+    >>> from ember.quantization import QuantizeConfig, QuantScheme
+    >>> model = nn.LinearConfig(16, 4).init(ember.device("ndarray"))
+    >>> type(model.quantize(QuantizeConfig())).__name__
+    'QuantizedLinear'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from ember.backend.errors import ArgumentError
+from ember.config import Config
+from ember.module import Module
+from ember.quantization.linear import QuantizedLinear
+from ember.quantization.scheme import QuantScheme
+
+__all__ = ["QuantizeConfig", "quantize_module"]
+
+
+class QuantizeConfig(Config):
+    """Which layers to quantize, and how.
+
+    Args:
+        scheme: the default scheme of a linear layer's weight ``[d_input, d_output]``.
+            Default: int8 symmetric, one scale per output feature (``axis=-1``).
+        skip: path patterns of layers left in float.
+        overrides: path pattern -> scheme, for the layers it matches (the first matching
+            pattern wins), e.g. int4 blocks along the input (``axis=0``) for large layers.
+    """
+
+    scheme: QuantScheme = QuantScheme(granularity="axis", axis=-1)
+    skip: tuple[str, ...] = ()
+    overrides: dict[str, QuantScheme] = {}
+
+
+def quantize_module(model: Any, config: QuantizeConfig) -> Any:
+    """``model`` with its linear layers quantized by ``config`` (see the module doc).
+
+    Raises:
+        ArgumentError: a pattern of ``skip`` or ``overrides`` matches no linear layer.
+        ShapeError: a scheme's axis or block size does not fit a layer's weight.
+    """
+    from ember.nn import Linear
+
+    used: set[str] = set()
+
+    def scheme_for(path: str) -> QuantScheme | None:
+        for pattern in config.skip:
+            if fnmatch.fnmatchcase(path, pattern):
+                used.add(pattern)
+                return None
+        for pattern, scheme in config.overrides.items():
+            if fnmatch.fnmatchcase(path, pattern):
+                used.add(pattern)
+                return scheme
+        return config.scheme
+
+    found: list[str] = []
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, Linear):
+            found.append(path)
+            scheme = scheme_for(path)
+            return value if scheme is None else QuantizedLinear.quantize(value, scheme)
+        if isinstance(value, Module):
+            module = object.__new__(type(value))
+            for name, item in vars(value).items():
+                new = item if name.startswith("_") else walk(item, f"{path}.{name}" if path else name)
+                object.__setattr__(module, name, new)
+            return module
+        if isinstance(value, list):
+            return [walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value)]
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value))
+        if isinstance(value, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        return value
+
+    out = walk(model, "")
+    unused = [p for p in (*config.skip, *config.overrides) if p not in used]
+    if unused:
+        names = ", ".join(found) or "none"
+        raise ArgumentError(f"quantize: pattern(s) {', '.join(map(repr, unused))} match no "
+                            f"linear layer (linear layers: {names})")  # fmt: skip
+    return out
