@@ -15,6 +15,12 @@ as the median of repeated calls (``--threads`` threads everywhere):
   linear is still the default of the op table (dequantize, then matmul; an integer kernel is
   the plan's next step), so it is slower than f32 there.
 
+Then the transformer encoder of ``benchmarks/nn_step.py`` (2 layers, d_model 256, 8 heads,
+d_ff 1024, no dropout) on ``[8, 128, 256]``, inference: PyTorch f32 and
+``quantize_dynamic`` (which quantizes the feed-forward layers: PyTorch's attention keeps its
+projections in float; run in train mode, as its eval fast path fails on quantized layers), ember f32 and ember int8 (``model.quantize(QuantizeConfig())``: every
+linear layer, attention included) on the Torch backend.
+
 Ratios are each side's time over torch int8 dynamic (lower is faster).
 """
 
@@ -83,6 +89,44 @@ def main() -> None:
             rows.append([f"{batch} x {n}", side, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}x"])
     print_table(f"linear {n} x {n}, {args.threads} thread(s): ms per call",
                 ["input", "side", "ms", "x torch int8 dynamic"], rows)  # fmt: skip
+    _encoder(args)
+
+
+def _encoder(args) -> None:
+    import numpy as np
+    import torch
+
+    import ember
+    from ember import Tensor, nn
+    from ember.quantization import QuantizeConfig
+
+    layer = torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, activation="gelu",
+                                             batch_first=True)  # fmt: skip
+    reference = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dynamic = torch.ao.quantization.quantize_dynamic(reference, {torch.nn.Linear},
+                                                         dtype=torch.qint8)  # fmt: skip
+    # In eval mode PyTorch's encoder tries its fused fast path, which fails on quantized
+    # linear layers (their weight is a method): train mode runs the layer by layer path
+    # (dropout is 0, so the numbers are the same).
+    dynamic.train()
+    x_host = np.random.default_rng(0).standard_normal((8, 128, 256)).astype(np.float32)
+    xt = torch.from_numpy(x_host)
+    device = ember.device("torch")
+    model = nn.TransformerEncoderConfig(256, 1024, 8, 2, dropout=0.0).init(device)
+    quantized = model.quantize(QuantizeConfig())
+    x = nn.TransformerEncoderInput(Tensor.from_data(x_host, device))
+    times = {}
+    with torch.no_grad():
+        times["torch f32"] = median_seconds(lambda: reference(xt), repeat=args.repeat)
+        times["torch int8 dynamic"] = median_seconds(lambda: dynamic(xt), repeat=args.repeat)
+    times["ember f32 (Torch)"] = median_seconds(lambda: model(x).to_numpy(), repeat=args.repeat)
+    times["ember int8 (Torch)"] = median_seconds(lambda: quantized(x).to_numpy(), repeat=args.repeat)
+    base = times["torch int8 dynamic"]
+    rows = [[side, f"{seconds * 1e3:.2f}", f"{seconds / base:.2f}x"] for side, seconds in times.items()]
+    print_table(f"transformer encoder inference [8, 128, 256], {args.threads} thread(s): ms",
+                ["side", "ms", "x torch int8 dynamic"], rows)  # fmt: skip
 
 
 if __name__ == "__main__":
