@@ -124,9 +124,28 @@ def test_patterns_skip_and_override_layers():
 def test_careless_configs_are_typed_errors():
     device = ember.device("ndarray")
     model = ENCODER.init(device)
-    with pytest.raises(ArgumentError, match=r"'layers\.9\.\*' match no linear layer \(linear layers: layers\.0"):
+    with pytest.raises(ArgumentError, match=r"'layers\.9\.\*' match no layer to quantize \(layers: layers\.0"):
         model.quantize(QuantizeConfig(skip=("layers.9.*",)))
     with pytest.raises(ShapeError, match="block size 100 does not divide dim 0"):
         model.quantize(QuantizeConfig(scheme=QuantScheme(granularity="block", axis=0, block_size=100)))
     with pytest.raises(ConfigError, match=r"QuantizeConfig.skip"):
         QuantizeConfig(skip="layers.*")
+
+
+def test_the_guide_model_quantizes_its_convolutions_and_linear_layers(tmp_path):
+    from ember.guide.model import ModelConfig
+    from ember.quantization import QuantizedConv2d
+
+    device = ember.device("ndarray")
+    ember.seed(device, 3)
+    model = ModelConfig(num_classes=10, hidden_size=64).init(device).valid()
+    quantized = model.quantize(QuantizeConfig())
+    kinds = sorted(type(m).__name__ for _, m in _modules(quantized)
+                   if isinstance(m, QuantizedLinear | QuantizedConv2d))  # fmt: skip
+    assert kinds == ["QuantizedConv2d", "QuantizedConv2d", "QuantizedLinear", "QuantizedLinear"]
+    images = Tensor.from_data(np.random.default_rng(4).random((8, 28, 28), np.float32), device)
+    assert _cosine(quantized(images).to_numpy(), model(images).to_numpy()) > 0.999
+    path = quantized.save_file(tmp_path / "guide-int8")
+    loaded = ModelConfig(num_classes=10, hidden_size=64).init(device).valid().quantize(
+        QuantizeConfig()).load_file(path)  # fmt: skip
+    np.testing.assert_array_equal(loaded(images).to_numpy(), quantized(images).to_numpy())

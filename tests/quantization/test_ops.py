@@ -152,3 +152,79 @@ def test_careless_calls_are_typed_errors():
         linear(x, q, Tensor.zeros([32], device))
     with pytest.raises(KindError, match="the bias must be a Float tensor, got Int"):
         linear(x, q, Tensor.zeros([24], device, kind=ember.Kind.INT))
+
+
+# ------------------------------------------------------------------------ convolution
+
+
+def _conv_reference(x, weight, bias, stride, padding, groups=1):
+    """A float64 convolution of NumPy arrays, by PyTorch."""
+    torch = pytest.importorskip("torch", reason="the reference convolution is PyTorch's")
+    out = torch.nn.functional.conv2d(torch.from_numpy(x.astype(np.float64)),
+                                     torch.from_numpy(weight.astype(np.float64)),
+                                     None if bias is None else torch.from_numpy(bias.astype(np.float64)),
+                                     stride, padding, 1, groups)  # fmt: skip
+    return out.numpy()
+
+
+def _dequantized_conv(weight: np.ndarray, scheme: QuantScheme) -> np.ndarray:
+    q = Tensor.from_data(weight, ember.device("ndarray")).quantize(scheme)
+    values = q.int_values().to_numpy().astype(np.float64)
+    scales = q.scales.to_numpy().astype(np.float64).reshape(-1, *[1] * (weight.ndim - 1))
+    zps = 0.0 if q.zero_points is None else q.zero_points.to_numpy().astype(np.float64).reshape(scales.shape)
+    return (values - zps) * scales
+
+
+CONV_X = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+CONV_W = RNG.standard_normal((6, 2, 3, 3)).astype(np.float32)  # groups=2
+CONV_B = RNG.standard_normal(6).astype(np.float32)
+
+
+@pytest.mark.parametrize("scheme", [QuantScheme(granularity="axis", axis=0),
+                                    QuantScheme(mode="affine", value="int4", granularity="axis",
+                                                axis=0)], ids=lambda s: s.describe())  # fmt: skip
+@pytest.mark.parametrize("backend", ["ndarray", "torch", "fusion"])
+def test_conv2d_by_a_quantized_weight(scheme, backend):
+    from ember.quantization import conv2d
+
+    if backend == "torch":
+        pytest.importorskip("torch", reason="the Torch backend needs torch (ember[torch])")
+        device = ember.device("torch")
+    else:
+        device = NDARRAY_LIKE[backend]()
+    q = Tensor.from_data(CONV_W, device).quantize(scheme)
+    got = conv2d(Tensor.from_data(CONV_X, device), q, Tensor.from_data(CONV_B, device),
+                 stride=2, padding=1, groups=2).to_numpy()  # fmt: skip
+    expected = _conv_reference(CONV_X, _dequantized_conv(CONV_W, scheme), CONV_B, 2, 1, groups=2)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_gradients_flow_to_the_input_and_bias():
+    torch = pytest.importorskip("torch", reason="the reference gradients are PyTorch's")
+    from ember.quantization import conv2d
+
+    device = ember.device("ndarray").autodiff()
+    scheme = QuantScheme(granularity="axis", axis=0)
+    q = Tensor.from_data(CONV_W, device).quantize(scheme)
+    x = Tensor.from_data(CONV_X, device).require_grad()
+    b = Tensor.from_data(CONV_B, device).require_grad()
+    grads = conv2d(x, q, b, padding=1, groups=2).sum().backward()
+    xt = torch.from_numpy(CONV_X.astype(np.float64)).requires_grad_(True)
+    bt = torch.from_numpy(CONV_B.astype(np.float64)).requires_grad_(True)
+    wt = torch.from_numpy(_dequantized_conv(CONV_W, scheme))
+    torch.nn.functional.conv2d(xt, wt, bt, 1, 1, 1, 2).sum().backward()
+    np.testing.assert_allclose(x.grad(grads).to_numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b.grad(grads).to_numpy(), bt.grad.numpy(), rtol=1e-5)
+
+
+def test_conv2d_careless_calls():
+    from ember.quantization import conv2d
+
+    device = ember.device("ndarray")
+    q = Tensor.from_data(CONV_W, device).quantize(QuantScheme(granularity="axis", axis=0))
+    with pytest.raises(ShapeError):
+        conv2d(Tensor.from_data(CONV_X, device), q)  # 4 input channels, groups 1: 2 expected
+    with pytest.raises(ShapeError, match="weight must be 4-d or 5-d"):
+        conv2d(Tensor.from_data(CONV_X, device), Tensor.from_data(W, device).quantize(QuantScheme()))
+    with pytest.raises(ArgumentError, match="groups must be >= 1"):
+        conv2d(Tensor.from_data(CONV_X, device), q, groups=0)

@@ -363,6 +363,14 @@ class Backend:
         out = self.float_matmul(x, self.float_cast(weight, self.dtype(x)))
         return out if bias is None else self.float_add(out, bias)
 
+    def quantized_conv(self, x, values, scales, zero_points, bias, options: ConvOptions,
+                       quant: QuantOptions):
+        """A convolution by ``dequantize(values, scales, zero_points)`` (2-d or 3-d, by the
+        weight's rank)."""
+        weight = self.float_cast(self.dequantize(values, scales, zero_points, quant), self.dtype(x))
+        conv = self.conv2d if len(self.shape(values)) == 4 else self.conv3d
+        return conv(x, weight, bias, options)
+
     # ------------------------------------------------------------ 1-d module ops via 2-d
     # A 1-d op is its 2-d op on [N, C, L, 1]: the options get a neutral second dim.
     def _as_2d(self, x):

@@ -222,6 +222,8 @@ _op("dequantize", {I}, ("values", "scales", "zero_points?"), ("options",), r.deq
     "quantized", composite=True, prefixed=False)  # fmt: skip
 _op("quantized_linear", FLOAT, ("tensor", "values", "scales", "zero_points?", "bias?"),
     ("options",), r.quantized_linear, "quantized", composite=True, prefixed=False)  # fmt: skip
+_op("quantized_conv", FLOAT, ("tensor", "values", "scales", "zero_points?", "bias?"),
+    ("options", "quant"), r.quantized_conv, "quantized", composite=True, prefixed=False)  # fmt: skip
 
 ops = SimpleNamespace(**OPS)
 """Attribute access to the table: ``ops.add`` is ``OPS["add"]``."""

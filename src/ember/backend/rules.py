@@ -401,6 +401,19 @@ def quantized_linear(op: str, x: AVal, values: AVal, scales: AVal, zero_points: 
     return out
 
 
+def quantized_conv(op: str, x: AVal, values: AVal, scales: AVal, zero_points: AVal | None,
+                   bias: AVal | None, options: ConvOptions, quant) -> AVal:  # fmt: skip
+    """A 2-d or 3-d convolution of a Float ``x`` by a quantized weight ``[C_out, C_in / groups,
+    *kernel]`` (the weight's rank picks the dims)."""
+    if x.dtype.kind is not Kind.FLOAT:
+        raise DTypeError(f"{op}: the input must be Float, got {x.dtype.value}")
+    if len(values.shape) not in (4, 5):
+        raise ShapeError(f"{op}: the weight must be 4-d or 5-d ([C_out, C_in / groups, *kernel]), "
+                         f"got {fmt_shape(values.shape)}")  # fmt: skip
+    weight = dequantize(op, values, scales, zero_points, quant)
+    return conv(op, x, AVal(weight.shape, x.dtype), bias, options)
+
+
 # ---------------------------------------------------------------- module ops
 def _spatial(op: str, x: AVal, n: int, what: str = "input") -> None:
     if len(x.shape) != n + 2:

@@ -143,6 +143,14 @@ class _Conv(Module):
         return self.weight.shape[2:]
 
     def forward(self, x: Tensor) -> Tensor:
+        x, start = self._padded(x)
+        conv = _FUNCTIONAL[len(self.stride)]
+        bias = self.bias.val() if self.bias is not None else None
+        return conv(x, self.weight.val(), bias, self.stride, start, self.dilation, self.groups)
+
+    def _padded(self, x: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+        """``x`` checked and padded where the padding is uneven, and the even padding the
+        conv op adds itself (per side)."""
         n = len(self.stride)
         if x.rank != n + 2 or x.shape[1] != self.channels_in:
             raise ShapeError(
@@ -155,9 +163,7 @@ class _Conv(Module):
         if any(extra):
             # The conv op pads symmetrically; the extra zeros of an uneven Same go at the end.
             x = x.pad([v for e in reversed(extra) for v in (0, e)])
-        conv = _FUNCTIONAL[n]
-        bias = self.bias.val() if self.bias is not None else None
-        return conv(x, self.weight.val(), bias, self.stride, start, self.dilation, self.groups)
+        return x, start
 
 
 _FUNCTIONAL = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

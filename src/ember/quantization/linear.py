@@ -54,7 +54,9 @@ class QuantizedLinear(Module):
     def quantize(layer, scheme: QuantScheme) -> QuantizedLinear:
         """``layer`` (an :class:`ember.nn.Linear`) with its weight quantized by ``scheme``;
         the bias stays as it is."""
-        weight = layer.weight.val().detach() if layer.weight.val().is_require_grad() else layer.weight.val()
+        weight = layer.weight.val()
+        if weight.is_require_grad():
+            weight = weight.detach()
         q = weight.quantize(scheme)
         zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
         return QuantizedLinear(Param(q.values, require_grad=False), Param(q.scales, require_grad=False),

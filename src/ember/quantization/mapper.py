@@ -1,9 +1,11 @@
-"""Weight-only (dynamic) quantization of a model: its linear layers, by path.
+"""Weight-only (dynamic) quantization of a model: its linear and 2-d convolution layers, by
+path.
 
 :func:`quantize_module` (``model.quantize(config)``) returns a copy of the model in which
-every :class:`ember.nn.Linear` becomes a :class:`QuantizedLinear`, except those a pattern
-of ``skip`` names; a layer whose path matches a pattern of ``overrides`` takes that scheme
-instead of the default. Patterns are shell-style (``fnmatch``) over dotted parameter paths
+every :class:`ember.nn.Linear` becomes a :class:`QuantizedLinear` and every
+:class:`ember.nn.Conv2d` a :class:`QuantizedConv2d` (of the kinds ``layers`` names), except
+those a pattern of ``skip`` names; a layer whose path matches a pattern of ``overrides``
+takes that scheme instead of its kind's default. Patterns are shell-style (``fnmatch``) over dotted parameter paths
 (``encoder.layers.0.ffn.linear_inner``). A pattern that matches no linear layer is an
 error: a typo must not leave a layer unquantized silently.
 
@@ -19,11 +21,12 @@ Example:
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
+from typing import Any, Literal
 
 from ember.backend.errors import ArgumentError
 from ember.config import Config
 from ember.module import Module
+from ember.quantization.conv import QuantizedConv2d
 from ember.quantization.linear import QuantizedLinear
 from ember.quantization.scheme import QuantScheme
 
@@ -36,12 +39,17 @@ class QuantizeConfig(Config):
     Args:
         scheme: the default scheme of a linear layer's weight ``[d_input, d_output]``.
             Default: int8 symmetric, one scale per output feature (``axis=-1``).
+        conv_scheme: the default scheme of a convolution's weight ``[C_out, C_in / groups,
+            KH, KW]``. Default: int8 symmetric, one scale per output channel (``axis=0``).
+        layers: the kinds of layers to quantize: ``"linear"``, ``"conv2d"``. Default: both.
         skip: path patterns of layers left in float.
         overrides: path pattern -> scheme, for the layers it matches (the first matching
             pattern wins), e.g. int4 blocks along the input (``axis=0``) for large layers.
     """
 
     scheme: QuantScheme = QuantScheme(granularity="axis", axis=-1)
+    conv_scheme: QuantScheme = QuantScheme(granularity="axis", axis=0)
+    layers: tuple[Literal["linear", "conv2d"], ...] = ("linear", "conv2d")
     skip: tuple[str, ...] = ()
     overrides: dict[str, QuantScheme] = {}
 
@@ -50,14 +58,16 @@ def quantize_module(model: Any, config: QuantizeConfig) -> Any:
     """``model`` with its linear layers quantized by ``config`` (see the module doc).
 
     Raises:
-        ArgumentError: a pattern of ``skip`` or ``overrides`` matches no linear layer.
+        ArgumentError: a pattern of ``skip`` or ``overrides`` matches no layer to quantize.
         ShapeError: a scheme's axis or block size does not fit a layer's weight.
     """
-    from ember.nn import Linear
+    from ember.nn import Conv2d, Linear
 
+    kinds = {Linear: ("linear", config.scheme, QuantizedLinear),
+             Conv2d: ("conv2d", config.conv_scheme, QuantizedConv2d)}  # fmt: skip
     used: set[str] = set()
 
-    def scheme_for(path: str) -> QuantScheme | None:
+    def scheme_for(path: str, default: QuantScheme) -> QuantScheme | None:
         for pattern in config.skip:
             if fnmatch.fnmatchcase(path, pattern):
                 used.add(pattern)
@@ -66,15 +76,16 @@ def quantize_module(model: Any, config: QuantizeConfig) -> Any:
             if fnmatch.fnmatchcase(path, pattern):
                 used.add(pattern)
                 return scheme
-        return config.scheme
+        return default
 
     found: list[str] = []
 
     def walk(value: Any, path: str) -> Any:
-        if isinstance(value, Linear):
+        kind = kinds.get(type(value))
+        if kind is not None and kind[0] in config.layers:
             found.append(path)
-            scheme = scheme_for(path)
-            return value if scheme is None else QuantizedLinear.quantize(value, scheme)
+            scheme = scheme_for(path, kind[1])
+            return value if scheme is None else kind[2].quantize(value, scheme)
         if isinstance(value, Module):
             module = object.__new__(type(value))
             for name, item in vars(value).items():
@@ -94,5 +105,5 @@ def quantize_module(model: Any, config: QuantizeConfig) -> Any:
     if unused:
         names = ", ".join(found) or "none"
         raise ArgumentError(f"quantize: pattern(s) {', '.join(map(repr, unused))} match no "
-                            f"linear layer (linear layers: {names})")  # fmt: skip
+                            f"layer to quantize (layers: {names})")  # fmt: skip
     return out

@@ -1,4 +1,5 @@
-"""Ops with a quantized operand: a Float input by a quantized weight.
+"""Ops with a quantized operand: a Float input by a quantized weight (linear, matmul, 2-d
+convolution).
 
 Each runs the op table's quantized op, whose default (every backend) dequantizes the
 weight and multiplies in float; a backend may override it with integer kernels. Under
@@ -17,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ember.backend import rules
 from ember.backend.errors import ArgumentError, KindError
 from ember.backend.ops import ops
@@ -24,7 +27,9 @@ from ember.quantization.qtensor import QTensor
 from ember.tensor import Kind, Tensor
 from ember.tensor.tensor import _same_device, _wrap
 
-__all__ = ["linear", "matmul"]
+__all__ = ["conv2d", "linear", "matmul"]
+
+IntOrSeq = int | Sequence[int]
 
 
 def matmul(x: Tensor, weight: QTensor) -> Tensor:
@@ -52,20 +57,51 @@ def linear(x: Tensor, weight: QTensor, bias: Tensor | None = None) -> Tensor:
         as :func:`matmul`, and ShapeError for a bias of another shape.
     """
     op = ops.quantized_linear
-    if not isinstance(weight, QTensor):
-        raise ArgumentError(f"{op.name}: weight must be a QTensor (tensor.quantize(scheme)), "
-                            f"got {type(weight).__name__}")  # fmt: skip
-    for name, t in (("input", x), ("bias", bias)):
-        if t is not None and (not isinstance(t, Tensor) or t.kind is not Kind.FLOAT):
-            kind = t.kind.value if isinstance(t, Tensor) else type(t).__name__
-            raise KindError(f"{op.name}: the {name} must be a Float tensor, got {kind}")
-    _same_device(op.name, x, weight.values)
-    if bias is not None:
-        _same_device(op.name, x, bias)
-        bias = bias.cast(x.dtype)
+    _check(op.name, x, weight, bias)
+    bias = None if bias is None else bias.cast(x.dtype)
     prims, avals = weight._operands()
     rules.quantized_linear(op.name, x._aval(), *avals, None if bias is None else bias._aval(),
                            weight.options)  # fmt: skip
     prim = x.backend.quantized_linear(x._prim, *prims, None if bias is None else bias._prim,
                                       weight.options)  # fmt: skip
     return _wrap(prim, x.device, Kind.FLOAT)
+
+
+def conv2d(x: Tensor, weight: QTensor, bias: Tensor | None = None, stride: IntOrSeq = 1,
+           padding: IntOrSeq = 0, dilation: IntOrSeq = 1, groups: int = 1) -> Tensor:  # fmt: skip
+    """2-d convolution by a quantized weight (arguments as
+    :func:`ember.tensor.module.conv2d`).
+
+    Shape:
+        x ``[N, C_in, H, W]``, weight ``[C_out, C_in / groups, KH, KW]``, bias ``[C_out]``.
+    """
+    from ember.backend.options import ConvOptions
+    from ember.tensor.module import _tuple
+
+    op = ops.quantized_conv
+    _check(op.name, x, weight, bias)
+    options = ConvOptions(_tuple(op.name, "stride", stride, 2, 1), _tuple(op.name, "padding", padding, 2, 0),
+                          _tuple(op.name, "dilation", dilation, 2, 1), int(groups))  # fmt: skip
+    if options.groups < 1:
+        raise ArgumentError(f"{op.name}: groups must be >= 1, got {groups}")
+    bias = None if bias is None else bias.cast(x.dtype)
+    prims, avals = weight._operands()
+    rules.quantized_conv(op.name, x._aval(), *avals, None if bias is None else bias._aval(),
+                         options, weight.options)  # fmt: skip
+    prim = x.backend.quantized_conv(x._prim, *prims, None if bias is None else bias._prim,
+                                    options, weight.options)  # fmt: skip
+    return _wrap(prim, x.device, Kind.FLOAT)
+
+
+def _check(name: str, x: Tensor, weight: QTensor, bias: Tensor | None) -> None:
+    """The operand checks every quantized op makes (kinds, the weight's type, devices)."""
+    if not isinstance(weight, QTensor):
+        raise ArgumentError(f"{name}: weight must be a QTensor (tensor.quantize(scheme)), "
+                            f"got {type(weight).__name__}")  # fmt: skip
+    for what, t in (("input", x), ("bias", bias)):
+        if t is not None and (not isinstance(t, Tensor) or t.kind is not Kind.FLOAT):
+            kind = t.kind.value if isinstance(t, Tensor) else type(t).__name__
+            raise KindError(f"{name}: the {what} must be a Float tensor, got {kind}")
+    _same_device(name, x, weight.values)
+    if bias is not None:
+        _same_device(name, x, bias)

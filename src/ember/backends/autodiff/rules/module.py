@@ -42,6 +42,20 @@ def _convolution(x_backward: str, weight_backward: str):
 
 
 backward("conv2d", "conv3d", keep="inputs")(_convolution("conv_x_backward", "conv_weight_backward"))
+
+
+@backward("quantized_conv", keep="inputs")
+def _quantized_conv(B, g, s):
+    # A convolution by a constant weight (dequantized again here): gradients to the input
+    # and the bias only, as the quantized linear's.
+    x, values, scales, zero_points, bias = s.inputs
+    options, quant = s.attrs
+    gx = None
+    if s.needs[0]:
+        weight = B.float_cast(B.dequantize(values, scales, zero_points, quant), B.dtype(x))
+        gx = B.conv_x_backward(x, weight, g, options)
+    gb = _bias_grad(B, g) if bias is not None and s.needs[4] else None
+    return gx, None, None, None, gb
 backward("conv_transpose2d", "conv_transpose3d", keep="inputs")(
     _convolution("conv_transpose_x_backward", "conv_transpose_weight_backward")
 )

@@ -1,0 +1,73 @@
+"""A 2-d convolution whose weight is quantized: what weight-only quantization makes of
+:class:`ember.nn.Conv2d` (the weight's parts are untrained parameters, as in
+:class:`~ember.quantization.QuantizedLinear`).
+
+Example:
+    >>> import ember
+    >>> from ember import Tensor, nn
+    >>> from ember.quantization import QuantizedConv2d, QuantScheme
+    >>> conv = nn.Conv2dConfig([3, 8], [3, 3]).init(ember.device("ndarray"))
+    >>> q = QuantizedConv2d.quantize(conv, QuantScheme(granularity="axis", axis=0))
+    >>> q(Tensor.ones([1, 3, 5, 5])).shape, q.scales.shape
+    ((1, 8, 3, 3), (8,))
+"""
+
+from __future__ import annotations
+
+from ember.module import Param
+from ember.nn.conv import _Conv
+from ember.quantization.ops import conv2d
+from ember.quantization.qtensor import QTensor
+from ember.quantization.scheme import QuantScheme
+from ember.tensor import Tensor
+
+__all__ = ["QuantizedConv2d"]
+
+
+class QuantizedConv2d(_Conv):
+    """:class:`ember.nn.Conv2d` with its weight ``[C_out, C_in / groups, KH, KW]`` quantized.
+
+    Its fields are those of :class:`ember.nn.Conv2d` (``weight`` holds the quantized values,
+    i8 or u8 packing int4, untrained) and ``scales``, ``zero_points`` (affine schemes, else
+    None), ``scheme`` and ``shape`` (the weight's).
+    """
+
+    scales: Param | None = None
+    zero_points: Param | None = None
+    scheme: QuantScheme | None = None
+    shape: tuple[int, ...] = ()
+
+    @staticmethod
+    def quantize(layer, scheme: QuantScheme) -> QuantizedConv2d:
+        """``layer`` (an :class:`ember.nn.Conv2d`) with its weight quantized by ``scheme``;
+        the bias stays as it is."""
+        weight = layer.weight.val()
+        if weight.is_require_grad():
+            weight = weight.detach()
+        q = weight.quantize(scheme)
+        zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
+        return QuantizedConv2d(Param(q.values, require_grad=False), layer.bias, layer.stride,
+                               layer.padding, layer.dilation, layer.groups,
+                               Param(q.scales, require_grad=False), zero_points, scheme,
+                               tuple(weight.shape))  # fmt: skip
+
+    @property
+    def channels_in(self) -> int:
+        return self.shape[1] * self.groups
+
+    @property
+    def channels_out(self) -> int:
+        return self.shape[0]
+
+    @property
+    def kernel_size(self) -> tuple[int, ...]:
+        return self.shape[2:]
+
+    def quantized_weight(self) -> QTensor:
+        zero_points = None if self.zero_points is None else self.zero_points.val()
+        return QTensor(self.weight.val(), self.scales.val(), zero_points, self.scheme, self.shape)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x, start = self._padded(x)
+        bias = self.bias.val() if self.bias is not None else None
+        return conv2d(x, self.quantized_weight(), bias, self.stride, start, self.dilation, self.groups)
