@@ -12,8 +12,11 @@ as the median of repeated calls (``--threads`` threads everywhere):
 * **ember int8 (Torch)**: ``ember.quantization.linear`` with the weight quantized int8
   symmetric per output channel: PyTorch's int8 kernel through the op table;
 * **ember f32 (NdArray)** and **ember int8 (NdArray)**: the same on NdArray, whose int8
-  linear is still the default of the op table (dequantize, then matmul; an integer kernel is
-  the plan's next step), so it is slower than f32 there.
+  linear is the default of the op table (dequantize, then matmul), so it is slower than f32
+  there;
+* **ember f32 / int8 (fusion(NdArray))**: on the JIT runtime, whose int8 linear is a numba
+  GEMM that dequantizes the weight while packing it (tuned against the default; the first
+  call tunes, and is not timed).
 
 Then the transformer encoder of ``benchmarks/nn_step.py`` (2 layers, d_model 256, 8 heads,
 d_ff 1024, no dropout) on ``[8, 128, 256]``, inference: PyTorch f32 and
@@ -63,8 +66,8 @@ def main() -> None:
     bias = layer.bias.detach().numpy().copy()
     scheme = QuantScheme(granularity="axis", axis=1)
     sides = {}
-    for name in ("torch", "ndarray"):
-        device = ember.device(name)
+    for name in ("torch", "ndarray", "fusion"):
+        device = ember.device("ndarray").fusion() if name == "fusion" else ember.device(name)
         w = Tensor.from_data(weight, device)
         sides[name] = (device, w, w.quantize(scheme), Tensor.from_data(bias, device))
 
@@ -77,9 +80,12 @@ def main() -> None:
             times["torch f32"] = median_seconds(lambda xt=xt: layer(xt), repeat=args.repeat)
             times["torch int8 dynamic"] = median_seconds(lambda xt=xt: dynamic(xt),
                                                          repeat=args.repeat)  # fmt: skip
-        for name, label in (("torch", "Torch"), ("ndarray", "NdArray")):
+        for name, label in (("torch", "Torch"), ("ndarray", "NdArray"),
+                            ("fusion", "fusion(NdArray)")):  # fmt: skip
             device, w, q, b = sides[name]
             x = Tensor.from_data(x_host, device)
+            linear(x, q, b).to_numpy()  # compiles and tunes where there is something to tune
+            (x.matmul(w) + b).to_numpy()
             times[f"ember f32 ({label})"] = median_seconds(
                 lambda x=x, w=w, b=b: (x.matmul(w) + b).to_numpy(), repeat=args.repeat)  # fmt: skip
             times[f"ember int8 ({label})"] = median_seconds(

@@ -34,16 +34,24 @@ W = RNG.standard_normal((32, 24)).astype(np.float32)
 B = RNG.standard_normal(24).astype(np.float32)
 
 
-def _dequantized(scheme: QuantScheme) -> np.ndarray:
+def _dequantized(scheme: QuantScheme, weight: np.ndarray = W) -> np.ndarray:
     """The weight as the scheme stores it, dequantized in float64 from its numbers."""
-    q = Tensor.from_data(W, ember.device("ndarray")).quantize(scheme)
+    q = Tensor.from_data(weight, ember.device("ndarray")).quantize(scheme)
     values = q.int_values().to_numpy().astype(np.float64)
-    scales = q.scales.to_numpy().astype(np.float64)
-    zps = 0.0 if q.zero_points is None else q.zero_points.to_numpy().astype(np.float64)
-    if scheme.granularity == "block":
-        scales = np.repeat(scales, scheme.block_size, axis=0)
-        zps = zps if np.isscalar(zps) else np.repeat(zps, scheme.block_size, axis=0)
+    scales = _per_element(q.scales.to_numpy().astype(np.float64), weight.shape, scheme)
+    zps = 0.0 if q.zero_points is None else _per_element(
+        q.zero_points.to_numpy().astype(np.float64), weight.shape, scheme)  # fmt: skip
     return (values - zps) * scales
+
+
+def _per_element(params: np.ndarray, shape: tuple[int, ...], scheme: QuantScheme) -> np.ndarray:
+    if scheme.granularity == "tensor":
+        return np.full(shape, params)
+    axis = scheme.axis % len(shape)
+    if scheme.granularity == "axis":
+        return np.broadcast_to(params.reshape([-1 if d == axis else 1 for d in range(len(shape))]),
+                               shape)  # fmt: skip
+    return np.repeat(params, scheme.block_size, axis=axis)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.describe())
@@ -228,3 +236,33 @@ def test_conv2d_careless_calls():
         conv2d(Tensor.from_data(CONV_X, device), Tensor.from_data(W, device).quantize(QuantScheme()))
     with pytest.raises(ArgumentError, match="groups must be >= 1"):
         conv2d(Tensor.from_data(CONV_X, device), q, groups=0)
+
+
+# ------------------------------------------------------------------------ the numba kernel
+
+
+@pytest.mark.parametrize("scheme", [
+    QuantScheme(), QuantScheme(granularity="axis", axis=1), QuantScheme(granularity="axis", axis=0),
+    QuantScheme(mode="affine", granularity="axis", axis=1, scale_dtype="f16"),
+    QuantScheme(value="int4", granularity="block", axis=0, block_size=8),
+    QuantScheme(value="int4", mode="affine", granularity="block", axis=1, block_size=8),
+], ids=lambda s: s.describe())  # fmt: skip
+def test_fusion_runs_a_dequantizing_gemm_where_the_layout_allows(scheme):
+    pytest.importorskip("numba", reason="the compiled kernel needs ember[jit]")
+    from ember.backends.fusion import autotune, reset_stats, stats
+    from ember.backends.fusion.autotune import Choice
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    x = RNG.standard_normal((128, 256)).astype(np.float32)  # large enough to be tuned
+    weight = RNG.standard_normal((256, 128)).astype(np.float32)
+    bias = RNG.standard_normal(128).astype(np.float32)
+    q = Tensor.from_data(weight, device).quantize(scheme)
+    device.sync()
+    reset_stats()
+    with autotune.forcing(Choice("fused", 2)):
+        got = linear(Tensor.from_data(x, device), q, Tensor.from_data(bias, device)).to_numpy()
+    expected = x.astype(np.float64) @ _dequantized(scheme, weight) + bias
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    # Blocks along the output dim are not a layout the kernel takes: the default runs.
+    along_output = scheme.granularity == "block" and scheme.axis == 1
+    assert stats()["op_kernels"] == (0 if along_output else 1)

@@ -59,7 +59,8 @@ try:  # numba is optional: matmul raises KernelUnsupported without it
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["MR", "NR", "KernelUnsupported", "matmul", "supports"]
+__all__ = ["MR", "NR", "KernelUnsupported", "matmul", "matmul_dequantized", "supports",
+           "supports_dequantized"]
 
 MR = 4
 """Rows of a register tile."""
@@ -266,14 +267,22 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         np.copyto(a3, a.reshape(-1, m, k))
     b3 = b.reshape(-1, k, n)
     bp = _scratch("b", (b3.shape[0], -(-n // nr), k, nr), dtype)
-    out = empty((*batch, m, n), dtype)
-    macs = a_of.size * m * n * k
+    return _multiply(a3, bp, (_pack, [b3, bp]), (*batch, m, n), a_of, b_of, threads, empty)
+
+
+def _multiply(a3: np.ndarray, bp: np.ndarray, pack: tuple, shape: tuple[int, ...],
+              a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
+              empty: Callable) -> np.ndarray:  # fmt: skip
+    """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments) and the
+    tile kernel over ``a3``; returns the output of ``shape``."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
-    parts = parts_for(macs, PARALLEL_MIN_MACS, threads)
+    dtype = a3.dtype
+    m, k, n, nr = shape[-2], a3.shape[2], shape[-1], bp.shape[3]
+    out = empty(shape, dtype)
+    parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
     tiles = _tile_kernel(dtype)
-
-    _run_parts(_pack, [b3, bp], parts)
+    _run_parts(pack[0], pack[1], parts)
     if parts == 1:
         _run_parts(tiles, [a3, bp, out.reshape(-1, m, n), a_of, b_of, np.empty((MR, nr), dtype)],
                    1)  # fmt: skip
@@ -281,6 +290,75 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         _run_parts(_tiles_with_own_edge, [tiles, a3, bp, out.reshape(-1, m, n), a_of, b_of],
                    parts)  # fmt: skip
     return out
+
+
+def supports_dequantized(a: np.ndarray, values: np.ndarray) -> bool:
+    """Whether :func:`matmul_dequantized` takes these: numba present, a float32 ``a`` of rank
+    >= 2 and Int8 ``values`` ``[K, N]`` with matching ``K`` and a quarter tile of columns."""
+    return (numba is not None and type(a) is np.ndarray and type(values) is np.ndarray
+            and a.dtype == np.float32 and a.ndim >= 2 and values.dtype == np.int8
+            and values.ndim == 2 and a.shape[-1] == values.shape[0] and 0 not in a.shape
+            and values.shape[1] >= NR[a.dtype] // 4)  # fmt: skip
+
+
+def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
+                       zero_points: np.ndarray | None, threads: int | None = None,
+                       empty: Callable = np.empty) -> np.ndarray:  # fmt: skip
+    """``a @ ((values - zero_points) * scales)`` without the dequantized weight: the packing
+    that :func:`matmul` does anyway dequantizes as it copies (so the weight is read as
+    bytes, and no float copy of it is made).
+
+    ``values`` is Int8 ``[K, N]``; ``scales`` (and ``zero_points``) are ``[KB, NB]`` with
+    ``KB`` 1 or a divisor of ``K`` (blocks of ``K / KB`` rows) and ``NB`` 1 or ``N``; each
+    value takes the parameters of its row block and column.
+    """
+    if not supports_dequantized(a, values):
+        raise KernelUnsupported(f"numba matmul: {a.dtype} {a.shape} by int8 {values.shape} is "
+                                "not supported")  # fmt: skip
+    k, n = values.shape
+    m = a.shape[-2]
+    nr = NR[a.dtype]
+    scales = np.ascontiguousarray(scales, np.float32)
+    zero_points = (np.zeros((1, 1), np.int32) if zero_points is None
+                   else np.ascontiguousarray(zero_points, np.int32))  # fmt: skip
+    a3 = a.reshape(-1, m, k)
+    if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
+        a3 = _scratch("a", a3.shape, a.dtype)
+        np.copyto(a3, a.reshape(-1, m, k))
+    bp = _scratch("b", (1, -(-n // nr), k, nr), a.dtype)
+    a_of = np.arange(a3.shape[0], dtype=np.int64)
+    b_of = np.zeros(a3.shape[0], dtype=np.int64)
+    pack = (_pack_dequantized, [values, scales, zero_points, bp])
+    return _multiply(a3, bp, pack, (*a.shape[:-1], n), a_of, b_of, threads, empty)
+
+
+@_jit
+def _pack_dequantized(q, scales, zps, bp, part, parts):  # pragma: no cover - runs compiled
+    """:func:`_pack` of ``(q - zps) * scales`` (see :func:`matmul_dequantized`)."""
+    k = q.shape[0]
+    n = q.shape[1]
+    nr = bp.shape[3]
+    blocks = bp.shape[1]
+    rows_per_scale = k // scales.shape[0]
+    per_column = scales.shape[1] > 1
+    zp_per_column = zps.shape[1] > 1
+    zp_rows = zps.shape[0]
+    for task in range(blocks * part // parts, blocks * (part + 1) // parts):
+        j0 = task * nr
+        cols = min(nr, n - j0)
+        dst = bp[0, task]
+        if cols < nr:
+            dst[:, cols:] = 0
+        for r in range(k):
+            srow = scales[r // rows_per_scale]
+            zrow = zps[min(r // rows_per_scale, zp_rows - 1)]
+            src = q[r]
+            row = dst[r]
+            for j in range(cols):
+                c = j0 + j
+                zero = zrow[c] if zp_per_column else zrow[0]
+                scale = srow[c] if per_column else srow[0]
+                row[np.uintp(j)] = np.float32(np.int32(src[np.uintp(c)]) - zero) * scale
 
 
 def _tiles_with_own_edge(tiles, a, bp, out, a_of, b_of, part, parts) -> None:

@@ -3,8 +3,9 @@
 Convolution, pooling and matrix products are not element-wise, so they reach the executor
 as records that run one by one. On NdArray (whose convolution is an im2col copy and a GEMM)
 the numba runtime has direct kernels for them (``numba_conv``, ``numba_pool``): faster on
-small channel counts and 3x3 windows, slower on 1x1 convolutions; and a GEMM
-(``numba_gemm``), faster than NumPy's BLAS where that is held to AVX2 kernels. Which one runs is the
+small channel counts and 3x3 windows, slower on 1x1 convolutions; a GEMM (``numba_gemm``),
+faster than NumPy's BLAS where that is held to AVX2 kernels; and a linear layer by an int8
+weight that the GEMM dequantizes while it packs it (``ember.quantization``). Which one runs is the
 tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
@@ -152,6 +153,54 @@ def _matmul_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndar
     return numba_gemm.matmul(*args, threads=threads, empty=empty)
 
 
+def _quantized_params(args: list) -> tuple | None:
+    """The scales and zero points of a quantized linear as ``[KB, NB]`` arrays (see
+    ``numba_gemm.matmul_dequantized``), or None for a layout the kernel does not take."""
+    _, values, scales, zero_points, _, options = args
+    k, n = values.shape
+    if options.axis is None:
+        shape = (1, 1)
+    elif options.block_size is None:
+        shape = (k, 1) if options.axis == 0 else (1, n)
+    elif options.axis == 0:
+        shape = (k // options.block_size, n)
+    else:
+        return None  # blocks along the output dim
+    if type(scales) is not np.ndarray or (zero_points is not None and type(zero_points) is not np.ndarray):
+        return None
+    return scales.reshape(shape), None if zero_points is None else zero_points.reshape(shape)
+
+
+def _qlinear_supports(args: list) -> bool:
+    from ember.backends.fusion import numba_gemm
+
+    x, values, _, _, bias, _ = args
+    return (numba_gemm.supports_dequantized(x, values) and _quantized_params(args) is not None
+            and (bias is None or (type(bias) is np.ndarray and bias.dtype == x.dtype)))  # fmt: skip
+
+
+def _qlinear_key(args: list) -> tuple:
+    x, _, _, zero_points, bias, options = args
+    return ("quantized_linear", x.ndim, options.axis, options.block_size is None,
+            zero_points is None, bias is None)  # fmt: skip
+
+
+def _qlinear_work(args: list) -> int:
+    x, values = args[:2]
+    return math.prod(x.shape[:-1]) * values.shape[0] * values.shape[1]
+
+
+def _qlinear_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+    from ember.backends.fusion import numba_gemm
+
+    x, values, _, _, bias, _ = args
+    scales, zero_points = _quantized_params(args)
+    out = numba_gemm.matmul_dequantized(x, values, scales, zero_points, threads, empty)
+    if bias is not None:
+        np.add(out, bias, out=out)  # the kernel's own new array
+    return out
+
+
 NDARRAY_KERNELS = {
     k.name: k
     for k in (
@@ -168,6 +217,9 @@ NDARRAY_KERNELS = {
         OpKernel("avg_pool2d", _pool_supports, _pool_key("avg_pool2d"), _pool_work,
                  _avg_pool_run),
         OpKernel("float_matmul", _matmul_supports, _matmul_key, _matmul_work, _matmul_run),
+        # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
+        OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
+                 _qlinear_run),
     )
 }
 """The compiled candidates of NdArray's ops, by primitive name."""
