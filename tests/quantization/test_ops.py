@@ -247,14 +247,16 @@ def test_conv2d_careless_calls():
     QuantScheme(value="int4", granularity="block", axis=0, block_size=8),
     QuantScheme(value="int4", mode="affine", granularity="block", axis=1, block_size=8),
 ], ids=lambda s: s.describe())  # fmt: skip
-def test_fusion_runs_a_dequantizing_gemm_where_the_layout_allows(scheme):
+@pytest.mark.parametrize("rows", [128, 3], ids=["gemm", "few-rows"])
+def test_fusion_runs_a_dequantizing_gemm_where_the_layout_allows(scheme, rows):
     pytest.importorskip("numba", reason="the compiled kernel needs ember[jit]")
     from ember.backends.fusion import autotune, reset_stats, stats
     from ember.backends.fusion.autotune import Choice
 
     device = ember.device("ndarray").fusion(runtime="numba")
-    x = RNG.standard_normal((128, 256)).astype(np.float32)  # large enough to be tuned
-    weight = RNG.standard_normal((256, 128)).astype(np.float32)
+    # Large enough to be tuned; a few rows take the kernel that reads the weight directly.
+    x = RNG.standard_normal((rows, 1024)).astype(np.float32)
+    weight = RNG.standard_normal((1024, 128)).astype(np.float32)
     bias = RNG.standard_normal(128).astype(np.float32)
     q = Tensor.from_data(weight, device).quantize(scheme)
     device.sync()

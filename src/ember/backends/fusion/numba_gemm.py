@@ -321,6 +321,18 @@ def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
     scales = np.ascontiguousarray(scales, np.float32)
     zero_points = (np.zeros((1, 1), np.int32) if zero_points is None
                    else np.ascontiguousarray(zero_points, np.int32))  # fmt: skip
+    rows = math.prod(a.shape[:-1])
+    if rows <= GEMV_ROWS:
+        # A few rows (a batch of one): packing the whole weight as floats would cost more
+        # than the product; read the bytes once instead.
+        a2 = np.ascontiguousarray(a.reshape(rows, k))
+        out = empty((*a.shape[:-1], n), a.dtype)
+        from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+        parts = parts_for(rows * n * k, PARALLEL_MIN_MACS, threads)
+        _run_parts(_gemv_dequantized, [a2, values, scales, zero_points, out.reshape(rows, n)],
+                   parts)  # fmt: skip
+        return out
     a3 = a.reshape(-1, m, k)
     if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
         a3 = _scratch("a", a3.shape, a.dtype)
@@ -359,6 +371,55 @@ def _pack_dequantized(q, scales, zps, bp, part, parts):  # pragma: no cover - ru
                 zero = zrow[c] if zp_per_column else zrow[0]
                 scale = srow[c] if per_column else srow[0]
                 row[np.uintp(j)] = np.float32(np.int32(src[np.uintp(c)]) - zero) * scale
+
+
+GEMV_ROWS = 4
+"""At most this many rows of ``a``: :func:`matmul_dequantized` reads the weight directly."""
+_GEMV_COLUMNS = 512  # columns of one task: its sums stay in L1
+
+
+@_jit
+def _gemv_dequantized(a, q, scales, zps, out, part, parts):  # pragma: no cover - runs compiled
+    """``out = a @ ((q - zps) * scales)`` for a few rows of ``a``, reading ``q`` once: per
+    block of rows of ``q`` that share a scale, the sums of ``a[i, r] * (q[r, j] - zp)``,
+    then scaled into the output's sums."""
+    m = a.shape[0]
+    k = q.shape[0]
+    n = q.shape[1]
+    row_blocks = scales.shape[0]
+    rows_per_scale = k // row_blocks
+    per_column = scales.shape[1] > 1
+    zp_per_column = zps.shape[1] > 1
+    zp_rows = zps.shape[0]
+    width = _GEMV_COLUMNS
+    tasks = (n + width - 1) // width
+    total = np.empty((m, width), np.float32)
+    block = np.empty((m, width), np.float32)
+    zero = np.empty(width, np.float32)
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        j0 = task * width
+        cols = min(width, n - j0)
+        total[:, :cols] = 0
+        for kb in range(row_blocks):
+            zrow = zps[min(kb, zp_rows - 1)]
+            for j in range(cols):
+                zero[j] = zrow[j0 + j] if zp_per_column else zrow[0]
+            block[:, :cols] = 0
+            for r in range(kb * rows_per_scale, (kb + 1) * rows_per_scale):
+                src = q[r]
+                for i in range(m):
+                    x = a[i, r]
+                    acc = block[i]
+                    for j in range(cols):
+                        acc[np.uintp(j)] += x * (np.float32(src[np.uintp(j0 + j)]) - zero[np.uintp(j)])
+            srow = scales[kb]
+            for i in range(m):
+                for j in range(cols):
+                    scale = srow[j0 + j] if per_column else srow[0]
+                    total[i, j] += block[i, j] * scale
+        for i in range(m):
+            for j in range(cols):
+                out[i, j0 + j] = total[i, j]
 
 
 def _tiles_with_own_edge(tiles, a, bp, out, a_of, b_of, part, parts) -> None:
