@@ -9,6 +9,7 @@ import gc
 
 import numpy as np
 import pytest
+from quant_reference import per_element
 
 import ember
 from ember import Tensor
@@ -38,20 +39,10 @@ def _dequantized(scheme: QuantScheme, weight: np.ndarray = W) -> np.ndarray:
     """The weight as the scheme stores it, dequantized in float64 from its numbers."""
     q = Tensor.from_data(weight, ember.device("ndarray")).quantize(scheme)
     values = q.int_values().to_numpy().astype(np.float64)
-    scales = _per_element(q.scales.to_numpy().astype(np.float64), weight.shape, scheme)
-    zps = 0.0 if q.zero_points is None else _per_element(
+    scales = per_element(q.scales.to_numpy().astype(np.float64), weight.shape, scheme)
+    zps = 0.0 if q.zero_points is None else per_element(
         q.zero_points.to_numpy().astype(np.float64), weight.shape, scheme)  # fmt: skip
     return (values - zps) * scales
-
-
-def _per_element(params: np.ndarray, shape: tuple[int, ...], scheme: QuantScheme) -> np.ndarray:
-    if scheme.granularity == "tensor":
-        return np.full(shape, params)
-    axis = scheme.axis % len(shape)
-    if scheme.granularity == "axis":
-        return np.broadcast_to(params.reshape([-1 if d == axis else 1 for d in range(len(shape))]),
-                               shape)  # fmt: skip
-    return np.repeat(params, scheme.block_size, axis=axis)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.describe())

@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
+from quant_reference import per_element
 
 import ember
 from ember import Tensor
@@ -99,23 +100,12 @@ def test_quantize_matches_the_reference(scheme, device):
     q = _check(x, scheme, device)
     got = q.dequantize().to_numpy()
     want_q, want_scales, want_zp = reference(x, scheme)
-    scale = _broadcast(want_scales.astype(np.float64), x.shape, scheme)
-    zp = 0.0 if want_zp is None else _broadcast(want_zp.astype(np.float64), x.shape, scheme)
+    scale = per_element(want_scales.astype(np.float64), x.shape, scheme)
+    zp = 0.0 if want_zp is None else per_element(want_zp.astype(np.float64), x.shape, scheme)
     expected = ((want_q.astype(np.float64) - zp) * scale).astype(np.float32)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
     # Quantization error: at most half a step inside the range.
     assert np.all(np.abs(got.astype(np.float64) - x) <= scale / 2 * (1 + 1e-5) + 1e-7)
-
-
-def _broadcast(params: np.ndarray, shape: tuple[int, ...], scheme: QuantScheme) -> np.ndarray:
-    """Per-element parameters of a tensor of ``shape``."""
-    if scheme.granularity == "tensor":
-        return np.full(shape, params)
-    axis = scheme.axis % len(shape)
-    if scheme.granularity == "axis":
-        return np.broadcast_to(params.reshape([-1 if d == axis else 1 for d in range(len(shape))]),
-                               shape)  # fmt: skip
-    return np.repeat(params, scheme.block_size, axis=axis)
 
 
 def test_a_three_dim_tensor_blocked_along_its_middle_axis(device):

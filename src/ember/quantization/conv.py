@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ember.module import Param
 from ember.nn.conv import _Conv
+from ember.quantization.linear import quantized_params
 from ember.quantization.ops import conv2d
 from ember.quantization.qtensor import QTensor
 from ember.quantization.scheme import QuantScheme
@@ -41,15 +42,10 @@ class QuantizedConv2d(_Conv):
     def quantize(layer, scheme: QuantScheme) -> QuantizedConv2d:
         """``layer`` (an :class:`ember.nn.Conv2d`) with its weight quantized by ``scheme``;
         the bias stays as it is."""
-        weight = layer.weight.val()
-        if weight.is_require_grad():
-            weight = weight.detach()
-        q = weight.quantize(scheme)
-        zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
-        return QuantizedConv2d(Param(q.values, require_grad=False), layer.bias, layer.stride,
-                               layer.padding, layer.dilation, layer.groups,
-                               Param(q.scales, require_grad=False), zero_points, scheme,
-                               tuple(weight.shape))  # fmt: skip
+        values, scales, zero_points = quantized_params(layer.weight, scheme)
+        return QuantizedConv2d(values, layer.bias, layer.stride, layer.padding, layer.dilation,
+                               layer.groups, scales, zero_points, scheme,
+                               tuple(layer.weight.shape))  # fmt: skip
 
     @property
     def channels_in(self) -> int:

@@ -25,7 +25,18 @@ from ember.quantization.qtensor import QTensor
 from ember.quantization.scheme import QuantScheme
 from ember.tensor import Tensor
 
-__all__ = ["QuantizedLinear"]
+__all__ = ["QuantizedLinear", "quantized_params"]
+
+
+def quantized_params(weight: Param, scheme: QuantScheme) -> tuple[Param, Param, Param | None]:
+    """``weight`` quantized by ``scheme`` as untrained parameters: values, scales and zero
+    points (None for a symmetric scheme)."""
+    value = weight.val()
+    if value.is_require_grad():
+        value = value.detach()
+    q = value.quantize(scheme)
+    zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
+    return Param(q.values, require_grad=False), Param(q.scales, require_grad=False), zero_points
 
 
 class QuantizedLinear(Module):
@@ -54,13 +65,9 @@ class QuantizedLinear(Module):
     def quantize(layer, scheme: QuantScheme) -> QuantizedLinear:
         """``layer`` (an :class:`ember.nn.Linear`) with its weight quantized by ``scheme``;
         the bias stays as it is."""
-        weight = layer.weight.val()
-        if weight.is_require_grad():
-            weight = weight.detach()
-        q = weight.quantize(scheme)
-        zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
-        return QuantizedLinear(Param(q.values, require_grad=False), Param(q.scales, require_grad=False),
-                               zero_points, layer.bias, scheme, tuple(weight.shape))  # fmt: skip
+        values, scales, zero_points = quantized_params(layer.weight, scheme)
+        return QuantizedLinear(values, scales, zero_points, layer.bias, scheme,
+                               tuple(layer.weight.shape))  # fmt: skip
 
     @property
     def d_input(self) -> int:
