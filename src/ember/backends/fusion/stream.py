@@ -3,10 +3,11 @@
 Each (thread, inner device) pair has its own :class:`Stream`, as in Burn: a thread's ops
 never interleave with another's, so many threads training at once compute what they
 would one after another. A stream runs (hands its records to its executor, in order) on
-``sync``, at :data:`MAX_RECORDS`, or on :meth:`Stream.flush`. Reading a value runs only
-the records it depends on (:meth:`Stream.flush_for`): the shape arithmetic of an imported
-model or a logged loss does not cut the rest of the stream short of fusion. Reading a
-value another thread's stream will make runs in that stream (under its lock).
+``sync``, at :data:`MAX_RECORDS`, or on :meth:`Stream.flush`. Reading a value runs the
+stream too, except where the value is small arithmetic beside larger pending work
+(:meth:`Stream.flush_for`): the shape arithmetic of an imported model runs alone and does
+not cut the rest of the stream short of fusion. Reading a value another thread's stream
+will make runs in that stream (under its lock).
 """
 
 from __future__ import annotations
