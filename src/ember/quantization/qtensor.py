@@ -110,6 +110,38 @@ class QTensor:
             self._operands_cache = operands
         return operands
 
+    # ------------------------------------------------------------------ layout
+    def reshape(self, shape: Sequence[int]) -> QTensor:
+        """See :func:`ember.quantization.layout.reshape`."""
+        from ember.quantization import layout
+
+        return layout.reshape(self, shape)
+
+    def permute(self, axes: Sequence[int]) -> QTensor:
+        """See :func:`ember.quantization.layout.permute`."""
+        from ember.quantization import layout
+
+        return layout.permute(self, axes)
+
+    def narrow(self, dim: int, start: int, length: int) -> QTensor:
+        """See :func:`ember.quantization.layout.narrow`."""
+        from ember.quantization import layout
+
+        return layout.narrow(self, dim, start, length)
+
+    @staticmethod
+    def cat(tensors: Sequence[QTensor], dim: int) -> QTensor:
+        """See :func:`ember.quantization.layout.cat`."""
+        from ember.quantization import layout
+
+        return layout.cat(tensors, dim)
+
+    def to_device(self, device: Device) -> QTensor:
+        """The same quantized tensor on ``device``."""
+        zero_points = None if self.zero_points is None else self.zero_points.to_device(device)
+        return QTensor(self.values.to_device(device), self.scales.to_device(device), zero_points,
+                       self.scheme, self.shape)  # fmt: skip
+
     def __repr__(self) -> str:
         return (f"QTensor(shape={fmt_shape(self.shape)}, {self.scheme.describe()}, "
                 f"device={self.device})")  # fmt: skip
