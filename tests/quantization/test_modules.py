@@ -149,3 +149,45 @@ def test_the_guide_model_quantizes_its_convolutions_and_linear_layers(tmp_path):
     loaded = ModelConfig(num_classes=10, hidden_size=64).init(device).valid().quantize(
         QuantizeConfig()).load_file(path)  # fmt: skip
     np.testing.assert_array_equal(loaded(images).to_numpy(), quantized(images).to_numpy())
+
+
+@pytest.mark.parametrize("scheme", [
+    QuantScheme(granularity="axis", axis=0), QuantScheme(mode="affine", granularity="axis", axis=1),
+    QuantScheme(value="int4", granularity="block", axis=1, block_size=4),
+    QuantScheme(value="int4", mode="affine", granularity="block", axis=0, block_size=3),
+    QuantScheme(value="int4"),
+], ids=lambda s: s.describe())  # fmt: skip
+@pytest.mark.parametrize("d_model", [8, 9], ids=["even", "odd"])
+def test_a_quantized_embedding_looks_up_the_dequantized_rows(scheme, d_model):
+    from ember.quantization import QuantizedEmbedding
+
+    if scheme.granularity == "block" and scheme.axis == 1 and d_model % scheme.block_size:
+        pytest.skip("the block size does not divide an odd row")
+    device = ember.device("ndarray")
+    table = nn.EmbeddingConfig(12, d_model).init(device)
+    q = QuantizedEmbedding.quantize(table, scheme)
+    ids = Tensor.from_data([[1, 5, 7], [11, 0, 5]], device, kind=ember.Kind.INT)
+    full = table.weight.val().quantize(scheme).dequantize().to_numpy()
+    np.testing.assert_array_equal(q(ids).to_numpy(), full[ids.to_numpy()])
+    with pytest.raises(ember.EmberError, match="QuantizedEmbedding"):
+        q(Tensor.from_data([[12]], device, kind=ember.Kind.INT))
+
+
+def test_the_mapper_quantizes_embeddings_per_row():
+    from ember.quantization import QuantizedEmbedding
+
+    class Tagger(ember.Module):
+        embed: nn.Embedding
+        head: nn.Linear
+
+        def forward(self, ids):
+            return self.head(self.embed(ids))
+
+    device = ember.device("ndarray")
+    model = Tagger(nn.EmbeddingConfig(50, 16).init(device), nn.LinearConfig(16, 4).init(device))
+    quantized = model.quantize(QuantizeConfig())
+    assert isinstance(quantized.embed, QuantizedEmbedding) and quantized.embed.scales.shape == (50,)
+    ids = Tensor.from_data([[3, 9, 49]], device, kind=ember.Kind.INT)
+    assert _cosine(quantized(ids).to_numpy(), model(ids).to_numpy()) > 0.999
+    only_linear = model.quantize(QuantizeConfig(layers=("linear",)))
+    assert type(only_linear.embed) is nn.Embedding

@@ -1,9 +1,10 @@
-"""Weight-only (dynamic) quantization of a model: its linear and 2-d convolution layers, by
-path.
+"""Weight-only (dynamic) quantization of a model: its linear, 2-d convolution and embedding
+layers, by path.
 
 :func:`quantize_module` (``model.quantize(config)``) returns a copy of the model in which
 every :class:`ember.nn.Linear` becomes a :class:`QuantizedLinear` and every
-:class:`ember.nn.Conv2d` a :class:`QuantizedConv2d` (of the kinds ``layers`` names), except
+:class:`ember.nn.Conv2d` a :class:`QuantizedConv2d` and every :class:`ember.nn.Embedding` a
+:class:`QuantizedEmbedding` (of the kinds ``layers`` names), except
 those a pattern of ``skip`` names; a layer whose path matches a pattern of ``overrides``
 takes that scheme instead of its kind's default. Patterns are shell-style (``fnmatch``) over dotted parameter paths
 (``encoder.layers.0.ffn.linear_inner``). A pattern that matches no linear layer is an
@@ -27,6 +28,7 @@ from ember.backend.errors import ArgumentError
 from ember.config import Config
 from ember.module import Module
 from ember.quantization.conv import QuantizedConv2d
+from ember.quantization.embedding import QuantizedEmbedding
 from ember.quantization.linear import QuantizedLinear
 from ember.quantization.scheme import QuantScheme
 
@@ -41,7 +43,10 @@ class QuantizeConfig(Config):
             Default: int8 symmetric, one scale per output feature (``axis=-1``).
         conv_scheme: the default scheme of a convolution's weight ``[C_out, C_in / groups,
             KH, KW]``. Default: int8 symmetric, one scale per output channel (``axis=0``).
-        layers: the kinds of layers to quantize: ``"linear"``, ``"conv2d"``. Default: both.
+        embedding_scheme: the default scheme of an embedding table ``[n_embedding, d_model]``.
+            Default: int8 symmetric, one scale per row (``axis=0``).
+        layers: the kinds of layers to quantize: ``"linear"``, ``"conv2d"``,
+            ``"embedding"``. Default: all three.
         skip: path patterns of layers left in float.
         overrides: path pattern -> scheme, for the layers it matches (the first matching
             pattern wins), e.g. int4 blocks along the input (``axis=0``) for large layers.
@@ -49,7 +54,8 @@ class QuantizeConfig(Config):
 
     scheme: QuantScheme = QuantScheme(granularity="axis", axis=-1)
     conv_scheme: QuantScheme = QuantScheme(granularity="axis", axis=0)
-    layers: tuple[Literal["linear", "conv2d"], ...] = ("linear", "conv2d")
+    embedding_scheme: QuantScheme = QuantScheme(granularity="axis", axis=0)
+    layers: tuple[Literal["linear", "conv2d", "embedding"], ...] = ("linear", "conv2d", "embedding")
     skip: tuple[str, ...] = ()
     overrides: dict[str, QuantScheme] = {}
 
@@ -61,10 +67,11 @@ def quantize_module(model: Any, config: QuantizeConfig) -> Any:
         ArgumentError: a pattern of ``skip`` or ``overrides`` matches no layer to quantize.
         ShapeError: a scheme's axis or block size does not fit a layer's weight.
     """
-    from ember.nn import Conv2d, Linear
+    from ember.nn import Conv2d, Embedding, Linear
 
     kinds = {Linear: ("linear", config.scheme, QuantizedLinear),
-             Conv2d: ("conv2d", config.conv_scheme, QuantizedConv2d)}  # fmt: skip
+             Conv2d: ("conv2d", config.conv_scheme, QuantizedConv2d),
+             Embedding: ("embedding", config.embedding_scheme, QuantizedEmbedding)}  # fmt: skip
     used: set[str] = set()
 
     def scheme_for(path: str, default: QuantScheme) -> QuantScheme | None:
