@@ -177,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="how many test digits to classify (default: 10)",
     )
+    infer.add_argument(
+        "--quantize",
+        choices=("int8", "int4"),
+        help="run the model with its weights quantized (weight-only)",
+    )
     _add_device_options(infer)
     infer.set_defaults(run=_infer)
 
@@ -283,7 +288,7 @@ def _without_option(argv: list[str], name: str) -> list[str]:
 def _infer(args: argparse.Namespace) -> None:
     from ember.guide.inference import infer
 
-    infer(args.artifact_dir, _device(args), count=args.count)
+    infer(args.artifact_dir, _device(args), count=args.count, quantize=args.quantize)
 
 
 def _custom_loop(args: argparse.Namespace) -> None:

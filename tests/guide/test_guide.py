@@ -261,6 +261,9 @@ def test_cli_train_then_infer(small_mnist, tmp_path, capsys):
         "test item 2",
     ]
     assert lines[3].endswith("of 3 correct")
+    assert main(["guide", "infer", "--artifact-dir", str(folder), "--count", "3",
+                 "--quantize", "int8"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[3].endswith("of 3 correct")
 
 
 def test_cli_custom_loop(small_mnist, capsys):
@@ -394,3 +397,22 @@ def test_cli_fusion_train_infer_and_custom_loop(small_mnist, tmp_path, capsys, m
     plain_line = capsys.readouterr().out
     assert fused_line.startswith("[Epoch 1] train: loss ")
     np.testing.assert_allclose(_epoch_numbers(fused_line), _epoch_numbers(plain_line), atol=2e-4)
+
+
+def test_infer_quantized_agrees_with_float(trained, digits, capsys):
+    # Weight-only int8 changes almost no prediction of the (barely trained) model; int4 (16
+    # levels) changes more, but not its accuracy by much.
+    folder = trained[0]
+    test = digits[1]
+    exact = infer(folder, NDARRAY, count=128, dataset=test)
+    capsys.readouterr()
+
+    def accuracy(results) -> float:
+        return sum(p == e for p, e in results) / len(results)
+
+    int8 = infer(folder, NDARRAY, count=128, dataset=test, quantize="int8")
+    assert sum(p != q for (p, _), (q, _) in zip(exact, int8)) <= 2
+    int4 = infer(folder, NDARRAY, count=128, dataset=test, quantize="int4")
+    assert accuracy(int4) >= accuracy(exact) - 0.08, (accuracy(int4), accuracy(exact))
+    with pytest.raises(ArgumentError, match="quantize must be 'int8' or 'int4'"):
+        infer(folder, NDARRAY, count=2, dataset=test, quantize="int2")

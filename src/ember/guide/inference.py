@@ -55,6 +55,17 @@ def predict(model: Model, items: Sequence[MnistItem], device: Device) -> list[in
     return model(batch.images).argmax(1).reshape([len(items)]).tolist()
 
 
+def quantize_config(value: str):
+    """The guide's weight-only quantization: ``value`` (``"int8"`` or ``"int4"``) with one
+    scale per output channel of every convolution and linear layer."""
+    from ember.quantization import QuantizeConfig, QuantScheme
+
+    if value not in ("int8", "int4"):
+        raise ArgumentError(f"infer: quantize must be 'int8' or 'int4', got {value!r}")
+    return QuantizeConfig(scheme=QuantScheme(value=value, granularity="axis", axis=-1),
+                          conv_scheme=QuantScheme(value=value, granularity="axis", axis=0))  # fmt: skip
+
+
 def infer(
     artifact_dir: str | os.PathLike,
     device: Device,
@@ -62,6 +73,7 @@ def infer(
     *,
     count: int = 10,
     dataset: IndexedDataset | None = None,
+    quantize: str | None = None,
 ) -> list[tuple[int, int]]:
     """Prints the predicted and expected digit of test items; returns the ``(predicted, expected)``.
 
@@ -72,13 +84,19 @@ def infer(
         count: how many items of ``dataset`` to classify when no ``item`` is given.
             Default: 10.
         dataset: the items to take them from. Default: MNIST's test split.
+        quantize: ``"int8"`` or ``"int4"`` to run the model with its convolution and linear
+            weights quantized (weight-only, one scale per output channel); None (default)
+            runs it in float.
 
     Raises:
         NoTrainedModelError: no trained model in ``artifact_dir``.
-        ArgumentError: ``count`` is not an integer from 1 to the dataset's size.
+        ArgumentError: ``count`` is not an integer from 1 to the dataset's size, or
+            ``quantize`` is not ``"int8"`` / ``"int4"``.
     """
     _, model = load_trained(artifact_dir, device)
     device = inference_device(device)
+    if quantize is not None:
+        model = model.quantize(quantize_config(quantize))
     if item is not None:
         items, indices = [item], None
     else:
