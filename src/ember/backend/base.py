@@ -337,23 +337,11 @@ class Backend:
         """``(values - zero_points) * scales`` in f32, each value taking the parameters of
         its place in ``options``' layout (``ember.quantization`` says which)."""
         shape = self.shape(values)
-        q = self.int_cast(values, DType.F32)
-        axis, block = options.axis, options.block_size
-        if block is not None:  # [..., blocks, block, ...]: one parameter per block
-            q = self.float_reshape(q, (*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
-
-        def along(params):
-            if axis is None:
-                return self.float_reshape(params, (1,) * len(shape))
-            if block is None:
-                return self.float_reshape(params, tuple(shape[axis] if d == axis else 1
-                                                        for d in range(len(shape))))  # fmt: skip
-            blocked = self.shape(params)
-            return self.float_reshape(params, (*blocked[: axis + 1], 1, *blocked[axis + 1 :]))
-
+        q = self.float_reshape(self.int_cast(values, DType.F32), options.blocked(shape))
+        along = options.broadcast(shape)
         if zero_points is not None:
-            q = self.float_sub(q, along(self.int_cast(zero_points, DType.F32)))
-        out = self.float_mul(q, along(self.float_cast(scales, DType.F32)))
+            q = self.float_sub(q, self.float_reshape(self.int_cast(zero_points, DType.F32), along))
+        out = self.float_mul(q, self.float_reshape(self.float_cast(scales, DType.F32), along))
         return self.float_reshape(out, shape)
 
     def quantized_linear(self, x, values, scales, zero_points, bias, options: QuantOptions):

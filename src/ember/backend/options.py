@@ -89,3 +89,21 @@ class QuantOptions:
             return (shape[self.axis],)
         a = self.axis
         return (*shape[:a], shape[a] // self.block_size, *shape[a + 1 :])
+
+    def blocked(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``shape`` with a per-block axis split into ``(blocks, block_size)``: the view in
+        which each parameter covers whole dims."""
+        if self.block_size is None:
+            return tuple(shape)
+        a = self.axis
+        return (*shape[:a], shape[a] // self.block_size, self.block_size, *shape[a + 1 :])
+
+    def broadcast(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape the scales (and zero points) take to broadcast against the
+        :meth:`blocked` view of values of ``shape``."""
+        if self.axis is None:
+            return (1,) * len(shape)
+        if self.block_size is None:
+            return tuple(shape[self.axis] if d == self.axis else 1 for d in range(len(shape)))
+        scales = self.scales_shape(shape)
+        return (*scales[: self.axis + 1], 1, *scales[self.axis + 1 :])

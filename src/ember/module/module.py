@@ -258,8 +258,15 @@ def _tensors_in(value: Any, path: str) -> Iterator[tuple[str, Tensor]]:
                 yield from _tensors_in(item, _join(path, name))
 
 
-def _rebuild(value: Any, path: str, on_param: ParamFn, on_tensor: TensorFn | None) -> Any:
-    """``value`` with every Param (and, given ``on_tensor``, every constant) replaced."""
+def _rebuild(value: Any, path: str, on_param: ParamFn, on_tensor: TensorFn | None,
+             on_module: Callable[[str, Module], Module | None] | None = None) -> Any:  # fmt: skip
+    """``value`` with every Param (and, given ``on_tensor``, every constant) replaced; given
+    ``on_module``, a sub-module for which it returns a module is replaced by that one (and
+    not entered)."""
+    if on_module is not None and isinstance(value, Module):
+        replaced = on_module(path, value)
+        if replaced is not None:
+            return replaced
     if isinstance(value, Param):
         return on_param(path, value)
     if isinstance(value, Tensor):
@@ -267,15 +274,18 @@ def _rebuild(value: Any, path: str, on_param: ParamFn, on_tensor: TensorFn | Non
     if isinstance(value, Module):
         module = object.__new__(type(value))
         for name, item in vars(value).items():
-            new = item if name.startswith("_") else _rebuild(item, _join(path, name), on_param, on_tensor)
+            new = item if name.startswith("_") else _rebuild(item, _join(path, name), on_param,
+                                                             on_tensor, on_module)  # fmt: skip
             object.__setattr__(module, name, new)
         return module
     if isinstance(value, list):
-        return [_rebuild(v, _join(path, i), on_param, on_tensor) for i, v in enumerate(value)]
+        return [_rebuild(v, _join(path, i), on_param, on_tensor, on_module) for i, v in enumerate(value)]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_rebuild(v, _join(path, i), on_param, on_tensor) for i, v in enumerate(value))
+        return tuple(_rebuild(v, _join(path, i), on_param, on_tensor, on_module)
+                     for i, v in enumerate(value))  # fmt: skip
     if isinstance(value, dict):
-        return {k: _rebuild(v, _join(path, k), on_param, on_tensor) for k, v in value.items()}
+        return {k: _rebuild(v, _join(path, k), on_param, on_tensor, on_module)
+                for k, v in value.items()}  # fmt: skip
     return value
 
 

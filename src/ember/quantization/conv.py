@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ember.module import Param
 from ember.nn.conv import _Conv
-from ember.quantization.linear import quantized_params
+from ember.quantization.linear import qtensor_of, quantized_params
 from ember.quantization.ops import conv2d
 from ember.quantization.qtensor import QTensor
 from ember.quantization.scheme import QuantScheme
@@ -60,8 +60,7 @@ class QuantizedConv2d(_Conv):
         return self.shape[2:]
 
     def quantized_weight(self) -> QTensor:
-        zero_points = None if self.zero_points is None else self.zero_points.val()
-        return QTensor(self.weight.val(), self.scales.val(), zero_points, self.scheme, self.shape)
+        return qtensor_of(self.weight, self.scales, self.zero_points, self.scheme, self.shape)
 
     def forward(self, x: Tensor) -> Tensor:
         x, start = self._padded(x)

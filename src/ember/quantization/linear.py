@@ -25,7 +25,7 @@ from ember.quantization.qtensor import QTensor
 from ember.quantization.scheme import QuantScheme
 from ember.tensor import Tensor
 
-__all__ = ["QuantizedLinear", "quantized_params"]
+__all__ = ["QuantizedLinear", "qtensor_of", "quantized_params"]
 
 
 def quantized_params(weight: Param, scheme: QuantScheme) -> tuple[Param, Param, Param | None]:
@@ -37,6 +37,13 @@ def quantized_params(weight: Param, scheme: QuantScheme) -> tuple[Param, Param, 
     q = value.quantize(scheme)
     zero_points = None if q.zero_points is None else Param(q.zero_points, require_grad=False)
     return Param(q.values, require_grad=False), Param(q.scales, require_grad=False), zero_points
+
+
+def qtensor_of(values: Param, scales: Param, zero_points: Param | None, scheme: QuantScheme,
+               shape: tuple[int, ...]) -> QTensor:  # fmt: skip
+    """The quantized tensor a layer's parameters hold (the inverse of :func:`quantized_params`)."""
+    zero_points = None if zero_points is None else zero_points.val()
+    return QTensor(values.val(), scales.val(), zero_points, scheme, shape)
 
 
 class QuantizedLinear(Module):
@@ -79,8 +86,7 @@ class QuantizedLinear(Module):
 
     def weight(self) -> QTensor:
         """The quantized weight."""
-        zero_points = None if self.zero_points is None else self.zero_points.val()
-        return QTensor(self.values.val(), self.scales.val(), zero_points, self.scheme, self.shape)
+        return qtensor_of(self.values, self.scales, self.zero_points, self.scheme, self.shape)
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight(), None if self.bias is None else self.bias.val())

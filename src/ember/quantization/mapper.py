@@ -27,6 +27,7 @@ from typing import Any, Literal
 from ember.backend.errors import ArgumentError
 from ember.config import Config
 from ember.module import Module
+from ember.module.module import _rebuild
 from ember.quantization.conv import QuantizedConv2d
 from ember.quantization.embedding import QuantizedEmbedding
 from ember.quantization.linear import QuantizedLinear
@@ -61,7 +62,7 @@ class QuantizeConfig(Config):
 
 
 def quantize_module(model: Any, config: QuantizeConfig) -> Any:
-    """``model`` with its linear layers quantized by ``config`` (see the module doc).
+    """``model`` with its layers quantized by ``config`` (see the module doc).
 
     Raises:
         ArgumentError: a pattern of ``skip`` or ``overrides`` matches no layer to quantize.
@@ -87,27 +88,15 @@ def quantize_module(model: Any, config: QuantizeConfig) -> Any:
 
     found: list[str] = []
 
-    def walk(value: Any, path: str) -> Any:
-        kind = kinds.get(type(value))
-        if kind is not None and kind[0] in config.layers:
-            found.append(path)
-            scheme = scheme_for(path, kind[1])
-            return value if scheme is None else kind[2].quantize(value, scheme)
-        if isinstance(value, Module):
-            module = object.__new__(type(value))
-            for name, item in vars(value).items():
-                new = item if name.startswith("_") else walk(item, f"{path}.{name}" if path else name)
-                object.__setattr__(module, name, new)
-            return module
-        if isinstance(value, list):
-            return [walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value)]
-        if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value))
-        if isinstance(value, dict):
-            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-        return value
+    def replace(path: str, module: Module) -> Module | None:
+        kind = kinds.get(type(module))
+        if kind is None or kind[0] not in config.layers:
+            return None
+        found.append(path)
+        scheme = scheme_for(path, kind[1])
+        return module if scheme is None else kind[2].quantize(module, scheme)
 
-    out = walk(model, "")
+    out = _rebuild(model, "", lambda _path, param: param, None, replace)
     unused = [p for p in (*config.skip, *config.overrides) if p not in used]
     if unused:
         names = ", ".join(found) or "none"

@@ -93,7 +93,7 @@ class QTensor:
     def options(self) -> QuantOptions:
         """The layout of the parameters as the op table's quantized ops take it."""
         if self._options is None:
-            self._options = QuantOptions(self.scheme.resolved_axis(self.rank), self.scheme.block_size)
+            self._options = self.scheme.options(self.rank)
         return self._options
 
     def _operands(self) -> tuple[list, list]:
@@ -243,12 +243,7 @@ def _given(what: str, scheme: QuantScheme, qshape: tuple[int, ...], scales: Tens
 
 def _blocked(x: Tensor, q: QTensor) -> Tensor:
     """``x`` (of ``q``'s shape) with a per-block axis split into (blocks, block_size)."""
-    if q.scheme.granularity != "block":
-        return x
-    axis = q.scheme.resolved_axis(q.rank)
-    shape = q.shape
-    block = q.scheme.block_size
-    return x.reshape([*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]])
+    return x.reshape(list(q.options.blocked(q.shape)))
 
 
 def _reduced_dims(q: QTensor) -> list[int]:
@@ -269,12 +264,7 @@ def _reduce(x: Tensor, dims: list[int], how: str) -> Tensor:
 
 def _along(params: Tensor, q: QTensor) -> Tensor:
     """Scales or zero points shaped to broadcast against the blocked view of ``q``."""
-    axis = q.scheme.resolved_axis(q.rank)
-    if axis is None:
-        return params.reshape([1] * q.rank)
-    if q.scheme.granularity == "axis":
-        return params.reshape([q.shape[axis] if d == axis else 1 for d in range(q.rank)])
-    return params.unsqueeze_dim(axis + 1)
+    return params.reshape(list(q.options.broadcast(q.shape)))
 
 
 def _pack_int4(values: Tensor) -> Tensor:

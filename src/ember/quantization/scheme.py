@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from ember.backend.errors import ShapeError
+from ember.backend.options import QuantOptions
 from ember.config import Config
 from ember.tensor.dtype import DType
 
@@ -121,15 +122,17 @@ class QuantScheme(Config):
             ShapeError: the axis is out of range, or the block size does not divide the
                 axis.
         """
-        axis = self.resolved_axis(len(shape))
-        if axis is None:
-            return ()
-        if self.granularity == "axis":
-            return (shape[axis],)
-        if shape[axis] % self.block_size:
+        options = self.options(len(shape))
+        axis = options.axis
+        if options.block_size is not None and shape[axis] % options.block_size:
             raise ShapeError(f"{self.describe()}: block size {self.block_size} does not divide "
                              f"dim {axis} of shape {list(shape)} ({shape[axis]})")  # fmt: skip
-        return (*shape[:axis], shape[axis] // self.block_size, *shape[axis + 1 :])
+        return options.scales_shape(shape)
+
+    def options(self, rank: int) -> QuantOptions:
+        """The layout of the parameters for a tensor of ``rank`` dims, as the op table's
+        quantized ops take it (the axis resolved; raises as :meth:`resolved_axis`)."""
+        return QuantOptions(self.resolved_axis(rank), self.block_size)
 
     def describe(self) -> str:
         """A short name for messages: ``int8 symmetric per axis 0``."""

@@ -259,15 +259,21 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)
-    a3 = a.reshape(-1, m, k)
-    if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
-        # The tile kernel has one compiled signature (~5-10 s each): readonly or unaligned
-        # arrays are types of their own to numba.
-        a3 = _scratch("a", a3.shape, dtype)
-        np.copyto(a3, a.reshape(-1, m, k))
+    a3 = _batched_rows(a, m, k)
     b3 = b.reshape(-1, k, n)
     bp = _scratch("b", (b3.shape[0], -(-n // nr), k, nr), dtype)
     return _multiply(a3, bp, (_pack, [b3, bp]), (*batch, m, n), a_of, b_of, threads, empty)
+
+
+def _batched_rows(a: np.ndarray, m: int, k: int) -> np.ndarray:
+    """``a`` as ``[batch, m, k]``, C-contiguous, writable and aligned (copied into scratch
+    where it is not): the tile kernel has one compiled signature (~5-10 s each), and
+    read-only or unaligned arrays are types of their own to numba."""
+    a3 = a.reshape(-1, m, k)
+    if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
+        a3 = _scratch("a", a3.shape, a.dtype)
+        np.copyto(a3, a.reshape(-1, m, k))
+    return a3
 
 
 def _multiply(a3: np.ndarray, bp: np.ndarray, pack: tuple, shape: tuple[int, ...],
@@ -333,10 +339,7 @@ def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
         _run_parts(_gemv_dequantized, [a2, values, scales, zero_points, out.reshape(rows, n)],
                    parts)  # fmt: skip
         return out
-    a3 = a.reshape(-1, m, k)
-    if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
-        a3 = _scratch("a", a3.shape, a.dtype)
-        np.copyto(a3, a.reshape(-1, m, k))
+    a3 = _batched_rows(a, m, k)
     bp = _scratch("b", (1, -(-n // nr), k, nr), a.dtype)
     a_of = np.arange(a3.shape[0], dtype=np.int64)
     b_of = np.zeros(a3.shape[0], dtype=np.int64)
