@@ -359,6 +359,23 @@ class Backend:
         conv = self.conv2d if len(self.shape(values)) == 4 else self.conv3d
         return conv(x, weight, bias, options)
 
+    def integer_linear(self, values, scales, zero_points, weight_values, weight_scales,
+                       weight_zero_points, bias, input_quant: QuantOptions, options: QuantOptions):  # fmt: skip
+        """``dequantize(input) @ dequantize(weight) + bias`` in f32: the reference of the
+        integer kernels (whose sums are exact where these round)."""
+        x = self.dequantize(values, scales, zero_points, input_quant)
+        # The float default, not an override: PyTorch's dynamic kernel would quantize again.
+        return Backend.quantized_linear(self, x, weight_values, weight_scales,
+                                        weight_zero_points, bias, options)  # fmt: skip
+
+    def integer_conv(self, values, scales, zero_points, weight_values, weight_scales,
+                     weight_zero_points, bias, options: ConvOptions, input_quant: QuantOptions,
+                     quant: QuantOptions):  # fmt: skip
+        """A convolution of ``dequantize(input)`` by ``dequantize(weight)`` (2-d or 3-d)."""
+        x = self.dequantize(values, scales, zero_points, input_quant)
+        return Backend.quantized_conv(self, x, weight_values, weight_scales,
+                                      weight_zero_points, bias, options, quant)  # fmt: skip
+
     # ------------------------------------------------------------ 1-d module ops via 2-d
     # A 1-d op is its 2-d op on [N, C, L, 1]: the options get a neutral second dim.
     def _as_2d(self, x):

@@ -224,6 +224,14 @@ _op("quantized_linear", FLOAT, ("tensor", "values", "scales", "zero_points?", "b
     ("options",), r.quantized_linear, "quantized", composite=True, prefixed=False)  # fmt: skip
 _op("quantized_conv", FLOAT, ("tensor", "values", "scales", "zero_points?", "bias?"),
     ("options", "quant"), r.quantized_conv, "quantized", composite=True, prefixed=False)  # fmt: skip
+# A quantized input by a quantized weight (static activation quantization, ONNX's integer
+# ops): the products are exact in integers; the default dequantizes both and runs in float.
+_op("integer_linear", FLOAT, ("values", "scales", "zero_points?", "weight_values",
+    "weight_scales", "weight_zero_points?", "bias?"), ("input_quant", "options"),
+    r.integer_linear, "quantized", composite=True, prefixed=False)  # fmt: skip
+_op("integer_conv", FLOAT, ("values", "scales", "zero_points?", "weight_values",
+    "weight_scales", "weight_zero_points?", "bias?"), ("options", "input_quant", "quant"),
+    r.integer_conv, "quantized", composite=True, prefixed=False)  # fmt: skip
 
 ops = SimpleNamespace(**OPS)
 """Attribute access to the table: ``ops.add`` is ``OPS["add"]``."""

@@ -414,6 +414,24 @@ def quantized_conv(op: str, x: AVal, values: AVal, scales: AVal, zero_points: AV
     return conv(op, x, AVal(weight.shape, x.dtype), bias, options)
 
 
+def integer_linear(op: str, values: AVal, scales: AVal, zero_points: AVal | None,
+                   weight_values: AVal, weight_scales: AVal, weight_zero_points: AVal | None,
+                   bias: AVal | None, input_quant, options) -> AVal:  # fmt: skip
+    """``dequantize(input) @ dequantize(weight) + bias``: a quantized ``[..., M, K]`` by a
+    quantized ``[..., K, N]``, plus an optional Float ``bias`` of ``[N]``; f32."""
+    x = dequantize(op, values, scales, zero_points, input_quant)
+    return quantized_linear(op, x, weight_values, weight_scales, weight_zero_points, bias, options)
+
+
+def integer_conv(op: str, values: AVal, scales: AVal, zero_points: AVal | None,
+                 weight_values: AVal, weight_scales: AVal, weight_zero_points: AVal | None,
+                 bias: AVal | None, options: ConvOptions, input_quant, quant) -> AVal:  # fmt: skip
+    """A convolution of a quantized input by a quantized weight (2-d or 3-d); f32."""
+    x = dequantize(op, values, scales, zero_points, input_quant)
+    return quantized_conv(op, x, weight_values, weight_scales, weight_zero_points, bias,
+                          options, quant)  # fmt: skip
+
+
 # ---------------------------------------------------------------- module ops
 def _spatial(op: str, x: AVal, n: int, what: str = "input") -> None:
     if len(x.shape) != n + 2:

@@ -34,7 +34,7 @@ from ember.quantization.scheme import QuantScheme
 from ember.tensor import DType, Kind, Tensor
 from ember.tensor.tensor import _wrap
 
-__all__ = ["QTensor", "quantize"]
+__all__ = ["QTensor", "quantize", "quantize_with"]
 
 EPS = float(np.finfo(np.float32).eps)
 """The smallest scale: an all-zero block quantizes to zeros instead of dividing by 0."""
@@ -200,7 +200,18 @@ def quantize(tensor: Tensor, scheme: QuantScheme, scales: Tensor | None = None,
             zero_points = zp_b.clamp(scheme.qmin, scheme.qmax).cast(DType.I8).reshape(list(qshape))
     else:
         scales, zero_points = _given(what, scheme, qshape, scales, zero_points, affine)
-    q = (x / _along(scales.cast(work.dtype), probe)).round()
+    return quantize_with(work, scheme, scales, zero_points)
+
+
+def quantize_with(tensor: Tensor, scheme: QuantScheme, scales: Tensor,
+                  zero_points: Tensor | None) -> QTensor:  # fmt: skip
+    """``tensor`` quantized by parameters known to be valid (those of an earlier
+    :func:`quantize`, or of a calibration): what :func:`quantize` does after its checks,
+    which read the parameters' values (a device sync each call)."""
+    shape = tuple(tensor.shape)
+    work = tensor if tensor.dtype in (DType.F32, DType.F64) else tensor.cast(DType.F32)
+    probe = QTensor(work, work, None, scheme, shape)  # layout helpers need shape and scheme
+    q = (_blocked(work, probe) / _along(scales.cast(work.dtype), probe)).round()
     if zero_points is not None:
         q = q + _along(zero_points.cast(work.dtype), probe)
     values = q.clamp(float(scheme.qmin), float(scheme.qmax)).cast(DType.I8).reshape(list(shape))

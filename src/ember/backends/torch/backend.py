@@ -413,6 +413,16 @@ class Torch(Backend):
             return super().quantized_linear(x, values, scales, zero_points, bias, options)
         return out
 
+    def integer_linear(self, values, scales, zero_points, weight, weight_scales,
+                       weight_zero_points, bias, input_quant: QuantOptions, options: QuantOptions):  # fmt: skip
+        from ember.backends.torch.quantized import linear_integer
+
+        args = (values, scales, zero_points, weight, weight_scales, weight_zero_points, bias)
+        out = linear_integer(*args, input_quant, options)
+        if out is None:  # not a case _int_mm takes
+            return super().integer_linear(*args, input_quant, options)
+        return out
+
     # ------------------------------------------------------------ module ops
     def conv2d(self, x, weight, bias, o: ConvOptions):
         return F.conv2d(x, weight, bias, o.stride, o.padding, o.dilation, o.groups)

@@ -1,4 +1,5 @@
-"""The Torch backend's quantized matmul: PyTorch's int8 kernels (fbgemm / oneDNN on x86).
+"""The Torch backend's quantized matmuls: PyTorch's int8 kernels (fbgemm / oneDNN on x86,
+and ``torch._int_mm``).
 
 For a symmetric int8 weight ``[K, N]`` with one scale, or one per output column, on the
 CPU, ``quantized_linear`` runs ``torch.ops.quantized.linear_dynamic``, the kernel of
@@ -11,6 +12,9 @@ The weight (with the bias) is packed for the kernel once (about 70 ms for 4096 x
 the packing is kept while the weight's values, scales and bias live (ember tensors never change, so their
 identity names their contents). Every other case (affine or per-block schemes, CUDA,
 other dtypes) returns None and the backend runs the default (dequantize, then matmul).
+
+A quantized input by a quantized weight (``integer_linear``) runs ``torch._int_mm``: exact
+int32 sums of the int8 values, then the scales (:func:`linear_integer`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import torch
 
 from ember.backend.options import QuantOptions
 
-# (ids of values, scales, bias) -> (weak references to them, the packed weight)
-_packed: dict[tuple[int, int, int], tuple[tuple, Any]] = {}
-_dead: deque[tuple[int, int, int]] = deque()  # keys whose tensors died (see drop)
+# (what, ids of its tensors) -> (weak references to them, what was made of them)
+_cache: dict[tuple, tuple[tuple, Any]] = {}
+_dead: deque[tuple] = deque()  # keys whose tensors died (see drop)
 _lock = threading.Lock()
 
 
@@ -43,7 +47,7 @@ def linear_dynamic(x, values, scales, zero_points, bias, options: QuantOptions):
             or x.dtype != torch.float32 or x.device.type != "cpu" or values.device.type != "cpu"
             or (bias is not None and bias.dtype != torch.float32) or not _engine_ready()):  # fmt: skip
         return None
-    packed = _prepacked(values, scales, bias, options.axis)
+    packed = _kept("linear_prepack", (values, scales, bias), _prepack, options.axis)
     if x.dim() == 2 and x.is_contiguous():
         return torch.ops.quantized.linear_dynamic(x, packed, True)
     k, n = values.shape
@@ -51,17 +55,38 @@ def linear_dynamic(x, values, scales, zero_points, bias, options: QuantOptions):
     return out.reshape(*x.shape[:-1], n)
 
 
-def _prepacked(values, scales, bias, axis: int | None):
-    key = (id(values), id(scales), id(bias))
-    with _lock:
-        while _dead:
-            dead = _dead.popleft()
-            entry = _packed.get(dead)
-            if entry is not None and any(r is not _NONE and r() is None for r in entry[0]):
-                del _packed[dead]  # not a later entry that reuses the ids
-        hit = _packed.get(key)
-        if hit is not None and all(r() is t for r, t in zip(hit[0], (values, scales, bias))):
-            return hit[1]
+def linear_integer(values, scales, zero_points, weight, weight_scales, weight_zero_points, bias,
+                   input_quant: QuantOptions, options: QuantOptions):  # fmt: skip
+    """``dequantize(input) @ dequantize(weight) + bias`` with the products summed exactly in
+    int32 by ``torch._int_mm`` (CPU and CUDA), or None where it does not apply: an int8
+    input with one scale (and zero point), a symmetric int8 weight ``[K, N]`` with one scale
+    or one per column.
+
+    ``sum_k (a - z) w = (a @ w) - z * colsum(w)``: the column sums are kept per weight."""
+    if (input_quant.axis is not None or values.dtype != torch.int8 or values.dim() < 2
+            or weight_zero_points is not None or options.block_size is not None
+            or weight.dim() != 2 or options.axis not in (None, 1) or weight.dtype != torch.int8
+            or (values.is_cuda and not _int_mm_fits_cuda(values, weight))):  # fmt: skip
+        return None
+    k, n = weight.shape
+    rows = values.reshape(-1, k)
+    sums = torch._int_mm(rows if rows.is_contiguous() else rows.contiguous(), weight)
+    if zero_points is not None:
+        column_sums = _kept("column_sums", (weight,), lambda w: w.sum(0, dtype=torch.int32))
+        sums = sums - zero_points.to(torch.int32) * column_sums
+    out = sums.to(torch.float32) * (scales.to(torch.float32) * weight_scales.to(torch.float32))
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*values.shape[:-1], n)
+
+
+def _int_mm_fits_cuda(a, b) -> bool:
+    """The shapes CUDA's ``_int_mm`` takes (more than 16 rows, K and N multiples of 8)."""
+    k, n = b.shape
+    return a.numel() // k > 16 and k % 8 == 0 and n % 8 == 0
+
+
+def _prepack(values, scales, bias, axis: int | None):
     rows = values.t().contiguous()  # [N, K]: the kernel's weight layout
     with warnings.catch_warnings():  # PyTorch marks its quantized tensor types deprecated
         warnings.simplefilter("ignore", UserWarning)
@@ -70,17 +95,33 @@ def _prepacked(values, scales, bias, axis: int | None):
         else:
             weight = torch._make_per_channel_quantized_tensor(
                 rows, scales.to(torch.float64), torch.zeros(rows.shape[0], dtype=torch.long), 0)
-        packed = torch.ops.quantized.linear_prepack(weight, bias)
+        return torch.ops.quantized.linear_prepack(weight, bias)
+
+
+def _kept(what: str, tensors: tuple, make, *args):
+    """``make(*tensors, *args)``, made once and kept while ``tensors`` live (ember tensors
+    never change, so their identity names their contents; a None stands for itself)."""
+    key = (what, *map(id, tensors))
+    with _lock:
+        while _dead:
+            dead = _dead.popleft()
+            entry = _cache.get(dead)
+            if entry is not None and any(r is not _NONE and r() is None for r in entry[0]):
+                del _cache[dead]  # not a later entry that reuses the ids
+        hit = _cache.get(key)
+        if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)):
+            return hit[1]
+    made = make(*tensors, *args)
 
     def drop(_ref, key=key) -> None:
         # A weak-reference callback may run inside this module's own locked work (the
         # garbage collector runs anywhere): it takes no lock, the next call purges.
         _dead.append(key)
 
-    refs = tuple(_NONE if t is None else weakref.ref(t, drop) for t in (values, scales, bias))
+    refs = tuple(_NONE if t is None else weakref.ref(t, drop) for t in tensors)
     with _lock:
-        _packed[key] = (refs, packed)
-    return packed
+        _cache[key] = (refs, made)
+    return made
 
 
 def _none() -> None:

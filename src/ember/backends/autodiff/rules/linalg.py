@@ -45,3 +45,10 @@ def _quantized_linear(B, g, s):
     if bias is not None and s.needs[4]:
         gb = unbroadcast(B, g, s.shapes[4])
     return gx, None, None, None, gb
+
+
+@backward("integer_linear")
+def _integer_linear(B, g, s):
+    # Both operands are quantized (Int values: constants); only the bias has a gradient.
+    gb = unbroadcast(B, g, s.shapes[6]) if s.needs[6] else None
+    return (None,) * 6 + (gb,)

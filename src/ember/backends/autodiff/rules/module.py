@@ -56,6 +56,13 @@ def _quantized_conv(B, g, s):
         gx = B.conv_x_backward(x, weight, g, options)
     gb = _bias_grad(B, g) if bias is not None and s.needs[4] else None
     return gx, None, None, None, gb
+
+
+@backward("integer_conv")
+def _integer_conv(B, g, s):
+    # Both operands are quantized (constants); only the bias has a gradient.
+    gb = _bias_grad(B, g) if s.needs[6] else None
+    return (None,) * 6 + (gb,)
 backward("conv_transpose2d", "conv_transpose3d", keep="inputs")(
     _convolution("conv_transpose_x_backward", "conv_transpose_weight_backward")
 )
