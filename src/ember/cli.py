@@ -179,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.add_argument(
         "--quantize",
-        choices=("int8", "int4"),
-        help="run the model with its weights quantized (weight-only)",
+        choices=("int8", "int4", "int8-static"),  # ember.guide.inference.QUANTIZE_CHOICES
+        help="run the model quantized: int8 or int4 weights (weight-only), or int8 weights "
+        "and inputs calibrated on training digits (int8-static)",
     )
     _add_device_options(infer)
     infer.set_defaults(run=_infer)

@@ -55,15 +55,45 @@ def predict(model: Model, items: Sequence[MnistItem], device: Device) -> list[in
     return model(batch.images).argmax(1).reshape([len(items)]).tolist()
 
 
-def quantize_config(value: str):
-    """The guide's weight-only quantization: ``value`` (``"int8"`` or ``"int4"``) with one
-    scale per output channel of every convolution and linear layer."""
-    from ember.quantization import QuantizeConfig, QuantScheme
+QUANTIZE_CHOICES = ("int8", "int4", "int8-static")
+"""How the guide can quantize its model (see :func:`quantize_config`)."""
+CALIBRATION_BATCHES = 8
+"""Batches of 64 training digits that calibrate ``int8-static``."""
 
-    if value not in ("int8", "int4"):
-        raise ArgumentError(f"infer: quantize must be 'int8' or 'int4', got {value!r}")
-    return QuantizeConfig(scheme=QuantScheme(value=value, granularity="axis", axis=-1),
-                          conv_scheme=QuantScheme(value=value, granularity="axis", axis=0))  # fmt: skip
+
+def quantize_config(value: str):
+    """The guide's quantization: ``"int8"`` weight-only (one scale per output channel of
+    every convolution and linear layer), ``"int4"`` weight-only (the linear layers in blocks
+    of 32 inputs, the convolutions per output channel), or ``"int8-static"`` (int8 weights,
+    and every layer's input int8 with calibrated parameters)."""
+    from ember.quantization import ActivationConfig, QuantizeConfig, QuantScheme
+
+    if value not in QUANTIZE_CHOICES:
+        choices = ", ".join(map(repr, QUANTIZE_CHOICES))
+        raise ArgumentError(f"infer: quantize must be one of {choices}, got {value!r}")
+    if value == "int4":
+        return QuantizeConfig(
+            scheme=QuantScheme(value="int4", granularity="block", axis=0, block_size=32),
+            conv_scheme=QuantScheme(value="int4", granularity="axis", axis=0))  # fmt: skip
+    return QuantizeConfig(scheme=QuantScheme(granularity="axis", axis=-1),
+                          conv_scheme=QuantScheme(granularity="axis", axis=0),
+                          activations=ActivationConfig() if value == "int8-static" else None)  # fmt: skip
+
+
+def quantized(model: Model, value: str, device: Device,
+              calibration: IndexedDataset | None = None) -> Model:  # fmt: skip
+    """``model`` quantized as :func:`quantize_config` says; ``int8-static`` calibrates on the
+    first :data:`CALIBRATION_BATCHES` batches of 64 of ``calibration`` (default: MNIST's
+    training split)."""
+    config = quantize_config(value)
+    if config.activations is None:
+        return model.quantize(config)
+    calibration = MnistDataset.train() if calibration is None else calibration
+    count = min(len(calibration), CALIBRATION_BATCHES * 64)
+    batcher = MnistBatcher()
+    batches = (batcher.batch([calibration[i] for i in range(start, min(start + 64, count))],
+                             device).images for start in range(0, count, 64))  # fmt: skip
+    return model.quantize(config, batches)
 
 
 def infer(
@@ -74,6 +104,7 @@ def infer(
     count: int = 10,
     dataset: IndexedDataset | None = None,
     quantize: str | None = None,
+    calibration: IndexedDataset | None = None,
 ) -> list[tuple[int, int]]:
     """Prints the predicted and expected digit of test items; returns the ``(predicted, expected)``.
 
@@ -84,19 +115,20 @@ def infer(
         count: how many items of ``dataset`` to classify when no ``item`` is given.
             Default: 10.
         dataset: the items to take them from. Default: MNIST's test split.
-        quantize: ``"int8"`` or ``"int4"`` to run the model with its convolution and linear
-            weights quantized (weight-only, one scale per output channel); None (default)
-            runs it in float.
+        quantize: ``"int8"``, ``"int4"`` or ``"int8-static"`` to run the model quantized
+            (see :func:`quantize_config`); None (default) runs it in float.
+        calibration: the digits ``int8-static`` calibrates on (default: MNIST's training
+            split).
 
     Raises:
         NoTrainedModelError: no trained model in ``artifact_dir``.
         ArgumentError: ``count`` is not an integer from 1 to the dataset's size, or
-            ``quantize`` is not ``"int8"`` / ``"int4"``.
+            ``quantize`` is not one of :data:`QUANTIZE_CHOICES`.
     """
     _, model = load_trained(artifact_dir, device)
     device = inference_device(device)
     if quantize is not None:
-        model = model.quantize(quantize_config(quantize))
+        model = quantized(model, quantize, device, calibration)
     if item is not None:
         items, indices = [item], None
     else:

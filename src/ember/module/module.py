@@ -150,12 +150,13 @@ class Module:
         return sum(param.num_elements() for _, param in self.params())
 
     # ------------------------------------------------------------------ records
-    def quantize(self: M, config) -> M:
-        """This model with its linear layers' weights quantized (weight-only): see
+    def quantize(self: M, config, calibration=None, forward=None) -> M:
+        """This model with its layers quantized (weight-only, or with ``config.activations``
+        static, calibrated on ``calibration``): see
         :func:`ember.quantization.quantize_module` and ``QuantizeConfig``."""
         from ember.quantization import quantize_module
 
-        return quantize_module(self, config)
+        return quantize_module(self, config, calibration, forward)
 
     def into_record(self) -> dict[str, Any]:
         """The module's state as plain data: ``{field: {"id": ..., "param": TensorData}}``."""

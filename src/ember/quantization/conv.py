@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ember.module import Param
 from ember.nn.conv import _Conv
-from ember.quantization.linear import qtensor_of, quantized_params
+from ember.quantization.linear import qtensor_of, quantized_input, quantized_params
 from ember.quantization.ops import conv2d
 from ember.quantization.qtensor import QTensor
 from ember.quantization.scheme import QuantScheme
@@ -30,13 +30,18 @@ class QuantizedConv2d(_Conv):
 
     Its fields are those of :class:`ember.nn.Conv2d` (``weight`` holds the quantized values,
     i8 or u8 packing int4, untrained) and ``scales``, ``zero_points`` (affine schemes, else
-    None), ``scheme`` and ``shape`` (the weight's).
+    None), ``scheme`` and ``shape`` (the weight's), and with static quantization the input's
+    ``input_scheme``, ``input_scale`` and ``input_zero_point`` (as
+    :class:`~ember.quantization.QuantizedLinear`'s).
     """
 
     scales: Param | None = None
     zero_points: Param | None = None
     scheme: QuantScheme | None = None
     shape: tuple[int, ...] = ()
+    input_scheme: QuantScheme | None = None
+    input_scale: Param | None = None
+    input_zero_point: Param | None = None
 
     @staticmethod
     def quantize(layer, scheme: QuantScheme) -> QuantizedConv2d:
@@ -64,5 +69,6 @@ class QuantizedConv2d(_Conv):
 
     def forward(self, x: Tensor) -> Tensor:
         x, start = self._padded(x)
+        x = quantized_input(x, self.input_scheme, self.input_scale, self.input_zero_point)
         bias = self.bias.val() if self.bias is not None else None
         return conv2d(x, self.quantized_weight(), bias, self.stride, start, self.dilation, self.groups)

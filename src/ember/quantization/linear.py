@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from ember.module import Module, Param
 from ember.quantization.ops import linear
-from ember.quantization.qtensor import QTensor
+from ember.quantization.qtensor import QTensor, quantize_with
 from ember.quantization.scheme import QuantScheme
 from ember.tensor import Tensor
 
-__all__ = ["QuantizedLinear", "qtensor_of", "quantized_params"]
+__all__ = ["QuantizedLinear", "qtensor_of", "quantized_input", "quantized_params"]
 
 
 def quantized_params(weight: Param, scheme: QuantScheme) -> tuple[Param, Param, Param | None]:
@@ -46,6 +46,15 @@ def qtensor_of(values: Param, scales: Param, zero_points: Param | None, scheme: 
     return QTensor(values.val(), scales.val(), zero_points, scheme, shape)
 
 
+def quantized_input(x: Tensor, scheme: QuantScheme | None, scale: Param | None,
+                    zero_point: Param | None) -> Tensor | QTensor:  # fmt: skip
+    """``x`` quantized by a layer's static input parameters (from calibration), or ``x``
+    itself for a layer without them (weight-only)."""
+    if scheme is None:
+        return x
+    return quantize_with(x, scheme, scale.val(), None if zero_point is None else zero_point.val())
+
+
 class QuantizedLinear(Module):
     """``x @ dequantize(weight) + bias`` with a quantized weight of ``[d_input, d_output]``.
 
@@ -56,6 +65,11 @@ class QuantizedLinear(Module):
         bias: ``[d_output]``, or None; trainable as in :class:`ember.nn.Linear`.
         scheme: the weight's :class:`QuantScheme`.
         shape: ``(d_input, d_output)``.
+        input_scheme: with static quantization, the input's scheme (int8, per tensor); the
+            input is then quantized by ``input_scale`` (and ``input_zero_point``, affine)
+            and multiplied in integers. None (weight-only): the input stays Float.
+        input_scale: the input's scale, ``[]``, from calibration; not trained.
+        input_zero_point: the input's zero point, ``[]`` (affine), or None.
 
     Shape:
         ``[..., d_input]`` -> ``[..., d_output]``.
@@ -67,6 +81,9 @@ class QuantizedLinear(Module):
     bias: Param | None
     scheme: QuantScheme
     shape: tuple[int, int]
+    input_scheme: QuantScheme | None = None
+    input_scale: Param | None = None
+    input_zero_point: Param | None = None
 
     @staticmethod
     def quantize(layer, scheme: QuantScheme) -> QuantizedLinear:
@@ -89,4 +106,5 @@ class QuantizedLinear(Module):
         return qtensor_of(self.values, self.scales, self.zero_points, self.scheme, self.shape)
 
     def forward(self, x: Tensor) -> Tensor:
+        x = quantized_input(x, self.input_scheme, self.input_scale, self.input_zero_point)
         return linear(x, self.weight(), None if self.bias is None else self.bias.val())
