@@ -25,6 +25,12 @@ projections in float; run in train mode, as its eval fast path fails on quantize
 linear layer, attention included) on the Torch backend.
 
 Ratios are each side's time over torch int8 dynamic (lower is faster).
+
+With ``--guide DIR`` (a folder of ``ember guide train``; trained there for 2 epochs if it
+holds no model), the guide's model: accuracy on MNIST's full test split and the size of its
+record (the default recorder, full precision) in float, int8 weight-only, int4 weight-only
+(the linear layers in blocks of 32, the convolutions per channel) and int8 static (inputs
+calibrated on 512 training digits).
 """
 
 from __future__ import annotations
@@ -43,9 +49,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--guide", metavar="DIR", help="also the guide model's table")
+    parser.add_argument("--skip-speed", action="store_true", help="only the guide's table")
     args = parser.parse_args()
     pin_threads(args.threads)
+    if not args.skip_speed:
+        _linear(args)
+        _encoder(args)
+    if args.guide:
+        _guide(args.guide)
 
+
+def _linear(args) -> None:
     import numpy as np
     import torch
 
@@ -95,7 +110,6 @@ def main() -> None:
             rows.append([f"{batch} x {n}", side, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}x"])
     print_table(f"linear {n} x {n}, {args.threads} thread(s): ms per call",
                 ["input", "side", "ms", "x torch int8 dynamic"], rows)  # fmt: skip
-    _encoder(args)
 
 
 def _encoder(args) -> None:
@@ -133,6 +147,43 @@ def _encoder(args) -> None:
     rows = [[side, f"{seconds * 1e3:.2f}", f"{seconds / base:.2f}x"] for side, seconds in times.items()]
     print_table(f"transformer encoder inference [8, 128, 256], {args.threads} thread(s): ms",
                 ["side", "ms", "x torch int8 dynamic"], rows)  # fmt: skip
+
+
+def _guide(folder: str) -> None:
+    import subprocess
+    import tempfile
+
+    import ember
+    from ember.data.vision.mnist import MnistDataset
+    from ember.guide.inference import QUANTIZE_CHOICES, load_trained, predict, quantized
+
+    if not (Path(folder) / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "ember", "guide", "train", "--epochs", "2",
+                        "--artifact-dir", folder, "--renderer", "plain"], check=True)  # fmt: skip
+    device = ember.device("ndarray")
+    _, model = load_trained(folder, device)
+    test = MnistDataset.test()
+    items = [test[i] for i in range(len(test))]
+    labels = [item.label for item in items]
+
+    def predictions(m) -> list[int]:
+        return [p for start in range(0, len(items), 1000)
+                for p in predict(m, items[start : start + 1000], device)]  # fmt: skip
+
+    exact = predictions(model)
+    rows, float_size = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in ("f32", *QUANTIZE_CHOICES):
+            m = model if variant == "f32" else quantized(model, variant, device)
+            got = exact if variant == "f32" else predictions(m)
+            size = m.save_file(Path(tmp) / variant).stat().st_size
+            float_size = float_size or size
+            correct = sum(p == e for p, e in zip(got, labels))
+            changed = sum(p != q for p, q in zip(got, exact))
+            rows.append([variant, f"{100 * correct / len(labels):.2f}%", str(changed),
+                         f"{size:,}", f"{float_size / size:.2f}x"])  # fmt: skip
+    print_table("the guide's model on MNIST's test split (10,000 digits)",
+                ["model", "accuracy", "predictions changed", "record bytes", "smaller"], rows)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -414,5 +414,9 @@ def test_infer_quantized_agrees_with_float(trained, digits, capsys):
     assert sum(p != q for (p, _), (q, _) in zip(exact, int8)) <= 2
     int4 = infer(folder, NDARRAY, count=128, dataset=test, quantize="int4")
     assert accuracy(int4) >= accuracy(exact) - 0.08, (accuracy(int4), accuracy(exact))
-    with pytest.raises(ArgumentError, match="quantize must be 'int8' or 'int4'"):
+    # Static: the inputs too, calibrated on (here) the training digits of the fixture.
+    static = infer(folder, NDARRAY, count=128, dataset=test, quantize="int8-static",
+                   calibration=digits[0])  # fmt: skip
+    assert sum(p != q for (p, _), (q, _) in zip(exact, static)) <= 4
+    with pytest.raises(ArgumentError, match="quantize must be one of 'int8', 'int4', 'int8-static'"):
         infer(folder, NDARRAY, count=2, dataset=test, quantize="int2")
