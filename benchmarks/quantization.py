@@ -14,6 +14,8 @@ as the median of repeated calls (``--threads`` threads everywhere):
 * **ember f32 (NdArray)** and **ember int8 (NdArray)**: the same on NdArray, whose int8
   linear is the default of the op table (dequantize, then matmul), so it is slower than f32
   there;
+* **ember int8 static**: the input quantized int8 by fixed parameters (as a calibrated
+  layer does, that quantizing included), then integer products: ``torch._int_mm`` on Torch;
 * **ember f32 / int8 (fusion(NdArray))**: on the JIT runtime, whose int8 linear is a numba
   GEMM that dequantizes the weight while packing it (tuned against the default; the first
   call tunes, and is not timed).
@@ -22,7 +24,8 @@ Then the transformer encoder of ``benchmarks/nn_step.py`` (2 layers, d_model 256
 d_ff 1024, no dropout) on ``[8, 128, 256]``, inference: PyTorch f32 and
 ``quantize_dynamic`` (which quantizes the feed-forward layers: PyTorch's attention keeps its
 projections in float; run in train mode, as its eval fast path fails on quantized layers), ember f32 and ember int8 (``model.quantize(QuantizeConfig())``: every
-linear layer, attention included) on the Torch backend.
+linear layer, attention included) on the Torch backend, and ember int8 static (calibrated on
+the input itself).
 
 Ratios are each side's time over torch int8 dynamic (lower is faster).
 
@@ -67,6 +70,7 @@ def _linear(args) -> None:
     import ember
     from ember import Tensor
     from ember.quantization import QuantScheme, linear
+    from ember.quantization.qtensor import quantize_with
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -105,6 +109,14 @@ def _linear(args) -> None:
                 lambda x=x, w=w, b=b: (x.matmul(w) + b).to_numpy(), repeat=args.repeat)  # fmt: skip
             times[f"ember int8 ({label})"] = median_seconds(
                 lambda x=x, q=q, b=b: linear(x, q, b).to_numpy(), repeat=args.repeat)  # fmt: skip
+            if name != "ndarray":  # static: the input quantized by fixed parameters
+                scale = Tensor.from_data(np.float32(np.abs(x_host).max() / 127), device)
+
+                def static(x=x, q=q, b=b, scale=scale):
+                    return linear(quantize_with(x, QuantScheme(), scale, None), q, b).to_numpy()
+
+                static()
+                times[f"ember int8 static ({label})"] = median_seconds(static, repeat=args.repeat)
         base = times["torch int8 dynamic"]
         for side, seconds in times.items():
             rows.append([f"{batch} x {n}", side, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}x"])
@@ -118,7 +130,7 @@ def _encoder(args) -> None:
 
     import ember
     from ember import Tensor, nn
-    from ember.quantization import QuantizeConfig
+    from ember.quantization import ActivationConfig, QuantizeConfig
 
     layer = torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, activation="gelu",
                                              batch_first=True)  # fmt: skip
@@ -136,6 +148,8 @@ def _encoder(args) -> None:
     device = ember.device("torch")
     model = nn.TransformerEncoderConfig(256, 1024, 8, 2, dropout=0.0).init(device)
     quantized = model.quantize(QuantizeConfig())
+    static = model.quantize(QuantizeConfig(activations=ActivationConfig()),
+                            [nn.TransformerEncoderInput(Tensor.from_data(x_host, device))])  # fmt: skip
     x = nn.TransformerEncoderInput(Tensor.from_data(x_host, device))
     times = {}
     with torch.no_grad():
@@ -143,6 +157,8 @@ def _encoder(args) -> None:
         times["torch int8 dynamic"] = median_seconds(lambda: dynamic(xt), repeat=args.repeat)
     times["ember f32 (Torch)"] = median_seconds(lambda: model(x).to_numpy(), repeat=args.repeat)
     times["ember int8 (Torch)"] = median_seconds(lambda: quantized(x).to_numpy(), repeat=args.repeat)
+    times["ember int8 static (Torch)"] = median_seconds(lambda: static(x).to_numpy(),
+                                                        repeat=args.repeat)  # fmt: skip
     base = times["torch int8 dynamic"]
     rows = [[side, f"{seconds * 1e3:.2f}", f"{seconds / base:.2f}x"] for side, seconds in times.items()]
     print_table(f"transformer encoder inference [8, 128, 256], {args.threads} thread(s): ms",

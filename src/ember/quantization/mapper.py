@@ -204,6 +204,12 @@ class _Observing(Module):
         self.observer.observe(x)
         return self.layer(x)
 
+    def __getattr__(self, name: str) -> Any:
+        # What the parent reads of its layer (``attention.query.d_input``) reads through.
+        if name in ("layer", "observer") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.layer, name)
+
 
 def _calibrate(model: Any, paths: set[str], config: ActivationConfig, calibration: Iterable,
                forward: Callable[[Any, Any], Any] | None) -> dict[str, tuple[float, float]]:  # fmt: skip
