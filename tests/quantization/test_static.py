@@ -315,3 +315,19 @@ def test_careless_static_quantization_is_refused():
                 dict(scheme=QuantScheme(value="int4")), dict(batches=0), dict(percentile=20.0)):  # fmt: skip
         with pytest.raises(ConfigError):
             ActivationConfig(**bad)
+
+
+def test_a_static_transformer_encoder_stays_close_to_float():
+    # Its attention reads its projections' sizes through the calibration wrappers.
+    from test_modules import ENCODER
+
+    device = ember.device("ndarray")
+    encoder = ENCODER.init(device)
+    rng = np.random.default_rng(8)
+    inputs = [nn.TransformerEncoderInput(Tensor.from_data(
+        rng.standard_normal((2, 16, 256)).astype(np.float32), device)) for _ in range(3)]  # fmt: skip
+    static = encoder.quantize(QuantizeConfig(activations=ActivationConfig()), inputs[:2])
+    assert isinstance(static.layers[0].mha.query, QuantizedLinear)
+    assert static.layers[0].mha.query.input_scheme is not None
+    a, b = encoder(inputs[2]).to_numpy().ravel(), static(inputs[2]).to_numpy().ravel()
+    assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.999
