@@ -1,6 +1,6 @@
 """Quantization of a model: the weights of its linear, 2-d convolution and embedding
-layers, by path (weight-only, or dynamic), and with ``activations`` the inputs of its
-linear and convolution layers too (static: parameters fixed by calibration).
+layers, by path (weight-only), and with ``activations`` the inputs of its linear and
+convolution layers too (static: parameters fixed by calibration).
 
 :func:`quantize_module` (``model.quantize(config)``) returns a copy of the model in which
 every :class:`ember.nn.Linear` becomes a :class:`QuantizedLinear` and every
@@ -149,6 +149,7 @@ def quantize_module(model: Any, config: QuantizeConfig, calibration: Iterable | 
         return default
 
     found: list[str] = []
+    static: set[str] = set()
 
     def replace(path: str, module: Module) -> Module | None:
         kind = kinds.get(type(module))
@@ -156,7 +157,11 @@ def quantize_module(model: Any, config: QuantizeConfig, calibration: Iterable | 
             return None
         found.append(path)
         scheme = scheme_for(path, kind[1])
-        return module if scheme is None else kind[2].quantize(module, scheme)
+        if scheme is None:
+            return module
+        if kind[0] != "embedding":  # a layer whose input static quantization fixes
+            static.add(path)
+        return kind[2].quantize(module, scheme)
 
     out = _rebuild(model, "", lambda _path, param: param, None, replace)
     unused = [p for p in (*config.skip, *config.overrides) if p not in used]
@@ -172,7 +177,7 @@ def quantize_module(model: Any, config: QuantizeConfig, calibration: Iterable | 
     if calibration is None:
         raise ArgumentError("quantize: static quantization (config.activations) needs "
                             "calibration inputs")  # fmt: skip
-    ranges = _calibrate(model, _static_paths(out), config.activations, calibration, forward)
+    ranges = _calibrate(model, static, config.activations, calibration, forward)
 
     def fix(path: str, module: Module) -> Module | None:
         if path not in ranges:
@@ -180,18 +185,6 @@ def quantize_module(model: Any, config: QuantizeConfig, calibration: Iterable | 
         return _with_input(module, config.activations.scheme, *ranges[path])
 
     return _rebuild(out, "", lambda _path, param: param, None, fix)
-
-
-def _static_paths(model: Any) -> set[str]:
-    """The paths of the quantized layers whose inputs static quantization fixes."""
-    paths: set[str] = set()
-
-    def visit(path: str, module: Module) -> None:
-        if isinstance(module, QuantizedLinear | QuantizedConv2d):
-            paths.add(path)
-
-    _rebuild(model, "", lambda _path, param: param, None, visit)
-    return paths
 
 
 class _Observing(Module):
