@@ -1,0 +1,524 @@
+"""int8 x int8 -> int32 matrix products as numba kernels, on AVX-512 VNNI.
+
+:func:`matmul_int8` returns the exact int32 products ``a @ b`` of an int8 ``a`` ``[..., M,
+K]`` and an int8 weight ``b`` ``[K, N]``; :func:`linear_int8` the scaled float32 result of a
+quantized linear layer, ``a_scale * b_scales * ((a - a_zero_point) @ b) + bias``. The weight
+is packed once by :func:`pack_weight` (the caller keeps the :class:`PackedWeight`).
+
+* **The instruction.** ``vpdpbusd`` multiplies 64 unsigned bytes by 64 signed bytes and
+  adds each group of 4 products into one of 16 int32 lanes: 64 multiply-adds an
+  instruction, 4 times float32's FMA. Its left operand is unsigned, so ``a`` is fed as
+  ``a + 128`` (the sign bit flipped: a byte ``u = a ^ 0x80``) and the extra ``128 * b``,
+  with the zero point, is taken back through the weight's column sums:
+  ``sum_k (a - zp) * b = sum_k (a + 128) * b - (zp + 128) * colsum(b)``. The accumulators
+  start at ``-(zp + 128) * colsum(b)`` (per column), so the sums the instruction leaves are
+  the result. All of it is int32 arithmetic modulo 2**32 (``vpdpbusd`` wraps, it does not
+  saturate), exact wherever the true result fits int32: ``|a - zp| <= 255`` and ``|b| <=
+  128``, so any ``K <= MAX_K`` (65793).
+* **Packing.** The weight becomes column panels of :data:`NR` (64) columns, ``[K / 4, NR,
+  4]`` each: per group of 4 consecutive ``k``, the 4 bytes of each column side by side, so
+  one 64-byte load is the right operand of one instruction for 16 columns. ``K`` is padded
+  to a multiple of 4 and ``N`` to whole panels with zero bytes (a zero weight adds nothing
+  whatever ``a`` holds there). ``a`` is copied per call into rows of ``K / 4`` groups of 4
+  unsigned bytes (``a ^ 0x80``), which also takes any strides.
+* **Register tile.** :func:`_tile_kernel` writes the inner loop as LLVM IR (numba has no
+  vector types; as ``numba_tile``): a tile of ``mr`` rows by ``NR`` columns keeps its ``mr
+  * 4`` accumulators in vector registers for the whole sum over ``K``; per group of 4
+  ``k`` it loads 4 vectors of the panel, broadcasts 4 bytes of each row and issues ``mr *
+  4`` ``vpdpbusd``. The tile's store is the epilogue: the int32 sums as they are, or
+  converted to float32, times the column's and the row's scales, plus the bias. A tile
+  at the last panel, where the panel runs past ``N``, is stored through a scratch tile.
+* **Tasks.** A task is one column panel and a run of :data:`ROW_BLOCKS_PER_TASK` row
+  blocks (the panel stays in cache while the rows stream past); the tasks are split in
+  ``parts`` as ``numba_gemm`` does (``numba_runtime._run_parts``). Each output is computed
+  by the same instructions whatever the split, so any thread count gives the same bits.
+  A single row (batch-1 inference) reads the weight once, each panel by one task.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from ember.backend.errors import ArgumentError, ShapeError, fmt_shape
+from ember.backends.fusion.numba_source import KernelUnsupported
+
+try:  # numba is optional: supports() is False without it
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+__all__ = ["MAX_K", "NR", "KernelUnsupported", "PackedWeight", "has_vnni", "linear_int8",
+           "matmul_int8", "pack_weight", "supports"]
+
+NR = 64
+"""Columns of a weight panel and of a register tile: four vectors of 16 int32 sums."""
+VECTORS = NR // 16
+MR = 4
+"""Rows of a register tile (4 x 4 accumulators; a tile of fewer rows covers the last rows)."""
+ROW_BLOCKS_PER_TASK = 16
+"""Row blocks a task runs against one column panel (64 rows)."""
+MAX_K = (2**31 - 1) // (255 * 128)
+"""The longest sum that is exact in int32 for any values and zero point (65793)."""
+PARALLEL_MIN_MACS = 1 << 24
+"""Products of fewer multiply-adds than this run on one thread (as ``numba_gemm``)."""
+
+
+@cache
+def has_vnni() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 VNNI: the host's features, as LLVM
+    reports them, when numba targets the host (its default)."""
+    if numba is None:
+        return False
+    if numba.config.CPU_NAME not in (None, "host"):
+        return False  # a fixed target (NUMBA_CPU_NAME) may lack the instruction
+    try:
+        from llvmlite import binding
+
+        features = binding.get_host_cpu_features()
+    except Exception:  # pragma: no cover - a host LLVM cannot query
+        return False
+    return bool(features.get("avx512vnni", False) and features.get("avx512bw", False))
+
+
+def _supports_shape(a: np.ndarray, k: int, n: int) -> bool:
+    return (has_vnni() and type(a) is np.ndarray and a.dtype == np.int8 and a.ndim >= 2
+            and a.shape[-1] == k and 0 not in a.shape and 0 < n and 0 < k <= MAX_K)  # fmt: skip
+
+
+def supports(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether :func:`matmul_int8` / :func:`linear_int8` take ``a`` by the weight ``b``:
+    numba present on a host with AVX-512 VNNI, ``a`` int8 ``[..., M, K]`` (any leading
+    dims, read as ``M`` rows each), ``b`` int8 ``[K, N]``, no empty dim, and ``K <=``
+    :data:`MAX_K` (longer sums may overflow int32)."""
+    return (type(b) is np.ndarray and b.dtype == np.int8 and b.ndim == 2
+            and _supports_shape(a, b.shape[0], b.shape[1]))  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """An int8 weight ``[k, n]`` in the layout the kernels read (see the module doc).
+
+    ``panels`` is int8 ``[ceil(n / NR), ceil(k / 4), NR, 4]`` (zero padded) and
+    ``col_sums`` int32 ``[n]``, the weight's column sums; both read-only."""
+
+    panels: np.ndarray
+    col_sums: np.ndarray
+    k: int
+    n: int
+
+    @property
+    def groups(self) -> int:
+        """Groups of 4 ``k`` of each panel."""
+        return self.panels.shape[1]
+
+
+def pack_weight(b: np.ndarray) -> PackedWeight:
+    """Packs the int8 weight ``b`` ``[K, N]`` (any strides) for :func:`matmul_int8` and
+    :func:`linear_int8`; a pure function of ``b``'s values. Raises
+    :class:`KernelUnsupported` for a weight :func:`supports` would refuse."""
+    if not (type(b) is np.ndarray and b.dtype == np.int8 and b.ndim == 2 and 0 not in b.shape
+            and b.shape[0] <= MAX_K):  # fmt: skip
+        raise KernelUnsupported(
+            f"numba int8: a weight must be int8 [K, N] with 0 < K <= {MAX_K}, got "
+            f"{getattr(b, 'dtype', type(b).__name__)} {fmt_shape(getattr(b, 'shape', ()))}"
+        )
+    k, n = b.shape
+    groups, panels = -(-k // 4), -(-n // NR)
+    padded = np.zeros((groups * 4, panels * NR), np.int8)
+    padded[:k, :n] = b
+    # [g, 4, p, NR] -> [p, g, NR, 4]: per panel and group, each column's 4 bytes together.
+    data = np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1))
+    col_sums = b.sum(axis=0, dtype=np.int64).astype(np.int32)
+    data.flags.writeable = False
+    col_sums.flags.writeable = False
+    return PackedWeight(data, col_sums, k, n)
+
+
+def matmul_int8(a: np.ndarray, packed: PackedWeight, threads: int | None = None,
+                empty: Callable = np.empty) -> np.ndarray:  # fmt: skip
+    """The exact products ``a @ b`` (int32 ``[..., M, N]``, made by ``empty(shape, dtype)``)
+    of int8 ``a`` ``[..., M, K]`` (any strides) and the weight packed in ``packed``. Every
+    value is exact (see :data:`MAX_K`). ``threads`` as ``numba_gemm.matmul``."""
+    rows, ap, lda = _prepare(a, packed)
+    init = _initial_sums(packed, 0)
+    out = empty((*a.shape[:-1], packed.n), np.int32)
+    parts = _parts(rows, packed, threads)
+    _run(_products_int, [ap.reshape(-1), lda, rows, packed.panels.reshape(-1), packed.groups, init,
+                         out.reshape(rows, packed.n)], parts, np.int32)  # fmt: skip
+    return out
+
+
+def linear_int8(a: np.ndarray, a_scale: np.ndarray, a_zero_point: int | np.ndarray,
+                packed: PackedWeight, b_scales: np.ndarray, bias: np.ndarray | None,
+                threads: int | None = None, empty: Callable = np.empty) -> np.ndarray:  # fmt: skip
+    """A quantized linear layer: float32 ``[..., M, N]`` (made by ``empty``) with
+    ``out[m, n] = a_scale[m] * b_scales[n] * sum_k (a[m, k] - a_zero_point) * b[k, n]
+    (+ bias[n])``, the sum exact in int32 and the rest in float32.
+
+    ``a`` is int8 ``[..., M, K]`` (any strides; its rows numbered through the leading dims);
+    ``a_scale`` float32, one (shape ``()`` or ``[1]``) or one per row (``rows`` values: shape
+    ``[rows]`` or ``a``'s shape without ``K``); ``a_zero_point`` an int in ``[-128, 127]``
+    (or a 0-d integer array); ``b_scales`` float32 of shape ``()``, ``[1]`` or ``[N]``
+    (symmetric weight: no weight zero point); ``bias`` float32 ``[N]`` or None.
+    """
+    rows, ap, lda = _prepare(a, packed)
+    n = packed.n
+    row_scales = _scales(a_scale, rows, "a_scale", a.shape[:-1])
+    zero_point = _zero_point(a_zero_point)
+    panels_n = packed.panels.shape[0] * NR
+    col_scales = np.zeros(panels_n, np.float32)
+    col_scales[:n] = _scales(b_scales, n, "b_scales", (n,))
+    col_bias = np.zeros(panels_n, np.float32)
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.shape != (n,) or bias.dtype != np.float32:
+            raise ShapeError(f"numba int8: bias must be float32 [{n}], got {bias.dtype} "
+                             f"{fmt_shape(bias.shape)}")  # fmt: skip
+        col_bias[:n] = bias
+    init = _initial_sums(packed, zero_point)
+    out = empty((*a.shape[:-1], n), np.float32)
+    parts = _parts(rows, packed, threads)
+    _run(_products_float, [ap.reshape(-1), lda, rows, packed.panels.reshape(-1), packed.groups, init,
+                           row_scales, col_scales, col_bias, out.reshape(rows, n)],
+         parts, np.float32)  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------- argument handling
+def _prepare(a: np.ndarray, packed: PackedWeight) -> tuple[int, np.ndarray, int]:
+    """Checks ``a`` against the weight; returns its row count and its rows as unsigned
+    bytes (``a ^ 0x80``) in scratch, ``lda`` bytes apart (``K`` rounded up to 4)."""
+    from ember.backends.fusion.numba_gemm import _scratch
+
+    if not isinstance(packed, PackedWeight):
+        raise KernelUnsupported(f"numba int8: the weight must be a PackedWeight (from "
+                                f"pack_weight), got {type(packed).__name__}")  # fmt: skip
+    if not _supports_shape(a, packed.k, packed.n):
+        raise KernelUnsupported(
+            f"numba int8: {getattr(a, 'dtype', type(a).__name__)} "
+            f"{fmt_shape(getattr(a, 'shape', ()))} by int8 [{packed.k}, {packed.n}] is not "
+            "supported (int8 [..., M, K] on a host with AVX-512 VNNI)"
+        )
+    k = packed.k
+    rows = math.prod(a.shape[:-1])
+    lda = packed.groups * 4
+    ap = _scratch("int8_rows", (rows, lda), np.dtype(np.uint8))
+    # The sign bit flipped: a + 128 as an unsigned byte. The padding columns meet zero
+    # weights; they are set only so that no stale byte is ever read.
+    rows_view = ap.reshape(*a.shape[:-1], lda)[..., :k]  # a view: ap is contiguous
+    np.bitwise_xor(a.view(np.uint8), np.uint8(0x80), out=rows_view)
+    if lda > k:
+        ap[:, k:] = 0x80
+    return rows, ap, lda
+
+
+def _scales(value, count: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as ``count`` contiguous float32 scales: one broadcast, or ``count`` of them
+    (1-d, or of ``shape``)."""
+    value = np.asarray(value)
+    if value.dtype != np.float32:
+        raise ShapeError(f"numba int8: {name} must be float32, got {value.dtype}")
+    if value.size == 1 and value.ndim <= 1:
+        return np.full(count, value.reshape(()), np.float32)
+    if value.shape in ((count,), tuple(shape)):
+        return np.ascontiguousarray(value.reshape(count))
+    raise ShapeError(f"numba int8: {name} must have shape [] or [1] or {fmt_shape((count,))}, "
+                     f"got {fmt_shape(value.shape)}")  # fmt: skip
+
+
+def _zero_point(value) -> int:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0 or value.dtype.kind not in "iu":
+            raise ArgumentError(f"numba int8: a_zero_point must be an int or a 0-d integer "
+                                f"array, got {value.dtype} {fmt_shape(value.shape)}")  # fmt: skip
+        value = int(value)
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentError(f"numba int8: a_zero_point must be an int, got {value!r}")
+    if not -128 <= value <= 127:
+        raise ArgumentError(f"numba int8: a_zero_point must be in [-128, 127], got {value}")
+    return int(value)
+
+
+def _initial_sums(packed: PackedWeight, zero_point: int) -> np.ndarray:
+    """The accumulators' start per column, ``-(zero_point + 128) * colsum``, wrapped to
+    int32 (every sum is exact modulo 2**32), zero past ``n``."""
+    init = np.zeros(packed.panels.shape[0] * NR, np.int32)
+    wide = packed.col_sums.astype(np.int64) * -(zero_point + 128)
+    init[: packed.n] = (wide & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    return init
+
+
+def _parts(rows: int, packed: PackedWeight, threads: int | None) -> int:
+    from ember.backends.fusion.numba_runtime import parts_for
+
+    return parts_for(rows * packed.n * packed.k, PARALLEL_MIN_MACS, threads)
+
+
+def _run(kernel: Callable, args: list, parts: int, dtype) -> None:
+    """Runs ``kernel`` in ``parts`` parts, each with a scratch edge tile of its own."""
+    from ember.backends.fusion.numba_runtime import _run_parts
+
+    if parts == 1:
+        kernel(*args, np.empty((MR, NR), dtype), 0, 1)
+    else:
+        _run_parts(_with_own_edge, [kernel, dtype, *args], parts)
+
+
+def _with_own_edge(kernel, dtype, *rest) -> None:
+    *args, part, parts = rest
+    kernel(*args, np.empty((MR, NR), dtype), part, parts)
+
+
+# ---------------------------------------------------------------------- the register tile
+@cache
+def _tile_kernel(mr: int, epilogue: str):
+    """The intrinsic of an ``mr`` x :data:`NR` tile (see the module doc), ``epilogue``
+    ``"int"`` (store the sums) or ``"float"`` (scale, add the bias, store float32):
+
+    ``tile(ap, a0, lda, bp, b0, groups, init, j0, out, o0, ldo)`` (``"int"``) or
+    ``tile(ap, a0, lda, bp, b0, groups, init, j0, rscale, r0, cscale, bias, out, o0, ldo)``:
+    row ``r`` of the tile reads bytes ``ap[a0 + r * lda + 4 g ...]``, group ``g < groups``
+    of the panel is ``bp[b0 + g * 4 NR ...]``; its sums start at ``init[j0:j0 + NR]``, are
+    scaled by ``cscale[j0 + j] * rscale[r0 + r]`` plus ``bias[j0 + j]``, and stored at
+    ``out[o0 + r * ldo + j]``. Nothing is bounds-checked: the caller keeps every index in
+    its array."""
+
+    floats = epilogue == "float"
+
+    def typed(args: tuple):
+        """The signature and code generator of a call with argument types ``args``, or
+        None where they do not fit."""
+        arrays = [args[0], args[3], args[6], args[-3]] + ([args[8], args[10], args[11]]
+                                                          if floats else [])  # fmt: skip
+        if not all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
+                   for x in arrays):  # fmt: skip
+            return None
+        want = [types.uint8, types.int8, types.int32, types.float32 if floats else types.int32]
+        if [x.dtype for x in arrays[:4]] != want or not all(
+            x.dtype == types.float32 for x in arrays[4:]
+        ):
+            return None
+        sig = types.void(*(x if isinstance(x, types.Array) else types.int64 for x in args))
+
+        def codegen(context, builder, signature, values):
+            i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            vi32 = ir.VectorType(i32, 16)
+            vf32 = ir.VectorType(f32, 16)
+
+            def data(index):
+                ty = signature.args[index]
+                return context.make_array(ty)(context, builder, values[index]).data
+
+            def const(value):
+                return ir.Constant(i64, value)
+
+            def at(pointer, etype, index):
+                return builder.gep(pointer, [index], inbounds=True, source_etype=etype)
+
+            def load_vector(pointer, etype, index, vty):
+                p = builder.bitcast(at(pointer, etype, index), vty.as_pointer())
+                return builder.load(p, align=1, typ=vty)
+
+            def splat(value, vty):
+                one = builder.insert_element(ir.Constant(vty, ir.Undefined), value,
+                                             ir.Constant(i32, 0))  # fmt: skip
+                return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
+                                              ir.Constant(ir.VectorType(i32, 16), None))  # fmt: skip
+
+            ap, bp, initp = data(0), data(3), data(6)
+            a0, lda, b0, groups, j0 = values[1], values[2], values[4], values[5], values[7]
+            # The pre-LLVM-21 signature (i32 vectors); newer LLVM upgrades it to i8 vectors.
+            dot = builder.module.declare_intrinsic(
+                "llvm.x86.avx512.vpdpbusd.512", (), ir.FunctionType(vi32, [vi32] * 3)
+            )
+            starts = [load_vector(initp, i32, builder.add(j0, const(16 * v)), vi32)
+                      for v in range(VECTORS)]  # fmt: skip
+            rows = [builder.add(a0, builder.mul(lda, const(r))) for r in range(mr)]
+
+            entry = builder.block
+            loop = builder.append_basic_block("tile.loop")
+            done = builder.append_basic_block("tile.done")
+            builder.cbranch(builder.icmp_signed(">", groups, const(0)), loop, done)
+
+            builder.position_at_end(loop)
+            g = builder.phi(i64, "g")
+            g.add_incoming(const(0), entry)
+            accs = [[builder.phi(vi32, f"acc{r}_{v}") for v in range(VECTORS)]
+                    for r in range(mr)]  # fmt: skip
+            for r in range(mr):
+                for v in range(VECTORS):
+                    accs[r][v].add_incoming(starts[v], entry)
+            panel = builder.add(b0, builder.mul(g, const(4 * NR)))
+            weights = [load_vector(bp, i8, builder.add(panel, const(64 * v)), vi32)
+                       for v in range(VECTORS)]  # fmt: skip
+            four = builder.mul(g, const(4))
+            sums = []
+            for r in range(mr):
+                p = builder.bitcast(at(ap, i8, builder.add(rows[r], four)), i32.as_pointer())
+                x = splat(builder.load(p, align=1, typ=i32), vi32)
+                sums.append([builder.call(dot, [accs[r][v], x, weights[v]])
+                             for v in range(VECTORS)])  # fmt: skip
+            g_next = builder.add(g, const(1))
+            body_end = builder.block
+            g.add_incoming(g_next, body_end)
+            for r in range(mr):
+                for v in range(VECTORS):
+                    accs[r][v].add_incoming(sums[r][v], body_end)
+            builder.cbranch(builder.icmp_signed("<", g_next, groups), loop, done)
+
+            builder.position_at_end(done)
+            finals = []  # every phi first: LLVM wants them at the top of the block
+            for r in range(mr):
+                row = []
+                for v in range(VECTORS):
+                    final = builder.phi(vi32)
+                    final.add_incoming(starts[v], entry)
+                    final.add_incoming(sums[r][v], body_end)
+                    row.append(final)
+                finals.append(row)
+            outp, o0, ldo = data(len(values) - 3), values[-2], values[-1]
+            if floats:
+                rscale, cscale, biasp = data(8), data(10), data(11)
+                r0 = values[9]
+                cols = [builder.add(j0, const(16 * v)) for v in range(VECTORS)]
+                col_scales = [load_vector(cscale, f32, c, vf32) for c in cols]
+                biases = [load_vector(biasp, f32, c, vf32) for c in cols]
+            for r in range(mr):
+                base = builder.add(o0, builder.mul(ldo, const(r)))
+                if floats:
+                    p = at(rscale, f32, builder.add(r0, const(r)))
+                    row_scale = splat(builder.load(p, typ=f32), vf32)
+                for v in range(VECTORS):
+                    result = finals[r][v]
+                    etype = i32
+                    if floats:
+                        etype = f32
+                        # Column scale, then row scale: the order the docs give, in float32.
+                        scaled = builder.fmul(builder.sitofp(result, vf32), col_scales[v])
+                        result = builder.fadd(builder.fmul(scaled, row_scale), biases[v])
+                    p = at(outp, etype, builder.add(base, const(16 * v)))
+                    builder.store(result, builder.bitcast(p, result.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    # numba's intrinsics take no *args: one explicit parameter list per epilogue.
+    if floats:
+
+        @intrinsic
+        def tile(typingctx, ap, a0, lda, bp, b0, groups, init, j0, rscale, r0, cscale, bias,
+                 out, o0, ldo):  # fmt: skip
+            return typed((ap, a0, lda, bp, b0, groups, init, j0, rscale, r0, cscale, bias,
+                          out, o0, ldo))  # fmt: skip
+
+    else:
+
+        @intrinsic
+        def tile(typingctx, ap, a0, lda, bp, b0, groups, init, j0, out, o0, ldo):
+            return typed((ap, a0, lda, bp, b0, groups, init, j0, out, o0, ldo))
+
+    return tile
+
+
+def _jit(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
+
+
+if numba is not None:
+    _int4, _int2, _int1 = (_tile_kernel(mr, "int") for mr in (4, 2, 1))
+    _float4, _float2, _float1 = (_tile_kernel(mr, "float") for mr in (4, 2, 1))
+
+
+@_jit
+def _products_int(ap, lda, m, bp, groups, init, out, edge, part, parts):  # pragma: no cover
+    """``out`` (int32 ``[m, n]``) = the sums of the tiles of task slice ``part`` of
+    ``parts`` (see the module doc); ``edge`` an ``[MR, NR]`` scratch tile."""
+    n = out.shape[1]
+    panels = init.size // NR
+    row_blocks = (m + MR - 1) // MR
+    chunks = (row_blocks + ROW_BLOCKS_PER_TASK - 1) // ROW_BLOCKS_PER_TASK
+    tasks = panels * chunks
+    flat = out.reshape(-1)
+    scratch = edge.reshape(-1)
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        jp = task // chunks
+        chunk = task % chunks
+        j0 = jp * NR
+        b0 = jp * groups * 4 * NR
+        whole = j0 + NR <= n
+        for ib in range(chunk * ROW_BLOCKS_PER_TASK,
+                        min(row_blocks, (chunk + 1) * ROW_BLOCKS_PER_TASK)):  # fmt: skip
+            i0 = ib * MR
+            count = min(MR, m - i0)
+            dst, o0, ldo = (flat, i0 * n + j0, n) if whole else (scratch, 0, NR)
+            r = 0
+            while r < count:
+                a0 = (i0 + r) * lda
+                if count - r >= 4:
+                    _int4(ap, a0, lda, bp, b0, groups, init, j0, dst, o0 + r * ldo, ldo)
+                    r += 4
+                elif count - r >= 2:
+                    _int2(ap, a0, lda, bp, b0, groups, init, j0, dst, o0 + r * ldo, ldo)
+                    r += 2
+                else:
+                    _int1(ap, a0, lda, bp, b0, groups, init, j0, dst, o0 + r * ldo, ldo)
+                    r += 1
+            if not whole:
+                for rr in range(count):
+                    for j in range(n - j0):
+                        out[i0 + rr, j0 + j] = edge[rr, j]
+
+
+@_jit
+def _products_float(ap, lda, m, bp, groups, init, rscale, cscale, bias, out, edge, part,
+                    parts):  # pragma: no cover - runs compiled  # fmt: skip
+    """:func:`_products_int` with the float epilogue (``rscale`` per row, ``cscale`` and
+    ``bias`` per column, padded to whole panels)."""
+    n = out.shape[1]
+    panels = init.size // NR
+    row_blocks = (m + MR - 1) // MR
+    chunks = (row_blocks + ROW_BLOCKS_PER_TASK - 1) // ROW_BLOCKS_PER_TASK
+    tasks = panels * chunks
+    flat = out.reshape(-1)
+    scratch = edge.reshape(-1)
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        jp = task // chunks
+        chunk = task % chunks
+        j0 = jp * NR
+        b0 = jp * groups * 4 * NR
+        whole = j0 + NR <= n
+        for ib in range(chunk * ROW_BLOCKS_PER_TASK,
+                        min(row_blocks, (chunk + 1) * ROW_BLOCKS_PER_TASK)):  # fmt: skip
+            i0 = ib * MR
+            count = min(MR, m - i0)
+            dst, o0, ldo = (flat, i0 * n + j0, n) if whole else (scratch, 0, NR)
+            r = 0
+            while r < count:
+                a0 = (i0 + r) * lda
+                row = i0 + r
+                if count - r >= 4:
+                    _float4(ap, a0, lda, bp, b0, groups, init, j0, rscale, row, cscale, bias,
+                            dst, o0 + r * ldo, ldo)  # fmt: skip
+                    r += 4
+                elif count - r >= 2:
+                    _float2(ap, a0, lda, bp, b0, groups, init, j0, rscale, row, cscale, bias,
+                            dst, o0 + r * ldo, ldo)  # fmt: skip
+                    r += 2
+                else:
+                    _float1(ap, a0, lda, bp, b0, groups, init, j0, rscale, row, cscale, bias,
+                            dst, o0 + r * ldo, ldo)  # fmt: skip
+                    r += 1
+            if not whole:
+                for rr in range(count):
+                    for j in range(n - j0):
+                        out[i0 + rr, j0 + j] = edge[rr, j]
