@@ -90,7 +90,7 @@ def has_vnni() -> bool:
 
 def _supports_shape(a: np.ndarray, k: int, n: int) -> bool:
     return (has_vnni() and type(a) is np.ndarray and a.dtype == np.int8 and a.ndim >= 2
-            and a.shape[-1] == k and 0 not in a.shape and 0 < n and 0 < k <= MAX_K)  # fmt: skip
+            and a.shape[-1] == k and 0 not in a.shape and n > 0 and 0 < k <= MAX_K)  # fmt: skip
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
