@@ -45,6 +45,8 @@ from functools import cache
 import numpy as np
 
 from ember.backend.errors import ArgumentError, ShapeError, fmt_shape
+from ember.backends.fusion.numba_gemm import _scratch
+from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 from ember.backends.fusion.numba_source import KernelUnsupported
 
 try:  # numba is optional: supports() is False without it
@@ -106,13 +108,18 @@ def supports(a: np.ndarray, b: np.ndarray) -> bool:
 class PackedWeight:
     """An int8 weight ``[k, n]`` in the layout the kernels read (see the module doc).
 
-    ``panels`` is int8 ``[ceil(n / NR), ceil(k / 4), NR, 4]`` (zero padded) and
-    ``col_sums`` int32 ``[n]``, the weight's column sums; both read-only."""
+    ``panels`` is int8 ``[ceil(n / NR), ceil(k / 4), NR, 4]`` and ``padded_sums`` int32
+    ``[ceil(n / NR) * NR]``, the weight's column sums; both zero padded and read-only."""
 
     panels: np.ndarray
-    col_sums: np.ndarray
+    padded_sums: np.ndarray
     k: int
     n: int
+
+    @property
+    def col_sums(self) -> np.ndarray:
+        """The weight's column sums, int32 ``[n]``."""
+        return self.padded_sums[: self.n]
 
     @property
     def groups(self) -> int:
@@ -136,10 +143,11 @@ def pack_weight(b: np.ndarray) -> PackedWeight:
     padded[:k, :n] = b
     # [g, 4, p, NR] -> [p, g, NR, 4]: per panel and group, each column's 4 bytes together.
     data = np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1))
-    col_sums = b.sum(axis=0, dtype=np.int64).astype(np.int32)
+    sums = np.zeros(panels * NR, np.int32)
+    sums[:n] = b.sum(axis=0, dtype=np.int64)  # |sum| <= 128 * MAX_K: fits int32
     data.flags.writeable = False
-    col_sums.flags.writeable = False
-    return PackedWeight(data, col_sums, k, n)
+    sums.flags.writeable = False
+    return PackedWeight(data, sums, k, n)
 
 
 def matmul_int8(a: np.ndarray, packed: PackedWeight, threads: int | None = None,
@@ -148,11 +156,11 @@ def matmul_int8(a: np.ndarray, packed: PackedWeight, threads: int | None = None,
     of int8 ``a`` ``[..., M, K]`` (any strides) and the weight packed in ``packed``. Every
     value is exact (see :data:`MAX_K`). ``threads`` as ``numba_gemm.matmul``."""
     rows, ap, lda = _prepare(a, packed)
-    init = _initial_sums(packed, 0)
     out = empty((*a.shape[:-1], packed.n), np.int32)
     parts = _parts(rows, packed, threads)
-    _run(_products_int, [ap.reshape(-1), lda, rows, packed.panels.reshape(-1), packed.groups, init,
-                         out.reshape(rows, packed.n)], parts, np.int32)  # fmt: skip
+    _run(_products_int, [ap, lda, rows, packed.panels.reshape(-1), packed.groups,
+                         packed.padded_sums, _shift(0), out.reshape(rows, packed.n)], parts,
+         np.int32)  # fmt: skip
     return out
 
 
@@ -183,21 +191,18 @@ def linear_int8(a: np.ndarray, a_scale: np.ndarray, a_zero_point: int | np.ndarr
             raise ShapeError(f"numba int8: bias must be float32 [{n}], got {bias.dtype} "
                              f"{fmt_shape(bias.shape)}")  # fmt: skip
         col_bias[:n] = bias
-    init = _initial_sums(packed, zero_point)
     out = empty((*a.shape[:-1], n), np.float32)
     parts = _parts(rows, packed, threads)
-    _run(_products_float, [ap.reshape(-1), lda, rows, packed.panels.reshape(-1), packed.groups, init,
-                           row_scales, col_scales, col_bias, out.reshape(rows, n)],
-         parts, np.float32)  # fmt: skip
+    _run(_products_float, [ap, lda, rows, packed.panels.reshape(-1), packed.groups,
+                           packed.padded_sums, _shift(zero_point), row_scales, col_scales,
+                           col_bias, out.reshape(rows, n)], parts, np.float32)  # fmt: skip
     return out
 
 
 # ---------------------------------------------------------------------- argument handling
 def _prepare(a: np.ndarray, packed: PackedWeight) -> tuple[int, np.ndarray, int]:
     """Checks ``a`` against the weight; returns its row count and its rows as unsigned
-    bytes (``a ^ 0x80``) in scratch, ``lda`` bytes apart (``K`` rounded up to 4)."""
-    from ember.backends.fusion.numba_gemm import _scratch
-
+    bytes (``a ^ 0x80``), flat in scratch, ``lda`` bytes apart (``K`` rounded up to 4)."""
     if not isinstance(packed, PackedWeight):
         raise KernelUnsupported(f"numba int8: the weight must be a PackedWeight (from "
                                 f"pack_weight), got {type(packed).__name__}")  # fmt: skip
@@ -217,7 +222,7 @@ def _prepare(a: np.ndarray, packed: PackedWeight) -> tuple[int, np.ndarray, int]
     np.bitwise_xor(a.view(np.uint8), np.uint8(0x80), out=rows_view)
     if lda > k:
         ap[:, k:] = 0x80
-    return rows, ap, lda
+    return rows, ap.reshape(-1), lda
 
 
 def _scales(value, count: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -247,25 +252,18 @@ def _zero_point(value) -> int:
     return int(value)
 
 
-def _initial_sums(packed: PackedWeight, zero_point: int) -> np.ndarray:
-    """The accumulators' start per column, ``-(zero_point + 128) * colsum``, wrapped to
-    int32 (every sum is exact modulo 2**32), zero past ``n``."""
-    init = np.zeros(packed.panels.shape[0] * NR, np.int32)
-    wide = packed.col_sums.astype(np.int64) * -(zero_point + 128)
-    init[: packed.n] = (wide & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
-    return init
+def _shift(zero_point: int) -> int:
+    """The factor of the column sums that the accumulators start from (see the module doc):
+    they start at ``shift * colsum``, multiplied in int32 (exact modulo 2**32)."""
+    return -(zero_point + 128)
 
 
 def _parts(rows: int, packed: PackedWeight, threads: int | None) -> int:
-    from ember.backends.fusion.numba_runtime import parts_for
-
     return parts_for(rows * packed.n * packed.k, PARALLEL_MIN_MACS, threads)
 
 
 def _run(kernel: Callable, args: list, parts: int, dtype) -> None:
     """Runs ``kernel`` in ``parts`` parts, each with a scratch edge tile of its own."""
-    from ember.backends.fusion.numba_runtime import _run_parts
-
     if parts == 1:
         kernel(*args, np.empty((MR, NR), dtype), 0, 1)
     else:
@@ -283,10 +281,11 @@ def _tile_kernel(mr: int, epilogue: str):
     """The intrinsic of an ``mr`` x :data:`NR` tile (see the module doc), ``epilogue``
     ``"int"`` (store the sums) or ``"float"`` (scale, add the bias, store float32):
 
-    ``tile(ap, a0, lda, bp, b0, groups, init, j0, out, o0, ldo)`` (``"int"``) or
-    ``tile(ap, a0, lda, bp, b0, groups, init, j0, rscale, r0, cscale, bias, out, o0, ldo)``:
-    row ``r`` of the tile reads bytes ``ap[a0 + r * lda + 4 g ...]``, group ``g < groups``
-    of the panel is ``bp[b0 + g * 4 NR ...]``; its sums start at ``init[j0:j0 + NR]``, are
+    ``tile(ap, a0, lda, bp, b0, groups, sums, shift, j0, out, o0, ldo)`` (``"int"``) or
+    ``tile(ap, a0, lda, bp, b0, groups, sums, shift, j0, rscale, r0, cscale, bias, out, o0,
+    ldo)``: row ``r`` of the tile reads bytes ``ap[a0 + r * lda + 4 g ...]``, group ``g <
+    groups`` of the panel is ``bp[b0 + g * 4 NR ...]``; its sums start at ``shift *
+    sums[j0:j0 + NR]`` (int32 products), are
     scaled by ``cscale[j0 + j] * rscale[r0 + r]`` plus ``bias[j0 + j]``, and stored at
     ``out[o0 + r * ldo + j]``. Nothing is bounds-checked: the caller keeps every index in
     its array."""
@@ -296,7 +295,7 @@ def _tile_kernel(mr: int, epilogue: str):
     def typed(args: tuple):
         """The signature and code generator of a call with argument types ``args``, or
         None where they do not fit."""
-        arrays = [args[0], args[3], args[6], args[-3]] + ([args[8], args[10], args[11]]
+        arrays = [args[0], args[3], args[6], args[-3]] + ([args[9], args[11], args[12]]
                                                           if floats else [])  # fmt: skip
         if not all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
                    for x in arrays):  # fmt: skip
@@ -333,14 +332,15 @@ def _tile_kernel(mr: int, epilogue: str):
                 return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
                                               ir.Constant(ir.VectorType(i32, 16), None))  # fmt: skip
 
-            ap, bp, initp = data(0), data(3), data(6)
-            a0, lda, b0, groups, j0 = values[1], values[2], values[4], values[5], values[7]
+            ap, bp, sums = data(0), data(3), data(6)
+            a0, lda, b0, groups, j0 = values[1], values[2], values[4], values[5], values[8]
+            shift = splat(builder.trunc(values[7], i32), vi32)
             # The pre-LLVM-21 signature (i32 vectors); newer LLVM upgrades it to i8 vectors.
             dot = builder.module.declare_intrinsic(
                 "llvm.x86.avx512.vpdpbusd.512", (), ir.FunctionType(vi32, [vi32] * 3)
             )
-            starts = [load_vector(initp, i32, builder.add(j0, const(16 * v)), vi32)
-                      for v in range(VECTORS)]  # fmt: skip
+            starts = [builder.mul(load_vector(sums, i32, builder.add(j0, const(16 * v)), vi32),
+                                  shift) for v in range(VECTORS)]  # fmt: skip
             rows = [builder.add(a0, builder.mul(lda, const(r))) for r in range(mr)]
 
             entry = builder.block
@@ -386,8 +386,8 @@ def _tile_kernel(mr: int, epilogue: str):
                 finals.append(row)
             outp, o0, ldo = data(len(values) - 3), values[-2], values[-1]
             if floats:
-                rscale, cscale, biasp = data(8), data(10), data(11)
-                r0 = values[9]
+                rscale, cscale, biasp = data(9), data(11), data(12)
+                r0 = values[10]
                 cols = [builder.add(j0, const(16 * v)) for v in range(VECTORS)]
                 col_scales = [load_vector(cscale, f32, c, vf32) for c in cols]
                 biases = [load_vector(biasp, f32, c, vf32) for c in cols]
@@ -414,16 +414,16 @@ def _tile_kernel(mr: int, epilogue: str):
     if floats:
 
         @intrinsic
-        def tile(typingctx, ap, a0, lda, bp, b0, groups, init, j0, rscale, r0, cscale, bias,
-                 out, o0, ldo):  # fmt: skip
-            return typed((ap, a0, lda, bp, b0, groups, init, j0, rscale, r0, cscale, bias,
+        def tile(typingctx, ap, a0, lda, bp, b0, groups, sums, shift, j0, rscale, r0, cscale,
+                 bias, out, o0, ldo):  # fmt: skip
+            return typed((ap, a0, lda, bp, b0, groups, sums, shift, j0, rscale, r0, cscale, bias,
                           out, o0, ldo))  # fmt: skip
 
     else:
 
         @intrinsic
-        def tile(typingctx, ap, a0, lda, bp, b0, groups, init, j0, out, o0, ldo):
-            return typed((ap, a0, lda, bp, b0, groups, init, j0, out, o0, ldo))
+        def tile(typingctx, ap, a0, lda, bp, b0, groups, sums, shift, j0, out, o0, ldo):
+            return typed((ap, a0, lda, bp, b0, groups, sums, shift, j0, out, o0, ldo))
 
     return tile
 
@@ -440,11 +440,12 @@ if numba is not None:
 
 
 @_jit
-def _products_int(ap, lda, m, bp, groups, init, out, edge, part, parts):  # pragma: no cover
+def _products_int(ap, lda, m, bp, groups, sums, shift, out, edge, part,
+                  parts):  # pragma: no cover - runs compiled  # fmt: skip
     """``out`` (int32 ``[m, n]``) = the sums of the tiles of task slice ``part`` of
     ``parts`` (see the module doc); ``edge`` an ``[MR, NR]`` scratch tile."""
     n = out.shape[1]
-    panels = init.size // NR
+    panels = sums.size // NR
     row_blocks = (m + MR - 1) // MR
     chunks = (row_blocks + ROW_BLOCKS_PER_TASK - 1) // ROW_BLOCKS_PER_TASK
     tasks = panels * chunks
@@ -465,13 +466,13 @@ def _products_int(ap, lda, m, bp, groups, init, out, edge, part, parts):  # prag
             while r < count:
                 a0 = (i0 + r) * lda
                 if count - r >= 4:
-                    _int4(ap, a0, lda, bp, b0, groups, init, j0, dst, o0 + r * ldo, ldo)
+                    _int4(ap, a0, lda, bp, b0, groups, sums, shift, j0, dst, o0 + r * ldo, ldo)
                     r += 4
                 elif count - r >= 2:
-                    _int2(ap, a0, lda, bp, b0, groups, init, j0, dst, o0 + r * ldo, ldo)
+                    _int2(ap, a0, lda, bp, b0, groups, sums, shift, j0, dst, o0 + r * ldo, ldo)
                     r += 2
                 else:
-                    _int1(ap, a0, lda, bp, b0, groups, init, j0, dst, o0 + r * ldo, ldo)
+                    _int1(ap, a0, lda, bp, b0, groups, sums, shift, j0, dst, o0 + r * ldo, ldo)
                     r += 1
             if not whole:
                 for rr in range(count):
@@ -480,12 +481,12 @@ def _products_int(ap, lda, m, bp, groups, init, out, edge, part, parts):  # prag
 
 
 @_jit
-def _products_float(ap, lda, m, bp, groups, init, rscale, cscale, bias, out, edge, part,
-                    parts):  # pragma: no cover - runs compiled  # fmt: skip
+def _products_float(ap, lda, m, bp, groups, sums, shift, rscale, cscale, bias, out, edge,
+                    part, parts):  # pragma: no cover - runs compiled  # fmt: skip
     """:func:`_products_int` with the float epilogue (``rscale`` per row, ``cscale`` and
     ``bias`` per column, padded to whole panels)."""
     n = out.shape[1]
-    panels = init.size // NR
+    panels = sums.size // NR
     row_blocks = (m + MR - 1) // MR
     chunks = (row_blocks + ROW_BLOCKS_PER_TASK - 1) // ROW_BLOCKS_PER_TASK
     tasks = panels * chunks
@@ -507,15 +508,15 @@ def _products_float(ap, lda, m, bp, groups, init, rscale, cscale, bias, out, edg
                 a0 = (i0 + r) * lda
                 row = i0 + r
                 if count - r >= 4:
-                    _float4(ap, a0, lda, bp, b0, groups, init, j0, rscale, row, cscale, bias,
+                    _float4(ap, a0, lda, bp, b0, groups, sums, shift, j0, rscale, row, cscale, bias,
                             dst, o0 + r * ldo, ldo)  # fmt: skip
                     r += 4
                 elif count - r >= 2:
-                    _float2(ap, a0, lda, bp, b0, groups, init, j0, rscale, row, cscale, bias,
+                    _float2(ap, a0, lda, bp, b0, groups, sums, shift, j0, rscale, row, cscale, bias,
                             dst, o0 + r * ldo, ldo)  # fmt: skip
                     r += 2
                 else:
-                    _float1(ap, a0, lda, bp, b0, groups, init, j0, rscale, row, cscale, bias,
+                    _float1(ap, a0, lda, bp, b0, groups, sums, shift, j0, rscale, row, cscale, bias,
                             dst, o0 + r * ldo, ldo)  # fmt: skip
                     r += 1
             if not whole:
