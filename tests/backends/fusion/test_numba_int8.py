@@ -230,3 +230,16 @@ def test_bad_scales_zero_points_and_bias_are_typed_errors():
         with pytest.raises(error) as raised:
             q.linear_int8(a, a_scale, zp, packed, b_scales, bias)
         assert isinstance(raised.value, EmberError)
+
+
+def test_a_packed_weight_that_does_not_fit_its_sizes_is_refused():
+    import dataclasses
+
+    packed = q.pack_weight(_int8(10, 70))
+    for change in ({"k": 13}, {"n": 200}, {"n": 0}, {"k": q.MAX_K + 1},
+                   {"panels": packed.panels[:, :2]}, {"panels": packed.panels.astype(np.int16)},
+                   {"padded_sums": packed.padded_sums[:70]},
+                   {"panels": np.asfortranarray(packed.panels)}):  # fmt: skip
+        with pytest.raises(ShapeError):
+            dataclasses.replace(packed, **change)
+    assert dataclasses.replace(packed, k=9).k == 9  # same panels: 9 and 10 are 3 groups of 4

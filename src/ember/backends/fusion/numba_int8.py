@@ -116,6 +116,19 @@ class PackedWeight:
     k: int
     n: int
 
+    def __post_init__(self) -> None:
+        # The kernels index these arrays unchecked: one built by hand must fit exactly.
+        panels, groups = -(-self.n // NR), -(-self.k // 4)
+        fits = (isinstance(self.k, int) and isinstance(self.n, int) and 0 < self.k <= MAX_K
+                and self.n > 0 and _is_c_array(self.panels, np.int8, (panels, groups, NR, 4))
+                and _is_c_array(self.padded_sums, np.int32, (panels * NR,)))  # fmt: skip
+        if not fits:
+            raise ShapeError(
+                f"numba int8: a PackedWeight of k={self.k!r}, n={self.n!r} needs int8 panels "
+                f"[{panels}, {groups}, {NR}, 4] and int32 sums [{panels * NR}] (C-contiguous; "
+                "made by pack_weight)"
+            )
+
     @property
     def col_sums(self) -> np.ndarray:
         """The weight's column sums, int32 ``[n]``."""
@@ -125,6 +138,11 @@ class PackedWeight:
     def groups(self) -> int:
         """Groups of 4 ``k`` of each panel."""
         return self.panels.shape[1]
+
+
+def _is_c_array(x, dtype, shape: tuple[int, ...]) -> bool:
+    return (type(x) is np.ndarray and x.dtype == dtype and x.shape == shape
+            and x.flags.c_contiguous)  # fmt: skip
 
 
 def pack_weight(b: np.ndarray) -> PackedWeight:
