@@ -73,6 +73,17 @@ def test_extreme_values_give_the_largest_exact_sums():
     assert _exact(a, b, 127).max() > 2**31 - 2**24  # the case above is near int32's limit
 
 
+def test_long_sums_run_in_blocks_of_k():
+    k = 3 * 4 * q.K_BLOCK_GROUPS + 5  # three whole blocks and a few k more: four even blocks
+    a, b = _int8(7, k), _int8(k, 70)
+    packed = q.pack_weight(b)
+    got = q.matmul_int8(a, packed)
+    np.testing.assert_array_equal(got, _exact(a, b))
+    np.testing.assert_array_equal(q.matmul_int8(a, packed, threads=2), got)
+    a_scale = rng.uniform(1e-4, 1e-3, 7).astype(np.float32)
+    _check_linear(a, a_scale, -3, b, np.float32(0.01), rng.standard_normal(70).astype(np.float32))
+
+
 def test_the_longest_exact_sum_is_accepted_and_a_longer_one_refused():
     a = np.full((1, q.MAX_K), -128, np.int8)
     b = np.full((q.MAX_K, 16), -128, np.int8)
