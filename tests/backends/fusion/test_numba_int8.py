@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.backend.errors import ArgumentError, EmberError, ShapeError
+from ember.backend.errors import ArgumentError, DTypeError, EmberError, ShapeError
 
 pytest.importorskip("numba", reason="numba_int8 needs numba (the jit extra)")
 q = pytest.importorskip("ember.backends.fusion.numba_int8")
@@ -227,10 +227,11 @@ def test_bad_scales_zero_points_and_bias_are_typed_errors():
     one = np.float32(1)
     cases = [
         (np.ones(3, np.float32), 0, one, None, ShapeError),  # neither 1 nor 4 row scales
-        (np.float64(1), 0, one, None, ShapeError),  # not float32
+        (np.float64(1), 0, one, None, DTypeError),  # not float32
+        (one, 0, 0.5, None, DTypeError),  # a Python float is float64
         (one, 0, np.ones(15, np.float32), None, ShapeError),
         (one, 0, one, np.ones(15, np.float32), ShapeError),
-        (one, 0, one, np.ones(16, np.float64), ShapeError),
+        (one, 0, one, np.ones(16, np.float64), DTypeError),
         (one, 128, one, None, ArgumentError),
         (one, -129, one, None, ArgumentError),
         (one, 1.5, one, None, ArgumentError),

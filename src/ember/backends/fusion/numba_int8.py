@@ -23,7 +23,8 @@ is packed once by :func:`pack_weight` (the caller keeps the :class:`PackedWeight
   unsigned bytes (``a ^ 0x80``), which also takes any strides.
 * **Register tile.** :func:`_tile_kernel` writes the inner loop as LLVM IR (numba has no
   vector types; as ``numba_tile``): a tile of ``mr`` rows by ``NR`` columns keeps its ``mr
-  * 4`` accumulators in vector registers for the whole sum over ``K``; per group of 4
+  * 4`` accumulators in vector registers for the whole sum over ``K`` (or a block of
+  ``K``, below); per group of 4
   ``k`` it loads 4 vectors of the panel, broadcasts 4 bytes of each row and issues ``mr *
   4`` ``vpdpbusd``. The tile's store is the epilogue: the int32 sums as they are, or
   converted to float32, times the column's and the row's scales, plus the bias. A tile
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember.backend.errors import ArgumentError, ShapeError, fmt_shape
+from ember.backend.errors import ArgumentError, DTypeError, ShapeError, fmt_shape
 from ember.backends.fusion.numba_gemm import _scratch
 from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 from ember.backends.fusion.numba_source import KernelUnsupported
@@ -218,8 +219,9 @@ def linear_int8(a: np.ndarray, a_scale: np.ndarray, a_zero_point: int | np.ndarr
     if bias is not None:
         bias = np.asarray(bias)
         if bias.shape != (n,) or bias.dtype != np.float32:
-            raise ShapeError(f"numba int8: bias must be float32 [{n}], got {bias.dtype} "
-                             f"{fmt_shape(bias.shape)}")  # fmt: skip
+            error = ShapeError if bias.dtype == np.float32 else DTypeError
+            raise error(f"numba int8: bias must be float32 [{n}], got {bias.dtype} "
+                        f"{fmt_shape(bias.shape)}")  # fmt: skip
         col_bias[:n] = bias
     out = empty((*a.shape[:-1], n), np.float32)
     parts = _parts(rows, packed, threads)
@@ -260,7 +262,7 @@ def _scales(value, count: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
     (1-d, or of ``shape``)."""
     value = np.asarray(value)
     if value.dtype != np.float32:
-        raise ShapeError(f"numba int8: {name} must be float32, got {value.dtype}")
+        raise DTypeError(f"numba int8: {name} must be float32, got {value.dtype}")
     if value.size == 1 and value.ndim <= 1:
         return np.full(count, value.reshape(()), np.float32)
     if value.shape in ((count,), tuple(shape)):
@@ -296,6 +298,7 @@ _UNUSED = np.zeros(0, np.float32)  # the scales and bias of int32 products: neve
 
 
 def _run(args: list, parts: int) -> None:
+    """Runs :func:`_products` on ``args`` in ``parts`` parts."""
     if parts == 1:
         _products(*args, 0, 1)
     else:
@@ -346,130 +349,136 @@ def _tile_kernel(mr: int):
 
 
 def _tile_codegen(mr: int, floats: bool, context, builder, signature, values) -> None:
-    """The LLVM IR of :func:`_tile_kernel`'s tile."""
-    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    vi32 = ir.VectorType(i32, 16)
-    index = {name: i for i, name in enumerate(_TILE_ARGS)}
-
-    def value(name):
-        return values[index[name]]
-
-    def data(name):
-        ty = signature.args[index[name]]
-        return context.make_array(ty)(context, builder, value(name)).data
-
-    def const(number):
-        return ir.Constant(i64, number)
-
-    def at(pointer, etype, offset):
-        return builder.gep(pointer, [offset], inbounds=True, source_etype=etype)
-
-    def load_vector(pointer, etype, offset, vty):
-        return builder.load(builder.bitcast(at(pointer, etype, offset), vty.as_pointer()),
-                            align=1, typ=vty)  # fmt: skip
-
-    def store_vector(vector, pointer, etype, offset):
-        builder.store(vector, builder.bitcast(at(pointer, etype, offset),
-                                              vector.type.as_pointer()), align=1)  # fmt: skip
-
-    def splat(scalar, vty):
-        one = builder.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(i32, 0))
-        return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
-                                      ir.Constant(ir.VectorType(i32, 16), None))  # fmt: skip
-
-    ap, bp, sums, carry = data("ap"), data("bp"), data("sums"), data("carry")
-    a0, lda, b0, j0, c0 = value("a0"), value("lda"), value("b0"), value("j0"), value("c0")
-    g0, g1 = value("g0"), value("g1")
-    first = builder.icmp_signed("!=", value("first"), const(0))
-    last = builder.icmp_signed("!=", value("last"), const(0))
+    """Emits the LLVM IR of :func:`_tile_kernel`'s tile (``floats``: a float32 ``out``)."""
+    e = _Emitter(context, builder, signature, values)
+    i8, i32, vi32 = e.i8, e.i32, e.vi32
+    ap, bp, sums, carry = e.data("ap"), e.data("bp"), e.data("sums"), e.data("carry")
+    a0, lda, b0, j0, c0 = e.value("a0"), e.value("lda"), e.value("b0"), e.value("j0"), e.value("c0")
+    g0, g1 = e.value("g0"), e.value("g1")
+    first = builder.icmp_signed("!=", e.value("first"), e.const(0))
+    last = builder.icmp_signed("!=", e.value("last"), e.const(0))
     # The pre-LLVM-21 signature (i32 vectors); newer LLVM upgrades it to its i8 vectors.
     dot = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", (),
                                            ir.FunctionType(vi32, [vi32] * 3))  # fmt: skip
-    shift = splat(builder.trunc(value("shift"), i32), vi32)
-    fresh = [builder.mul(load_vector(sums, i32, builder.add(j0, const(16 * v)), vi32), shift)
+
+    # The sums' start: shift * column sums, or the partial sums carried from the last block
+    # (carry is the caller's scratch: loading it where ``first`` is true is harmless).
+    shift = e.splat(builder.trunc(e.value("shift"), i32), vi32)
+    fresh = [builder.mul(e.load(sums, i32, e.add(j0, 16 * v), vi32), shift)
              for v in range(VECTORS)]  # fmt: skip
-    rows = [builder.add(a0, builder.mul(lda, const(r))) for r in range(mr)]
-    carried = [builder.add(c0, const(r * NR)) for r in range(mr)]
-    # carry is scratch memory of the caller's: loading it where ``first`` is true is harmless.
-    starts = [[builder.select(first, fresh[v],
-                              load_vector(carry, i32, builder.add(carried[r], const(16 * v)),
-                                          vi32)) for v in range(VECTORS)]
+    carried = [e.add(c0, r * NR) for r in range(mr)]
+    starts = [[builder.select(first, fresh[v], e.load(carry, i32, e.add(carried[r], 16 * v),
+                                                      vi32)) for v in range(VECTORS)]
               for r in range(mr)]  # fmt: skip
 
+    # The loop over groups of 4 k: every sum an SSA value (a register) throughout.
     entry = builder.block
     loop = builder.append_basic_block("tile.loop")
     done = builder.append_basic_block("tile.done")
     builder.cbranch(builder.icmp_signed("<", g0, g1), loop, done)
-
     builder.position_at_end(loop)
-    g = builder.phi(i64, "g")
+    g = builder.phi(e.i64, "g")
     g.add_incoming(g0, entry)
     accs = [[builder.phi(vi32, f"acc{r}_{v}") for v in range(VECTORS)] for r in range(mr)]
     for r in range(mr):
         for v in range(VECTORS):
             accs[r][v].add_incoming(starts[r][v], entry)
-    panel = builder.add(b0, builder.mul(g, const(4 * NR)))
-    weights = [load_vector(bp, i8, builder.add(panel, const(64 * v)), vi32)
-               for v in range(VECTORS)]  # fmt: skip
-    four = builder.mul(g, const(4))
-    sums_next = []
+    panel = builder.add(b0, builder.mul(g, e.const(4 * NR)))
+    weights = [e.load(bp, i8, e.add(panel, 64 * v), vi32) for v in range(VECTORS)]
+    four = builder.mul(g, e.const(4))
+    summed = []
     for r in range(mr):
-        p = builder.bitcast(at(ap, i8, builder.add(rows[r], four)), i32.as_pointer())
-        x = splat(builder.load(p, align=1, typ=i32), vi32)
-        sums_next.append([builder.call(dot, [accs[r][v], x, weights[v]])
-                          for v in range(VECTORS)])  # fmt: skip
-    g_next = builder.add(g, const(1))
+        row = builder.add(builder.add(a0, builder.mul(lda, e.const(r))), four)
+        x = e.splat(builder.load(builder.bitcast(e.at(ap, i8, row), i32.as_pointer()), align=1,
+                                 typ=i32), vi32)  # fmt: skip
+        summed.append([builder.call(dot, [accs[r][v], x, weights[v]]) for v in range(VECTORS)])
+    g_next = builder.add(g, e.const(1))
     body_end = builder.block
     g.add_incoming(g_next, body_end)
     for r in range(mr):
         for v in range(VECTORS):
-            accs[r][v].add_incoming(sums_next[r][v], body_end)
+            accs[r][v].add_incoming(summed[r][v], body_end)
     builder.cbranch(builder.icmp_signed("<", g_next, g1), loop, done)
 
     builder.position_at_end(done)
-    finals = []  # every phi first: LLVM wants them at the top of the block
+    finals = [[builder.phi(vi32) for _ in range(VECTORS)] for _ in range(mr)]
     for r in range(mr):
-        row = []
         for v in range(VECTORS):
-            final = builder.phi(vi32)
-            final.add_incoming(starts[r][v], entry)
-            final.add_incoming(sums_next[r][v], body_end)
-            row.append(final)
-        finals.append(row)
+            finals[r][v].add_incoming(starts[r][v], entry)
+            finals[r][v].add_incoming(summed[r][v], body_end)
     with builder.if_else(last) as (to_out, to_carry):
         with to_out:
-            _store_tile(builder, finals, floats, value, data, const, at, load_vector,
-                        store_vector, splat)  # fmt: skip
+            _store_tile(e, finals, floats)
         with to_carry:
             for r in range(mr):
                 for v in range(VECTORS):
-                    store_vector(finals[r][v], carry, i32, builder.add(carried[r],
-                                                                        const(16 * v)))  # fmt: skip
+                    e.store(finals[r][v], carry, i32, e.add(carried[r], 16 * v))
 
 
-def _store_tile(builder, finals, floats, value, data, const, at, load_vector, store_vector,
-                splat) -> None:  # fmt: skip
+def _store_tile(e: _Emitter, finals: list, floats: bool) -> None:
     """The tile's epilogue: its sums into ``out``, as int32 or scaled to float32."""
-    f32, i32 = ir.FloatType(), ir.IntType(32)
-    vf32 = ir.VectorType(f32, 16)
-    out, o0, ldo, j0 = data("out"), value("o0"), value("ldo"), value("j0")
-    etype = f32 if floats else i32
+    builder, f32 = e.builder, e.f32
+    out, o0, ldo, j0 = e.data("out"), e.value("o0"), e.value("ldo"), e.value("j0")
     if floats:
-        rscale, cscale, bias, r0 = data("rscale"), data("cscale"), data("bias"), value("r0")
-        cols = [builder.add(j0, const(16 * v)) for v in range(VECTORS)]
-        col_scales = [load_vector(cscale, f32, c, vf32) for c in cols]
-        biases = [load_vector(bias, f32, c, vf32) for c in cols]
+        rscale, cscale, bias, r0 = e.data("rscale"), e.data("cscale"), e.data("bias"), e.value("r0")
+        col_scales = [e.load(cscale, f32, e.add(j0, 16 * v), e.vf32) for v in range(VECTORS)]
+        biases = [e.load(bias, f32, e.add(j0, 16 * v), e.vf32) for v in range(VECTORS)]
     for r, row in enumerate(finals):
-        base = builder.add(o0, builder.mul(ldo, const(r)))
+        base = builder.add(o0, builder.mul(ldo, e.const(r)))
         if floats:
-            row_scale = splat(builder.load(at(rscale, f32, builder.add(r0, const(r))), typ=f32),
-                              vf32)  # fmt: skip
+            row_scale = e.splat(builder.load(e.at(rscale, f32, e.add(r0, r)), typ=f32), e.vf32)
         for v, result in enumerate(row):
             if floats:
                 # Column scale, then row scale, then the bias: in float32, as documented.
-                scaled = builder.fmul(builder.sitofp(result, vf32), col_scales[v])
+                scaled = builder.fmul(builder.sitofp(result, e.vf32), col_scales[v])
                 result = builder.fadd(builder.fmul(scaled, row_scale), biases[v])
-            store_vector(result, out, etype, builder.add(base, const(16 * v)))
+            e.store(result, out, f32 if floats else e.i32, e.add(base, 16 * v))
+
+
+class _Emitter:
+    """The codegen's vocabulary: the tile's arguments by name, and the loads, stores and
+    broadcasts of 16-lane vectors it is written in."""
+
+    def __init__(self, context, builder, signature, values) -> None:
+        self.context, self.builder, self.signature, self.values = (context, builder, signature,
+                                                                   values)  # fmt: skip
+        self.i8, self.i32, self.i64, self.f32 = (ir.IntType(8), ir.IntType(32), ir.IntType(64),
+                                                 ir.FloatType())  # fmt: skip
+        self.vi32, self.vf32 = ir.VectorType(self.i32, 16), ir.VectorType(self.f32, 16)
+        self._index = {name: i for i, name in enumerate(_TILE_ARGS)}
+
+    def value(self, name: str):
+        return self.values[self._index[name]]
+
+    def data(self, name: str):
+        """The data pointer of the array argument ``name``."""
+        ty = self.signature.args[self._index[name]]
+        return self.context.make_array(ty)(self.context, self.builder, self.value(name)).data
+
+    def const(self, number: int):
+        return ir.Constant(self.i64, number)
+
+    def add(self, offset, number: int):
+        return self.builder.add(offset, self.const(number))
+
+    def at(self, pointer, etype, offset):
+        return self.builder.gep(pointer, [offset], inbounds=True, source_etype=etype)
+
+    def load(self, pointer, etype, offset, vty):
+        """The vector of type ``vty`` at element ``offset`` of ``pointer`` (any alignment)."""
+        p = self.builder.bitcast(self.at(pointer, etype, offset), vty.as_pointer())
+        return self.builder.load(p, align=1, typ=vty)
+
+    def store(self, vector, pointer, etype, offset) -> None:
+        p = self.builder.bitcast(self.at(pointer, etype, offset), vector.type.as_pointer())
+        self.builder.store(vector, p, align=1)
+
+    def splat(self, scalar, vty):
+        """``scalar`` in every lane of a ``vty``."""
+        one = self.builder.insert_element(ir.Constant(vty, ir.Undefined), scalar,
+                                          ir.Constant(self.i32, 0))  # fmt: skip
+        return self.builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
+                                           ir.Constant(ir.VectorType(self.i32, 16), None))  # fmt: skip
 
 
 def _jit(fn):
