@@ -185,6 +185,12 @@ def test_output_comes_from_empty():
     got = q.linear_int8(a, np.float32(1), 0, q.pack_weight(b), np.float32(1), None, empty=empty)
     assert made == [((3, 5), np.dtype(np.float32))]
     np.testing.assert_array_equal(got, _exact(a, b).astype(np.float32))
+    # An output the kernel could not write in place would lose the result: refused.
+    for wrong in (lambda shape, dtype: np.empty(shape[::-1], dtype).T,
+                  lambda shape, dtype: np.empty(shape, np.float64),
+                  lambda shape, dtype: np.empty((3, 6), dtype)):  # fmt: skip
+        with pytest.raises(ShapeError):
+            q.matmul_int8(a, q.pack_weight(b), empty=wrong)
 
 
 def test_packing_is_pure_and_read_only():

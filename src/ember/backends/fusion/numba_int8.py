@@ -188,7 +188,7 @@ def matmul_int8(a: np.ndarray, packed: PackedWeight, threads: int | None = None,
     of int8 ``a`` ``[..., M, K]`` (any strides) and the weight packed in ``packed``. Every
     value is exact (see :data:`MAX_K`). ``threads`` as ``numba_gemm.matmul``."""
     rows, ap, lda = _prepare(a, packed)
-    out = empty((*a.shape[:-1], packed.n), np.int32)
+    out = _output(empty, (*a.shape[:-1], packed.n), np.int32)
     parts = _parts(rows, packed, threads)
     _run([ap, lda, rows, packed.panels.reshape(-1), packed.groups, packed.padded_sums,
           _shift(0), _UNUSED, _UNUSED, _UNUSED, out.reshape(rows, packed.n)], parts)  # fmt: skip
@@ -223,7 +223,7 @@ def linear_int8(a: np.ndarray, a_scale: np.ndarray, a_zero_point: int | np.ndarr
             raise error(f"numba int8: bias must be float32 [{n}], got {bias.dtype} "
                         f"{fmt_shape(bias.shape)}")  # fmt: skip
         col_bias[:n] = bias
-    out = empty((*a.shape[:-1], n), np.float32)
+    out = _output(empty, (*a.shape[:-1], n), np.float32)
     parts = _parts(rows, packed, threads)
     _run([ap, lda, rows, packed.panels.reshape(-1), packed.groups, packed.padded_sums,
           _shift(zero_point), row_scales, col_scales, col_bias, out.reshape(rows, n)],
@@ -255,6 +255,16 @@ def _prepare(a: np.ndarray, packed: PackedWeight) -> tuple[int, np.ndarray, int]
     if lda > k:
         ap[:, k:] = 0x80
     return rows, ap.reshape(-1), lda
+
+
+def _output(empty: Callable, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``empty(shape, dtype)``, checked: the kernel writes it as flat C-contiguous memory."""
+    out = empty(shape, dtype)
+    if not (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+            and out.flags.c_contiguous and out.flags.writeable):  # fmt: skip
+        raise ShapeError(f"numba int8: empty() must give a writable C-contiguous {np.dtype(dtype)} "
+                         f"array of shape {fmt_shape(shape)}")  # fmt: skip
+    return out
 
 
 def _scales(value, count: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
