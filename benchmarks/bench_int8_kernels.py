@@ -8,8 +8,9 @@ plus a bias: a quantized linear layer's output), ``matmul_int8`` (the raw int32 
 ``numba_gemm.matmul`` on float32, ``torch._int_mm`` (int8 x int8 -> int32, no epilogue) and
 torch's float32 matmul. The weights are packed once beforehand (a model packs them when it
 loads); the float32 GEMM packs its right operand on each call, as it does in use. Each line
-prints milliseconds from the median of single calls taken in turns (a burst of load from
-elsewhere hits all alike), on the calling thread's CPU time (``thread_time``, meaningful at
+prints milliseconds from the median of single calls taken in turns, in a new order each
+turn (a burst of load from elsewhere, or a cache emptied by the side before, hits all
+alike), on the calling thread's CPU time (``thread_time``, meaningful at
 one thread only) and on wall time, and the speed-ups of ``linear_int8`` on wall time.
 """
 
@@ -88,7 +89,10 @@ def _time_shape(name: str, m: int, k: int, n: int, threads: int, repeat: int) ->
     cpu = {side: [] for side in sides}
     wall = {side: [] for side in sides}
     for _ in range(repeat):
-        for side, fn in sides.items():
+        # A new order each turn: the side after torch's float32 product (64 MB of weights
+        # through the caches) would otherwise always start from a cold cache.
+        for side in rng.permutation(SIDES):
+            fn = sides[side]
             began, began_cpu = time.perf_counter(), time.thread_time()
             fn()
             wall[side].append(time.perf_counter() - began)
