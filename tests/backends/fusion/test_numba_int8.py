@@ -135,6 +135,8 @@ def test_leading_dims_are_rows():
     got = _check_linear(a, a_scale, -7, b, b_scales, bias)
     flat = q.linear_int8(a.reshape(30, 33), a_scale.reshape(30), -7, packed, b_scales, bias)
     np.testing.assert_array_equal(got.reshape(30, 70), flat)
+    swapped = a.transpose(1, 0, 2, 3)[:, :, ::2]  # [3, 2, 3, 33], no two dims contiguous
+    np.testing.assert_array_equal(q.matmul_int8(swapped, packed), _exact(swapped, b))
 
 
 def test_non_contiguous_inputs():
