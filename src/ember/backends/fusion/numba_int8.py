@@ -38,11 +38,15 @@ is packed once by :func:`pack_weight` (the caller keeps the :class:`PackedWeight
   same instructions whatever the split, so any thread count gives the same bits. A single
   row (batch-1 inference) reads the weight once, each panel by one task.
 
-Measured (Zen 5, one thread, thread time, busy machine; ``benchmarks/bench_int8_kernels.py``):
-about 900-1000 GOP/s (int8 multiply-adds count 2) from ``[64, 4096] @ [4096, 4096]`` to the
-transformer encoder's ``[1024, 256] @ [256, 1024]``, 7x the float32 ``numba_gemm`` and 1.0-1.7x
-``torch._int_mm``; a batch-1 ``[1, 4096] @ [4096, 4096]`` in 0.17-0.26 ms (the 16 MB weight
-read at 60-95 GB/s, from L3 cache).
+Measured (Zen 5, one thread, thread time, busy machine; ``benchmarks/bench_int8_kernels.py``,
+int8 multiply-adds counted as 2 operations): ``[64, 4096] @ [4096, 4096]`` in 2.5 ms (860
+GOP/s), 6x the float32 ``numba_gemm`` and 1.6x ``torch._int_mm``; the transformer encoder's
+``[1024, 256] @ [256, 1024]`` in 0.59 ms (920 GOP/s), 3.7x ``numba_gemm`` and 0.95x
+``torch._int_mm`` (which stores its int32 sums unscaled; :func:`matmul_int8` 1.0x); batch 1,
+``[1, 4096] @ [4096, 4096]``, in 0.5 ms from a cold cache (0.2 ms with the 16 MB weight in
+L3), 12x ``numba_gemm`` (which packs the whole weight each call) and 3.7x ``torch._int_mm``.
+With its operands in cache the tile runs at about 1000 GOP/s: two ``vpdpbusd`` a cycle (6-row
+tiles measured no faster).
 """
 
 from __future__ import annotations
