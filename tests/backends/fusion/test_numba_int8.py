@@ -54,7 +54,7 @@ def test_products_are_exact_over_tile_edges(m):
 
 
 def test_extreme_values_give_the_largest_exact_sums():
-    k = 65536  # the largest sums of the brief's bound: 128 * 128 * K = 2**30
+    k = 65536  # raw sums up to 128 * 128 * K = 2**30
     a = np.full((5, k), -128, np.int8)
     a[1] = 127
     a[2, ::2] = 127  # alternating signs
