@@ -100,7 +100,7 @@ def test_the_packed_weight_is_made_once_and_dropped_with_the_weight(torch_device
     from ember.backends.torch import quantized
 
     def packed_for(values) -> list:
-        return [entry[1] for key, entry in quantized._cache.items()
+        return [entry[1] for key, entry in quantized._kept.entries.items()
                 if key[0] == "linear_prepack" and entry[0][0]() is values]
 
     q = Tensor.from_data(W, torch_device).quantize(QuantScheme(granularity="axis", axis=1))
@@ -114,7 +114,7 @@ def test_the_packed_weight_is_made_once_and_dropped_with_the_weight(torch_device
     gc.collect()
     other = Tensor.from_data(W * 2, torch_device).quantize(QuantScheme(granularity="axis", axis=1))
     matmul(x, other)  # packs its own weight, and drops the dead one's
-    assert all(entry[0][0]() is not None for entry in quantized._cache.values())
+    assert all(entry[0][0]() is not None for entry in quantized._kept.entries.values())
 
 
 @pytest.mark.parametrize("name", ["autodiff", "autodiff-torch"])

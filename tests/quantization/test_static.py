@@ -305,11 +305,11 @@ def test_careless_static_quantization_is_refused():
     static = QuantizeConfig(activations=ActivationConfig())
     with pytest.raises(ArgumentError, match="needs calibration inputs"):
         model.quantize(static)
-    with pytest.raises(ArgumentError, match="config.activations is None"):
+    with pytest.raises(ArgumentError, match=r"config\.activations is None"):
         model.quantize(QuantizeConfig(), _batches(device))
     with pytest.raises(ArgumentError, match="the calibration inputs are empty"):
         model.quantize(static, [])
-    with pytest.raises(ArgumentError, match="layer 'second'.*did the calibration run reach it"):
+    with pytest.raises(ArgumentError, match=r"layer 'second'.*did the calibration run reach it"):
         model.quantize(static, _batches(device), forward=lambda m, x: m.first(x))
     for bad in (dict(scheme=QuantScheme(granularity="axis", axis=0)),
                 dict(scheme=QuantScheme(value="int4")), dict(batches=0), dict(percentile=20.0)):  # fmt: skip

@@ -19,20 +19,15 @@ int32 sums of the int8 values, then the scales (:func:`linear_integer`).
 
 from __future__ import annotations
 
-import threading
 import warnings
-import weakref
-from collections import deque
-from typing import Any
 
 import torch
 
+from ember.backend.kept import Kept
 from ember.backend.options import QuantOptions
 
-# (what, ids of its tensors) -> (weak references to them, what was made of them)
-_cache: dict[tuple, tuple[tuple, Any]] = {}
-_dead: deque[tuple] = deque()  # keys whose tensors died (see drop)
-_lock = threading.Lock()
+_kept = Kept()
+"""Packed weights and column sums, per weight (see ``ember.backend.kept``)."""
 
 
 def _engine_ready() -> bool:
@@ -47,7 +42,7 @@ def linear_dynamic(x, values, scales, zero_points, bias, options: QuantOptions):
             or x.dtype != torch.float32 or x.device.type != "cpu" or values.device.type != "cpu"
             or (bias is not None and bias.dtype != torch.float32) or not _engine_ready()):  # fmt: skip
         return None
-    packed = _kept("linear_prepack", (values, scales, bias), _prepack, options.axis)
+    packed = _kept.get("linear_prepack", (values, scales, bias), _prepack, options.axis)
     if x.dim() == 2 and x.is_contiguous():
         return torch.ops.quantized.linear_dynamic(x, packed, True)
     k, n = values.shape
@@ -72,7 +67,7 @@ def linear_integer(values, scales, zero_points, weight, weight_scales, weight_ze
     rows = values.reshape(-1, k)
     sums = torch._int_mm(rows if rows.is_contiguous() else rows.contiguous(), weight)
     if zero_points is not None:
-        column_sums = _kept("column_sums", (weight,), lambda w: w.sum(0, dtype=torch.int32))
+        column_sums = _kept.get("column_sums", (weight,), lambda w: w.sum(0, dtype=torch.int32))
         sums = sums - zero_points.to(torch.int32) * column_sums
     out = sums.to(torch.float32) * (scales.to(torch.float32) * weight_scales.to(torch.float32))
     if bias is not None:
@@ -96,36 +91,3 @@ def _prepack(values, scales, bias, axis: int | None):
             weight = torch._make_per_channel_quantized_tensor(
                 rows, scales.to(torch.float64), torch.zeros(rows.shape[0], dtype=torch.long), 0)
         return torch.ops.quantized.linear_prepack(weight, bias)
-
-
-def _kept(what: str, tensors: tuple, make, *args):
-    """``make(*tensors, *args)``, made once and kept while ``tensors`` live (ember tensors
-    never change, so their identity names their contents; a None stands for itself)."""
-    key = (what, *map(id, tensors))
-    with _lock:
-        while _dead:
-            dead = _dead.popleft()
-            entry = _cache.get(dead)
-            if entry is not None and any(r is not _NONE and r() is None for r in entry[0]):
-                del _cache[dead]  # not a later entry that reuses the ids
-        hit = _cache.get(key)
-        if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)):
-            return hit[1]
-    made = make(*tensors, *args)
-
-    def drop(_ref, key=key) -> None:
-        # A weak-reference callback may run inside this module's own locked work (the
-        # garbage collector runs anywhere): it takes no lock, the next call purges.
-        _dead.append(key)
-
-    refs = tuple(_NONE if t is None else weakref.ref(t, drop) for t in tensors)
-    with _lock:
-        _cache[key] = (refs, made)
-    return made
-
-
-def _none() -> None:
-    return None
-
-
-_NONE = _none  # stands for a missing bias: calling it gives None, as a dead reference would
