@@ -331,3 +331,28 @@ def test_a_static_transformer_encoder_stays_close_to_float():
     assert static.layers[0].mha.query.input_scheme is not None
     a, b = encoder(inputs[2]).to_numpy().ravel(), static(inputs[2]).to_numpy().ravel()
     assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.999
+
+
+@pytest.mark.parametrize("weight_scheme", WEIGHT_SCHEMES, ids=lambda s: s.describe())
+@pytest.mark.parametrize("input_scheme", INPUT_SCHEMES, ids=lambda s: s.mode)
+def test_fusion_multiplies_int8_operands_in_integers_where_the_layout_allows(input_scheme,
+                                                                             weight_scheme):  # fmt: skip
+    pytest.importorskip("numba", reason="the compiled kernel needs ember[jit]")
+    from ember.backends.fusion import autotune, numba_int8, reset_stats, stats
+    from ember.backends.fusion.autotune import Choice
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    xs = RNG.standard_normal((2, 64, 256)).astype(np.float32)
+    ws = RNG.standard_normal((256, 80)).astype(np.float32)
+    x = Tensor.from_data(xs, device).quantize(input_scheme)
+    w = Tensor.from_data(ws, device).quantize(weight_scheme)
+    device.sync()
+    reset_stats()
+    with autotune.forcing(Choice("fused", 2)):
+        got = linear(x, w, Tensor.from_data(B[:1].repeat(80), device)).to_numpy()
+    expected = _float64(x) @ _float64(w) + B[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    # The kernel takes a symmetric int8 weight per tensor or per column, on a VNNI host.
+    integer = (weight_scheme.mode, weight_scheme.value, weight_scheme.granularity) in (
+        ("symmetric", "int8", "tensor"), ("symmetric", "int8", "axis"))  # fmt: skip
+    assert stats()["op_kernels"] == (1 if integer and numba_int8.has_vnni() else 0)

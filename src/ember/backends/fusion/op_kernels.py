@@ -4,8 +4,10 @@ Convolution, pooling and matrix products are not element-wise, so they reach the
 as records that run one by one. On NdArray (whose convolution is an im2col copy and a GEMM)
 the numba runtime has direct kernels for them (``numba_conv``, ``numba_pool``): faster on
 small channel counts and 3x3 windows, slower on 1x1 convolutions; a GEMM (``numba_gemm``),
-faster than NumPy's BLAS where that is held to AVX2 kernels; and a linear layer by an int8
-weight that the GEMM dequantizes while it packs it (``ember.quantization``). Which one runs is the
+faster than NumPy's BLAS where that is held to AVX2 kernels; a linear layer by an int8
+weight that the GEMM dequantizes while it packs it (``ember.quantization``); and an int8
+input by an int8 weight, multiplied in integers (``numba_int8``, its panels packed once per
+weight). Which one runs is the
 tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
@@ -23,6 +25,8 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
+
+from ember.backend.kept import Kept
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -201,6 +205,42 @@ def _qlinear_run(args: list, threads: int, empty: Callable = np.empty) -> np.nda
     return out
 
 
+def _ilinear_supports(args: list) -> bool:
+    from ember.backends.fusion import numba_int8
+
+    values, scales, zero_points, weight, weight_scales, weight_zps, bias, quant, options = args
+    arrays = (scales, weight_scales) + tuple(a for a in (zero_points, bias) if a is not None)
+    return (numba_int8.supports(values, weight) and quant.axis is None and weight_zps is None
+            and options.block_size is None and options.axis in (None, 1)
+            and all(type(a) is np.ndarray for a in arrays)
+            and scales.dtype == weight_scales.dtype == np.float32
+            and (bias is None or bias.dtype == np.float32))  # fmt: skip
+
+
+def _ilinear_key(args: list) -> tuple:
+    values, _, zero_points, _, _, _, bias, _, options = args
+    return ("integer_linear", values.ndim, options.axis, zero_points is None, bias is None)
+
+
+def _ilinear_work(args: list) -> int:
+    values, weight = args[0], args[3]
+    return math.prod(values.shape[:-1]) * weight.shape[0] * weight.shape[1]
+
+
+_packed_weights = Kept()
+"""The int8 kernel's weight panels, per weight array (fusion hands a parameter's array again)."""
+
+
+def _ilinear_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+    from ember.backends.fusion import numba_int8
+
+    values, scales, zero_points, weight, weight_scales, _, bias, _, _ = args
+    packed = _packed_weights.get("int8_panels", (weight,), numba_int8.pack_weight)
+    zero_point = 0 if zero_points is None else int(zero_points)
+    return numba_int8.linear_int8(values, scales, zero_point, packed, weight_scales, bias,
+                                  threads, empty)  # fmt: skip
+
+
 NDARRAY_KERNELS = {
     k.name: k
     for k in (
@@ -220,6 +260,9 @@ NDARRAY_KERNELS = {
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),
+        # A quantized input by a quantized weight: int8 products on AVX-512 VNNI.
+        OpKernel("integer_linear", _ilinear_supports, _ilinear_key, _ilinear_work,
+                 _ilinear_run),
     )
 }
 """The compiled candidates of NdArray's ops, by primitive name."""
