@@ -88,6 +88,36 @@ def test_torch_runs_pytorchs_dynamic_int8_linear(scheme, torch_device):
     assert np.all(np.abs(got - exact) <= bound)
 
 
+@pytest.mark.parametrize("scheme", SCHEMES[:2], ids=lambda s: s.describe())
+def test_the_cuda_dynamic_form_quantizes_each_row_and_sums_in_integers(scheme, torch_device):
+    # CUDA's dynamic linear (no GPU is needed: torch._int_mm runs on the CPU too, so the
+    # function is called on CPU tensors here; on CUDA the backend picks it).
+    import torch
+
+    from ember.backends.torch.quantized import linear_dynamic_rows
+
+    q = Tensor.from_data(W, torch_device).quantize(scheme)
+    got = linear_dynamic_rows(torch.from_numpy(X), q.values._prim, q.scales._prim, None,
+                              torch.from_numpy(B), q.options).numpy()  # fmt: skip
+    rows = X.reshape(-1, 32).astype(np.float64)
+    row_scales = np.float32(np.abs(rows).max(1, keepdims=True)) / np.float32(127)
+    quantized = np.clip(np.round(rows / row_scales), -127, 127) * row_scales
+    expected = (quantized @ _dequantized(scheme) + B).reshape(3, 5, 24)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    affine = Tensor.from_data(W, torch_device).quantize(SCHEMES[2])
+    assert linear_dynamic_rows(torch.from_numpy(X), affine.values._prim, affine.scales._prim,
+                               affine.zero_points._prim, None, affine.options) is None  # fmt: skip
+    if torch.cuda.is_available():
+        cuda = ember.device("torch", "cuda:0")
+        x = Tensor.from_data(np.repeat(X, 4, axis=1), cuda)  # > 16 rows for CUDA's _int_mm
+        on_gpu = linear(x, q.to_device(cuda), Tensor.from_data(B, cuda)).to_numpy()
+        on_cpu = linear_dynamic_rows(torch.from_numpy(np.repeat(X, 4, axis=1)), q.values._prim,
+                                     q.scales._prim, None, torch.from_numpy(B), q.options)  # fmt: skip
+        np.testing.assert_allclose(on_gpu, on_cpu.numpy(), rtol=1e-5, atol=1e-5)
+    else:
+        print("no CUDA device: the CUDA dynamic linear ran on the CPU only")
+
+
 def test_torch_falls_back_to_the_default_where_its_kernel_does_not_apply(torch_device):
     for scheme in SCHEMES[2:]:
         q = Tensor.from_data(W, torch_device).quantize(scheme)

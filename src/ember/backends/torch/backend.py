@@ -406,10 +406,11 @@ class Torch(Backend):
         return torch.matmul(a, b)
 
     def quantized_linear(self, x, values, scales, zero_points, bias, options: QuantOptions):
-        from ember.backends.torch.quantized import linear_dynamic
+        from ember.backends.torch.quantized import linear_dynamic, linear_dynamic_rows
 
-        out = linear_dynamic(x, values, scales, zero_points, bias, options)
-        if out is None:  # not a case PyTorch's int8 kernel takes
+        dynamic = linear_dynamic_rows if x.is_cuda else linear_dynamic
+        out = dynamic(x, values, scales, zero_points, bias, options)
+        if out is None:  # not a case PyTorch's int8 kernels take
             return super().quantized_linear(x, values, scales, zero_points, bias, options)
         return out
 

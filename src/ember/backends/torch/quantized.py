@@ -10,8 +10,10 @@ dequantize-then-matmul by the input's quantization error.
 
 The weight (with the bias) is packed for the kernel once (about 70 ms for 4096 x 4096) and
 the packing is kept while the weight's values, scales and bias live (ember tensors never change, so their
-identity names their contents). Every other case (affine or per-block schemes, CUDA,
-other dtypes) returns None and the backend runs the default (dequantize, then matmul).
+identity names their contents). On CUDA the input is quantized per row and multiplied by
+``torch._int_mm`` (:func:`linear_dynamic_rows`). Every other case (affine or per-block
+schemes, other dtypes) returns None and the backend runs the default (dequantize, then
+matmul).
 
 A quantized input by a quantized weight (``integer_linear``) runs ``torch._int_mm``: exact
 int32 sums of the int8 values, then the scales (:func:`linear_integer`).
@@ -73,6 +75,27 @@ def linear_integer(values, scales, zero_points, weight, weight_scales, weight_ze
     if bias is not None:
         out = out + bias
     return out.reshape(*values.shape[:-1], n)
+
+
+def linear_dynamic_rows(x, values, scales, zero_points, bias, options: QuantOptions):
+    """``x @ weight + bias`` with ``x`` quantized per row (symmetric int8, ``max|row| / 127``)
+    and the products summed in int32 by ``torch._int_mm``: the CUDA form of dynamic
+    quantization (fbgemm's kernel is CPU only), or None where it does not apply (a weight
+    other than symmetric int8 ``[K, N]`` per tensor or per column, shapes CUDA's
+    ``_int_mm`` refuses)."""
+    if (zero_points is not None or options.block_size is not None or values.dim() != 2
+            or options.axis not in (None, 1) or values.dtype != torch.int8
+            or not x.is_floating_point() or x.shape[-1] != values.shape[0]
+            or (x.is_cuda and not _int_mm_fits_cuda(x, values))):  # fmt: skip
+        return None
+    k, n = values.shape
+    rows = x.reshape(-1, k).to(torch.float32)
+    row_scales = rows.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).eps) / 127
+    q = torch.round(rows / row_scales).clamp(-127, 127).to(torch.int8)
+    out = torch._int_mm(q, values).to(torch.float32) * (row_scales * scales.to(torch.float32))
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 def _int_mm_fits_cuda(a, b) -> bool:
