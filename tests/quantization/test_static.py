@@ -356,3 +356,58 @@ def test_fusion_multiplies_int8_operands_in_integers_where_the_layout_allows(inp
     integer = (weight_scheme.mode, weight_scheme.value, weight_scheme.granularity) in (
         ("symmetric", "int8", "tensor"), ("symmetric", "int8", "axis"))  # fmt: skip
     assert stats()["op_kernels"] == (1 if integer and numba_int8.has_vnni() else 0)
+
+
+# ------------------------------------------------------------------------------ dynamic
+
+
+@pytest.mark.parametrize("mode", ["symmetric", "affine"])
+@pytest.mark.parametrize("name", list(DEVICES))
+def test_integer_linear_takes_a_scale_per_row(name, mode):
+    device = _device(name)
+    rows = X.reshape(-1, 32)
+    x = Tensor.from_data(rows, device).quantize(QuantScheme(mode=mode, granularity="axis", axis=0))
+    w = Tensor.from_data(W, device).quantize(QuantScheme(granularity="axis", axis=1))
+    got = linear(x, w, Tensor.from_data(B, device)).to_numpy()
+    np.testing.assert_allclose(got, _float64(x) @ _float64(w) + B, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["ndarray", "torch", "fusion"])
+def test_dynamic_quantization_quantizes_each_row_at_each_call(name):
+    device = _device(name)
+    model = _mlp(device)
+    q = model.quantize(QuantizeConfig(dynamic=True))
+    assert q.first.input_scheme == QuantScheme(granularity="axis", axis=0)
+    assert q.first.input_scale is None  # nothing calibrated
+    x = Tensor.from_data(X, device)  # [2, 5, 32]: rows through the leading dims
+    got = q.first(x).to_numpy()
+    rows = Tensor.from_data(X.reshape(-1, 32), device).quantize(QuantScheme(granularity="axis",
+                                                                            axis=0))  # fmt: skip
+    expected = _float64(rows) @ _float64(q.first.weight()) + q.first.bias.val().to_numpy()
+    np.testing.assert_allclose(got, expected.reshape(2, 5, 48), rtol=1e-5, atol=2e-5)
+    # Each row's error is at most half a step of that row, through the weight.
+    exact = X.reshape(-1, 32).astype(np.float64) @ _float64(q.first.weight())
+    steps = np.abs(X.reshape(-1, 32)).max(1, keepdims=True) / 127
+    bound = steps / 2 * np.abs(_float64(q.first.weight())).sum(0) + 1e-4
+    assert np.all(np.abs(got.reshape(-1, 48) - q.first.bias.val().to_numpy() - exact) <= bound)
+    with pytest.raises(ConfigError, match="choose one"):
+        QuantizeConfig(dynamic=True, activations=ActivationConfig())
+
+
+def test_a_dynamic_encoder_stays_close_to_float_and_runs_int8_products_on_fusion():
+    pytest.importorskip("numba", reason="the compiled kernel needs ember[jit]")
+    from test_modules import ENCODER
+
+    from ember.backends.fusion import numba_int8, reset_stats, stats
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    encoder = ENCODER.init(device)
+    x = nn.TransformerEncoderInput(Tensor.from_data(
+        np.random.default_rng(9).standard_normal((2, 16, 256)).astype(np.float32), device))  # fmt: skip
+    dynamic = encoder.quantize(QuantizeConfig(dynamic=True))
+    a = encoder(x).to_numpy().ravel()
+    reset_stats()
+    b = dynamic(x).to_numpy().ravel()
+    assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.999
+    if numba_int8.has_vnni():  # tuned per bucket: at least the first of each ran compiled
+        assert stats()["op_kernels"] >= 1

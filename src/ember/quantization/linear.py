@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from ember.module import Module, Param
 from ember.quantization.ops import linear
-from ember.quantization.qtensor import QTensor, quantize_with
+from ember.quantization.qtensor import QTensor, quantize, quantize_with
 from ember.quantization.scheme import QuantScheme
 from ember.tensor import Tensor
 
-__all__ = ["QuantizedLinear", "qtensor_of", "quantized_input", "quantized_params"]
+__all__ = ["ROWS", "QuantizedLinear", "qtensor_of", "quantized_input", "quantized_params"]
 
 
 def quantized_params(weight: Param, scheme: QuantScheme) -> tuple[Param, Param, Param | None]:
@@ -44,6 +44,11 @@ def qtensor_of(values: Param, scales: Param, zero_points: Param | None, scheme: 
     """The quantized tensor a layer's parameters hold (the inverse of :func:`quantized_params`)."""
     zero_points = None if zero_points is None else zero_points.val()
     return QTensor(values.val(), scales.val(), zero_points, scheme, shape)
+
+
+ROWS = QuantScheme(granularity="axis", axis=0)
+"""The scheme of a dynamically quantized input (as rows ``[-1, d_input]``): symmetric int8,
+one scale per row, computed at each call (the int8 kernels take no per-row zero point)."""
 
 
 def quantized_input(x: Tensor, scheme: QuantScheme | None, scale: Param | None,
@@ -67,7 +72,9 @@ class QuantizedLinear(Module):
         shape: ``(d_input, d_output)``.
         input_scheme: with static quantization, the input's scheme (int8, per tensor); the
             input is then quantized by ``input_scale`` (and ``input_zero_point``, affine)
-            and multiplied in integers. None (weight-only): the input stays Float.
+            and multiplied in integers. With dynamic quantization (``input_scale`` None),
+            :data:`ROWS` (symmetric int8, a scale per row computed at each call). None
+            (weight-only): the input stays Float.
         input_scale: the input's scale, ``[]``, from calibration; not trained.
         input_zero_point: the input's zero point, ``[]`` (affine), or None.
 
@@ -106,5 +113,9 @@ class QuantizedLinear(Module):
         return qtensor_of(self.values, self.scales, self.zero_points, self.scheme, self.shape)
 
     def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.val()
+        if self.input_scheme is not None and self.input_scale is None:  # dynamic
+            rows = quantize(x.reshape([-1, self.d_input]), self.input_scheme)
+            return linear(rows, self.weight(), bias).reshape([*x.shape[:-1], self.d_output])
         x = quantized_input(x, self.input_scheme, self.input_scale, self.input_zero_point)
-        return linear(x, self.weight(), None if self.bias is None else self.bias.val())
+        return linear(x, self.weight(), bias)

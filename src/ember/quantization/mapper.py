@@ -1,6 +1,7 @@
 """Quantization of a model: the weights of its linear, 2-d convolution and embedding
-layers, by path (weight-only), and with ``activations`` the inputs of its linear and
-convolution layers too (static: parameters fixed by calibration).
+layers, by path (weight-only); with ``dynamic`` the linear layers' inputs too, at each call;
+with ``activations`` the inputs of its linear and convolution layers, by parameters fixed by
+calibration (static).
 
 :func:`quantize_module` (``model.quantize(config)``) returns a copy of the model in which
 every :class:`ember.nn.Linear` becomes a :class:`QuantizedLinear` and every
@@ -41,7 +42,7 @@ from ember.module import Module, Param
 from ember.module.module import _rebuild
 from ember.quantization.conv import QuantizedConv2d
 from ember.quantization.embedding import QuantizedEmbedding
-from ember.quantization.linear import QuantizedLinear
+from ember.quantization.linear import ROWS, QuantizedLinear
 from ember.quantization.observers import MinMaxObserver, Observer, PercentileObserver
 from ember.quantization.qtensor import quantize
 from ember.quantization.scheme import QuantScheme
@@ -101,6 +102,9 @@ class QuantizeConfig(Config):
             pattern wins), e.g. int4 blocks along the input (``axis=0``) for large layers.
         activations: static quantization of the quantized linear and convolution layers'
             inputs (needs calibration inputs); None (the default) keeps them Float.
+        dynamic: dynamic quantization of the quantized linear layers' inputs (PyTorch's
+            ``quantize_dynamic``): each row quantized at each call (symmetric int8, a scale
+            per row), then integer products; no calibration. Not with ``activations``.
     """
 
     scheme: QuantScheme = QuantScheme(granularity="axis", axis=-1)
@@ -110,6 +114,14 @@ class QuantizeConfig(Config):
     skip: tuple[str, ...] = ()
     overrides: dict[str, QuantScheme] = {}
     activations: ActivationConfig | None = None
+    dynamic: bool = False
+
+    @model_validator(mode="after")
+    def _one_input_mode(self) -> QuantizeConfig:
+        if self.dynamic and self.activations is not None:
+            raise ValueError("dynamic=True quantizes the inputs at each call; activations "
+                             "fixes them by calibration: choose one")  # fmt: skip
+        return self
 
 
 def quantize_module(model: Any, config: QuantizeConfig, calibration: Iterable | None = None,
@@ -159,9 +171,12 @@ def quantize_module(model: Any, config: QuantizeConfig, calibration: Iterable | 
         scheme = scheme_for(path, kind[1])
         if scheme is None:
             return module
+        layer = kind[2].quantize(module, scheme)
         if kind[0] != "embedding":  # a layer whose input static quantization fixes
             static.add(path)
-        return kind[2].quantize(module, scheme)
+        if config.dynamic and kind[0] == "linear":
+            layer = dataclasses.replace(layer, input_scheme=ROWS)
+        return layer
 
     out = _rebuild(model, "", lambda _path, param: param, None, replace)
     unused = [p for p in (*config.skip, *config.overrides) if p not in used]

@@ -210,7 +210,9 @@ def _ilinear_supports(args: list) -> bool:
 
     values, scales, zero_points, weight, weight_scales, weight_zps, bias, quant, options = args
     arrays = (scales, weight_scales) + tuple(a for a in (zero_points, bias) if a is not None)
-    return (numba_int8.supports(values, weight) and quant.axis is None and weight_zps is None
+    per_row = quant.axis == 0 and quant.block_size is None and values.ndim == 2
+    return (numba_int8.supports(values, weight) and weight_zps is None
+            and (quant.axis is None or (per_row and zero_points is None))
             and options.block_size is None and options.axis in (None, 1)
             and all(type(a) is np.ndarray for a in arrays)
             and scales.dtype == weight_scales.dtype == np.float32
@@ -218,8 +220,9 @@ def _ilinear_supports(args: list) -> bool:
 
 
 def _ilinear_key(args: list) -> tuple:
-    values, _, zero_points, _, _, _, bias, _, options = args
-    return ("integer_linear", values.ndim, options.axis, zero_points is None, bias is None)
+    values, _, zero_points, _, _, _, bias, quant, options = args
+    return ("integer_linear", values.ndim, quant.axis, options.axis, zero_points is None,
+            bias is None)  # fmt: skip
 
 
 def _ilinear_work(args: list) -> int:

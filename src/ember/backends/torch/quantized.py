@@ -56,11 +56,13 @@ def linear_integer(values, scales, zero_points, weight, weight_scales, weight_ze
                    input_quant: QuantOptions, options: QuantOptions):  # fmt: skip
     """``dequantize(input) @ dequantize(weight) + bias`` with the products summed exactly in
     int32 by ``torch._int_mm`` (CPU and CUDA), or None where it does not apply: an int8
-    input with one scale (and zero point), a symmetric int8 weight ``[K, N]`` with one scale
-    or one per column.
+    input with one scale (and zero point), or one per row of a 2-d input; a symmetric int8
+    weight ``[K, N]`` with one scale or one per column.
 
     ``sum_k (a - z) w = (a @ w) - z * colsum(w)``: the column sums are kept per weight."""
-    if (input_quant.axis is not None or values.dtype != torch.int8 or values.dim() < 2
+    per_row = input_quant.axis == 0 and input_quant.block_size is None and values.dim() == 2
+    if ((input_quant.axis is not None and not per_row) or values.dtype != torch.int8
+            or values.dim() < 2
             or weight_zero_points is not None or options.block_size is not None
             or weight.dim() != 2 or options.axis not in (None, 1) or weight.dtype != torch.int8
             or (values.is_cuda and not _int_mm_fits_cuda(values, weight))):  # fmt: skip
@@ -68,6 +70,9 @@ def linear_integer(values, scales, zero_points, weight, weight_scales, weight_ze
     k, n = weight.shape
     rows = values.reshape(-1, k)
     sums = torch._int_mm(rows if rows.is_contiguous() else rows.contiguous(), weight)
+    if per_row:  # a parameter per row: a column against the output's columns
+        scales = scales.reshape(-1, 1)
+        zero_points = None if zero_points is None else zero_points.reshape(-1, 1)
     if zero_points is not None:
         column_sums = _kept.get("column_sums", (weight,), lambda w: w.sum(0, dtype=torch.int32))
         sums = sums - zero_points.to(torch.int32) * column_sums
