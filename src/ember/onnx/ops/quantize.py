@@ -528,3 +528,72 @@ def _float_bias(node: NodeContext, bias: Value, x_scale: Value, w_scale: Value) 
         return node.param(value.astype(np.float32), f"{node.name}_bias", trainable=False)
     return (f'({bias.expr}.cast("f32") * {x_scale.expr}.reshape([]).cast("f32") '
             f'* {w_scale.expr}.reshape([-1]).cast("f32"))')
+
+
+# ------------------------------------------------ patterns of several nodes (quant_patterns)
+# ember.onnx.quant_patterns replaces a few chains of nodes by one node of its own domain,
+# translated here: the inputs say where each part comes from.
+
+
+def scaled_integer(node: NodeContext) -> str:
+    """MatMulInteger or ConvInteger (``op``), then Cast to f32, then Mul by input 4: the
+    f32 product through ``ember.quantization`` times the scale, or, where the pattern does
+    not allow it, the float emulation of the three nodes."""
+    conv = node.attr("op") == "ConvInteger"
+    x, w, x_zero, w_zero, scale = (node.input(i) for i in range(5))
+    product = integer_product(node, x, None, x_zero, w, None, w_zero, exact=False, conv=conv)
+    if product is None:
+        centered_x, centered_w = _centered(node, x, x_zero, None if conv else -2), _centered(
+            node, w, w_zero, 0 if conv else None)  # fmt: skip
+        exact = (_conv(node, centered_x, centered_w, x, w) if conv
+                 else f"rt.matmul({centered_x}, {centered_w})")  # fmt: skip
+        product = f'{exact}.cast("i32").cast("f32")'
+    return f"{node.outputs[0]} = {product} * {scale.expr}"
+
+
+def dequantized_weight(node: NodeContext) -> str:
+    """MatMul, Gemm or Conv (``op``) by a constant DequantizeLinear weight (inputs 1-3 with
+    the attributes ``weight_axis``, ``weight_block``) of the Float input 0, or of the
+    quantized activation of inputs 4-6 (a DequantizeLinear's inputs); input 7 is Gemm's C
+    or Conv's bias."""
+    op = node.attr("op")
+    x, w, w_scale, w_zero, xq, x_scale, x_zero, c = (node.input(i) for i in range(8))
+    where = f"its weight from DequantizeLinear {node.attr('weight_node')!r}"
+    weight = constant_weight(w.const, w_scale.const, _const(w_zero), int(node.attr("weight_axis")),
+                             int(node.attr("weight_block")), failing(node, [w, w_scale, w_zero], where))  # fmt: skip
+    if weight is None:  # quant_patterns fuses only weights ember's layouts hold
+        node.unsupported("the quantized weight does not fit ember's layouts")
+    activation = x.expr
+    if xq.present:
+        activation = _activation(node, xq, x_scale, x_zero)
+        if activation is None:
+            node.unsupported("the quantized activation has more than one scale or zero point")
+    y = node.outputs[0]
+    if op == "Conv":
+        from ember.onnx.ops.conv import window
+
+        kernel = list(w.const.shape[2:])
+        strides, dilations, begin, end = window(node, xq if xq.present else x, kernel)
+        layer = weight.declare(node, f"{node.name}_weight")
+        return (f"{y} = rt.quantized_conv({activation}, {layer}, {c.expr}, {strides}, {begin}, "
+                f"{end}, {dilations}, {int(node.attr('group', 1))})")
+    if op == "MatMul":
+        return f"{y} = rt.quantized_linear({activation}, {weight.declare(node, f'{node.name}_weight')})"
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if node.attr("transB", 0):
+        weight = weight.transposed()
+    if node.attr("transA", 0):
+        activation = f"{activation}.transpose()"
+    n = weight.values.shape[1]
+    bias, after = "None", ""
+    row = c.const if c.present else None
+    if row is not None and alpha == 1.0 and row.size in (1, n) and row.dtype == np.float32 \
+            and (row.ndim < 2 or (row.ndim == 2 and row.shape[0] == 1)):
+        bias = node.param(np.broadcast_to(row.reshape(-1) * np.float32(beta), (n,)).copy(),
+                          f"{node.name}_bias")  # fmt: skip
+    elif c.present:
+        after = f" + {c.expr}" if beta == 1.0 else f" + {c.expr} * {beta!r}"
+    product = f"rt.quantized_linear({activation}, {weight.declare(node, f'{node.name}_weight')}, {bias})"
+    if alpha != 1.0:
+        product = f"{product} * {alpha!r}"
+    return f"{y} = {product}{after}"
