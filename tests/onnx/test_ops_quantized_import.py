@@ -1,0 +1,371 @@
+"""Quantized ONNX models imported to ember's quantized ops (``ember.quantization.linear`` /
+``conv2d`` with a QuantizedWeight built at import), against onnxruntime on NdArray and Torch.
+
+Tolerances, and why:
+
+* MatMulInteger / ConvInteger give i32 sums: equal (the quantized path is taken only where
+  every sum is exact in f32).
+* QLinearMatMul / QLinearConv requantize an f32 product (ember: the sums times
+  ``a_scale * b_scale``, then divided by ``y_scale``; onnxruntime: the sums times one f32
+  multiplier), so a value within an f32 rounding of a half-way point may round the other way:
+  at most 1 apart, in at most 2% of the outputs.
+* DequantizeLinear weight by a Float activation: on NdArray the float product of the same
+  dequantized weight (f32 rounding: rtol 1e-5); on Torch PyTorch's dynamic int8 kernel
+  quantizes the activation per call to 7 bits, so each output may move by its bound,
+  ``sum_k |w[k, n]| * step`` with ``step = (max(x, 0) - min(x, 0)) / 127``.
+* Real quantizer output: outputs within a few quanta of the last QuantizeLinear (a
+  requantized value that rounds the other way moves the next layer by one quantum times
+  its weights); a tight 1e-5 for the dynamic format, whose sums are exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_helpers import graph_model, ort
+
+import ember
+from ember.onnx.importer import convert
+from ember.onnx.registry import OnnxImportError
+from ember.quantization import QTensor
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(16)
+DEVICES = ["ndarray", "torch"]
+U8, I8, F32, I32 = TensorProto.UINT8, TensorProto.INT8, TensorProto.FLOAT, TensorProto.INT32
+_ELEM = {np.dtype(np.uint8): U8, np.dtype(np.int8): I8}
+
+
+def _ints(dtype, *shape: int) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _run(model, inputs: dict[str, np.ndarray], device_name: str):
+    """The imported model's outputs and onnxruntime's, and the conversion."""
+    conversion = convert(model)
+    device = ember.device(device_name)
+    module = conversion.build(device)
+    got = module(*(ember.Tensor.from_data(v, device) for v in inputs.values()))
+    got = [g.to_numpy() for g in (got if isinstance(got, tuple) else (got,))]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, inputs)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+    return got, want, conversion, module
+
+
+def _quantized_weights(module) -> list[QTensor]:
+    """The quantized weights a built model holds (the fields rt.quantized_* read)."""
+    from ember.onnx.ops.quantize import QuantizedWeight
+
+    return [v.qtensor() for v in vars(module).values() if isinstance(v, QuantizedWeight)]
+
+
+def _assert_quantized(conversion, module, count: int = 1) -> None:
+    """The import really runs ember's quantized ops: a silent fallback fails here."""
+    weights = _quantized_weights(module)
+    assert len(weights) == count and all(isinstance(w, QTensor) for w in weights)
+    calls = conversion.source.count("rt.quantized_linear(") + conversion.source.count(
+        "rt.quantized_conv(")  # fmt: skip
+    assert calls == count, conversion.source
+
+
+def _assert_requantized(got: np.ndarray, want: np.ndarray) -> None:
+    diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert diff.max() <= 1, diff.max()
+    assert (diff != 0).mean() <= 0.02, (diff != 0).mean()
+
+
+# ----------------------------------------------------------------------- MatMulInteger
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("zero", ["none", "tensor", "column"])
+def test_matmul_integer_with_a_constant_weight_is_exact(device_name, a_dtype, b_dtype, zero):
+    a = _ints(a_dtype, 2, 5, 24)
+    b = _ints(b_dtype, 24, 7)
+    constants = [("b", b)]
+    inputs = ["a", "b"]
+    if zero != "none":
+        constants += [("a_zero", _ints(a_dtype)),
+                      ("b_zero", _ints(b_dtype) if zero == "tensor" else _ints(b_dtype, 7))]
+        inputs += ["a_zero", "b_zero"]
+    model = graph_model([helper.make_node("MatMulInteger", inputs, ["y"])],
+                        [("a", _ELEM[a.dtype], ["n", 5, 24])], [("y", I32, None)], constants, 10)
+    got, want, conversion, module = _run(model, {"a": a}, device_name)
+    np.testing.assert_array_equal(got[0], want[0])
+    _assert_quantized(conversion, module)
+
+
+def test_matmul_integer_keeps_the_exact_path_where_f32_sums_would_round():
+    """Sums past 2^24 are not exact in f32: the import keeps the f64 emulation there."""
+    k = 600  # 600 * 255 * 128 > 2^24
+    a = np.full((2, k), 255, np.uint8)
+    b = np.full((k, 3), -128, np.int8)
+    model = graph_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+                        [("a", U8, [2, k])], [("y", I32, None)], [("b", b)], 10)
+    got, want, conversion, module = _run(model, {"a": a}, "ndarray")
+    np.testing.assert_array_equal(got[0], want[0])
+    assert "rt.quantized_linear" not in conversion.source and not _quantized_weights(module)
+
+
+# -------------------------------------------------------------------------- ConvInteger
+def _conv_reference(x, x_zero, w, w_zero, pads, strides, group) -> np.ndarray:
+    """ConvInteger in f64 (exact for these sums) by PyTorch, per-channel zero points too."""
+    import torch
+
+    centered = torch.from_numpy(x.astype(np.float64) - float(x_zero))
+    centered = torch.nn.functional.pad(centered, (pads[1], pads[3], pads[0], pads[2]))
+    kernel = w.astype(np.float64) - np.asarray(w_zero, np.float64).reshape(-1, 1, 1, 1)
+    out = torch.nn.functional.conv2d(centered, torch.from_numpy(kernel), None, strides, 0, 1, group)
+    return out.numpy().astype(np.int32)
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("w_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_conv_integer_with_zero_points_and_uneven_pads_is_exact(device_name, w_dtype, per_channel):
+    x = _ints(np.uint8, 2, 4, 7, 6)
+    w = _ints(w_dtype, 6, 2, 3, 3)
+    w_zero = _ints(w_dtype, 6) if per_channel else _ints(w_dtype)
+    constants = [("w", w), ("x_zero", np.uint8(131)), ("w_zero", w_zero)]
+    pads, strides = [1, 0, 2, 1], [2, 1]
+    node = helper.make_node("ConvInteger", ["x", "w", "x_zero", "w_zero"], ["y"], pads=pads,
+                            strides=strides, group=2)  # fmt: skip
+    model = graph_model([node], [("x", U8, ["n", 4, 7, 6])], [("y", I32, None)], constants, 10)
+    conversion = convert(model)
+    device = ember.device(device_name)
+    module = conversion.build(device)
+    got = module(ember.Tensor.from_data(x, device)).to_numpy()
+    np.testing.assert_array_equal(got, _conv_reference(x, 131, w, w_zero, pads, strides, 2))
+    if not per_channel:  # onnxruntime's ConvInteger takes one weight zero point only
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
+    _assert_quantized(conversion, module)
+
+
+# ------------------------------------------------------------------------ QLinearMatMul
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul_requantizes_as_onnxruntime(device_name, dtype, per_column):
+    a = _ints(dtype, 3, 8, 32)
+    b = _ints(dtype, 32, 16)
+    n = 16 if per_column else 1
+    b_scale = RNG.uniform(0.001, 0.01, n).astype(np.float32).reshape(() if n == 1 else (n,))
+    b_zero = _ints(dtype, n).reshape(b_scale.shape)
+    constants = [("a_scale", np.float32(0.02)), ("a_zero", _ints(dtype)), ("b", b),
+                 ("b_scale", b_scale), ("b_zero", b_zero), ("y_scale", np.float32(0.05)),
+                 ("y_zero", _ints(dtype))]  # fmt: skip
+    node = helper.make_node("QLinearMatMul", ["a", *[c for c, _ in constants]], ["y"])
+    model = graph_model([node], [("a", _ELEM[a.dtype], [3, 8, 32])], [("y", _ELEM[a.dtype], None)],
+                        constants, 10)  # fmt: skip
+    got, want, conversion, module = _run(model, {"a": a}, device_name)
+    _assert_requantized(got[0], want[0])
+    _assert_quantized(conversion, module)
+    weight = _quantized_weights(module)[0]
+    assert weight.scheme.granularity == ("axis" if per_column else "tensor")
+
+
+# -------------------------------------------------------------------------- QLinearConv
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qlinear_conv_with_bias_requantizes_as_onnxruntime(device_name, dtype, per_channel):
+    x = _ints(dtype, 2, 3, 9, 8)
+    w = _ints(np.int8, 4, 3, 3, 3)
+    m = 4 if per_channel else 1
+    w_scale = RNG.uniform(0.002, 0.01, m).astype(np.float32).reshape(() if m == 1 else (m,))
+    constants = [("x_scale", np.float32(0.03)), ("x_zero", _ints(dtype)), ("w", w),
+                 ("w_scale", w_scale), ("w_zero", np.zeros(w_scale.shape, np.int8)),
+                 ("y_scale", np.float32(0.08)), ("y_zero", _ints(dtype)),
+                 ("bias", RNG.integers(-2000, 2000, 4).astype(np.int32))]  # fmt: skip
+    node = helper.make_node("QLinearConv", ["x", *[c for c, _ in constants]], ["y"],
+                            pads=[0, 1, 1, 2], strides=[1, 2])
+    model = graph_model([node], [("x", _ELEM[x.dtype], [2, 3, 9, 8])],
+                        [("y", _ELEM[x.dtype], None)], constants, 10)  # fmt: skip
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    _assert_requantized(got[0], want[0])
+    _assert_quantized(conversion, module)
+
+
+# ------------------------------------------------- DequantizeLinear weights (QDQ format)
+def _dq_weight(values: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, **attrs):
+    inputs = ["w_q", "w_scale"] + (["w_zero"] if zero is not None else [])
+    constants = [("w_q", values), ("w_scale", scale)] + ([("w_zero", zero)] if zero is not None else [])
+    return helper.make_node("DequantizeLinear", inputs, ["w"], **attrs), constants
+
+
+def _dynamic_bound(x: np.ndarray, weight: np.ndarray, levels: int) -> np.ndarray:
+    """How far a dynamic int8 kernel may move each output of ``x @ weight``: the activation
+    quantized to ``levels`` steps over its range moves each element by at most a step."""
+    x = x.reshape(-1, x.shape[-1])
+    step = (max(x.max(), 0.0) - min(x.min(), 0.0)) / levels
+    return step * np.abs(weight).sum(0) + 1e-5
+
+
+def _assert_float_product(got, want, x, weight, device_name, offset=0.0) -> None:
+    """``got`` against ``x @ weight`` in f64: close on NdArray, within PyTorch's dynamic
+    quantization (7 bits) on Torch. onnxruntime (``want``) fuses DequantizeLinear -> MatMul
+    into its own dynamic quantization (8 bits): within that bound too. ``offset`` (a bias)
+    is added to the reference."""
+    reference = (x.astype(np.float64) @ weight.astype(np.float64) + offset).astype(np.float32)
+    assert (np.abs(want - reference) <= _dynamic_bound(x, weight, 255)).all()
+    if device_name == "ndarray":
+        np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
+    else:
+        assert (np.abs(got - reference) <= _dynamic_bound(x, weight, 127)).all()
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize(("per_column", "with_zero"), [(False, False), (False, True), (True, True)])
+def test_dequantized_weight_matmul_runs_quantized_linear(device_name, dtype, per_column, with_zero):
+    x = RNG.standard_normal((2, 3, 20)).astype(np.float32)
+    values = _ints(dtype, 20, 12)
+    n = 12 if per_column else 1
+    scale = RNG.uniform(0.01, 0.05, n).astype(np.float32).reshape(() if n == 1 else (n,))
+    zero = _ints(dtype, n).reshape(scale.shape) if with_zero else None
+    dq, constants = _dq_weight(values, scale, zero, axis=1)
+    model = graph_model([dq, helper.make_node("MatMul", ["x", "w"], ["y"])],
+                        [("x", F32, [2, 3, 20])], [("y", F32, None)], constants, 13)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    weight = (values.astype(np.float32) - (0 if zero is None else zero.astype(np.float32))) * scale
+    _assert_float_product(got[0], want[0], x, weight, device_name)
+    _assert_quantized(conversion, module)
+    assert _quantized_weights(module)[0].shape == (20, 12)
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("bias", ["row", "matrix", "none"])
+def test_dequantized_weight_gemm_respects_trans_b_alpha_and_beta(device_name, bias):
+    x = RNG.standard_normal((5, 16)).astype(np.float32)
+    values = _ints(np.int8, 10, 16)  # [N, K]: transB
+    scale = RNG.uniform(0.01, 0.05, 10).astype(np.float32)
+    dq, constants = _dq_weight(values, scale, None, axis=0)
+    inputs = ["x", "w"]
+    c = 0.0
+    if bias != "none":
+        c = RNG.standard_normal((10,) if bias == "row" else (5, 10)).astype(np.float32)
+        constants.append(("c", c))
+        inputs.append("c")
+    gemm = helper.make_node("Gemm", inputs, ["y"], transB=1, alpha=1.0 if bias == "row" else 0.5,
+                            beta=0.25)  # fmt: skip
+    model = graph_model([dq, gemm], [("x", F32, [5, 16])], [("y", F32, None)], constants, 13)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    weight = values.astype(np.float32).T * scale
+    alpha = 1.0 if bias == "row" else 0.5
+    _assert_float_product(got[0], want[0], x, weight * alpha, device_name, 0.25 * np.float64(c))
+    _assert_quantized(conversion, module)
+    assert _quantized_weights(module)[0].shape == (16, 10)
+    assert _quantized_weights(module)[0].scheme.axis == 1
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+def test_dequantized_weight_conv_with_bias_runs_quantized_conv(device_name):
+    x = RNG.standard_normal((2, 4, 7, 7)).astype(np.float32)
+    values = _ints(np.uint8, 6, 4, 3, 3)
+    scale = RNG.uniform(0.005, 0.02, 6).astype(np.float32)
+    dq, constants = _dq_weight(values, scale, _ints(np.uint8, 6), axis=0)
+    constants.append(("b", RNG.standard_normal(6).astype(np.float32)))
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 0, 1, 2], strides=[2, 1])
+    model = graph_model([dq, conv], [("x", F32, [2, 4, 7, 7])], [("y", F32, None)], constants, 13)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)  # dequantize-then-conv
+    _assert_quantized(conversion, module)
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_quantized_activation_and_weight_run_the_integer_product(device_name, dtype):
+    """QuantizeLinear -> DequantizeLinear of the activation, DequantizeLinear of the
+    weight, MatMul: the activation enters as a QTensor (exact sums on Torch)."""
+    x = RNG.standard_normal((4, 32)).astype(np.float32)
+    zero = _ints(dtype)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"])]
+    dq, constants = _dq_weight(_ints(np.int8, 32, 8), RNG.uniform(0.01, 0.02, 8).astype(np.float32),
+                               None, axis=1)  # fmt: skip
+    constants += [("x_scale", np.float32(0.02)), ("x_zero", zero)]
+    model = graph_model([*nodes, dq, helper.make_node("MatMul", ["xd", "w"], ["y"])],
+                        [("x", F32, [4, 32])], [("y", F32, None)], constants, 13)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    _assert_quantized(conversion, module)
+    assert "rt.quantized_input(" in conversion.source
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+def test_blocked_dequantize_linear_weight_is_a_per_block_qtensor(device_name):
+    x = RNG.standard_normal((3, 32)).astype(np.float32)
+    values = _ints(np.int8, 32, 6)
+    scale = RNG.uniform(0.01, 0.05, (4, 6)).astype(np.float32)  # blocks of 8 along K
+    dq, constants = _dq_weight(values, scale, _ints(np.int8, 4, 6), axis=0, block_size=8)
+    model = graph_model([dq, helper.make_node("MatMul", ["x", "w"], ["y"])],
+                        [("x", F32, [3, 32])], [("y", F32, None)], constants, 21)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    _assert_quantized(conversion, module)
+    scheme = _quantized_weights(module)[0].scheme
+    assert (scheme.granularity, scheme.axis, scheme.block_size) == ("block", 0, 8)
+
+
+def test_blocks_that_do_not_divide_the_axis_keep_the_float_emulation():
+    x = RNG.standard_normal((3, 30)).astype(np.float32)
+    values = _ints(np.int8, 30, 6)
+    scale = RNG.uniform(0.01, 0.05, (4, 6)).astype(np.float32)  # blocks of 8: the last is 6
+    dq, constants = _dq_weight(values, scale, None, axis=0, block_size=8)
+    model = graph_model([dq, helper.make_node("MatMul", ["x", "w"], ["y"])],
+                        [("x", F32, [3, 30])], [("y", F32, None)], constants, 21)
+    got, want, conversion, module = _run(model, {"x": x}, "ndarray")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert not _quantized_weights(module) and "rt.quantized" not in conversion.source
+
+
+# -------------------------------------------------------------------- hostile parameters
+def _hostile_dq_matmul(scale: np.ndarray, zero: np.ndarray | None, axis: int = 1):
+    dq, constants = _dq_weight(_ints(np.uint8, 8, 4), scale, zero, axis=axis)
+    return graph_model([dq, helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                       [("x", F32, [2, 8])], [("y", F32, None)], constants, 13)
+
+
+@pytest.mark.parametrize(("scale", "zero", "input_name", "words"), [
+    (np.float32(0.0), None, "w_scale", "positive and finite"),
+    (np.array([0.1, -0.2, 0.1, 0.1], np.float32), None, "w_scale", "positive and finite"),
+    (np.array([0.1, 0.1, 0.1], np.float32), None, "w_scale", r"it must be \[4\]"),
+    (np.array([0.1] * 4, np.float32), np.zeros(3, np.uint8), "w_zero", "they must match"),
+])  # fmt: skip
+def test_bad_dequantize_linear_weight_parameters_are_typed_errors(scale, zero, input_name, words):
+    with pytest.raises(OnnxImportError, match=words) as error:
+        convert(_hostile_dq_matmul(scale, zero))
+    assert "'mm'" in str(error.value) and repr(input_name) in str(error.value)
+
+
+def test_a_zero_point_of_another_dtype_is_a_typed_error():
+    b_zero = np.array(300, np.int32)  # a u8 weight's zero point out of its range and dtype
+    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero",
+                                              "y_scale", "y_zero"], ["y"], name="qmm")  # fmt: skip
+    constants = [("a_scale", np.float32(0.1)), ("a_zero", np.uint8(0)), ("b", _ints(np.uint8, 4, 2)),
+                 ("b_scale", np.float32(0.1)), ("b_zero", b_zero), ("y_scale", np.float32(0.1)),
+                 ("y_zero", np.uint8(0))]  # fmt: skip
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", U8, [2, 4])],
+                              [helper.make_tensor_value_info("y", U8, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in constants])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    with pytest.raises(OnnxImportError, match="dtype int32, the values uint8") as error:
+        convert(model)
+    assert "'qmm'" in str(error.value) and "'b_zero'" in str(error.value)
+
+
+def test_a_negative_qlinear_weight_scale_is_a_typed_error():
+    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero",
+                                              "y_scale", "y_zero"], ["y"], name="qmm")  # fmt: skip
+    constants = [("a_scale", np.float32(0.1)), ("a_zero", np.int8(0)), ("b", _ints(np.int8, 4, 2)),
+                 ("b_scale", np.array([0.1, -0.1], np.float32)), ("b_zero", np.zeros(2, np.int8)),
+                 ("y_scale", np.float32(0.1)), ("y_zero", np.int8(0))]  # fmt: skip
+    model = graph_model([node], [("a", I8, [2, 4])], [("y", I8, None)], constants, 10)
+    with pytest.raises(OnnxImportError, match=r"'b_scale' has the scale -0\.1"):
+        convert(model)
