@@ -369,3 +369,108 @@ def test_a_negative_qlinear_weight_scale_is_a_typed_error():
     model = graph_model([node], [("a", I8, [2, 4])], [("y", I8, None)], constants, 10)
     with pytest.raises(OnnxImportError, match=r"'b_scale' has the scale -0\.1"):
         convert(model)
+
+
+# ------------------------------------------------------------------ real quantizer output
+def _float_mlp() -> onnx.ModelProto:
+    """MatMul + Add, Relu, Gemm (transB), as exporters write an MLP."""
+    rng = np.random.default_rng(3)
+    w1, b1 = rng.standard_normal((16, 32)) * 0.3, rng.standard_normal(32) * 0.1
+    w2, b2 = rng.standard_normal((10, 32)) * 0.3, rng.standard_normal(10) * 0.1
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]), helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]  # fmt: skip
+    constants = [(k, v.astype(np.float32)) for k, v in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))]
+    return graph_model(nodes, [("x", F32, ["n", 16])], [("y", F32, ["n", 10])], constants, 17)
+
+
+def _float_cnn() -> onnx.ModelProto:
+    """Conv + bias, Relu, MaxPool, Flatten, MatMul."""
+    rng = np.random.default_rng(4)
+    w1, b1 = rng.standard_normal((8, 3, 3, 3)) * 0.3, rng.standard_normal(8) * 0.1
+    w2 = rng.standard_normal((128, 5)) * 0.1
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "w2"], ["y"])]  # fmt: skip
+    constants = [(k, v.astype(np.float32)) for k, v in (("w1", w1), ("b1", b1), ("w2", w2))]
+    return graph_model(nodes, [("x", F32, ["n", 3, 8, 8])], [("y", F32, ["n", 5])], constants, 17)
+
+
+_MODELS = {"mlp": (_float_mlp, (6, 16)), "cnn": (_float_cnn, (3, 3, 8, 8))}
+_FORMATS = ["dynamic", "qdq_u8", "qdq_u8_per_channel", "qdq_i8", "qdq_i8_per_channel",
+            "qoperator_u8", "qoperator_i8_per_channel"]  # fmt: skip
+
+
+def _quantized(kind: str, fmt: str, folder) -> tuple[onnx.ModelProto, tuple[int, ...]]:
+    """``kind``'s float model quantized by onnxruntime's quantizer in ``fmt``."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    make, shape = _MODELS[kind]
+    source, target = folder / f"{kind}.onnx", folder / f"{kind}_{fmt}.onnx"
+    onnx.save(make(), source)
+    if fmt == "dynamic":
+        quantize_dynamic(source, target)
+        return onnx.load(target), shape
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(5)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)}
+                                 for _ in range(4)])  # fmt: skip
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    activation = QuantType.QUInt8 if "_u8" in fmt else QuantType.QInt8
+    quant_format = QuantFormat.QDQ if fmt.startswith("qdq") else QuantFormat.QOperator
+    # QOperator's Add and Gemm are com.microsoft ops (QLinearAdd, QGemm), which ember lacks.
+    ops = ["MatMul", "Conv"] if quant_format == QuantFormat.QOperator else None
+    quantize_static(source, target, Batches(), quant_format=quant_format,
+                    per_channel="per_channel" in fmt, activation_type=activation,
+                    weight_type=QuantType.QInt8, op_types_to_quantize=ops)  # fmt: skip
+    return onnx.load(target), shape
+
+
+@pytest.fixture(scope="module")
+def quantized_models(tmp_path_factory):
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
+    folder = tmp_path_factory.mktemp("quantized")
+    return {(kind, fmt): _quantized(kind, fmt, folder) for kind in _MODELS for fmt in _FORMATS}
+
+
+def _output_step(model: onnx.ModelProto) -> float:
+    """The scale of the DequantizeLinear making the model's output (0: a float output)."""
+    output = model.graph.output[0].name
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if output in node.output and node.op_type == "DequantizeLinear":
+            return float(constants[node.input[1]])
+    return 0.0
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("fmt", _FORMATS)
+@pytest.mark.parametrize("kind", sorted(_MODELS))
+def test_onnxruntime_quantizer_output_imports_to_quantized_ops(quantized_models, kind, fmt,
+                                                               device_name):  # fmt: skip
+    model, shape = quantized_models[kind, fmt]
+    x = np.random.default_rng(6).standard_normal((8, *shape[1:])).astype(np.float32)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    step = _output_step(model)
+    if step:  # a requantized output: within two of its steps, equal in most places
+        diff = np.abs(got[0] - want[0])
+        assert diff.max() <= 2 * step + 1e-6, (diff.max(), step)
+        assert (diff > 1e-6).mean() <= 0.05
+    else:
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    # The mlp's Gemm stays float in QOperator format (quantized, it would be com.microsoft's QGemm).
+    _assert_quantized(conversion, module, 1 if (kind, fmt[:9]) == ("mlp", "qoperator") else 2)
