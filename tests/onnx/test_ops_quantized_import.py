@@ -474,3 +474,44 @@ def test_onnxruntime_quantizer_output_imports_to_quantized_ops(quantized_models,
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     # The mlp's Gemm stays float in QOperator format (quantized, it would be com.microsoft's QGemm).
     _assert_quantized(conversion, module, 1 if (kind, fmt[:9]) == ("mlp", "qoperator") else 2)
+
+
+# ------------------------------------------------------------- MatMulInteger -> Cast -> Mul
+def _scaled_matmul_integer(a_shape, b: np.ndarray) -> onnx.ModelProto:
+    nodes = [helper.make_node("MatMulInteger", ["a", "b", "a_zero"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["acc_f"], to=F32),
+             helper.make_node("Mul", ["acc_f", "scale"], ["y"])]  # fmt: skip
+    constants = [("b", b), ("a_zero", np.uint8(100)), ("scale", np.float32(1.5e-4))]
+    return graph_model(nodes, [("a", U8, list(a_shape))], [("y", F32, None)], constants, 10)
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+def test_scaled_matmul_integer_takes_the_quantized_op_past_exact_f32_sums(device_name):
+    """Sums past 2^24, but the graph scales them to floats: the quantized op, whose f32
+    result is within f32 rounding of onnxruntime's."""
+    a = _ints(np.uint8, 4, 1024)
+    b = np.where(RNG.random((1024, 6)) < 0.5, -128, 127).astype(np.int8)
+    got, want, conversion, module = _run(_scaled_matmul_integer(a.shape, b), {"a": a}, device_name)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    _assert_quantized(conversion, module)
+    assert 'cast("i32")' not in conversion.source  # no i32 detour
+
+
+def test_scaled_matmul_integer_of_a_batched_weight_keeps_the_float_emulation():
+    a = _ints(np.uint8, 2, 3, 8)
+    b = _ints(np.int8, 2, 8, 5)  # one weight per batch: no ember layout
+    got, want, _, module = _run(_scaled_matmul_integer(a.shape, b), {"a": a}, "ndarray")
+    np.testing.assert_array_equal(got[0], want[0])
+    assert not _quantized_weights(module)
+
+
+def test_a_fused_node_refuses_what_its_own_converter_refuses():
+    """An attribute MatMul's converter does not know stays an error when the weight is a
+    DequantizeLinear: fusing never widens what imports."""
+    from ember.onnx.registry import UnsupportedOnnxError
+
+    dq, constants = _dq_weight(_ints(np.int8, 8, 4), np.float32(0.1), None)
+    matmul = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm", bogus=1)
+    model = graph_model([dq, matmul], [("x", F32, [2, 8])], [("y", F32, None)], constants, 13)
+    with pytest.raises(UnsupportedOnnxError, match="'bogus'"):
+        convert(model)

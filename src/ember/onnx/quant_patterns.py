@@ -28,7 +28,7 @@ import numpy as np
 
 from ember.onnx.ir import Graph, Node
 from ember.onnx.ops.quantize import constant_weight, dequantized_weight, scaled_integer
-from ember.onnx.registry import ConverterSpec
+from ember.onnx.registry import ConverterSpec, lookup
 from ember.tensor import DType
 from ember.tensor.data import dtype_of_numpy
 
@@ -76,6 +76,13 @@ def _is(node: Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain == ""
 
 
+def _translatable(graph: Graph, node: Node) -> bool:
+    """Whether ``node``'s own converter takes it (its opset, its attributes): a fused node
+    must not accept what the node alone would be refused for."""
+    spec = lookup(node.op_type, node.domain, graph.opset(node.domain))
+    return spec is not None and (spec.attrs is None or set(node.attrs) <= spec.attrs)
+
+
 class _Hostile(Exception):
     """Parameters the fused node's converter will refuse, naming its node and input."""
 
@@ -108,7 +115,7 @@ def _activation(graph: Graph, name: str, producers: dict[str, Node]) -> list[str
     """The inputs of the DequantizeLinear making ``name`` when it dequantizes a u8 / i8
     activation with one constant f32 scale and zero point, else None."""
     dq = producers.get(name)
-    if not _is(dq, "DequantizeLinear") or set(dq.attrs) - {"axis"}:
+    if not _is(dq, "DequantizeLinear") or set(dq.attrs) - {"axis"} or not _translatable(graph, dq):
         return None
     values, scale, zero = [*dq.inputs, "", ""][:3]
     info = _info(graph, values)
@@ -131,6 +138,8 @@ def _dequantized_weight(graph: Graph, node: Node, producers: dict[str, Node]) ->
     x, w = node.inputs[0], node.inputs[1]
     dq = producers.get(w)
     if not x or not _is(dq, "DequantizeLinear") or not _weight_fits(graph, dq):
+        return None
+    if not (_translatable(graph, node) and _translatable(graph, dq)):
         return None
     rank = graph.constants[dq.inputs[0]].ndim
     info = _info(graph, x)
@@ -172,6 +181,8 @@ def _scaled_integer(graph: Graph, node: Node, producers: dict[str, Node],
         if not (_is(product, "MatMulInteger") or _is(product, "ConvInteger")):
             continue
         if readers[product.outputs[0]] != 1 or product.inputs[1] not in graph.constants:
+            continue
+        if not all(_translatable(graph, n) for n in (node, cast, product)):
             continue
         inputs = [*product.inputs, "", ""][:4] + [node.inputs[1 - side]]
         attrs = {**product.attrs, "op": product.op_type}
