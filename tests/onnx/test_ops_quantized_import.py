@@ -515,3 +515,17 @@ def test_a_fused_node_refuses_what_its_own_converter_refuses():
     model = graph_model([dq, matmul], [("x", F32, [2, 8])], [("y", F32, None)], constants, 13)
     with pytest.raises(UnsupportedOnnxError, match="'bogus'"):
         convert(model)
+
+
+def test_a_1d_qlinear_conv_keeps_the_float_emulation_and_declares_nothing_quantized():
+    """ember's quantized convolution is 2-d: a 1-d QLinearConv stays emulated, exactly as
+    onnxruntime, and leaves no unused quantized weight or bias behind."""
+    x = _ints(np.uint8, 2, 3, 11)
+    constants = [("x_scale", np.float32(0.03)), ("x_zero", np.uint8(120)), ("w", _ints(np.int8, 4, 3, 3)),
+                 ("w_scale", np.float32(0.01)), ("w_zero", np.int8(0)), ("y_scale", np.float32(0.05)),
+                 ("y_zero", np.uint8(128)), ("bias", RNG.integers(-500, 500, 4).astype(np.int32))]  # fmt: skip
+    node = helper.make_node("QLinearConv", ["x", *[c for c, _ in constants]], ["y"], pads=[1, 1])
+    model = graph_model([node], [("x", U8, [2, 3, 11])], [("y", U8, None)], constants, 10)
+    got, want, conversion, module = _run(model, {"x": x}, "ndarray")
+    np.testing.assert_array_equal(got[0], want[0])
+    assert not _quantized_weights(module) and "_bias" not in conversion.source

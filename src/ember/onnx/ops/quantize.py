@@ -358,12 +358,12 @@ _EXACT_F32 = 1 << 24
 
 def integer_product(node: NodeContext, x: Value, x_scale: Value | None, x_zero: Value,
                     w: Value, w_scale: Value | None, w_zero: Value, *, exact: bool, conv: bool,
-                    bias: str = "None") -> str | None:  # fmt: skip
+                    bias: Callable[[], str] | None = None) -> str | None:  # fmt: skip
     """The f32 product of the quantized activation ``x`` by the constant quantized weight
     ``w`` (scales None: 1) through ``ember.quantization`` (2-d Conv with ``conv``, plus the
-    Float ``bias``; MatMul otherwise), or None where the pattern does not allow it. With
-    ``exact``, only where every integer sum is below 2^24 (the f32 result is then the exact
-    integer on every backend)."""
+    Float bias that ``bias`` declares; MatMul otherwise), or None where the pattern does not
+    allow it (then nothing is declared). With ``exact``, only where every integer sum is
+    below 2^24 (the f32 result is then the exact integer on every backend)."""
     if w.const is None or (w_zero.present and w_zero.const is None):
         return None
     if w_scale is not None and w_scale.const is None:
@@ -386,17 +386,17 @@ def integer_product(node: NodeContext, x: Value, x_scale: Value | None, x_zero: 
         # |x - x_zero| <= 255 for u8 and i8 alike.
         if int(np.abs(weight.centered()).sum(axis=dims).max(initial=0)) * 255 >= _EXACT_F32:
             return None
-    layer = weight.declare(node, f"{node.name}_weight")
     if not conv:
-        return f"rt.quantized_linear({qx}, {layer})"
+        return f"rt.quantized_linear({qx}, {weight.declare(node, f'{node.name}_weight')})"
     from ember.onnx.ops.conv import window
 
     kernel = [int(k) for k in node.attr("kernel_shape", w.const.shape[2:])]
     if kernel != list(w.const.shape[2:]):
         return None
     strides, dilations, begin, end = window(node, x, kernel)
-    return (f"rt.quantized_conv({qx}, {layer}, {bias}, {strides}, {begin}, {end}, {dilations}, "
-            f"{int(node.attr('group', 1))})")
+    layer = weight.declare(node, f"{node.name}_weight")
+    return (f"rt.quantized_conv({qx}, {layer}, {'None' if bias is None else bias()}, {strides}, "
+            f"{begin}, {end}, {dilations}, {int(node.attr('group', 1))})")
 
 
 # --------------------------------------------------------------------- integer products
@@ -501,7 +501,7 @@ def qlinear_conv(node: NodeContext) -> list[str]:
     x, x_s, x_z, w, w_s, w_z, y_s, y_z, bias = (node.input(i) for i in range(9))
     acc, scale = node.tmp("acc"), node.tmp("scale")
     quantized = integer_product(node, x, x_s, x_z, w, w_s, w_z, exact=False, conv=True,
-                                bias=_float_bias(node, bias, x_s, w_s))  # fmt: skip
+                                bias=lambda: _float_bias(node, bias, x_s, w_s))  # fmt: skip
     if quantized is not None:  # the f32 convolution, already scaled by x_scale * w_scale
         return [f'{acc} = {quantized}.cast("f64")',
                 _requantize(node, acc, f'{y_s.expr}.cast("f64")', y_z, x, divide=True)]  # fmt: skip
