@@ -529,3 +529,31 @@ def test_a_1d_qlinear_conv_keeps_the_float_emulation_and_declares_nothing_quanti
     got, want, conversion, module = _run(model, {"x": x}, "ndarray")
     np.testing.assert_array_equal(got[0], want[0])
     assert not _quantized_weights(module) and "_bias" not in conversion.source
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize(("elem", "blocked"), [(TensorProto.INT4, True), (TensorProto.UINT4, False)])
+def test_int4_dequantize_linear_weights_are_int4_qtensors(device_name, elem, blocked):
+    """Opset-21 4-bit weights (per block along K, or per column with zero points)."""
+    signed = elem == TensorProto.INT4
+    values = RNG.integers(-8 if signed else 0, 8 if signed else 16, (32, 6))
+    params = (4, 6) if blocked else (6,)
+    scale = RNG.uniform(0.05, 0.2, params).astype(np.float32)
+    zero = RNG.integers(-8 if signed else 0, 8 if signed else 16, params)
+    tensors = [helper.make_tensor("w_q", elem, [32, 6], values.reshape(-1).tolist()),
+               numpy_helper.from_array(scale, "w_scale"),
+               helper.make_tensor("w_zero", elem, list(params), zero.reshape(-1).tolist())]  # fmt: skip
+    attrs = {"axis": 0, "block_size": 8} if blocked else {"axis": 1}
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], **attrs),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, [3, 32])],
+                              [helper.make_tensor_value_info("y", F32, None)], tensors)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = RNG.standard_normal((3, 32)).astype(np.float32)
+    got, want, conversion, module = _run(model, {"x": x}, device_name)
+    zero_full = np.repeat(zero, 8, axis=0) if blocked else zero
+    scale_full = np.repeat(scale, 8, axis=0) if blocked else scale
+    weight = ((values - zero_full) * scale_full).astype(np.float32)
+    _assert_float_product(got[0], want[0], x, weight, device_name)
+    _assert_quantized(conversion, module)
+    assert _quantized_weights(module)[0].scheme.value == "int4"

@@ -4,8 +4,8 @@ A converter sees one node; two formats of onnxruntime's quantizer spread one qua
 product over several:
 
 * QDQ (``quantize_static(..., quant_format=QuantFormat.QDQ)``): ``DequantizeLinear`` of a
-  constant u8 / i8 weight feeding ``MatMul``, ``Gemm`` or ``Conv``, the activation often a
-  ``DequantizeLinear`` too. Translated node by node, the weight's DequantizeLinear folds
+  constant u8 / i8 (or u4 / i4) weight feeding ``MatMul``, ``Gemm`` or ``Conv``, the
+  activation often a ``DequantizeLinear`` too. Translated node by node, the weight's DequantizeLinear folds
   into a float constant; fused, the product runs ``ember.quantization.linear`` /
   ``conv2d`` with the weight kept quantized (and the activation too, when it is one).
 * dynamic (``quantize_dynamic``): ``MatMulInteger`` or ``ConvInteger`` (i32), ``Cast`` to
@@ -92,7 +92,7 @@ def _raise(index: int, reason: str) -> NoReturn:
 
 
 def _weight_fits(graph: Graph, dq: Node) -> bool:
-    """Whether ``dq`` dequantizes a constant u8 / i8 weight held by an ember layout (or
+    """Whether ``dq`` dequantizes a constant u8 / i8 / u4 / i4 weight held by an ember layout (or
     with parameters the converter refuses with a typed error)."""
     inputs = [*dq.inputs, "", ""][:3]
     if set(dq.attrs) - {"axis", "block_size"} or not all(

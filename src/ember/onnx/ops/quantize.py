@@ -185,18 +185,34 @@ class QuantizedWeight(Module):
 
 
 def quantized_weight(shape: list[int], mode: str, granularity: str, axis: int | None,
-                     block_size: int | None, device=None) -> QuantizedWeight:  # fmt: skip
+                     block_size: int | None, device=None, value: str = "int8") -> QuantizedWeight:  # fmt: skip
     """A :class:`QuantizedWeight` of ``shape`` with placeholder (zero) parts on ``device``:
-    what a generated module builds before its record fills the parts."""
-    scheme = QuantScheme(mode=mode, granularity=granularity, axis=axis, block_size=block_size)
+    what a generated module builds before its record fills the parts (int4 values: two a
+    byte, as :class:`~ember.quantization.QTensor` packs them)."""
+    scheme = QuantScheme(value=value, mode=mode, granularity=granularity, axis=axis,
+                         block_size=block_size)  # fmt: skip
 
     def part(dims, dtype: DType) -> Param:
         return Param(Tensor.zeros(list(dims), device, dtype, dtype.kind), require_grad=False)
 
-    zero_points = part(scheme.scales_shape(tuple(shape)), DType.I8) if mode == "affine" else None
-    return QuantizedWeight(part(shape, DType.I8), part(scheme.scales_shape(tuple(shape)), DType.F32),
-                           zero_points, scheme, tuple(shape))  # fmt: skip
+    params = scheme.scales_shape(tuple(shape))
+    values = part(shape, DType.I8) if value == "int8" else part([-(-int(np.prod(shape)) // 2)], DType.U8)
+    zero_points = part(params, DType.I8) if mode == "affine" else None
+    return QuantizedWeight(values, part(params, DType.F32), zero_points, scheme, tuple(shape))
 
+
+def _pack_int4(values: np.ndarray) -> np.ndarray:
+    """i8 values in [-8, 7] two a byte, in flat order, the first in the low nibble (ONNX's
+    int4 layout and :class:`~ember.quantization.QTensor`'s)."""
+    flat = values.reshape(-1).astype(np.uint8) & 0x0F
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+# The weight dtypes ember's quantized tensors hold: (value type, offset to the signed range).
+_WEIGHT_DTYPES = {"int8": ("int8", 0), "uint8": ("int8", 128), "int4": ("int4", 0),
+                  "uint4": ("int4", 8)}  # fmt: skip
 
 # Called with the index of the offending input (0 values, 1 scale, 2 zero point) and why.
 Fail = Callable[[int, str], NoReturn]
@@ -204,9 +220,10 @@ Fail = Callable[[int, str], NoReturn]
 
 @dataclass(frozen=True)
 class ConstantWeight:
-    """A constant quantized weight read at import time, in ember's terms: i8 ``values``,
-    f32 ``scales`` of the scheme's shape, i8 ``zero_points`` (None: symmetric), and the
-    granularity with its axis (in ``[0, rank)``) and block size."""
+    """A constant quantized weight read at import time, in ember's terms: i8 ``values``
+    (unpacked, for int4 too), f32 ``scales`` of the scheme's shape, i8 ``zero_points``
+    (None: symmetric), the granularity with its axis (in ``[0, rank)``) and block size, and
+    the value type (``"int8"`` or ``"int4"``)."""
 
     values: np.ndarray
     scales: np.ndarray
@@ -214,6 +231,7 @@ class ConstantWeight:
     granularity: str
     axis: int | None
     block_size: int | None
+    value: str = "int8"
 
     @property
     def mode(self) -> str:
@@ -244,18 +262,20 @@ class ConstantWeight:
     def declare(self, node: NodeContext, hint: str) -> str:
         """A :class:`QuantizedWeight` field of the generated module holding this weight;
         returns the expression of it."""
-        params = {"values": self.values, "scales": self.scales}
+        values = self.values if self.value == "int8" else _pack_int4(self.values)
+        params = {"values": values, "scales": self.scales}
         if self.zero_points is not None:
             params["zero_points"] = self.zero_points
         build = (f"quantized_weight({list(self.values.shape)}, {self.mode!r}, "
-                 f"{self.granularity!r}, {self.axis!r}, {self.block_size!r}, device)")
+                 f"{self.granularity!r}, {self.axis!r}, {self.block_size!r}, device, "
+                 f"{self.value!r})")
         return node.layer(hint, "QuantizedWeight", build, params,
                           ["from ember.onnx.ops.quantize import QuantizedWeight, quantized_weight"])
 
 
 def constant_weight(values: np.ndarray, scale: np.ndarray | None, zero: np.ndarray | None,
                     axis: int, block: int, fail: Fail) -> ConstantWeight | None:  # fmt: skip
-    """ONNX's quantized constant ``values`` (u8 or i8) with ``scale`` (None: 1, as the
+    """ONNX's quantized constant ``values`` (u8, i8, u4 or i4) with ``scale`` (None: 1, as the
     integer ops have it) and ``zero`` point (None: 0) along ``axis`` (1-d parameters) or in
     blocks of ``block`` along it, as ember's int8 weight; None where ember's layouts do not
     hold it (another dtype, f16 scales, a block size that does not divide the axis).
@@ -264,8 +284,10 @@ def constant_weight(values: np.ndarray, scale: np.ndarray | None, zero: np.ndarr
     positive and finite, a zero point of another dtype than the values, parameters whose
     shapes do not fit the values or each other, an axis out of range.
     """
-    if values.dtype not in (np.uint8, np.int8) or values.ndim == 0:
+    kind = _WEIGHT_DTYPES.get(str(values.dtype))
+    if kind is None or values.ndim == 0:
         return None
+    value, offset = kind
     if zero is not None and zero.dtype != values.dtype:
         fail(2, f"has dtype {zero.dtype}, the values {values.dtype}: ONNX needs the same dtype")
     if scale is not None:
@@ -305,14 +327,14 @@ def constant_weight(values: np.ndarray, scale: np.ndarray | None, zero: np.ndarr
               else np.ascontiguousarray(scale, np.float32).reshape(out_dims))  # fmt: skip
     ints = values.astype(np.int16)
     zeros = None if zero is None else zero.astype(np.int16).reshape(out_dims)
-    if values.dtype == np.uint8:  # u8 v with zero point z is i8 v - 128 with z - 128
-        ints = ints - 128
-        zeros = np.full(out_dims, -128, np.int16) if zeros is None else zeros - 128
+    if offset:  # unsigned v with zero point z is signed v - offset with z - offset
+        ints = ints - offset
+        zeros = np.full(out_dims, -offset, np.int16) if zeros is None else zeros - offset
     if zeros is not None and not zeros.any():
         zeros = None  # zero points of 0: symmetric, which the int8 kernels take
     return ConstantWeight(ints.astype(np.int8), scales,
                           None if zeros is None else zeros.astype(np.int8),
-                          granularity, resolved, block_size)  # fmt: skip
+                          granularity, resolved, block_size, value)  # fmt: skip
 
 
 def failing(node: NodeContext, inputs: list[Value], what: str = "") -> Fail:
