@@ -557,3 +557,24 @@ def test_int4_dequantize_linear_weights_are_int4_qtensors(device_name, elem, blo
     _assert_float_product(got[0], want[0], x, weight, device_name)
     _assert_quantized(conversion, module)
     assert _quantized_weights(module)[0].scheme.value == "int4"
+
+
+def test_the_quantized_weights_save_and_load_with_the_generated_module(quantized_models, tmp_path):
+    """``import_onnx`` writes the QuantizedWeight fields' parts to the record; ``load_model``
+    gives the same weights and outputs."""
+    from ember.onnx.importer import import_onnx, load_model
+
+    model, shape = quantized_models["mlp", "qdq_u8_per_channel"]
+    x = ember.Tensor.from_data(np.random.default_rng(7).standard_normal((4, *shape[1:]))
+                               .astype(np.float32))  # fmt: skip
+    import_onnx(model, tmp_path, name="qmlp")
+    loaded = load_model(tmp_path, name="qmlp")
+    built = convert(model).build(ember.device("ndarray"))
+    np.testing.assert_array_equal(loaded(x).to_numpy(), built(x).to_numpy())
+    pairs = list(zip(_quantized_weights(loaded), _quantized_weights(built), strict=True))
+    assert len(pairs) == 2
+    for reloaded, imported in pairs:
+        assert reloaded.scheme == imported.scheme and reloaded.shape == imported.shape
+        np.testing.assert_array_equal(reloaded.values.to_numpy(), imported.values.to_numpy())
+        np.testing.assert_array_equal(reloaded.scales.to_numpy(), imported.scales.to_numpy())
+    assert "QuantizedWeight" in (tmp_path / "qmlp.py").read_text(encoding="utf-8")
