@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -507,3 +508,96 @@ def float8_e8m0(x: Tensor, round_mode: str = "up", saturate: bool = True) -> Ten
     d = d.clamp_max(2.0**127) if saturate else d.mask_fill(d.greater(2.0**127), math.nan)
     d = d.mask_fill(a.is_nan().bool_or(a.is_inf()), math.nan)
     return d.cast("f8e8m0fnu")
+
+
+# ------------------------------------------------------------------ quantized operands
+# ONNX's quantized values are u8 or i8; ember's quantized tensors hold i8. A u8 value v with
+# zero point z is the i8 value v - 128 with zero point z - 128: the same dequantized number.
+
+
+def quantized_input(values: Tensor, scale: Tensor | None = None,
+                    zero_point: Tensor | None = None) -> Any:  # fmt: skip
+    """An ONNX quantized activation (u8 or i8 ``values`` with one ``scale`` and one
+    ``zero_point``) as a per-tensor :class:`ember.quantization.QTensor`.
+
+    A missing scale is 1 (the integer ops, MatMulInteger and ConvInteger, have none); a
+    missing zero point is ONNX's 0.
+
+    Raises:
+        DTypeError: the values are not u8 or i8, or the zero point has another dtype.
+        ShapeError: the scale or the zero point has more than one element.
+    """
+    from ember.quantization import QTensor
+
+    if values.dtype not in (DType.U8, DType.I8):
+        raise DTypeError(f"quantized input: values must be u8 or i8, got {values.dtype.value}")
+    for what, t in (("scale", scale), ("zero point", zero_point)):
+        if t is not None and math.prod(t.shape) != 1:
+            raise ShapeError(f"quantized input: one {what} per tensor is supported, got shape "
+                             f"{fmt_shape(t.shape)}")  # fmt: skip
+    if zero_point is not None and zero_point.dtype is not values.dtype:
+        raise DTypeError(f"quantized input: the zero point is {zero_point.dtype.value}, the "
+                         f"values {values.dtype.value}")  # fmt: skip
+    device = values.device
+    scale = (Tensor.ones([], device) if scale is None
+             else scale.reshape([]).cast(DType.F32))  # fmt: skip
+    zero = None if zero_point is None else zero_point.reshape([])
+    if values.dtype is DType.U8:
+        values = (values.cast(DType.I32) - 128).cast(DType.I8)
+        zero = (Tensor.from_data(np.array(-128, np.int8), device) if zero is None
+                else (zero.cast(DType.I32) - 128).cast(DType.I8))  # fmt: skip
+    return QTensor(values, scale, zero, _input_scheme(zero is not None), values.shape)
+
+
+@cache
+def _input_scheme(affine: bool) -> Any:
+    """The scheme of a per-tensor activation (made once: a scheme is a validated config)."""
+    from ember.quantization import QuantScheme
+
+    return QuantScheme(mode="affine" if affine else "symmetric")
+
+
+def _weight(weight: Any) -> Any:
+    """A :class:`QTensor`, or what a generated module holds of one (a layer whose
+    ``qtensor()`` gives it)."""
+    from ember.quantization import QTensor
+
+    return weight if isinstance(weight, QTensor) else weight.qtensor()
+
+
+def quantized_linear(x: Any, weight: Any, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight + bias`` by :func:`ember.quantization.linear`: a Float ``x`` or a
+    quantized one (:func:`quantized_input`) by a quantized ``weight`` of ``[K, N]``; f32."""
+    from ember.quantization import linear
+
+    return linear(x, _weight(weight), bias)
+
+
+def _pad_quantized(q: Any, pads: Sequence[int]) -> Any:
+    """The QTensor ``q`` padded with its zero point (a dequantized 0), ``pads`` in
+    ``Tensor.pad``'s order."""
+    from ember.quantization import QTensor
+
+    values = q.int_values()
+    if q.zero_points is None:
+        padded = values.pad(list(pads))
+    else:
+        zero = q.zero_points.cast(DType.I32)
+        padded = ((values.cast(DType.I32) - zero).pad(list(pads)) + zero).cast(DType.I8)
+    return QTensor(padded, q.scales, q.zero_points, q.scheme, padded.shape)
+
+
+def quantized_conv(x: Any, weight: Any, bias: Tensor | None, strides: Sequence[int],
+                   pads_begin: Sequence[int], pads_end: Sequence[int],
+                   dilations: Sequence[int], groups: int) -> Tensor:  # fmt: skip
+    """ONNX's 2-d Conv by :func:`ember.quantization.conv2d`: a Float ``x`` or a quantized
+    one (per tensor) by a quantized weight ``[M, C / groups, KH, KW]``; f32. Uneven pads
+    pad ``x`` first (a quantized ``x`` with its zero point)."""
+    from ember.quantization import QTensor, conv2d
+
+    common = [min(b, e) for b, e in zip(pads_begin, pads_end)]
+    extra = [v for b, e, c in zip(reversed(pads_begin), reversed(pads_end), reversed(common))
+             for v in (b - c, e - c)]  # fmt: skip
+    if any(extra):
+        x = _pad_quantized(x, extra) if isinstance(x, QTensor) else x.pad(extra)
+    return conv2d(x, _weight(weight), bias, list(strides), common, list(dilations), int(groups))

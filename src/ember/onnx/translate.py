@@ -23,6 +23,7 @@ import numpy as np
 from ember.onnx.context import NodeContext
 from ember.onnx.infer import infer
 from ember.onnx.ir import Graph, Node, ValueInfo, onnx_type_name
+from ember.onnx.quant_patterns import fuse_quantized, fused_converter
 from ember.onnx.registry import OnnxImportError, UnsupportedOnnxError, lookup, missing_reason
 from ember.onnx.vocabulary import (
     Field,
@@ -280,7 +281,7 @@ class Translator:
 
     def _convert(self, node: Node) -> None:
         opset = self.graph.opset(node.domain)
-        spec = lookup(node.op_type, node.domain, opset)
+        spec = lookup(node.op_type, node.domain, opset) or fused_converter(node)
         if spec is None:
             raise UnsupportedOnnxError(node.label, node.op_type, node.domain, opset,
                                        missing_reason(node.op_type, node.domain, opset))
@@ -426,6 +427,8 @@ def _to_numpy(value: Any) -> np.ndarray:
 
 def translate(graph: Graph) -> Program:
     """The program of ``graph``; raises :class:`UnsupportedOnnxError` for a node it cannot
-    translate. Ranks ONNX's inference left unknown are inferred first (:mod:`ember.onnx.infer`)."""
+    translate. Ranks ONNX's inference left unknown are inferred first (:mod:`ember.onnx.infer`),
+    then chains of quantized nodes fused (:mod:`ember.onnx.quant_patterns`)."""
     infer(graph)
+    fuse_quantized(graph)
     return Translator(graph).translate()
