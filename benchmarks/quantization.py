@@ -14,8 +14,10 @@ as the median of repeated calls (``--threads`` threads everywhere):
 * **ember f32 (NdArray)** and **ember int8 (NdArray)**: the same on NdArray, whose int8
   linear is the default of the op table (dequantize, then matmul), so it is slower than f32
   there;
-* **ember int8 static**: the input quantized int8 by fixed parameters (as a calibrated
-  layer does, that quantizing included), then integer products: ``torch._int_mm`` on Torch;
+* **ember int8 static / dynamic**: the input quantized int8 too, by fixed parameters (as a
+  calibrated layer does) or one scale per row computed each call (``QuantizeConfig(dynamic=
+  True)``), that quantizing included, then integer products: ``torch._int_mm`` on Torch, the
+  VNNI kernel (``numba_int8``) on fusion(NdArray);
 * **ember f32 / int8 (fusion(NdArray))**: on the JIT runtime, whose int8 linear is a numba
   GEMM that dequantizes the weight while packing it (tuned against the default; the first
   call tunes, and is not timed).
@@ -24,8 +26,8 @@ Then the transformer encoder of ``benchmarks/nn_step.py`` (2 layers, d_model 256
 d_ff 1024, no dropout) on ``[8, 128, 256]``, inference: PyTorch f32 and
 ``quantize_dynamic`` (which quantizes the feed-forward layers: PyTorch's attention keeps its
 projections in float; run in train mode, as its eval fast path fails on quantized layers), ember f32 and ember int8 (``model.quantize(QuantizeConfig())``: every
-linear layer, attention included) on the Torch backend, and ember int8 static (calibrated on
-the input itself).
+linear layer, attention included) on the Torch backend, ember int8 static (calibrated on
+the input itself) and dynamic, and ember f32 / int8 dynamic on fusion(NdArray).
 
 Ratios are each side's time over torch int8 dynamic (lower is faster).
 
@@ -69,7 +71,8 @@ def _linear(args) -> None:
 
     import ember
     from ember import Tensor
-    from ember.quantization import QuantScheme, linear
+    from ember.quantization import QuantScheme, linear, quantize
+    from ember.quantization.linear import ROWS
     from ember.quantization.qtensor import quantize_with
 
     torch.set_num_threads(args.threads)
@@ -109,14 +112,18 @@ def _linear(args) -> None:
                 lambda x=x, w=w, b=b: (x.matmul(w) + b).to_numpy(), repeat=args.repeat)  # fmt: skip
             times[f"ember int8 ({label})"] = median_seconds(
                 lambda x=x, q=q, b=b: linear(x, q, b).to_numpy(), repeat=args.repeat)  # fmt: skip
-            if name != "ndarray":  # static: the input quantized by fixed parameters
+            if name != "ndarray":  # the input quantized too: by fixed parameters, per row
                 scale = Tensor.from_data(np.float32(np.abs(x_host).max() / 127), device)
 
                 def static(x=x, q=q, b=b, scale=scale):
                     return linear(quantize_with(x, QuantScheme(), scale, None), q, b).to_numpy()
 
-                static()
-                times[f"ember int8 static ({label})"] = median_seconds(static, repeat=args.repeat)
+                def per_row(x=x, q=q, b=b):
+                    return linear(quantize(x, ROWS), q, b).to_numpy()
+
+                for side, run in (("static", static), ("dynamic", per_row)):
+                    run()
+                    times[f"ember int8 {side} ({label})"] = median_seconds(run, repeat=args.repeat)
         base = times["torch int8 dynamic"]
         for side, seconds in times.items():
             rows.append([f"{batch} x {n}", side, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}x"])
@@ -150,6 +157,7 @@ def _encoder(args) -> None:
     quantized = model.quantize(QuantizeConfig())
     static = model.quantize(QuantizeConfig(activations=ActivationConfig()),
                             [nn.TransformerEncoderInput(Tensor.from_data(x_host, device))])  # fmt: skip
+    dynamic_rows = model.quantize(QuantizeConfig(dynamic=True))
     x = nn.TransformerEncoderInput(Tensor.from_data(x_host, device))
     times = {}
     with torch.no_grad():
@@ -159,6 +167,15 @@ def _encoder(args) -> None:
     times["ember int8 (Torch)"] = median_seconds(lambda: quantized(x).to_numpy(), repeat=args.repeat)
     times["ember int8 static (Torch)"] = median_seconds(lambda: static(x).to_numpy(),
                                                         repeat=args.repeat)  # fmt: skip
+    times["ember int8 dynamic (Torch)"] = median_seconds(lambda: dynamic_rows(x).to_numpy(),
+                                                         repeat=args.repeat)  # fmt: skip
+    fusion = ember.device("ndarray").fusion()
+    on_fusion = {"f32": model.to_device(fusion), "int8 dynamic": dynamic_rows.to_device(fusion)}
+    xf = nn.TransformerEncoderInput(Tensor.from_data(x_host, fusion))
+    for side, m in on_fusion.items():
+        m(xf).to_numpy()  # compiles and tunes
+        times[f"ember {side} (fusion(NdArray))"] = median_seconds(lambda m=m: m(xf).to_numpy(),
+                                                                  repeat=args.repeat)  # fmt: skip
     base = times["torch int8 dynamic"]
     rows = [[side, f"{seconds * 1e3:.2f}", f"{seconds / base:.2f}x"] for side, seconds in times.items()]
     print_table(f"transformer encoder inference [8, 128, 256], {args.threads} thread(s): ms",
