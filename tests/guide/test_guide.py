@@ -399,7 +399,7 @@ def test_cli_fusion_train_infer_and_custom_loop(small_mnist, tmp_path, capsys, m
     np.testing.assert_allclose(_epoch_numbers(fused_line), _epoch_numbers(plain_line), atol=2e-4)
 
 
-def test_infer_quantized_agrees_with_float(trained, digits, capsys):
+def test_infer_quantized_agrees_with_float(trained, digits, capsys, tmp_path):
     # Weight-only int8 changes almost no prediction of the (barely trained) model; int4 (16
     # levels) changes more, but not its accuracy by much.
     folder = trained[0]
@@ -418,5 +418,12 @@ def test_infer_quantized_agrees_with_float(trained, digits, capsys):
     static = infer(folder, NDARRAY, count=128, dataset=test, quantize="int8-static",
                    calibration=digits[0])  # fmt: skip
     assert sum(p != q for (p, _), (q, _) in zip(exact, static)) <= 4
+    # The records: int8 about 4x smaller than f32 (the guide's target: at least 3.5x).
+    from ember.guide.inference import quantized
+
+    model = load_trained(folder, NDARRAY)[1]
+    sizes = {v: (model if v == "f32" else quantized(model, v, NDARRAY, digits[0]))
+             .save_file(tmp_path / v).stat().st_size for v in ("f32", "int8", "int8-static")}  # fmt: skip
+    assert sizes["f32"] / sizes["int8"] >= 3.5 and sizes["f32"] / sizes["int8-static"] >= 3.5, sizes
     with pytest.raises(ArgumentError, match="quantize must be one of 'int8', 'int4', 'int8-static'"):
         infer(folder, NDARRAY, count=2, dataset=test, quantize="int2")

@@ -114,6 +114,35 @@ def test_integer_conv_is_the_convolution_of_the_dequantized_operands(name):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-5)
 
 
+def test_integer_conv_agrees_with_pytorchs_quantized_conv_within_its_output_step():
+    # PyTorch's int8 convolution quantizes its output too (to u8 of a given scale): ember's
+    # f32 result lies within half a step of it.
+    torch = pytest.importorskip("torch", reason="PyTorch's quantized conv is the reference")
+    import warnings
+
+    device = ember.device("ndarray")
+    xs = RNG.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    ws = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    scale, zero_point = 0.03, 2  # ember's i8 zero point; PyTorch's u8 one is 128 above
+    x = Tensor.from_data(xs, device).quantize(
+        QuantScheme(mode="affine"), Tensor.from_data(np.float32(scale), device),
+        Tensor.from_data(np.int8(zero_point), device))  # fmt: skip
+    w = Tensor.from_data(ws, device).quantize(QuantScheme(granularity="axis", axis=0))
+    got = conv2d(x, w, Tensor.from_data(B[:4], device), stride=(2, 1), padding=1).to_numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        qx = torch.quantize_per_tensor(torch.from_numpy(xs), scale, zero_point + 128, torch.quint8)
+        qw = torch._make_per_channel_quantized_tensor(
+            torch.from_numpy(w.values.to_numpy()), torch.from_numpy(w.scales.to_numpy()).double(),
+            torch.zeros(4, dtype=torch.long), 0)  # fmt: skip
+        step = float(np.ptp(got)) / 255
+        out_zero = int(round(-float(got.min()) / step))
+        expected = torch.ao.nn.quantized.functional.conv2d(
+            qx, qw, torch.from_numpy(B[:4]), stride=(2, 1), padding=1, scale=step,
+            zero_point=out_zero).dequantize().numpy()  # fmt: skip
+    assert np.abs(got - expected).max() <= step / 2 + 1e-5
+
+
 def test_only_the_bias_gets_a_gradient():
     device = ember.device("ndarray").autodiff()
     x = Tensor.from_data(X, device).require_grad()
