@@ -395,20 +395,37 @@ class Tensor:
             return self
         return _wrap(backend.detach(self._prim), self._device, self._kind)
 
-    def backward(self):
+    def backward(self, create_graph: bool = False):
         """Gradients of this tensor (summed, if not a scalar) w.r.t. every tracked leaf.
 
         Returns a ``Gradients`` container; read one gradient with ``leaf.grad(grads)``.
+        With ``create_graph`` the gradients are themselves differentiable (tensors of this
+        autodiff device, with the graph of how they were computed), so they can enter
+        another ``backward()``: gradient penalties, Hessian-vector products, meta-learning.
+
+        Example:
+            >>> import ember
+            >>> from ember import Tensor
+            >>> x = Tensor.from_data([2.0], ember.device("ndarray").autodiff()).require_grad()
+            >>> dx = x.grad((x * x * x).sum().backward(create_graph=True))   # 3 x^2
+            >>> x.grad(dx.sum().backward()).tolist()                          # 6 x
+            [12.0]
         """
         if self._kind is not Kind.FLOAT:
             raise KindError(f"backward: needs a Float tensor, got {self._kind.value}")
-        return self._autodiff("backward").backward(self._prim)
+        backend = self._autodiff("backward")
+        if create_graph:
+            return backend.backward(self._prim, create_graph=True)
+        return backend.backward(self._prim)
 
     def grad(self, grads) -> Tensor | None:
-        """This leaf's gradient in ``grads``, on the inner (non-autodiff) device; None if absent."""
+        """This leaf's gradient in ``grads``; None if absent. On the inner (non-autodiff)
+        device, or on this device when ``grads`` came from ``backward(create_graph=True)``."""
         backend = self._autodiff("grad")
         prim = backend.grad(self._prim, grads)
-        return None if prim is None else _wrap(prim, self._device.inner(), Kind.FLOAT)
+        if prim is None:
+            return None
+        return _wrap(prim, self._device if grads.tracked else self._device.inner(), Kind.FLOAT)
 
     def grad_remove(self, grads) -> Tensor | None:
         """Takes this leaf's gradient out of ``grads``."""

@@ -53,6 +53,8 @@ class Autodiff(Decorator):
         self._accumulator = Accumulator(inner)
         self._inner_shape, self._inner_dtype = inner.shape, inner.dtype
         self._plans: dict[str, _Plan] = {}  # per primitive name, made on its first call
+        self._graph_accumulator: Accumulator | None = None  # create_graph's (adds on self)
+        self._recording_gradients = 0  # > 0 inside a create_graph pass (see _record)
 
     def _config(self) -> tuple:
         return (*super()._config(), self.checkpointing)
@@ -120,7 +122,11 @@ class Autodiff(Decorator):
                 out: Any, args: tuple) -> Node:  # fmt: skip
         rule = plan.rule or RULES.get(op.name)  # a rule registered after the op's first call
         if rule is None:
-            raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
+            if not self._recording_gradients:
+                raise UnsupportedError(f"autodiff: op {op.name!r} has no backward rule yet")
+            # A backward rule's own op without a rule: first order only. Its node raises
+            # if (only if) a later pass differentiates through it.
+            return Node(op.name, tuple(parents), _first_order_only(op.name), None)
         n = plan.n
         shape, dtype = self._inner_shape, self._inner_dtype
         shapes = tuple([None if x is None else shape(x) for x in inputs])
@@ -172,7 +178,10 @@ class Autodiff(Decorator):
     def detach(self, x: TrackedTensor) -> TrackedTensor:
         return TrackedTensor(x.primitive)
 
-    def backward(self, x: TrackedTensor) -> Gradients:
+    def backward(self, x: TrackedTensor, create_graph: bool = False) -> Gradients:
+        """The gradients of ``x`` (summed) w.r.t. every tracked leaf it depends on: inner
+        primitives, or with ``create_graph`` tracked tensors of this backend whose graph
+        (the backward rules' ops, recorded) a later ``backward`` differentiates again."""
         if x.node is None:
             raise UnsupportedError(
                 "backward: the tensor does not depend on any tensor that requires gradients "
@@ -180,7 +189,18 @@ class Autodiff(Decorator):
             )
         inner, prim = self.inner, x.primitive
         seed = inner.float_ones(inner.shape(prim), inner.device_of(prim), inner.dtype(prim))
-        return backward(x.node, seed, inner, self._accumulator, listener.current())
+        if not create_graph:
+            return backward(x.node, seed, inner, self._accumulator, listener.current())
+        if self._graph_accumulator is None:
+            self._graph_accumulator = Accumulator(self)
+        self._recording_gradients += 1
+        try:
+            grads = backward(x.node, TrackedTensor(seed), self, self._graph_accumulator,
+                             listener.current(), _lifted)  # fmt: skip
+        finally:
+            self._recording_gradients -= 1
+        grads.tracked = True
+        return grads
 
     def grad(self, x: TrackedTensor, grads: Gradients) -> Any:
         return grads.get(x.node)
@@ -201,6 +221,36 @@ class Autodiff(Decorator):
 
 
 _COMPUTE_BOUND = frozenset({"matmul", "module"})
+
+
+class FirstOrderOnlyError(UnsupportedError):
+    """A gradient of a gradient went through an op whose backward has no rule of its own."""
+
+
+def _first_order_only(name: str):
+    def rule(_backend, _grad, _saved):
+        raise FirstOrderOnlyError(
+            f"backward: the op {name!r} (run by a backward rule) has no backward rule: "
+            f"gradients through it are first order only"
+        )
+
+    return rule
+
+
+def _lifted(node: Node, saved: Saved) -> Saved:
+    """``saved`` (inner primitives) as tracked tensors: each input with its parent's node,
+    the output with ``node``, so that ops on them record a graph back into the forward's."""
+    inputs = saved.inputs
+    if inputs is not None:
+        inputs = tuple([None if p is None else TrackedTensor(p, parent)
+                        for p, parent in zip(inputs, node.parents)])  # fmt: skip
+    output = saved.output
+    if output is not None:
+        if type(output) is tuple:
+            output = (TrackedTensor(output[0], node), *(TrackedTensor(o) for o in output[1:]))
+        else:
+            output = TrackedTensor(output, node)
+    return Saved(inputs, output, saved.attrs, saved.shapes, saved.dtypes, saved.needs)
 
 
 class _Plan:

@@ -84,10 +84,11 @@ class Gradients:
     Read one with ``tensor.grad(grads)``; parameters are never mutated.
     """
 
-    __slots__ = ("_grads",)
+    __slots__ = ("_grads", "tracked")
 
     def __init__(self) -> None:
         self._grads: dict[int, Any] = {}
+        self.tracked = False  # create_graph: the values are tracked tensors of the backend
 
     def get(self, node: Node | None) -> Any:
         return None if node is None else self._grads.get(node.id)
@@ -109,7 +110,8 @@ class Gradients:
 
 
 def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
-             listener: GradientListener | None = None) -> Gradients:  # fmt: skip
+             listener: GradientListener | None = None,
+             lift: Callable[[Node, Any], Any] | None = None) -> Gradients:  # fmt: skip
     """Runs every backward rule reachable from ``root`` once, in reverse creation order.
 
     Args:
@@ -119,6 +121,11 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
         accumulator: adds the gradients of one node (with the inner backend's ops).
         listener: hears each leaf's gradient when it is complete, and the end of the pass
             (``listener.py``).
+        lift: with ``create_graph``: ``lift(node, saved)`` gives the saved state as tracked
+            tensors (each input with its parent's node), so that the rules, run on the
+            autodiff backend itself (``inner``), record the graph of the gradients; the
+            saved state is then kept (a later backward pass goes through these nodes
+            again).
     """
     order = _reachable(root)
     recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
@@ -147,8 +154,11 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
             saved = saved.restore(node, recomputed)
         # Every consumer of this node's output has a larger id and ran already.
         recomputed.pop(node.id, None)
-        input_grads = node.backward(inner, grad, saved)
-        node.saved, node.freed = None, True  # nothing later needs it
+        if lift is not None:
+            input_grads = node.backward(inner, grad, lift(node, saved))
+        else:
+            input_grads = node.backward(inner, grad, saved)
+            node.saved, node.freed = None, True  # nothing later needs it
         for parent, g in zip(node.parents, input_grads):
             if parent is None or g is None:
                 continue

@@ -147,3 +147,39 @@ def _interpolate(B, g, s):
 def _embedding(B, g, s):
     weights, indices = s.inputs
     return B.embedding_backward(weights, g, indices), None
+
+
+# ------------------------------------------------------------------ the backward ops' rules
+# Each backward op above is linear in the gradient it takes (its input gives only a shape,
+# indices are constants), so its own rule is its adjoint: the forward op. With these,
+# gradients of gradients (``backward(create_graph=True)``) go through pooling, resampling
+# and embeddings, to any order.
+@backward("avg_pool2d_backward")
+def _avg_pool2d_backward(B, gg, s):
+    return None, B.avg_pool2d(gg, s.attrs[0])
+
+
+@backward("adaptive_avg_pool2d_backward")
+def _adaptive_avg_pool2d_backward(B, gg, s):
+    return None, B.adaptive_avg_pool2d(gg, tuple(s.shapes[1][2:]))
+
+
+@backward("interpolate_backward")
+def _interpolate_backward(B, gg, s):
+    output_size, options = s.attrs
+    return None, B.interpolate(gg, output_size, options)
+
+
+@backward("max_pool2d_with_indices_backward", keep="inputs")
+def _max_pool2d_with_indices_backward(B, gg, s):
+    # The pooled gradient read back at each window's maximum: a gather within each plane.
+    indices = s.inputs[2]
+    n, c, *spatial = s.shapes[1]
+    planes = B.float_reshape(gg, (n, c, math.prod(s.shapes[0][2:])))
+    flat = B.int_reshape(indices, (n, c, math.prod(spatial)))
+    return None, B.float_reshape(B.float_gather(planes, flat, 2), s.shapes[1]), None
+
+
+@backward("embedding_backward", keep="inputs")
+def _embedding_backward(B, gg, s):
+    return None, B.embedding(gg, s.inputs[2]), None
