@@ -24,7 +24,6 @@ import ember
 from ember import Tensor
 from ember.backends.autodiff.backend import FirstOrderOnlyError
 
-
 SKIPPED = {
     # A zero base: the second derivatives hold 0 * log(0); PyTorch's double backward spreads
     # the NaN over every entry of the broadcast exponent, ember's keeps it to the zero's row.
@@ -118,5 +117,5 @@ def test_an_op_without_a_rule_of_its_own_is_first_order_only(monkeypatch):
     pooled = M.avg_pool2d(x * x, 2)
     first = x.grad(pooled.sum().backward(create_graph=True))  # first order still works
     np.testing.assert_allclose(first.to_numpy(), np.full((1, 1, 4, 4), 0.5))
-    with pytest.raises(FirstOrderOnlyError, match="'avg_pool2d_backward'.*first order only"):
+    with pytest.raises(FirstOrderOnlyError, match=r"'avg_pool2d_backward'.*first order only"):
         (first * first).sum().backward()

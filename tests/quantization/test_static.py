@@ -136,7 +136,7 @@ def test_integer_conv_agrees_with_pytorchs_quantized_conv_within_its_output_step
             torch.from_numpy(w.values.to_numpy()), torch.from_numpy(w.scales.to_numpy()).double(),
             torch.zeros(4, dtype=torch.long), 0)  # fmt: skip
         step = float(np.ptp(got)) / 255
-        out_zero = int(round(-float(got.min()) / step))
+        out_zero = round(-float(got.min()) / step)
         expected = torch.ao.nn.quantized.functional.conv2d(
             qx, qw, torch.from_numpy(B[:4]), stride=(2, 1), padding=1, scale=step,
             zero_point=out_zero).dequantize().numpy()  # fmt: skip
