@@ -395,13 +395,15 @@ class Tensor:
             return self
         return _wrap(backend.detach(self._prim), self._device, self._kind)
 
-    def backward(self, create_graph: bool = False):
+    def backward(self, create_graph: bool = False, inputs: Sequence[Tensor] = ()):
         """Gradients of this tensor (summed, if not a scalar) w.r.t. every tracked leaf.
 
         Returns a ``Gradients`` container; read one gradient with ``leaf.grad(grads)``.
         With ``create_graph`` the gradients are themselves differentiable (tensors of this
         autodiff device, with the graph of how they were computed), so they can enter
         another ``backward()``: gradient penalties, Hessian-vector products, meta-learning.
+        ``inputs`` names tensors of the graph that are not leaves (intermediate values)
+        whose gradients the result holds too.
 
         Example:
             >>> import ember
@@ -414,8 +416,9 @@ class Tensor:
         if self._kind is not Kind.FLOAT:
             raise KindError(f"backward: needs a Float tensor, got {self._kind.value}")
         backend = self._autodiff("backward")
-        if create_graph:
-            return backend.backward(self._prim, create_graph=True)
+        if create_graph or inputs:
+            return backend.backward(self._prim, create_graph=create_graph,
+                                    inputs=tuple(t._prim for t in inputs))  # fmt: skip
         return backend.backward(self._prim)
 
     def grad(self, grads) -> Tensor | None:

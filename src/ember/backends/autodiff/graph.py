@@ -111,7 +111,8 @@ class Gradients:
 
 def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
              listener: GradientListener | None = None,
-             lift: Callable[[Node, Any], Any] | None = None) -> Gradients:  # fmt: skip
+             lift: Callable[[Node, Any], Any] | None = None,
+             keep: frozenset[int] = frozenset()) -> Gradients:  # fmt: skip
     """Runs every backward rule reachable from ``root`` once, in reverse creation order.
 
     Args:
@@ -126,6 +127,8 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
             autodiff backend itself (``inner``), record the graph of the gradients; the
             saved state is then kept (a later backward pass goes through these nodes
             again).
+        keep: ids of nodes that are not leaves whose gradients the result holds too (the
+            gradient with respect to an intermediate value).
     """
     order = _reachable(root)
     recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
@@ -144,6 +147,8 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
             if listener is not None:
                 listener.on_gradient(node, grad)
             continue
+        if node.id in keep:
+            grads.replace(node, grad)
         if node.freed:
             raise GraphFreedError(
                 f"backward() reached the {node.op!r} node whose saved state was freed by an earlier "
