@@ -1,0 +1,185 @@
+"""``ember.onnx.export``: an ember module to an ONNX file.
+
+The module's forward on the example inputs is traced through the op table
+(:mod:`ember.onnx.export.tracer`); each recorded op is written in its ONNX form by its
+exporter (:mod:`ember.onnx.export.rules`); the model is checked with ``onnx.checker`` and
+written atomically.
+
+Dynamic axes: the forward is traced a second time with every dynamic dim at another size
+(each input's values repeated along it). The two traces must run the same ops; every
+shape attribute that differs between them is written symbolically: ``-1`` for the one
+entry of a reshape that changes, ``1`` where an expand keeps its input's size, a slice
+end at a dim's end as "to the end", and otherwise a formula of the dynamic input dims
+(``Shape`` / ``Gather`` / ``Mul`` / ``Concat``; see :mod:`ember.onnx.export.symbolic`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.atomic import atomic_write
+from ember.module import Module
+from ember.onnx.export.errors import ExportError, ExportFileError
+from ember.onnx.export.graph import build_model
+from ember.onnx.export.registry import rule_for
+from ember.onnx.export.symbolic import DynamicDim
+from ember.onnx.export.tracer import Trace, trace
+from ember.tensor import Tensor
+
+MIN_OPSET = 13
+"""The oldest default-domain opset export writes (Softmax's per-dim ``axis``, ReduceSum's
+axes input)."""
+
+
+def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | os.PathLike,
+           dynamic_axes: Mapping[str, Mapping[int, str]] | None = None, opset: int = 17,
+           input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
+           ) -> Path:  # fmt: skip
+    """Writes ``module``'s forward on ``example_inputs`` as an ONNX model at ``path``.
+
+    Args:
+        module: the model. On an autodiff device its ``valid()`` twin is exported (dropout
+            off, batch norm on its running statistics).
+        example_inputs: a tensor or a sequence of the forward's arguments; each tensor
+            becomes a graph input (other arguments are baked in).
+        path: the ``.onnx`` file to write (its folder must exist).
+        dynamic_axes: per input (or output) name, the dims whose size may change, with a
+            name for each: ``{"images": {0: "batch"}}``.
+        opset: the default-domain opset version (at least 13).
+        input_names: the graph inputs' names; default ``input`` (``input_0``, ... for several).
+        output_names: the graph outputs' names; default ``output`` (``output_0``, ...).
+
+    Returns:
+        the path written.
+
+    Raises:
+        UnsupportedExportError: an op without an ONNX form; it names the op and the module
+            path where it ran.
+        ExportError: a forward that cannot be exported (it reads values to branch on, or
+            runs other ops at other sizes of a dynamic axis), or bad arguments.
+        ExportFileError: the file cannot be written; nothing is left at ``path``.
+
+    Example:
+        >>> import tempfile, ember
+        >>> from ember import Tensor
+        >>> from ember.nn.linear import LinearConfig
+        >>> device = ember.device("ndarray")
+        >>> model = LinearConfig(4, 2).init(device)
+        >>> path = export(model, Tensor.zeros([3, 4], device), tempfile.mkdtemp() + "/m.onnx",
+        ...               dynamic_axes={"input": {0: "batch"}})
+        >>> path.name
+        'm.onnx'
+    """
+    import onnx
+
+    if not isinstance(opset, int) or not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
+        raise ExportError(f"ONNX export: opset {opset!r} is not between {MIN_OPSET} and "
+                          f"{onnx.defs.onnx_opset_version()} (this onnx package's newest)")
+    args = (example_inputs,) if isinstance(example_inputs, Tensor) else tuple(example_inputs)
+    n_inputs = sum(isinstance(a, Tensor) for a in args)
+    inputs = _names(input_names, n_inputs, "input")
+    dynamic_axes = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
+
+    def has_form(op) -> bool:
+        return any(rule_for(op.name, kind, opset) is not None for kind in op.kinds)
+
+    main = trace(module, args, has_form)
+    outputs = _names(output_names, len(main.outputs), "output")
+    unknown = set(dynamic_axes) - set(inputs) - set(outputs)
+    if unknown:
+        raise ExportError(f"ONNX export: dynamic_axes names {sorted(unknown)}, which are not "
+                          f"input or output names ({inputs + outputs})")
+    dynamic = _dynamic_dims(dynamic_axes, inputs, main)
+    alternate = None
+    if dynamic:
+        alternate = trace(module, _resized(args, inputs, dynamic), has_form)
+        _check_aligned(main, alternate)
+    model = build_model(main, alternate, opset=opset, input_names=inputs, output_names=outputs,
+                        dynamic=dynamic, dynamic_axes=dynamic_axes)  # fmt: skip
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as error:
+        raise ExportError(f"ONNX export: the exported model does not pass onnx.checker "
+                          f"(an exporter wrote an invalid node): {error}") from error
+    return _write(model, Path(path))
+
+
+def _names(given: Sequence[str] | None, count: int, stem: str) -> list[str]:
+    if given is None:
+        return [stem] if count == 1 else [f"{stem}_{i}" for i in range(count)]
+    names = list(given)
+    if len(names) != count or len(set(names)) != count or not all(
+            isinstance(n, str) and n for n in names):  # fmt: skip
+        raise ExportError(f"ONNX export: {count} distinct non-empty {stem} names are needed, "
+                          f"got {names!r}")
+    return names
+
+
+def _dynamic_dims(dynamic_axes: dict[str, dict[int, str]], inputs: list[str],
+                  main: Trace) -> list[DynamicDim]:  # fmt: skip
+    """The dynamic input dims, with a second size per dim name (distinct names get
+    distinct sizes, so a formula cannot mistake one for another)."""
+    sizes: dict[str, tuple[int, int]] = {}
+    found = []
+    for i, name in enumerate(inputs):
+        shape = main.input_avals[i].shape
+        for axis, dim_name in sorted(dynamic_axes.get(name, {}).items()):
+            if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+                raise ExportError(f"ONNX export: dynamic axis {axis!r} of input {name!r} is not "
+                                  f"a dim of its shape {list(shape)}")
+            axis %= len(shape)
+            traced = shape[axis]
+            if dim_name in sizes and sizes[dim_name][0] != traced:
+                raise ExportError(f"ONNX export: dynamic dim {dim_name!r} has size "
+                                  f"{sizes[dim_name][0]} in one input and {traced} in {name!r}")
+            sizes.setdefault(dim_name, (traced, traced + 2 + len(sizes)))
+            found.append(DynamicDim(name, axis, dim_name, *sizes[dim_name]))
+    return found
+
+
+def _resized(args: tuple, inputs: list[str], dynamic: list[DynamicDim]) -> list[Any]:
+    """The example inputs with each dynamic dim at its alternate size: the values repeat
+    along it, so indices stay valid indices."""
+    resized = []
+    names = iter(inputs)
+    for arg in args:
+        if not isinstance(arg, Tensor):
+            resized.append(arg)
+            continue
+        name = next(names)
+        values = np.asarray(arg.to_numpy())
+        for d in dynamic:
+            if d.input == name:
+                values = np.take(values, np.arange(d.alternate) % d.traced, axis=d.axis)
+        resized.append(Tensor.from_data(values, arg.device, dtype=arg.dtype))
+    return resized
+
+
+def _check_aligned(main: Trace, alternate: Trace) -> None:
+    """Both traces ran the same ops on the same operands, or the forward depends on sizes."""
+    calls, others = main.calls, alternate.calls
+    for a, b in zip(calls, others, strict=False):
+        if a.primitive != b.primitive or len(a.inputs) != len(b.inputs):
+            raise ExportError(
+                f"ONNX export: the forward runs other ops when a dynamic axis changes size "
+                f"(op {a.index}: {a.primitive} in module {a.module_path or '<root>'!r}, then "
+                f"{b.primitive} in {b.module_path or '<root>'!r}); a trace records one path")
+    if len(calls) != len(others):
+        raise ExportError(f"ONNX export: the forward runs {len(calls)} ops at the traced "
+                          f"sizes and {len(others)} at others; a trace records one path")
+
+
+def _write(model: Any, path: Path) -> Path:
+    if path.is_dir():
+        raise ExportFileError(f"ONNX export: {path} is a directory; give a file path")
+    try:
+        atomic_write(path, model.SerializeToString())
+    except OSError as error:
+        raise ExportFileError(f"ONNX export: cannot write {path}: {error.strerror or error}"
+                              ) from error  # fmt: skip
+    return path
