@@ -94,6 +94,8 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
     if unknown:
         raise ExportError(f"ONNX export: dynamic_axes names {sorted(unknown)}, which are not "
                           f"input or output names ({inputs + outputs})")
+    if main.reads:
+        _check_no_branch_on_data(main, trace(module, _other_values(args), has_form))
     dynamic = _dynamic_dims(dynamic_axes, inputs, main)
     alternate = None
     if dynamic:
@@ -158,6 +160,46 @@ def _resized(args: tuple, inputs: list[str], dynamic: list[DynamicDim]) -> list[
                 values = np.take(values, np.arange(d.alternate) % d.traced, axis=d.axis)
         resized.append(Tensor.from_data(values, arg.device, dtype=arg.dtype))
     return resized
+
+
+def _other_values(args: tuple) -> list[Any]:
+    """The example inputs with other values of the same kind: floats drawn afresh, ints
+    shuffled (so indices stay valid indices), bools negated."""
+    rng = np.random.default_rng(0)
+    changed = []
+    for arg in args:
+        if not isinstance(arg, Tensor):
+            changed.append(arg)
+            continue
+        values = np.asarray(arg.to_numpy())
+        if values.dtype == np.bool_:
+            values = ~values
+        elif np.issubdtype(values.dtype, np.integer):
+            values = rng.permutation(values.reshape(-1)).reshape(values.shape)
+        else:
+            values = rng.standard_normal(values.shape) * (np.abs(values).max() + 1.0)
+        changed.append(Tensor.from_data(values, arg.device, dtype=arg.dtype))
+    return changed
+
+
+def _check_no_branch_on_data(main: Trace, other: Trace) -> None:
+    """The forward read values computed from its inputs (in ``main.reads``): with other
+    input values it must run the same ops, or it branches on data."""
+    same = len(main.calls) == len(other.calls) and all(
+        a.primitive == b.primitive and _same_attrs(a.attrs, b.attrs)
+        for a, b in zip(main.calls, other.calls, strict=True))  # fmt: skip
+    if not same:
+        where = ", ".join(sorted({repr(p or "<root>") for p in main.reads}))
+        raise ExportError(f"ONNX export: the forward branches on the values of its inputs "
+                          f"(module {where} reads them, and other input values run other "
+                          f"ops); a trace records one path, so it cannot be exported")
+
+
+def _same_attrs(a: tuple, b: tuple) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # attributes holding arrays: compare by shape only
+        return len(a) == len(b)
 
 
 def _check_aligned(main: Trace, alternate: Trace) -> None:

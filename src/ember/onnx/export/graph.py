@@ -73,7 +73,7 @@ def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_name
     for i, name in copies:
         emitter.node("Identity", [emitter.name(trace.outputs[i])], [name])
     used = {name for node in emitter.nodes for name in node.input}
-    initializers = [*emitter.initializers]
+    initializers = [t for t in emitter.initializers if t.name in used]
     for path, handle in trace.params.values():
         if path in used:
             initializers.append(onnx.numpy_helper.from_array(trace.value(handle), path))

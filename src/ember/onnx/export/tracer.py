@@ -98,9 +98,10 @@ class Tracer(Decorator):
         self.calls: list[OpCall] = []
         self.recording = False
         self.scopes: list[str] = [""]
-        # Tensors whose values depend on the example inputs: reading one back to Python
-        # means the forward branches on data, which one trace cannot capture.
+        # Tensors whose values depend on the example inputs: reading one back to Python may
+        # mean the forward branches on data, which one trace cannot capture.
         self.from_inputs: set[int] = set()
+        self.reads: list[str] = []  # module paths that read values computed from inputs
         self._alive: list[Traced] = []  # keeps ids unique while the trace is used
 
     def wrap(self, inner_prim: Any) -> Traced:
@@ -117,10 +118,9 @@ class Tracer(Decorator):
         operands = self.operands(op, args)
         if op.name == "into_data":
             if any(id(t) in self.from_inputs for t in operands):
-                raise ExportError(f"ONNX export: module {self.scopes[-1] or '<root>'!r} reads "
-                                  "the values of a tensor computed from the inputs (a branch "
-                                  "or a Python number taken from data); a trace records one "
-                                  "path only, so such a forward cannot be exported")
+                # A check (indices in range) or a branch on data: export tells them apart
+                # by tracing again with other input values (see ``export``).
+                self.reads.append(self.scopes[-1])
             return self.forward(op, name, args)
         if op.composite and not self.has_form(op):
             return getattr(Backend, name)(self, *args)
@@ -149,6 +149,7 @@ class Trace:
         params: each parameter's handle with its module path (``conv1.weight``).
         outputs: the forward's output tensors, flattened in order.
         tracer: the tracer backend (it reads constants' values back).
+        reads: the module paths where the forward read values computed from the inputs.
     """
 
     calls: list[OpCall]
@@ -156,6 +157,7 @@ class Trace:
     params: dict[int, tuple[str, Traced]]
     outputs: list[Traced]
     tracer: Tracer
+    reads: list[str] = field(default_factory=list)
     input_avals: list[AVal] = field(default_factory=list)
     output_avals: list[AVal] = field(default_factory=list)
 
@@ -251,5 +253,5 @@ def trace(module: Module, inputs: Sequence[Tensor], has_form: Callable[[OpDef], 
     finally:
         tracer.recording = False
     outputs = [t.into_primitive() for t in _flatten_outputs(out)]
-    return Trace(tracer.calls, handles, params, outputs, tracer,
+    return Trace(tracer.calls, handles, params, outputs, tracer, tracer.reads,
                  [tracer._aval(h) for h in handles], [tracer._aval(h) for h in outputs])
