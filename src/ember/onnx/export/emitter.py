@@ -132,7 +132,7 @@ class Emitter:
             if key in self._constants:
                 return self._constants[key]
         name = self.fresh(hint)
-        tensor = numpy_helper.from_array(np.ascontiguousarray(array), name)
+        tensor = numpy_helper.from_array(array.copy(order="C"), name)  # keeps a 0-d shape
         if array.dtype.name == "bfloat16":
             raise ExportError("ONNX export: bf16 constants are not written yet")
         self.initializers.append(tensor)

@@ -53,14 +53,10 @@ def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_name
             raise ExportError(f"ONNX export: the name {path!r} is both a parameter and an input "
                               f"or output name; choose other input_names / output_names")
         names.setdefault(key, path)
-    # An output a node computes takes its name directly; one that is an input, a parameter
-    # or another output already is copied by an Identity at the end.
-    copies: list[tuple[int, str]] = []
-    for i, (handle, name) in enumerate(zip(trace.outputs, output_names, strict=True)):
-        if id(handle) in names:
-            copies.append((i, name))
-        else:
-            names[id(handle)] = name
+    # An output a node computes takes its name directly; one that is an input, a parameter,
+    # another output or an exporter's alias of a value is copied by an Identity at the end.
+    for handle, name in zip(trace.outputs, output_names, strict=True):
+        names.setdefault(id(handle), name)
     emitter = Emitter(trace, alternate, opset, names, dynamic)
     for call in live_calls(trace):
         spec = rule_for(call.op.name, call.kind, opset)
@@ -70,8 +66,9 @@ def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_name
         emitter.set_scope(call.module_path)
         spec.fn(emitter, call)
     emitter.set_scope("")
-    for i, name in copies:
-        emitter.node("Identity", [emitter.name(trace.outputs[i])], [name])
+    for handle, name in zip(trace.outputs, output_names, strict=True):
+        if emitter.name(handle) != name:
+            emitter.node("Identity", [emitter.name(handle)], [name])
     used = {name for node in emitter.nodes for name in node.input}
     initializers = [t for t in emitter.initializers if t.name in used]
     for path, handle in trace.params.values():

@@ -16,7 +16,7 @@ from ember.tensor.data import numpy_dtype
 def from_data(e: Emitter, call: OpCall) -> None:
     """The data as an initializer (the traced values: one trace, one graph)."""
     e.static(call, "data")
-    e.bind(call, e.name(call.outputs[0]))
+    e.bind(call, e.const(e.trace.value(call.outputs[0]), "data"))
 
 
 @exporter("full", "empty")
@@ -33,8 +33,12 @@ def arange(e: Emitter, call: OpCall) -> None:
     """``Range`` over 0-d bounds; an end that follows a dynamic axis is computed."""
     dtype = numpy_dtype(call.output_avals[0].dtype)
     start, step = e.static(call, "start"), e.static(call, "step")
-    end = e.sizes(call, [call.attr("end")], [e.alternate_attr(call, "end")])
-    end = e.node("Cast", [e.node("Squeeze", [end])], to=_onnx_int(dtype))
+    end_traced, end_other = call.attr("end"), e.alternate_attr(call, "end")
+    if end_traced == end_other:
+        end = e.const(np.asarray(end_traced, dtype=dtype))
+    else:  # a 1-element size made a 0-d bound
+        end = e.node("Reshape", [e.symbolic(call, end_traced, end_other), e.ints([])])
+        end = e.node("Cast", [end], to=_onnx_int(dtype))
     e.node("Range", [e.const(np.asarray(start, dtype=dtype)), end,
                      e.const(np.asarray(step, dtype=dtype))], [e.output(call)])  # fmt: skip
 

@@ -52,14 +52,22 @@ def bitwise_not(e: Emitter, call: OpCall) -> None:
     e.node("BitwiseNot", [e.input(call, 0)], [e.output(call)])
 
 
+def where(e: Emitter, call: OpCall, mask: str, value: str, tensor: str) -> None:
+    """``value`` where the mask holds, ``tensor`` elsewhere. onnxruntime has no boolean
+    Where, so for Bool tensors it is ``mask and value or not mask and tensor``."""
+    if call.kind is not Kind.BOOL:
+        e.node("Where", [mask, value, tensor], [e.output(call)])
+        return
+    chosen = e.node("And", [mask, value])
+    kept = e.node("And", [e.node("Not", [mask]), tensor])
+    e.node("Or", [chosen, kept], [e.output(call)])
+
+
 @exporter("mask_where")
 def mask_where(e: Emitter, call: OpCall) -> None:
-    """``value`` where the mask holds, ``tensor`` elsewhere."""
-    tensor, mask, value = (e.input(call, i) for i in range(3))
-    e.node("Where", [mask, value, tensor], [e.output(call)])
+    where(e, call, e.input(call, 1), e.input(call, 2), e.input(call, 0))
 
 
 @exporter("mask_fill")
 def mask_fill(e: Emitter, call: OpCall) -> None:
-    value = e.scalar_like(call, call.attr("value"))
-    e.node("Where", [e.input(call, 1), value, e.input(call, 0)], [e.output(call)])
+    where(e, call, e.input(call, 1), e.scalar_like(call, call.attr("value")), e.input(call, 0))
