@@ -15,6 +15,7 @@ import ember  # noqa: E402
 from ember import Tensor, nn  # noqa: E402
 from ember.guide.model import ModelConfig  # noqa: E402
 from ember.module import Module  # noqa: E402
+from ember.nn.attention import MhaInput  # noqa: E402
 from ember.nn.transformer import TransformerEncoderInput  # noqa: E402
 
 DEVICE = ember.device("ndarray")
@@ -75,6 +76,15 @@ LAYERS = {
     "softmax": (lambda: nn.SoftmaxConfig(1).init(), (3, 5)),
     "log_softmax": (lambda: nn.LogSoftmaxConfig(-1).init(), (3, 5)),
     "swiglu": (lambda: nn.SwiGluConfig(4, 6).init(DEVICE), (3, 4)),
+    "conv3d": (lambda: nn.Conv3dConfig([2, 3], [2, 2, 2]).init(DEVICE), (3, 2, 4, 4, 4)),
+    "conv_transpose1d": (lambda: nn.ConvTranspose1dConfig([2, 3], 3, stride=2, padding=1,
+                                                          padding_out=1).init(DEVICE),
+                         (3, 2, 5)),
+    "instance_norm": (lambda: nn.InstanceNormConfig(3).init(DEVICE), (3, 3, 5, 4)),
+    "interpolate1d": (lambda: nn.Interpolate1dConfig(scale_factor=2.0).init(), (3, 3, 5)),
+    "feed_forward": (lambda: nn.PositionWiseFeedForwardConfig(8, 16).init(DEVICE), (3, 5, 8)),
+    "positional_encoding": (lambda: nn.PositionalEncodingConfig(8).init(DEVICE), (3, 5, 8)),
+    "rotary_encoding": (lambda: nn.RotaryEncodingConfig(16, 8).init(DEVICE), (3, 5, 8)),
 }
 ACTIVATIONS = ["Relu", "Relu6", "Sigmoid", "Tanh", "Silu", "Mish", "LogSigmoid", "HardSwish",
                "Selu", "Gelu"]
@@ -135,6 +145,42 @@ def test_an_autodiff_model_exports_its_inference_form(tmp_path):
                              tmp_path / "m.onnx")
     want = model.valid()(images).to_numpy()
     np.testing.assert_allclose(run_onnxruntime(path, [images])[0], want, rtol=1e-4, atol=1e-5)
+
+
+class FirstOutput(Module):
+    """The first output of a layer that returns several (a recurrent layer's sequence)."""
+
+    layer: Module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer(x)[0]
+
+
+class SelfAttention(Module):
+    attention: nn.MultiHeadAttention
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.attention(MhaInput.self_attn(x)).context
+
+
+SEQUENCE_LAYERS = {
+    # Recurrent layers unroll over the sequence (ONNX LSTM / GRU nodes are future work), so
+    # only their batch is dynamic.
+    "lstm": (lambda: FirstOutput(nn.LstmConfig(3, 5).init(DEVICE)), {0: "batch"}),
+    "bilstm": (lambda: FirstOutput(nn.BiLstmConfig(3, 5).init(DEVICE)), {0: "batch"}),
+    "gru": (lambda: FirstOutput(nn.GruConfig(3, 5).init(DEVICE)), {0: "batch"}),
+    "attention": (lambda: SelfAttention(nn.MultiHeadAttentionConfig(6, 2).init(DEVICE)),
+                  {0: "batch", 1: "seq"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEQUENCE_LAYERS))
+def test_a_sequence_layer_round_trips(name, tmp_path):
+    build, axes = SEQUENCE_LAYERS[name]
+    d = 6 if name == "attention" else 3
+    other = rand(4, 7 if 1 in axes else 4, d, seed=4)
+    round_trip(build(), [rand(2, 4, d)], tmp_path / "seq.onnx", others=[[other]],
+               dynamic_axes={"input": axes})
 
 
 class Encoder(Module):

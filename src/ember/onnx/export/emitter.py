@@ -68,6 +68,7 @@ class Emitter:
         self._used = set(names.values())
         self._constants: dict[tuple, str] = {}
         self._dim_values: dict[tuple[str, int], str] = {}
+        self._shapes: dict[str, str] = {}
         self._scope = ""
         self._counter = 0
 
@@ -235,6 +236,8 @@ class Emitter:
         """A 1-element int64 value: the size of ``axis`` of graph input ``input_name``."""
         key = (input_name, axis)
         if key not in self._dim_values:
-            shape = self.node("Shape", [input_name])
+            if input_name not in self._shapes:
+                self._shapes[input_name] = self.node("Shape", [input_name])
+            shape = self._shapes[input_name]
             self._dim_values[key] = self.node("Gather", [shape, self.ints([axis])], axis=0)
         return self._dim_values[key]

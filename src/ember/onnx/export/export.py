@@ -163,8 +163,9 @@ def _resized(args: tuple, inputs: list[str], dynamic: list[DynamicDim]) -> list[
 
 
 def _other_values(args: tuple) -> list[Any]:
-    """The example inputs with other values of the same kind: floats drawn afresh, ints
-    shuffled (so indices stay valid indices), bools negated."""
+    """The example inputs with other values of the same kind: floats negated, scaled and
+    shifted (a sign or threshold test turns), ints shuffled (so indices stay valid
+    indices), bools negated."""
     rng = np.random.default_rng(0)
     changed = []
     for arg in args:
@@ -177,7 +178,7 @@ def _other_values(args: tuple) -> list[Any]:
         elif np.issubdtype(values.dtype, np.integer):
             values = rng.permutation(values.reshape(-1)).reshape(values.shape)
         else:
-            values = rng.standard_normal(values.shape) * (np.abs(values).max() + 1.0)
+            values = -1.5 * values - 0.25 + 0.1 * rng.standard_normal(values.shape)
         changed.append(Tensor.from_data(values, arg.device, dtype=arg.dtype))
     return changed
 
