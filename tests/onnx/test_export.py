@@ -136,6 +136,22 @@ def test_the_guide_model_round_trips_with_a_dynamic_batch(tmp_path):
     assert graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
 
 
+@pytest.mark.parametrize("device_name", ["torch", "fusion"])
+def test_models_on_other_backends_export(device_name, tmp_path, monkeypatch):
+    """The tracer wraps whatever backend the model is on."""
+    if device_name == "torch":
+        pytest.importorskip("torch")
+        device = ember.device("torch")
+    else:
+        monkeypatch.setenv("EMBER_FUSION_CACHE", str(tmp_path / "fusion-cache"))
+        device = ember.device("ndarray").fusion()
+    model = ModelConfig(num_classes=10, hidden_size=16).init(device)
+    images = Tensor.from_data(rand(2, 28, 28).to_numpy(), device)
+    path = ember.onnx.export(model, images, tmp_path / "m.onnx")
+    np.testing.assert_allclose(run_onnxruntime(path, [images])[0], model(images).to_numpy(),
+                               rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
 def test_an_autodiff_model_exports_its_inference_form(tmp_path):
     """Dropout off and batch norm on running statistics, as after ``valid()``."""
     device = DEVICE.autodiff()

@@ -132,10 +132,10 @@ class Emitter:
             key = (array.dtype.str, array.shape, array.tobytes())
             if key in self._constants:
                 return self._constants[key]
-        name = self.fresh(hint)
-        tensor = numpy_helper.from_array(array.copy(order="C"), name)  # keeps a 0-d shape
         if array.dtype.name == "bfloat16":
             raise ExportError("ONNX export: bf16 constants are not written yet")
+        name = self.fresh(hint)
+        tensor = numpy_helper.from_array(array.copy(order="C"), name)  # keeps a 0-d shape
         self.initializers.append(tensor)
         if key is not None:
             self._constants[key] = name

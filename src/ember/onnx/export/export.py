@@ -204,10 +204,14 @@ def _same_attrs(a: tuple, b: tuple) -> bool:
 
 
 def _check_aligned(main: Trace, alternate: Trace) -> None:
-    """Both traces ran the same ops on the same operands, or the forward depends on sizes."""
+    """Both traces ran the same ops on operands from the same places, or the forward
+    depends on the sizes of its dynamic axes."""
     calls, others = main.calls, alternate.calls
+    where_main, where_other = _origins(main), _origins(alternate)
     for a, b in zip(calls, others, strict=False):
-        if a.primitive != b.primitive or len(a.inputs) != len(b.inputs):
+        same = a.primitive == b.primitive and len(a.inputs) == len(b.inputs) and all(
+            where_main(x) == where_other(y) for x, y in zip(a.inputs, b.inputs, strict=True))
+        if not same:
             raise ExportError(
                 f"ONNX export: the forward runs other ops when a dynamic axis changes size "
                 f"(op {a.index}: {a.primitive} in module {a.module_path or '<root>'!r}, then "
@@ -215,6 +219,15 @@ def _check_aligned(main: Trace, alternate: Trace) -> None:
     if len(calls) != len(others):
         raise ExportError(f"ONNX export: the forward runs {len(calls)} ops at the traced "
                           f"sizes and {len(others)} at others; a trace records one path")
+
+
+def _origins(traced: Trace):
+    """Where an operand comes from: (call index, output), an input, a parameter, a constant."""
+    places: dict[int, tuple] = {id(h): ("input", i) for i, h in enumerate(traced.inputs)}
+    places.update({key: ("param", path) for key, (path, _h) in traced.params.items()})
+    for call in traced.calls:
+        places.update({id(h): ("call", call.index, j) for j, h in enumerate(call.outputs)})
+    return lambda handle: None if handle is None else places.get(id(handle), ("constant",))
 
 
 def _write(model: Any, path: Path) -> Path:

@@ -31,6 +31,7 @@ from ember.onnx.export.errors import ExportError
 from ember.tensor import Tensor
 from ember.tensor.dtype import Kind
 
+# Custom ops registered later are Float ops (ember.backend.custom_op): the default below.
 _KIND_OF: dict[str, Kind] = {name: kind for _op, kind, name in primitives()}
 
 
@@ -128,7 +129,7 @@ class Tracer(Decorator):
         outputs = out if isinstance(out, tuple) else (out,)
         n = len(op.inputs)
         self.calls.append(OpCall(
-            len(self.calls), op, name, _KIND_OF[name], tuple(operands), tuple(args[n:]),
+            len(self.calls), op, name, _KIND_OF.get(name, Kind.FLOAT), tuple(operands), tuple(args[n:]),
             outputs, tuple(None if t is None else self._aval(t) for t in operands),
             tuple(self._aval(t) for t in outputs), self.scopes[-1]))  # fmt: skip
         if any(id(t) in self.from_inputs for t in operands if t is not None):
