@@ -2,7 +2,7 @@
 
 Each model here derives a shape attribute from a dynamic dim in another way (a reshape
 with one or two changing entries, a filled tensor, a range, a slice to the end, an
-expand); each is exported at one size and run in onnxruntime and the importer at others.
+expand, a slice assignment); each is exported at one size and run in onnxruntime and the importer at others.
 """
 
 from __future__ import annotations
@@ -62,7 +62,15 @@ class ExpandToTheBatch(Module):
         return x * self.scale.reshape([1, 1, d]).expand([b, s, d])
 
 
+class FillAColumn(Module):
+    """Every row's second and third features set (a slice assignment over the batch)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.slice_fill([(0, x.shape[0]), (0, x.shape[1]), (1, 3)], 7.0)
+
+
 MODELS = {
+    "fill_a_column": lambda: FillAColumn(),
     "merge_and_split": lambda: MergeAndSplit(),
     "filled_and_range": lambda: FilledAndRange(),
     "slice_to_the_end": lambda: SliceToTheEnd(),

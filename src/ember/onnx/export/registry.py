@@ -45,8 +45,6 @@ WITHOUT_FORM: dict[str, str] = {
     "random": "ONNX random ops do not reproduce ember's generator (dropout is off in export)",
     "atan2": "ONNX has no two-argument arctangent",
     "cumprod": "ONNX has no cumulative product",
-    "slice_assign": "no ONNX form written yet (ScatterND over the slice's indices would do)",
-    "select_assign": "no ONNX form written yet (ScatterElements with reduction add would do)",
     "max_pool2d_with_indices": "ONNX MaxPool indices are flat over the whole tensor, "
                                "ember's per plane; no conversion written yet",
     # A composite without an exporter is traced as its primitives; this one's are not all
