@@ -129,3 +129,25 @@ def why_no_form(op: str, kind: Kind, opset: int) -> str:
         return f"its ONNX form needs opset >= {min(later)} (export with opset={min(later)})"
     return ("no exporter is registered for it (add one in ember/onnx/export/rules, see "
             "ember.onnx.export.registry.exporter)")
+
+
+def coverage(opset: int = 17, newest: int = 21) -> dict[str, list[str]]:
+    """The primitives of the built-in op table by how they export at ``opset``:
+    ``"own"`` (an exporter of their own), ``"later_opset"`` (one from a later opset, up to
+    ``newest``; at ``opset`` a composite is traced as its primitives), ``"decomposed"``
+    (a composite traced as its primitives), ``"listed"`` (no ONNX form: WITHOUT_FORM)."""
+    from ember.backend.ops import primitives
+
+    found: dict[str, list[str]] = {"own": [], "later_opset": [], "decomposed": [], "listed": []}
+    for op, kind, name in primitives():
+        if op.group == "custom":
+            continue
+        if op.name in WITHOUT_FORM or (op.name, kind) in WITHOUT_FORM_BY_KIND:
+            found["listed"].append(name)
+        elif rule_for(op.name, kind, opset) is not None:
+            found["own"].append(name)
+        elif any(rule_for(op.name, kind, v) for v in range(opset + 1, newest + 1)):
+            found["later_opset"].append(name)
+        else:
+            found["decomposed"].append(name)
+    return found
