@@ -16,6 +16,7 @@ from ember import Tensor, nn  # noqa: E402
 from ember.guide.model import ModelConfig  # noqa: E402
 from ember.module import Module  # noqa: E402
 from ember.nn.attention import MhaInput  # noqa: E402
+from ember.nn.rnn import LstmState  # noqa: E402
 from ember.nn.transformer import TransformerEncoderInput  # noqa: E402
 
 DEVICE = ember.device("ndarray")
@@ -180,23 +181,52 @@ class SelfAttention(Module):
 
 
 SEQUENCE_LAYERS = {
-    # Recurrent layers unroll over the sequence (ONNX LSTM / GRU nodes are future work), so
-    # only their batch is dynamic.
-    "lstm": (lambda: FirstOutput(nn.LstmConfig(3, 5).init(DEVICE)), {0: "batch"}),
-    "bilstm": (lambda: FirstOutput(nn.BiLstmConfig(3, 5).init(DEVICE)), {0: "batch"}),
-    "gru": (lambda: FirstOutput(nn.GruConfig(3, 5).init(DEVICE)), {0: "batch"}),
-    "attention": (lambda: SelfAttention(nn.MultiHeadAttentionConfig(6, 2).init(DEVICE)),
-                  {0: "batch", 1: "seq"}),
+    "lstm": lambda: FirstOutput(nn.LstmConfig(3, 5).init(DEVICE)),
+    "lstm_sequence_first": lambda: FirstOutput(nn.LstmConfig(3, 5, batch_first=False).init(
+        DEVICE)),
+    "bilstm": lambda: FirstOutput(nn.BiLstmConfig(3, 5).init(DEVICE)),
+    "gru": lambda: FirstOutput(nn.GruConfig(3, 5).init(DEVICE)),
+    "gru_reset_before": lambda: FirstOutput(nn.GruConfig(3, 5, reset_after=False).init(DEVICE)),
+    "gru_without_bias": lambda: FirstOutput(nn.GruConfig(3, 5, bias=False).init(DEVICE)),
+    "attention": lambda: SelfAttention(nn.MultiHeadAttentionConfig(3, 1).init(DEVICE)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SEQUENCE_LAYERS))
-def test_a_sequence_layer_round_trips(name, tmp_path):
-    build, axes = SEQUENCE_LAYERS[name]
-    d = 6 if name == "attention" else 3
-    other = rand(4, 7 if 1 in axes else 4, d, seed=4)
-    round_trip(build(), [rand(2, 4, d)], tmp_path / "seq.onnx", others=[[other]],
-               dynamic_axes={"input": axes})
+def test_a_sequence_layer_round_trips_with_dynamic_batch_and_sequence(name, tmp_path):
+    model = SEQUENCE_LAYERS[name]()
+    exported = round_trip(model, [rand(2, 4, 3)], tmp_path / "seq.onnx",
+                          others=[[rand(4, 7, 3, seed=4)], [rand(1, 1, 3, seed=5)]],
+                          dynamic_axes={"input": {0: "batch", 1: "seq"}})  # fmt: skip
+    node_types = {node.op_type for node in exported.graph.node}
+    if "lstm" in name or "gru" in name:  # one ONNX node, not an unrolled loop
+        assert ("LSTM" if "lstm" in name else "GRU") in node_types
+        assert "MatMul" not in node_types
+
+
+class Recurrent(Module):
+    """An LSTM and a GRU given initial states, returning every output and state."""
+
+    lstm: nn.Lstm
+    gru: nn.Gru
+
+    def forward(self, x: Tensor, cell: Tensor, hidden: Tensor, gru_hidden: Tensor):
+        out, state = self.lstm(x, LstmState(cell, hidden))
+        return out, state.cell, state.hidden, *self.gru(out, gru_hidden)
+
+
+def test_recurrent_layers_with_initial_states_round_trip(tmp_path):
+    model = Recurrent(nn.LstmConfig(3, 4).init(DEVICE), nn.GruConfig(4, 5).init(DEVICE))
+    inputs = [rand(2, 6, 3), rand(2, 4, seed=1), rand(2, 4, seed=2), rand(2, 5, seed=3)]
+    others = [rand(3, 2, 3, seed=4), rand(3, 4, seed=5), rand(3, 4, seed=6), rand(3, 5, seed=7)]
+    batch = {0: "batch"}
+    exported = round_trip(model, inputs, tmp_path / "rnn.onnx", others=[others],
+                          input_names=["x", "c", "h", "g"],
+                          dynamic_axes={"x": {0: "batch", 1: "seq"}, "c": batch, "h": batch,
+                                        "g": batch})  # fmt: skip
+    # The weights in ONNX's layout, named after the layer.
+    names = {i.name.rsplit("_", 1)[0] for i in exported.graph.initializer}
+    assert {"lstm.W", "lstm.R", "lstm.B", "gru.W", "gru.R", "gru.B"} <= names
 
 
 class Encoder(Module):

@@ -26,9 +26,10 @@ from ember.atomic import atomic_write
 from ember.module import Module
 from ember.onnx.export.errors import ExportError, ExportFileError
 from ember.onnx.export.graph import build_model
-from ember.onnx.export.registry import rule_for
+from ember.onnx.export.registry import module_rule_for, rule_for
 from ember.onnx.export.symbolic import DynamicDim
-from ember.onnx.export.tracer import Trace, trace
+from ember.onnx.export.tracer import Trace
+from ember.onnx.export.tracer import trace as trace_forward
 from ember.tensor import Tensor
 
 MIN_OPSET = 13
@@ -88,18 +89,24 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
     def has_form(op) -> bool:
         return any(rule_for(op.name, kind, opset) is not None for kind in op.kinds)
 
-    main = trace(module, args, has_form)
+    def whole(layer: Module) -> bool:
+        return module_rule_for(layer) is not None
+
+    def trace(model: Module, example: Sequence[Any]) -> Trace:
+        return trace_forward(model, example, has_form, whole)
+
+    main = trace(module, args)
     outputs = _names(output_names, len(main.outputs), "output")
     unknown = set(dynamic_axes) - set(inputs) - set(outputs)
     if unknown:
         raise ExportError(f"ONNX export: dynamic_axes names {sorted(unknown)}, which are not "
                           f"input or output names ({inputs + outputs})")
     if main.reads:
-        _check_no_branch_on_data(main, trace(module, _other_values(args), has_form))
+        _check_no_branch_on_data(main, trace(module, _other_values(args)))
     dynamic = _dynamic_dims(dynamic_axes, inputs, main)
     alternate = None
     if dynamic:
-        alternate = trace(module, _resized(args, inputs, dynamic), has_form)
+        alternate = trace(module, _resized(args, inputs, dynamic))
         _check_aligned(main, alternate)
     model = build_model(main, alternate, opset=opset, input_names=inputs, output_names=outputs,
                         dynamic=dynamic, dynamic_axes=dynamic_axes)  # fmt: skip

@@ -10,7 +10,7 @@ from onnx import helper
 
 from ember.onnx.export.emitter import Emitter, onnx_type
 from ember.onnx.export.errors import ExportError, UnsupportedExportError
-from ember.onnx.export.registry import rule_for, why_no_form
+from ember.onnx.export.registry import module_rule_for, rule_for, why_no_form
 from ember.onnx.export.symbolic import DynamicDim
 from ember.onnx.export.tracer import OpCall, Trace
 
@@ -59,11 +59,16 @@ def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_name
         names.setdefault(id(handle), name)
     emitter = Emitter(trace, alternate, opset, names, dynamic)
     for call in live_calls(trace):
+        emitter.set_scope(call.module_path)
+        if call.module is not None:  # a module exported whole
+            rule = module_rule_for(call.module)
+            assert rule is not None
+            rule(emitter, call)
+            continue
         spec = rule_for(call.op.name, call.kind, opset)
         if spec is None:
             raise UnsupportedExportError(call.op.name, call.primitive, call.module_path,
                                          why_no_form(call.op.name, call.kind, opset))
-        emitter.set_scope(call.module_path)
         spec.fn(emitter, call)
     emitter.set_scope("")
     for handle, name in zip(trace.outputs, output_names, strict=True):

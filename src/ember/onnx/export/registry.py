@@ -36,6 +36,7 @@ class RuleSpec:
 
 
 _RULES: dict[str, list[RuleSpec]] = {}
+_MODULE_RULES: dict[type, ExportRule] = {}
 _loaded = False
 
 _TRAINING = "a training-only gradient op; export runs the forward for inference"
@@ -87,6 +88,29 @@ def exporter(*ops: str, kinds: Iterable[Kind] | None = None, since: int = 1
         return fn
 
     return register
+
+
+def module_exporter(*classes: type) -> Callable[[ExportRule], ExportRule]:
+    """Registers the decorated function as the exporter of whole modules of ``classes`` (and
+    their subclasses): the tracer records such a module's call as one, whose ``inputs`` and
+    ``outputs`` are the tensors among its arguments and results, and ``call.module`` the
+    module. For layers with an ONNX node of their own (``LSTM``, ``GRU``)."""
+
+    def register(fn: ExportRule) -> ExportRule:
+        for cls in classes:
+            _MODULE_RULES[cls] = fn
+        return fn
+
+    return register
+
+
+def module_rule_for(module: Any) -> ExportRule | None:
+    """The exporter of ``module`` as a whole, or None (its ops are traced)."""
+    _load_rules()
+    for cls in type(module).__mro__:
+        if cls in _MODULE_RULES:
+            return _MODULE_RULES[cls]
+    return None
 
 
 def _load_rules() -> None:

@@ -63,6 +63,8 @@ class OpCall:
         input_avals / output_avals: shapes and dtypes of the operands and outputs.
         module_path: the path of the innermost module running when the op ran
             (``"encoder.layers.0.attention"``; ``""`` for the exported module itself).
+        module: for a module exported whole, the module (its op is a stand-in, ``module:``
+            and the class name); None for an op.
     """
 
     index: int
@@ -75,6 +77,7 @@ class OpCall:
     input_avals: tuple[AVal | None, ...]
     output_avals: tuple[AVal, ...]
     module_path: str
+    module: Module | None = None
 
     def attr(self, name: str) -> Any:
         """The attribute called ``name`` in the op table (absent trailing ones are None)."""
@@ -89,13 +92,17 @@ class Tracer(Decorator):
         inner: the backend that computes the values.
         has_form: whether an op has an ONNX form; a composite op without one is decomposed
             into its primitives on the tracer.
+        whole: whether a module is exported whole (an LSTM as one ONNX node): its call is
+            recorded as one, not its ops.
     """
 
     prefix = "export-trace"
 
-    def __init__(self, inner: Backend, has_form: Callable[[OpDef], bool]) -> None:
+    def __init__(self, inner: Backend, has_form: Callable[[OpDef], bool],
+                 whole: Callable[[Module], bool] = lambda module: False) -> None:  # fmt: skip
         super().__init__(inner)
         self.has_form = has_form
+        self.whole = whole
         self.calls: list[OpCall] = []
         self.recording = False
         self.scopes: list[str] = [""]
@@ -128,12 +135,33 @@ class Tracer(Decorator):
         out = self.forward(op, name, args)
         outputs = out if isinstance(out, tuple) else (out,)
         n = len(op.inputs)
+        self.record(op, name, _KIND_OF.get(name, Kind.FLOAT), tuple(operands), tuple(args[n:]),
+                    outputs)  # fmt: skip
+        return out
+
+    def record(self, op: OpDef, name: str, kind: Kind, operands: tuple, attrs: tuple,
+               outputs: tuple, module: Module | None = None) -> None:  # fmt: skip
+        """Appends one call (an op, or a module exported whole) to ``calls``."""
         self.calls.append(OpCall(
-            len(self.calls), op, name, _KIND_OF.get(name, Kind.FLOAT), tuple(operands), tuple(args[n:]),
-            outputs, tuple(None if t is None else self._aval(t) for t in operands),
-            tuple(self._aval(t) for t in outputs), self.scopes[-1]))  # fmt: skip
+            len(self.calls), op, name, kind, operands, attrs, outputs,
+            tuple(None if t is None else self._aval(t) for t in operands),
+            tuple(self._aval(t) for t in outputs), self.scopes[-1], module))  # fmt: skip
         if any(id(t) in self.from_inputs for t in operands if t is not None):
             self.from_inputs.update(id(t) for t in outputs)
+
+    def run_whole(self, module: Module, run: Callable[..., Any], args: tuple,
+                  kwargs: dict) -> Any:  # fmt: skip
+        """Runs ``module`` without recording its ops and records the call as one, whose
+        inputs and outputs are the tensors among its arguments and results, in order."""
+        self.recording = False
+        try:
+            out = run(module, *args, **kwargs)
+        finally:
+            self.recording = True
+        op = _module_op(type(module))
+        inputs = tuple(t.into_primitive() for t in tensors_in((args, list(kwargs.values()))))
+        outputs = tuple(t.into_primitive() for t in tensors_in(out))
+        self.record(op, op.name, Kind.FLOAT, inputs, (), outputs, module)
         return out
 
     def _aval(self, prim: Traced) -> AVal:
@@ -201,6 +229,8 @@ def module_scopes(root: Module, tracer: Tracer) -> Iterator[None]:
             return original(self, *args, **kwargs)
         tracer.scopes.append(path)
         try:
+            if tracer.recording and tracer.whole(self):
+                return tracer.run_whole(self, original, args, kwargs)
             return original(self, *args, **kwargs)
         finally:
             tracer.scopes.pop()
@@ -212,16 +242,37 @@ def module_scopes(root: Module, tracer: Tracer) -> Iterator[None]:
         Module.__call__ = original  # type: ignore[method-assign]
 
 
+_MODULE_OPS: dict[type, OpDef] = {}
+
+
+def _module_op(cls: type) -> OpDef:
+    """The stand-in op of a module exported whole (not in the op table)."""
+    if cls not in _MODULE_OPS:
+        _MODULE_OPS[cls] = OpDef(f"module:{cls.__qualname__}", frozenset({Kind.FLOAT}), (), (),
+                                 None, "module_call", prefixed=False)  # fmt: skip
+    return _MODULE_OPS[cls]
+
+
+def tensors_in(value: Any) -> list[Tensor]:
+    """The tensors in ``value`` (a tensor, or tuples / lists / named tuples of them and of
+    other values), in order."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for item in value for t in tensors_in(item)]
+    return []
+
+
 def _flatten_outputs(out: Any) -> list[Tensor]:
-    if isinstance(out, Tensor):
-        return [out]
-    if isinstance(out, list | tuple) and out and all(isinstance(o, Tensor) for o in out):
-        return list(out)
-    raise ExportError(f"ONNX export: the forward must return a tensor or a tuple / list of "
-                      f"tensors, got {type(out).__name__}")
+    tensors = tensors_in(out)
+    if not tensors or (not isinstance(out, Tensor | list | tuple)):
+        raise ExportError(f"ONNX export: the forward must return a tensor or (nested) tuples "
+                          f"/ lists of tensors, got {type(out).__name__}")
+    return tensors
 
 
-def trace(module: Module, inputs: Sequence[Tensor], has_form: Callable[[OpDef], bool]) -> Trace:
+def trace(module: Module, inputs: Sequence[Tensor], has_form: Callable[[OpDef], bool],
+          whole: Callable[[Module], bool] = lambda module: False) -> Trace:
     """Runs ``module(*inputs)`` on a tracer and returns what it recorded.
 
     The module runs for inference: on an autodiff device its ``valid()`` twin is traced
@@ -235,7 +286,7 @@ def trace(module: Module, inputs: Sequence[Tensor], has_form: Callable[[OpDef], 
         module = module.valid()
         inputs = [x.inner() if isinstance(x, Tensor) else x for x in inputs]
         device = device.inner()
-    tracer_device = device.wrap(lambda backend: Tracer(backend, has_form))
+    tracer_device = device.wrap(lambda backend: Tracer(backend, has_form, whole))
     tracer = tracer_device.backend
     assert isinstance(tracer, Tracer)
     # Moving onto the tracer runs ops too; they are not part of the graph.
