@@ -44,13 +44,7 @@ _TRAINING = "a training-only gradient op; export runs the forward for inference"
 WITHOUT_FORM: dict[str, str] = {
     "into_data": "reads values to the host; not a graph op",
     "random": "ONNX random ops do not reproduce ember's generator (dropout is off in export)",
-    "atan2": "ONNX has no two-argument arctangent",
     "cumprod": "ONNX has no cumulative product",
-    "max_pool2d_with_indices": "ONNX MaxPool indices are flat over the whole tensor, "
-                               "ember's per plane; no conversion written yet",
-    # A composite without an exporter is traced as its primitives; this one's are not all
-    # exportable.
-    "max_pool1d_with_indices": "it runs max_pool2d_with_indices, which has no ONNX form",
     "avg_pool2d_backward": _TRAINING,
     "max_pool2d_with_indices_backward": _TRAINING,
     "adaptive_avg_pool2d_backward": _TRAINING,

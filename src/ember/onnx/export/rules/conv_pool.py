@@ -48,13 +48,25 @@ def avg_pool(e: Emitter, call: OpCall) -> None:
            dilations=list(options.dilation) if dilated else None)  # fmt: skip
 
 
-@exporter("max_pool1d", "max_pool2d")
+@exporter("max_pool1d", "max_pool2d", "max_pool2d_with_indices")
 def max_pool(e: Emitter, call: OpCall) -> None:
+    """MaxPool; with indices, ONNX's flat index over the whole input ``((n * C + c) * H + h)
+    * W + w`` is taken modulo ``H * W``: ember's ``h * W + w`` within the plane."""
     options = call.attr("options")
-    e.node("MaxPool", [e.input(call, 0)], [e.output(call)],
+    outputs = [e.output(call, i) for i in range(len(call.outputs))]
+    if len(outputs) == 2:
+        outputs[1] = e.fresh("flat_indices")
+    e.node("MaxPool", [e.input(call, 0)], outputs,
            kernel_shape=list(options.kernel_size), strides=list(options.stride),
            pads=list(options.padding) * 2, dilations=list(options.dilation),
            ceil_mode=int(options.ceil_mode))  # fmt: skip
+    if len(outputs) == 2:
+        aval = call.input_avals[0]
+        assert aval is not None
+        h, w = aval.shape[2:]
+        h_other, w_other = e.alternate_input_shape(call, 0)[2:]
+        plane = e.sizes(call, [h * w], [h_other * w_other])
+        e.node("Mod", [outputs[1], plane], [e.output(call, 1)])
 
 
 def averaging_matrix(size: int, out: int) -> np.ndarray:

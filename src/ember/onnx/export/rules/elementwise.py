@@ -6,6 +6,8 @@ Most are one ONNX node, named by the tables below; the rest (floor-style float r
 
 from __future__ import annotations
 
+import math
+
 from ember.onnx.export.emitter import Emitter, onnx_type
 from ember.onnx.export.registry import exporter
 from ember.onnx.export.tracer import OpCall
@@ -67,6 +69,22 @@ def unary_composed(e: Emitter, call: OpCall) -> None:
     else:  # trunc: toward zero
         negative = e.node("Less", [x, e.scalar_like(call, 0)])
         e.node("Where", [negative, e.node("Ceil", [x]), e.node("Floor", [x])], [out])
+
+
+@exporter("atan2")
+def atan2(e: Emitter, call: OpCall) -> None:
+    """The angle of ``(x, y) = (rhs, lhs)``: ``atan(y / x)``, plus or minus pi when ``x < 0``
+    (by the sign of ``y``), and 0 at the origin, as NumPy's ``arctan2`` (signed zeros
+    aside)."""
+    y, x = e.input(call, 0), e.input(call, 1)
+    zero = e.scalar_like(call, 0.0)
+    angle = e.node("Atan", [e.node("Div", [y, x])])
+    half_turn = e.node("Where", [e.node("Less", [y, zero]), e.scalar_like(call, -math.pi),
+                                 e.scalar_like(call, math.pi)])  # fmt: skip
+    turned = e.node("Where", [e.node("Less", [x, zero]), e.node("Add", [angle, half_turn]),
+                              angle])  # fmt: skip
+    origin = e.node("And", [e.node("Equal", [x, zero]), e.node("Equal", [y, zero])])
+    e.node("Where", [origin, zero, turned], [e.output(call)])
 
 
 @exporter("clamp")
