@@ -111,6 +111,8 @@ def sample(name: str, kind: Kind) -> Sample | None:
         if name == "pow":
             return Sample([values(kind, domain="positive" if kind is F else "small"),
                            values(kind, (3, 4), 1, "small")])  # fmt: skip
+        if "shift" in name:  # negative values too: a right shift rounds down
+            return Sample([x, values(kind, (3, 4), 1, "small")])
         if name.startswith("bitwise"):
             return Sample([values(kind, domain="small"), values(kind, (3, 4), 1, "small")])
         return Sample([x, values(kind, (3, 4), seed=1)])  # broadcasting too
@@ -122,7 +124,8 @@ def sample(name: str, kind: Kind) -> Sample | None:
             base = values(kind, domain="positive" if kind is F else "small")
             return Sample([base], lambda d: (2.5 if kind is F else 2,))
         if name.startswith("bitwise"):
-            return Sample([values(kind, domain="small")], lambda d: (2,))
+            return Sample([x if "shift" in name else values(kind, domain="small")],
+                          lambda d: (2,))
         return Sample([x], lambda d: (_scalar(kind),))
     if op.group == "unary":
         if name in ("is_nan", "is_inf"):

@@ -53,11 +53,7 @@ WITHOUT_FORM: dict[str, str] = {
 }
 """Ops of the op table without an ONNX form (for every kind), with the reason."""
 
-WITHOUT_FORM_BY_KIND: dict[tuple[str, Kind], str] = {
-    (name, Kind.INT): "ONNX's BitShift is for unsigned integers only"
-    for name in ("bitwise_left_shift", "bitwise_right_shift", "bitwise_left_shift_scalar",
-                 "bitwise_right_shift_scalar")
-}  # fmt: skip
+WITHOUT_FORM_BY_KIND: dict[tuple[str, Kind], str] = {}
 """(op, kind) pairs without an ONNX form at any opset, with the reason."""
 
 

@@ -47,6 +47,21 @@ def bitwise(e: Emitter, call: OpCall) -> None:
     e.node(BITWISE[call.op.name.removesuffix("_scalar")], [a, b], [e.output(call)])
 
 
+@exporter("bitwise_left_shift", "bitwise_right_shift", "bitwise_left_shift_scalar",
+          "bitwise_right_shift_scalar", kinds=[Kind.INT])  # fmt: skip
+def bit_shift(e: Emitter, call: OpCall) -> None:
+    """Shifts of signed integers (ONNX's BitShift is for unsigned ones only) as arithmetic:
+    ``x * 2**k`` to the left, ``(x - x mod 2**k) / 2**k`` to the right (the floor, as an
+    arithmetic shift rounds)."""
+    x, k = _operands(e, call)
+    power = e.node("Pow", [e.scalar_like(call, 2), k])
+    if "left" in call.op.name:
+        e.node("Mul", [x, power], [e.output(call)])
+        return
+    rest = e.node("Mod", [x, power], fmod=0)  # the divisor's sign: 0 <= rest < 2**k
+    e.node("Div", [e.node("Sub", [x, rest]), power], [e.output(call)])
+
+
 @exporter("bitwise_not", kinds=[Kind.INT], since=18)
 def bitwise_not(e: Emitter, call: OpCall) -> None:
     e.node("BitwiseNot", [e.input(call, 0)], [e.output(call)])
