@@ -142,6 +142,8 @@ def test_a_size_that_is_no_formula_of_the_dynamic_dims_is_refused(tmp_path):
     ({"input_names": ["a", "b"]}, "1 distinct non-empty input names"),
     ({"output_names": [""]}, "1 distinct non-empty output names"),
     ({"input_names": ["weight"]}, "both a parameter and an input"),
+    ({"input_names": ["x"], "output_names": ["x"]}, "both an input and an output"),
+    ({"dynamic_axes": {"input": {0: 3}}}, "needs a name"),
 ])  # fmt: skip
 def test_bad_arguments_are_typed_errors(options, match, tmp_path):
     with pytest.raises(ExportError, match=match):

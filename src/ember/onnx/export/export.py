@@ -97,6 +97,9 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
 
     main = trace(module, args)
     outputs = _names(output_names, len(main.outputs), "output")
+    if set(inputs) & set(outputs):
+        raise ExportError(f"ONNX export: {sorted(set(inputs) & set(outputs))} name both an input "
+                          f"and an output; choose other input_names / output_names")
     unknown = set(dynamic_axes) - set(inputs) - set(outputs)
     if unknown:
         raise ExportError(f"ONNX export: dynamic_axes names {sorted(unknown)}, which are not "
@@ -112,7 +115,7 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
                         dynamic=dynamic, dynamic_axes=dynamic_axes)  # fmt: skip
     try:
         onnx.checker.check_model(model, full_check=True)
-    except onnx.checker.ValidationError as error:
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise ExportError(f"ONNX export: the exported model does not pass onnx.checker "
                           f"(an exporter wrote an invalid node): {error}") from error
     return _write(model, Path(path))
@@ -137,10 +140,13 @@ def _dynamic_dims(dynamic_axes: dict[str, dict[int, str]], inputs: list[str],
     found = []
     for i, name in enumerate(inputs):
         shape = main.input_avals[i].shape
-        for axis, dim_name in sorted(dynamic_axes.get(name, {}).items()):
+        for axis, dim_name in dynamic_axes.get(name, {}).items():
             if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
                 raise ExportError(f"ONNX export: dynamic axis {axis!r} of input {name!r} is not "
                                   f"a dim of its shape {list(shape)}")
+            if not isinstance(dim_name, str) or not dim_name.isidentifier():
+                raise ExportError(f"ONNX export: dynamic axis {axis} of input {name!r} needs a "
+                                  f"name (an identifier such as 'batch'), got {dim_name!r}")
             axis %= len(shape)
             traced = shape[axis]
             if dim_name in sizes and sizes[dim_name][0] != traced:

@@ -11,7 +11,8 @@ test that no buffer reuse of the inner backend can fool.
 
 A composite op with an ONNX form is recorded as itself (a ``softmax`` becomes one
 ``Softmax`` node); one without runs the protocol's default on the tracer, so its
-primitives are recorded instead.
+primitives are recorded instead. A module with an exporter of its own (an LSTM, whose time
+loop is Python) is recorded as one call: its ops run unrecorded.
 """
 
 from __future__ import annotations
