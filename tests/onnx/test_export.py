@@ -137,6 +137,27 @@ def test_the_guide_model_round_trips_with_a_dynamic_batch(tmp_path):
     assert graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4", "int8-static"])
+def test_a_quantized_guide_model_round_trips(scheme, tmp_path):
+    """The quantized weights stay integers in the file (dequantized in the graph); int4's
+    unpacking masks run as ``Mod`` before opset 18. With static quantization the layers
+    round their inputs to int8: a float difference of onnxruntime's convolution at a
+    rounding boundary moves a value by one step, hence the looser tolerance."""
+    from ember.guide.inference import quantize_config
+
+    DEVICE.seed(18)  # fixed weights: static quantization's rounding steps stay where they are
+    model = ModelConfig(num_classes=10, hidden_size=32).init(DEVICE)
+    calibration = [rand(4, 28, 28, seed=s) for s in range(2)] if "static" in scheme else None
+    quantized = model.quantize(quantize_config(scheme), calibration)
+    tolerance = {"atol": 2e-3, "rtol": 1e-2} if "static" in scheme else {}
+    exported = round_trip(quantized, [rand(2, 28, 28)], tmp_path / "q.onnx",
+                          others=[[rand(5, 28, 28, seed=3)]], dynamic_axes={"input": {0: "b"}},
+                          **tolerance)  # fmt: skip
+    largest = max(exported.graph.initializer, key=lambda i: int(np.prod(i.dims)))
+    assert largest.name.startswith("linear1.")
+    assert onnx.helper.tensor_dtype_to_np_dtype(largest.data_type).kind in "iu", largest.name
+
+
 @pytest.mark.parametrize("device_name", ["torch", "fusion"])
 def test_models_on_other_backends_export(device_name, tmp_path, monkeypatch):
     """The tracer wraps whatever backend the model is on."""

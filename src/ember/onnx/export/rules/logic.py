@@ -47,6 +47,17 @@ def bitwise(e: Emitter, call: OpCall) -> None:
     e.node(BITWISE[call.op.name.removesuffix("_scalar")], [a, b], [e.output(call)])
 
 
+@exporter("bitwise_and_scalar", kinds=[Kind.INT])
+def low_bits(e: Emitter, call: OpCall) -> None:
+    """Before opset 18, ``x & (2**k - 1)`` (unpacking packed int4 weights) is ``x mod 2**k``
+    with the divisor's sign, which is exact for every sign of ``x``."""
+    mask = call.attr("scalar")
+    if mask < 0 or (mask + 1) & mask:
+        raise e.unsupported(call, f"before opset 18 only masks 2**k - 1 are written (got "
+                                  f"{mask}); export with opset=18")
+    e.node("Mod", [e.input(call, 0), e.scalar_like(call, mask + 1)], [e.output(call)], fmod=0)
+
+
 @exporter("bitwise_left_shift", "bitwise_right_shift", "bitwise_left_shift_scalar",
           "bitwise_right_shift_scalar", kinds=[Kind.INT])  # fmt: skip
 def bit_shift(e: Emitter, call: OpCall) -> None:
