@@ -123,6 +123,8 @@ def sample(name: str, kind: Kind) -> Sample | None:
         if name == "pow_scalar":
             base = values(kind, domain="positive" if kind is F else "small")
             return Sample([base], lambda d: (2.5 if kind is F else 2,))
+        if name == "bitwise_and_scalar":  # a low-bit mask: exported before opset 18 too
+            return Sample([x], lambda d: (3,))
         if name.startswith("bitwise"):
             return Sample([x if "shift" in name else values(kind, domain="small")],
                           lambda d: (2,))
@@ -375,3 +377,19 @@ def test_a_custom_op_exports_through_its_reference(tmp_path):
     import onnx
 
     assert [n.op_type for n in onnx.load(str(path)).graph.node] == ["Tanh", "Mul"]
+
+
+class AndMask(Module):
+    mask: int
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.bitwise_and(self.mask)
+
+
+def test_any_bit_mask_exports_from_opset_18_and_low_bit_masks_before(tmp_path):
+    x = values(I)
+    for opset, mask in ((18, 6), (17, 7)):
+        path = export(AndMask(mask), x, tmp_path / f"and{opset}.onnx", opset=opset)
+        assert_close(run_onnxruntime(path, [x]), as_list(AndMask(mask)(x)), f"& {mask}")
+    with pytest.raises(UnsupportedExportError, match="only masks 2\\*\\*k - 1"):
+        export(AndMask(6), x, tmp_path / "and.onnx", opset=17)
