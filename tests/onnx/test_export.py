@@ -15,9 +15,9 @@ import ember  # noqa: E402
 from ember import Tensor, nn  # noqa: E402
 from ember.guide.model import ModelConfig  # noqa: E402
 from ember.module import Module  # noqa: E402
-from ember.nn.attention import MhaInput  # noqa: E402
+from ember.nn.attention import MhaInput, generate_autoregressive_mask  # noqa: E402
 from ember.nn.rnn import LstmState  # noqa: E402
-from ember.nn.transformer import TransformerEncoderInput  # noqa: E402
+from ember.nn.transformer import TransformerDecoderInput, TransformerEncoderInput  # noqa: E402
 
 DEVICE = ember.device("ndarray")
 
@@ -277,6 +277,28 @@ def test_a_transformer_encoder_with_a_padding_mask_round_trips(tmp_path):
     round_trip(model, [rand(2, 5, 8), pad], tmp_path / "masked.onnx",
                others=[[rand(3, 3, 8, seed=9), other_pad]], input_names=["x", "pad"],
                dynamic_axes={"x": {0: "batch", 1: "seq"}, "pad": {0: "batch", 1: "seq"}})
+
+
+class Decoder(Module):
+    """A transformer decoder with a causal mask built in the forward (from the target's
+    length, so the mask follows the dynamic sequence axis)."""
+
+    decoder: nn.TransformerDecoder
+
+    def forward(self, target: Tensor, memory: Tensor) -> Tensor:
+        batch, length, _ = target.shape
+        causal = generate_autoregressive_mask(batch, length, target.device)
+        return self.decoder(TransformerDecoderInput(target, memory, target_mask_attn=causal))
+
+
+def test_a_transformer_decoder_with_a_causal_mask_round_trips(tmp_path):
+    config = nn.TransformerDecoderConfig(d_model=8, d_ff=16, n_heads=2, n_layers=2)
+    model = Decoder(config.init(DEVICE))
+    round_trip(model, [rand(2, 5, 8), rand(2, 6, 8, seed=1)], tmp_path / "decoder.onnx",
+               others=[[rand(3, 7, 8, seed=2), rand(3, 4, 8, seed=3)]],
+               input_names=["target", "memory"],
+               dynamic_axes={"target": {0: "batch", 1: "length"},
+                             "memory": {0: "batch", 1: "memory_length"}})  # fmt: skip
 
 
 def test_several_outputs_and_an_output_that_is_an_input(tmp_path):
