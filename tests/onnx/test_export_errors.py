@@ -151,6 +151,17 @@ def test_bad_arguments_are_typed_errors(options, match, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_without_the_onnx_package_export_says_how_to_install_it(tmp_path, monkeypatch):
+    import sys
+
+    from ember.backend.errors import BackendUnavailableError
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # what an absent package looks like
+    with pytest.raises(BackendUnavailableError, match="pip install 'ember\\[onnx\\]'"):
+        export(nn.Relu(), rand(2), tmp_path / "m.onnx")
+    assert os.listdir(tmp_path) == []
+
+
 def test_example_inputs_without_a_tensor_are_refused(tmp_path):
     with pytest.raises(ExportError, match="holds no tensor"):
         export(nn.Relu(), [3], tmp_path / "m.onnx")

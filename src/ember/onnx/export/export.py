@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from ember.atomic import atomic_write
+from ember.backend.errors import BackendUnavailableError
 from ember.module import Module
 from ember.onnx.export.errors import ExportError, ExportFileError
-from ember.onnx.export.graph import build_model
 from ember.onnx.export.registry import module_rule_for, rule_for
 from ember.onnx.export.symbolic import DynamicDim
 from ember.onnx.export.tracer import Trace
@@ -64,6 +64,7 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
         ExportError: a forward that cannot be exported (it reads values to branch on, or
             runs other ops at other sizes of a dynamic axis), or bad arguments.
         ExportFileError: the file cannot be written; nothing is left at ``path``.
+        BackendUnavailableError: the ``onnx`` package is not installed.
 
     Example:
         >>> import tempfile, ember
@@ -76,7 +77,8 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
         >>> path.name
         'm.onnx'
     """
-    import onnx
+    onnx = _require_onnx()
+    from ember.onnx.export.graph import build_model  # writes onnx protos
 
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
         raise ExportError(f"ONNX export: opset {opset!r} is not between {MIN_OPSET} and "
@@ -119,6 +121,17 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
         raise ExportError(f"ONNX export: the exported model does not pass onnx.checker "
                           f"(an exporter wrote an invalid node): {error}") from error
     return _write(model, Path(path))
+
+
+def _require_onnx() -> Any:
+    """The ``onnx`` package, or an error saying how to install it (it is an optional extra,
+    so ``import ember.onnx.export`` works without it)."""
+    try:
+        import onnx
+    except ImportError:
+        raise BackendUnavailableError("ONNX export needs the onnx package: pip install "
+                                      "'ember[onnx]' (or pip install onnx)") from None
+    return onnx
 
 
 def _names(given: Sequence[str] | None, count: int, stem: str) -> list[str]:
