@@ -132,6 +132,10 @@ def test_the_guide_model_round_trips_with_a_dynamic_batch(tmp_path):
     graph = exported.graph
     assert {i.name for i in graph.initializer} >= {
         "conv1.weight", "conv1.bias", "conv2.weight", "linear1.weight", "linear2.bias"}
+    # The intermediate values carry their traced types (the pooled maps: [batch, 16, 8, 8]).
+    shapes = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in graph.value_info]  # fmt: skip
+    assert ["batch", 16, 8, 8] in shapes
     batch = graph.input[0].type.tensor_type.shape.dim[0]
     assert batch.dim_param == "batch"
     assert graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"

@@ -90,6 +90,10 @@ class Emitter:
             self._names[id(handle)] = found
         return found
 
+    def known(self, handle: Traced) -> str | None:
+        """The ONNX value of ``handle`` if it has one already (None: not named yet)."""
+        return self._names.get(id(handle))
+
     def input(self, call: OpCall, i: int) -> str:
         """The ONNX value of operand ``i`` of ``call`` (``""``, ONNX's absent input, for a
         missing optional operand)."""

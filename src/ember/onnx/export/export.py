@@ -40,7 +40,7 @@ axes input)."""
 def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | os.PathLike,
            dynamic_axes: Mapping[str, Mapping[int, str]] | None = None, opset: int = 17,
            input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-           ) -> Path:  # fmt: skip
+           *, value_info: bool = True) -> Path:  # fmt: skip
     """Writes ``module``'s forward on ``example_inputs`` as an ONNX model at ``path``.
 
     Args:
@@ -54,6 +54,8 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
         opset: the default-domain opset version (at least 13).
         input_names: the graph inputs' names; default ``input`` (``input_0``, ... for several).
         output_names: the graph outputs' names; default ``output`` (``output_0``, ...).
+        value_info: annotate each op's output in the graph with its dtype and shape as
+            traced, dynamic dims by name (viewers show them).
 
     Returns:
         the path written.
@@ -114,9 +116,9 @@ def export(module: Module, example_inputs: Tensor | Sequence[Any], path: str | o
         alternate = trace(module, _resized(args, inputs, dynamic))
         _check_aligned(main, alternate)
     model = build_model(main, alternate, opset=opset, input_names=inputs, output_names=outputs,
-                        dynamic=dynamic, dynamic_axes=dynamic_axes)  # fmt: skip
+                        dynamic=dynamic, dynamic_axes=dynamic_axes, value_info=value_info)  # fmt: skip
     try:
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(model, full_check=True)  # shape inference included
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise ExportError(f"ONNX export: the exported model does not pass onnx.checker "
                           f"(an exporter wrote an invalid node): {error}") from error

@@ -43,10 +43,32 @@ def _dims(shape: Sequence[int], other: Sequence[int], named: dict[int, str],
     return dims
 
 
+def _value_infos(emitter: Emitter, calls: list[OpCall], alternate: Trace | None,
+                 dynamic: Sequence[DynamicDim], graph_values: set[str]
+                 ) -> list[onnx.ValueInfoProto]:  # fmt: skip
+    """The type of each op output a node computes (not the graph's inputs, outputs or
+    initializers), from both traces."""
+    produced = {name for node in emitter.nodes for name in node.output}
+    infos, seen = [], set()
+    for call in calls:
+        other = alternate.calls[call.index] if alternate is not None else call
+        for handle, aval, aval_other in zip(call.outputs, call.output_avals, other.output_avals,
+                                            strict=True):  # fmt: skip
+            name = emitter.known(handle)
+            if name is None or name in seen or name not in produced or name not in graph_values:
+                continue
+            seen.add(name)
+            dims = _dims(aval.shape, aval_other.shape, {}, dynamic, name)
+            infos.append(helper.make_tensor_value_info(name, onnx_type(aval.dtype), dims))
+    return infos
+
+
 def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_names: list[str],
                 output_names: list[str], dynamic: Sequence[DynamicDim],
-                dynamic_axes: dict[str, dict[int, str]]) -> onnx.ModelProto:  # fmt: skip
-    """The ONNX model of ``trace`` (``alternate``: the same forward at other dynamic sizes)."""
+                dynamic_axes: dict[str, dict[int, str]], value_info: bool = True
+                ) -> onnx.ModelProto:  # fmt: skip
+    """The ONNX model of ``trace`` (``alternate``: the same forward at other dynamic sizes);
+    with ``value_info``, each op output's traced type, dynamic dims by name."""
     names = {id(h): name for h, name in zip(trace.inputs, input_names, strict=True)}
     for key, (path, _handle) in trace.params.items():
         if path in input_names or path in output_names:
@@ -58,7 +80,8 @@ def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_name
     for handle, name in zip(trace.outputs, output_names, strict=True):
         names.setdefault(id(handle), name)
     emitter = Emitter(trace, alternate, opset, names, dynamic)
-    for call in live_calls(trace):
+    calls = live_calls(trace)
+    for call in calls:
         emitter.set_scope(call.module_path)
         if call.module is not None:  # a module exported whole
             rule = module_rule_for(call.module)
@@ -89,7 +112,10 @@ def build_model(trace: Trace, alternate: Trace | None, *, opset: int, input_name
         other = alternate.output_avals[i].shape if alternate else aval.shape
         dims = _dims(aval.shape, other, dynamic_axes.get(name, {}), dynamic, name)
         outputs.append(helper.make_tensor_value_info(name, onnx_type(aval.dtype), dims))
-    graph = helper.make_graph(emitter.nodes, "ember_model", inputs, outputs, initializers)
+    intermediate = used - set(output_names)
+    infos = _value_infos(emitter, calls, alternate, dynamic, intermediate) if value_info else []
+    graph = helper.make_graph(emitter.nodes, "ember_model", inputs, outputs, initializers,
+                              value_info=infos)  # fmt: skip
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="ember")
     model.ir_version = helper.find_min_ir_version_for(opsets)
