@@ -117,13 +117,18 @@ class Emitter:
              **attrs: Any) -> str:  # fmt: skip
         """Appends a node; returns its (first) output. ``outputs`` is names or a count of
         fresh ones. Attributes that are None are left out."""
+        return self.node_outputs(op_type, inputs, outputs, **attrs)[0]
+
+    def node_outputs(self, op_type: str, inputs: Sequence[str],
+                     outputs: Sequence[str] | int = 1, **attrs: Any) -> list[str]:  # fmt: skip
+        """:meth:`node` returning all its outputs."""
         if isinstance(outputs, int):
             outputs = [self.fresh(op_type.lower()) for _ in range(outputs)]
         scope = self._scope or "model"
         attrs = {k: v for k, v in attrs.items() if v is not None}
         self.nodes.append(helper.make_node(op_type, list(inputs), list(outputs),
                                            name=self.fresh(f"{scope}/{op_type}"), **attrs))  # fmt: skip
-        return outputs[0]
+        return list(outputs)
 
     def const(self, value: Any, hint: str = "const", dtype: DType | None = None) -> str:
         """An initializer holding ``value`` (an array or nested numbers; of ``dtype`` if given).

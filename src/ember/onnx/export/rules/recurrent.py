@@ -65,9 +65,8 @@ def _recurrent(e: Emitter, call: OpCall, op_type: str, layers: list[Module], ord
         inputs.pop()
     outputs = 3 if op_type == "LSTM" else 2
     direction = "bidirectional" if dirs == 2 else "forward"
-    first = e.node(op_type, inputs, outputs, hidden_size=hidden, direction=direction, **attrs)
-    names = [first] + [e.nodes[-1].output[i] for i in range(1, outputs)]
-    return names
+    return e.node_outputs(op_type, inputs, outputs, hidden_size=hidden, direction=direction,
+                          **attrs)  # fmt: skip
 
 
 def _sequence_out(e: Emitter, call: OpCall, y: str, dirs: int, batch_first: bool) -> None:
