@@ -2,7 +2,7 @@
 
 Each model here derives a shape attribute from a dynamic dim in another way (a reshape
 with one or two changing entries, a filled tensor, a range, a slice to the end, an
-expand, a slice assignment); each is exported at one size and run in onnxruntime and the importer at others.
+expand, a slice assignment, a variance's count); each is exported at one size and run in onnxruntime and the importer at others.
 """
 
 from __future__ import annotations
@@ -69,7 +69,16 @@ class FillAColumn(Module):
         return x.slice_fill([(0, x.shape[0]), (0, x.shape[1]), (1, 3)], 7.0)
 
 
+class VarianceOverTheSequence(Module):
+    """A variance (unbiased) and a mean along the dynamic sequence dim."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        variance, mean = x.var_mean(1)
+        return variance + mean
+
+
 MODELS = {
+    "variance_over_the_sequence": lambda: VarianceOverTheSequence(),
     "fill_a_column": lambda: FillAColumn(),
     "merge_and_split": lambda: MergeAndSplit(),
     "filled_and_range": lambda: FilledAndRange(),
@@ -105,3 +114,18 @@ def test_output_dims_take_the_names_given(tmp_path):
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "rows"}})  # fmt: skip
     dims = exported.graph.output[0].type.tensor_type.shape.dim
     assert [d.dim_param or d.dim_value for d in dims] == ["rows", 3, 4]
+
+
+def test_a_size_an_op_bakes_in_must_not_be_dynamic(tmp_path):
+    """An adaptive pool's windows follow from its input size."""
+    from ember import nn
+    from ember.onnx.export import ExportError, export
+
+    pool = nn.AdaptiveAvgPool2dConfig([2, 2]).init()
+    with pytest.raises(ExportError, match="bakes in the sizes \\[4, 4\\]"):
+        export(pool, rand(1, 2, 4, 4), tmp_path / "p.onnx",
+               dynamic_axes={"input": {2: "height", 3: "width"}})  # fmt: skip
+    global_pool = nn.AdaptiveAvgPool2dConfig([1, 1]).init()  # a global pool has no windows
+    round_trip(global_pool, [rand(1, 2, 4, 4)], tmp_path / "g.onnx",
+               others=[[rand(2, 2, 7, 3, seed=1)]],
+               dynamic_axes={"input": {0: "batch", 2: "height", 3: "width"}})  # fmt: skip

@@ -189,6 +189,20 @@ class Emitter:
         other = self._alternate_call(call)
         return call.attr(name) if other is None else other.attr(name)
 
+    def static_dims(self, call: OpCall, i: int, dims: Sequence[int]) -> list[int]:
+        """The sizes of ``dims`` of operand ``i``, which the op's ONNX form bakes in: they
+        must not change with the dynamic axes."""
+        aval = call.input_avals[i]
+        assert aval is not None
+        traced = [aval.shape[d] for d in dims]
+        other = [self.alternate_input_shape(call, i)[d] for d in dims]
+        if traced != other:
+            raise ExportError(
+                f"ONNX export: op {call.op.name!r} in module {call.module_path or '<root>'!r} "
+                f"bakes in the sizes {traced} of its input, which change with the dynamic axes "
+                f"({other}); export without that dynamic axis")
+        return traced
+
     def alternate_input_shape(self, call: OpCall, i: int) -> tuple[int, ...]:
         other = self._alternate_call(call)
         aval = (other or call).input_avals[i]

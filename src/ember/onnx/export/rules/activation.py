@@ -42,13 +42,13 @@ def silu(e: Emitter, call: OpCall) -> None:
 @exporter("leaky_relu")
 def leaky_relu(e: Emitter, call: OpCall) -> None:
     e.node("LeakyRelu", [e.input(call, 0)], [e.output(call)],
-           alpha=float(call.attr("negative_slope")))  # fmt: skip
+           alpha=float(e.static(call, "negative_slope")))  # fmt: skip
 
 
 @exporter("elu", "celu")
 def elu(e: Emitter, call: OpCall) -> None:
     op_type = "Elu" if call.op.name == "elu" else "Celu"
-    e.node(op_type, [e.input(call, 0)], [e.output(call)], alpha=float(call.attr("alpha")))
+    e.node(op_type, [e.input(call, 0)], [e.output(call)], alpha=float(e.static(call, "alpha")))
 
 
 @exporter("selu")
@@ -71,4 +71,4 @@ def gelu(e: Emitter, call: OpCall) -> None:
 def softmax(e: Emitter, call: OpCall) -> None:
     """Softmax along one dim (opset 13 made ONNX's ``axis`` mean exactly that)."""
     op_type = "Softmax" if call.op.name == "softmax" else "LogSoftmax"
-    e.node(op_type, [e.input(call, 0)], [e.output(call)], axis=call.attr("dim"))
+    e.node(op_type, [e.input(call, 0)], [e.output(call)], axis=e.static(call, "dim"))

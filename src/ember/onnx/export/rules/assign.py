@@ -44,7 +44,7 @@ def slice_assign(e: Emitter, call: OpCall) -> None:
 def select_assign(e: Emitter, call: OpCall) -> None:
     """The values added at ``indices`` along ``dim`` (repeated indices add up): a scatter
     with ``reduction="add"`` whose indices are broadcast to the values' shape."""
-    dim = call.attr("dim")
+    dim = e.static(call, "dim")
     values_aval = call.input_avals[2]
     assert values_aval is not None
     rank = len(values_aval.shape)

@@ -19,7 +19,7 @@ def _conv_inputs(e: Emitter, call: OpCall) -> list[str]:
 
 @exporter("conv1d", "conv2d", "conv3d")
 def conv(e: Emitter, call: OpCall) -> None:
-    options = call.attr("options")
+    options = e.static(call, "options")
     e.node("Conv", _conv_inputs(e, call), [e.output(call)], strides=list(options.stride),
            pads=list(options.padding) * 2, dilations=list(options.dilation),
            group=options.groups)  # fmt: skip
@@ -28,7 +28,7 @@ def conv(e: Emitter, call: OpCall) -> None:
 @exporter("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 def conv_transpose(e: Emitter, call: OpCall) -> None:
     """ember's weight layout ``[in, out / groups, *kernel]`` is ONNX's."""
-    options = call.attr("options")
+    options = e.static(call, "options")
     e.node("ConvTranspose", _conv_inputs(e, call), [e.output(call)],
            strides=list(options.stride), pads=list(options.padding) * 2,
            dilations=list(options.dilation), group=options.groups,
@@ -37,7 +37,7 @@ def conv_transpose(e: Emitter, call: OpCall) -> None:
 
 @exporter("avg_pool1d", "avg_pool2d")
 def avg_pool(e: Emitter, call: OpCall) -> None:
-    options = call.attr("options")
+    options = e.static(call, "options")
     dilated = any(d != 1 for d in options.dilation)
     if dilated and e.opset < 19:
         raise e.unsupported(call, "a dilated average pool needs opset >= 19")
@@ -52,7 +52,7 @@ def avg_pool(e: Emitter, call: OpCall) -> None:
 def max_pool(e: Emitter, call: OpCall) -> None:
     """MaxPool; with indices, ONNX's flat index over the whole input ``((n * C + c) * H + h)
     * W + w`` is taken modulo ``H * W``: ember's ``h * W + w`` within the plane."""
-    options = call.attr("options")
+    options = e.static(call, "options")
     outputs = [e.output(call, i) for i in range(len(call.outputs))]
     if len(outputs) == 2:
         outputs[1] = e.fresh("flat_indices")
@@ -85,34 +85,35 @@ def adaptive_avg_pool(e: Emitter, call: OpCall) -> None:
     products with averaging matrices (exact: an adaptive average is linear per dim)."""
     aval = call.input_avals[0]
     assert aval is not None
-    spatial, out_size = aval.shape[2:], tuple(e.static(call, "output_size"))
+    out_size = tuple(e.static(call, "output_size"))
     x = e.input(call, 0)
     if all(o == 1 for o in out_size):
         e.node("GlobalAveragePool", [x], [e.output(call)])
-    elif all(s % o == 0 for s, o in zip(spatial, out_size, strict=True)):
+        return
+    spatial = e.static_dims(call, 0, range(2, len(aval.shape)))  # windows are baked in
+    if all(s % o == 0 for s, o in zip(spatial, out_size, strict=True)):
         kernel = [s // o for s, o in zip(spatial, out_size, strict=True)]
         e.node("AveragePool", [x], [e.output(call)], kernel_shape=kernel, strides=kernel)
     else:
         dtype = numpy_dtype(aval.dtype)
-        rank = len(aval.shape)
+        last = len(aval.shape) - 1
         for axis, (size, out) in enumerate(zip(spatial, out_size, strict=True), start=2):
-            last = axis == rank - 1
-            target = e.output(call) if axis == rank - 1 else None
             matrix = averaging_matrix(size, out).astype(dtype)
-            if last:  # [..., size] @ [size, out]
-                x = e.node("MatMul", [x, e.const(matrix.T, "adaptive")], [target] if target else 1)
-            else:  # [out, size] @ [..., size, last]
-                x = e.node("MatMul", [e.const(matrix, "adaptive"), x], 1)
+            if axis == last:  # [..., size] @ [size, out], into the op's output
+                e.node("MatMul", [x, e.const(matrix.T, "adaptive")], [e.output(call)])
+            else:  # [out, size] @ [..., size, width]
+                x = e.node("MatMul", [e.const(matrix, "adaptive"), x])
 
 
 @exporter("adaptive_max_pool2d")
 def adaptive_max_pool(e: Emitter, call: OpCall) -> None:
     aval = call.input_avals[0]
     assert aval is not None
-    spatial, out_size = aval.shape[2:], tuple(e.static(call, "output_size"))
+    out_size = tuple(e.static(call, "output_size"))
     if all(o == 1 for o in out_size):
         e.node("GlobalMaxPool", [e.input(call, 0)], [e.output(call)])
         return
+    spatial = e.static_dims(call, 0, range(2, len(aval.shape)))
     if not all(s % o == 0 for s, o in zip(spatial, out_size, strict=True)):
         raise e.unsupported(call, f"input size {list(spatial)} is not a multiple of the output "
                                   f"size {list(out_size)} (uneven adaptive windows)")

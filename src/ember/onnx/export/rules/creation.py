@@ -22,7 +22,7 @@ def from_data(e: Emitter, call: OpCall) -> None:
 @exporter("full", "empty")
 def full(e: Emitter, call: OpCall) -> None:
     dtype = numpy_dtype(call.output_avals[0].dtype)
-    value = 0 if call.op.name == "empty" else call.attr("value")
+    value = 0 if call.op.name == "empty" else e.static(call, "value")
     shape = e.sizes(call, list(call.attr("shape")), list(e.alternate_attr(call, "shape")))
     fill = numpy_helper.from_array(np.asarray([value], dtype=dtype), "value")
     e.node("ConstantOfShape", [shape], [e.output(call)], value=fill)

@@ -28,7 +28,7 @@ UNARY = {"neg": "Neg", "abs": "Abs", "sign": "Sign", "exp": "Exp", "log": "Log",
 def _operands(e: Emitter, call: OpCall) -> tuple[str, str]:
     """Both operands of a binary op or of its ``_scalar`` form (the scalar as a constant)."""
     if call.op.name.endswith("_scalar"):
-        return e.input(call, 0), e.scalar_like(call, call.attr("scalar"))
+        return e.input(call, 0), e.scalar_like(call, e.static(call, "scalar"))
     return e.input(call, 0), e.input(call, 1)
 
 
@@ -89,7 +89,7 @@ def atan2(e: Emitter, call: OpCall) -> None:
 
 @exporter("clamp")
 def clamp(e: Emitter, call: OpCall) -> None:
-    low, high = call.attr("min"), call.attr("max")
+    low, high = e.static(call, "min"), e.static(call, "max")
     bounds = ["" if v is None else e.scalar_like(call, v) for v in (low, high)]
     while bounds and not bounds[-1]:
         bounds.pop()
@@ -98,7 +98,7 @@ def clamp(e: Emitter, call: OpCall) -> None:
 
 @exporter("cast")
 def cast(e: Emitter, call: OpCall) -> None:
-    e.node("Cast", [e.input(call, 0)], [e.output(call)], to=onnx_type(call.attr("dtype")))
+    e.node("Cast", [e.input(call, 0)], [e.output(call)], to=onnx_type(e.static(call, "dtype")))
 
 
 @exporter("to_device")

@@ -10,12 +10,12 @@ from ember.onnx.export.tracer import OpCall
 @exporter("gather")
 def gather(e: Emitter, call: OpCall) -> None:
     e.node("GatherElements", [e.input(call, 0), e.input(call, 1)], [e.output(call)],
-           axis=call.attr("dim"))  # fmt: skip
+           axis=e.static(call, "dim"))  # fmt: skip
 
 
 @exporter("select")
 def select(e: Emitter, call: OpCall) -> None:
-    e.node("Gather", [e.input(call, 0), e.input(call, 1)], [e.output(call)], axis=call.attr("dim"))
+    e.node("Gather", [e.input(call, 0), e.input(call, 1)], [e.output(call)], axis=e.static(call, "dim"))
 
 
 @exporter("scatter_add", since=16)
@@ -26,7 +26,7 @@ def scatter_add(e: Emitter, call: OpCall) -> None:
     if indices.shape != values.shape:
         raise e.unsupported(call, "values and indices of different shapes")
     e.node("ScatterElements", [e.input(call, 0), e.input(call, 1), e.input(call, 2)],
-           [e.output(call)], axis=call.attr("dim"), reduction="add")  # fmt: skip
+           [e.output(call)], axis=e.static(call, "dim"), reduction="add")  # fmt: skip
 
 
 @exporter("embedding")

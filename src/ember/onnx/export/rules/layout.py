@@ -34,7 +34,7 @@ def reshape(e: Emitter, call: OpCall) -> None:
 
 @exporter("permute")
 def permute(e: Emitter, call: OpCall) -> None:
-    e.node("Transpose", [e.input(call, 0)], [e.output(call)], perm=list(call.attr("axes")))
+    e.node("Transpose", [e.input(call, 0)], [e.output(call)], perm=list(e.static(call, "axes")))
 
 
 @exporter("expand")
@@ -56,7 +56,7 @@ def expand(e: Emitter, call: OpCall) -> None:
 
 @exporter("flip")
 def flip(e: Emitter, call: OpCall) -> None:
-    axes = list(call.attr("axes"))
+    axes = list(e.static(call, "axes"))
     if not axes:
         e.bind(call, e.input(call, 0))
         return
@@ -87,14 +87,14 @@ def slice_(e: Emitter, call: OpCall) -> None:
 @exporter("cat")
 def cat(e: Emitter, call: OpCall) -> None:
     inputs = [e.input(call, i) for i in range(len(call.inputs))]
-    e.node("Concat", inputs, [e.output(call)], axis=call.attr("dim"))
+    e.node("Concat", inputs, [e.output(call)], axis=e.static(call, "dim"))
 
 
 @exporter("repeat_dim")
 def repeat_dim(e: Emitter, call: OpCall) -> None:
     """The whole tensor ``times`` times along ``dim`` (a tile, not an interleave)."""
     repeats = [1] * len(_input_shape(call))
-    repeats[call.attr("dim")] = e.static(call, "times")
+    repeats[e.static(call, "dim")] = e.static(call, "times")
     e.node("Tile", [e.input(call, 0), e.ints(repeats)], [e.output(call)])
 
 

@@ -17,7 +17,7 @@ BITWISE = {"bitwise_and": "BitwiseAnd", "bitwise_or": "BitwiseOr", "bitwise_xor"
 
 def _operands(e: Emitter, call: OpCall) -> tuple[str, str]:
     if call.op.name.endswith(("_elem", "_scalar")):
-        return e.input(call, 0), e.scalar_like(call, call.attr("scalar"))
+        return e.input(call, 0), e.scalar_like(call, e.static(call, "scalar"))
     return e.input(call, 0), e.input(call, 1)
 
 
@@ -51,7 +51,7 @@ def bitwise(e: Emitter, call: OpCall) -> None:
 def low_bits(e: Emitter, call: OpCall) -> None:
     """Before opset 18, ``x & (2**k - 1)`` (unpacking packed int4 weights) is ``x mod 2**k``
     with the divisor's sign, which is exact for every sign of ``x``."""
-    mask = call.attr("scalar")
+    mask = e.static(call, "scalar")
     if mask < 0 or (mask + 1) & mask:
         raise e.unsupported(call, f"before opset 18 only masks 2**k - 1 are written (got "
                                   f"{mask}); export with opset=18")
@@ -96,4 +96,4 @@ def mask_where(e: Emitter, call: OpCall) -> None:
 
 @exporter("mask_fill")
 def mask_fill(e: Emitter, call: OpCall) -> None:
-    where(e, call, e.input(call, 1), e.scalar_like(call, call.attr("value")), e.input(call, 0))
+    where(e, call, e.input(call, 1), e.scalar_like(call, e.static(call, "value")), e.input(call, 0))

@@ -11,7 +11,7 @@ from ember.onnx.export.tracer import OpCall
 def interpolate(e: Emitter, call: OpCall) -> None:
     """``nearest`` is PyTorch's legacy nearest (asymmetric coordinates, rounded down);
     ``bilinear`` and ``bicubic`` (a = -0.75) use PyTorch's half-pixel or aligned corners."""
-    options = call.attr("options")
+    options = e.static(call, "options")
     aval = call.input_avals[0]
     assert aval is not None
     out_size = list(e.static(call, "output_size"))
