@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     steps = guide.add_subparsers(dest="step", required=True, metavar="STEP")
     # ``ember onnx ...`` is parsed by ember.onnx.cli (see main); listed here for --help.
-    commands.add_parser("onnx", help="import ONNX models as ember code plus weights",
+    commands.add_parser("onnx", help="import ONNX models as ember code plus weights; export "
+                        "the guide's model to ONNX",
                         add_help=False)  # fmt: skip
     # ``ember launch ...`` is parsed by ember.distributed.launch (see main).
     commands.add_parser("launch", help="run a script in several processes (a distributed job)",
