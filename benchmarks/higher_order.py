@@ -73,7 +73,7 @@ def main() -> None:
         def step():
             x = x0.require_grad()
             score = ember_critic(x, w)
-            slope = x.grad(score.sum().backward(create_graph=True)).reshape([batch, -1])
+            slope = x.grad(score.sum().backward(create_graph=True, inputs=[x])).reshape([batch, -1])
             norms = (slope * slope).sum_dim(1).sqrt()
             loss = score.mean() + ((norms - 1.0) * (norms - 1.0)).mean() * 10.0
             grads = loss.backward()

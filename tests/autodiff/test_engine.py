@@ -88,3 +88,17 @@ def test_inner_and_from_inner_round_trip(device):
     assert inner.device == device.inner() and not hasattr(inner.backend, "backward")
     back = Tensor.from_inner(inner, device)
     assert back.device == device and not back.is_require_grad()
+
+
+def test_backward_with_inputs_computes_only_those_gradients(device):
+    # As torch.autograd.grad(outputs, inputs): an intermediate value's gradient too.
+    a = Tensor.from_data([1.0, 2.0], device).require_grad()
+    b = Tensor.from_data([3.0, -1.0], device).require_grad()
+    h = a * b
+    out = (h * h).sum() + b.sum()
+    grads = out.backward(inputs=[h, a])
+    assert h.grad(grads).tolist() == [6.0, -4.0]  # 2 h
+    assert a.grad(grads).tolist() == [18.0, 4.0]  # 2 h b
+    assert b.grad(grads) is None  # not asked for: never computed
+    again = (a * b * a * b).sum() + b.sum()  # a new graph: the pass above freed its nodes
+    assert b.grad(again.backward()).tolist() == [7.0, -7.0]  # 2 a^2 b + 1

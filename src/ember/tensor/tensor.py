@@ -402,8 +402,8 @@ class Tensor:
         With ``create_graph`` the gradients are themselves differentiable (tensors of this
         autodiff device, with the graph of how they were computed), so they can enter
         another ``backward()``: gradient penalties, Hessian-vector products, meta-learning.
-        ``inputs`` names tensors of the graph that are not leaves (intermediate values)
-        whose gradients the result holds too.
+        ``inputs`` restricts the pass to the gradients of those tensors of the graph
+        (leaves or intermediate values): only the ops on a path to one of them run.
 
         Example:
             >>> import ember

@@ -180,10 +180,10 @@ class Autodiff(Decorator):
 
     def backward(self, x: TrackedTensor, create_graph: bool = False,
                  inputs: tuple[TrackedTensor, ...] = ()) -> Gradients:  # fmt: skip
-        """The gradients of ``x`` (summed) w.r.t. every tracked leaf it depends on, and
-        w.r.t. the tracked ``inputs`` (any tensors of its graph): inner primitives, or with
-        ``create_graph`` tracked tensors of this backend whose graph (the backward rules'
-        ops, recorded) a later ``backward`` differentiates again."""
+        """The gradients of ``x`` (summed) w.r.t. every tracked leaf it depends on, or only
+        w.r.t. ``inputs`` (tracked tensors of its graph, leaves or not) when given: inner
+        primitives, or with ``create_graph`` tracked tensors of this backend whose graph
+        (the backward rules' ops, recorded) a later ``backward`` differentiates again."""
         if x.node is None:
             raise UnsupportedError(
                 "backward: the tensor does not depend on any tensor that requires gradients "
@@ -191,16 +191,16 @@ class Autodiff(Decorator):
             )
         inner, prim = self.inner, x.primitive
         seed = inner.float_ones(inner.shape(prim), inner.device_of(prim), inner.dtype(prim))
-        keep = frozenset(t.node.id for t in inputs if t.node is not None)
+        targets = frozenset(t.node.id for t in inputs if t.node is not None) if inputs else None
         if not create_graph:
             return backward(x.node, seed, inner, self._accumulator, listener.current(),
-                            keep=keep)  # fmt: skip
+                            targets=targets)  # fmt: skip
         if self._graph_accumulator is None:
             self._graph_accumulator = Accumulator(self)
         self._recording_gradients += 1
         try:
             grads = backward(x.node, TrackedTensor(seed), self, self._graph_accumulator,
-                             listener.current(), _lifted, keep)  # fmt: skip
+                             listener.current(), _lifted, targets)  # fmt: skip
         finally:
             self._recording_gradients -= 1
         grads.tracked = True

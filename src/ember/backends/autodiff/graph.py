@@ -112,7 +112,7 @@ class Gradients:
 def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
              listener: GradientListener | None = None,
              lift: Callable[[Node, Any], Any] | None = None,
-             keep: frozenset[int] = frozenset()) -> Gradients:  # fmt: skip
+             targets: frozenset[int] | None = None) -> Gradients:  # fmt: skip
     """Runs every backward rule reachable from ``root`` once, in reverse creation order.
 
     Args:
@@ -127,10 +127,12 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
             autodiff backend itself (``inner``), record the graph of the gradients; the
             saved state is then kept (a later backward pass goes through these nodes
             again).
-        keep: ids of nodes that are not leaves whose gradients the result holds too (the
-            gradient with respect to an intermediate value).
+        targets: ids of the nodes (leaves or not) whose gradients are wanted; None: every
+            leaf's. Only the nodes on a path to a target run, and their rules are told
+            which inputs need a gradient (``Saved.needs``).
     """
     order = _reachable(root)
+    useful = None if targets is None else _leading_to(order, targets)
     recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
     pending: dict[int, Any] = {root.id: seed}
     grads = Gradients()
@@ -143,11 +145,12 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
         if type(grad) in INCOMPLETE:
             grad = resolve(grad)
         if node.is_leaf:
-            grads.replace(node, grad)
-            if listener is not None:
-                listener.on_gradient(node, grad)
+            if targets is None or node.id in targets:
+                grads.replace(node, grad)
+                if listener is not None:
+                    listener.on_gradient(node, grad)
             continue
-        if node.id in keep:
+        if targets is not None and node.id in targets:
             grads.replace(node, grad)
         if node.freed:
             raise GraphFreedError(
@@ -159,19 +162,31 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
             saved = saved.restore(node, recomputed)
         # Every consumer of this node's output has a larger id and ran already.
         recomputed.pop(node.id, None)
+        if useful is not None and saved is not None:
+            saved = saved.with_needs(tuple([p is not None and p.id in useful for p in node.parents]))
         if lift is not None:
             input_grads = node.backward(inner, grad, lift(node, saved))
         else:
             input_grads = node.backward(inner, grad, saved)
             node.saved, node.freed = None, True  # nothing later needs it
         for parent, g in zip(node.parents, input_grads):
-            if parent is None or g is None:
+            if parent is None or g is None or (useful is not None and parent.id not in useful):
                 continue
             previous = pending.get(parent.id)
             pending[parent.id] = g if previous is None else merge(previous, g)
     if listener is not None:
         listener.on_finish(grads)
     return grads
+
+
+def _leading_to(order: list[Node], targets: frozenset[int]) -> set[int]:
+    """The ids of the nodes of ``order`` (decreasing ids) that are targets or have one
+    among their ancestors."""
+    useful: set[int] = set()
+    for node in reversed(order):  # parents before children
+        if node.id in targets or any(p is not None and p.id in useful for p in node.parents):
+            useful.add(node.id)
+    return useful
 
 
 class Recompute:

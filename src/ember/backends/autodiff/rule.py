@@ -46,6 +46,10 @@ class Saved:
         self.dtypes = dtypes
         self.needs = needs  # per input: whether a gradient flows to it (a rule may skip the rest)
 
+    def with_needs(self, needs: tuple[bool, ...]) -> Saved:
+        """The same state, with fewer inputs needing a gradient."""
+        return Saved(self.inputs, self.output, self.attrs, self.shapes, self.dtypes, needs)
+
 
 RULES: dict[str, Rule] = {}
 
