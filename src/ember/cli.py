@@ -27,6 +27,7 @@ from ember.backend.errors import EmberError
 
 if TYPE_CHECKING:
     from ember.guide.training import TrainingConfig
+    from ember.train.renderer.base import MetricsRenderer
 
 DEFAULT_ARTIFACT_DIR = "/tmp/guide"
 
@@ -247,7 +248,7 @@ def _train(args: argparse.Namespace) -> None:
     if in_job and not dist.is_initialized():
         dist.init()
     on = _device(args)
-    renderer = None
+    renderer: MetricsRenderer | None = None
     if args.renderer == "plain":
         from ember.train.renderer.plain import PlainRenderer
 

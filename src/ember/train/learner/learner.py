@@ -481,8 +481,8 @@ class Learner:
                 value = getattr(self.scheduler, field.name)
                 if isinstance(value, int | float | str | bool):
                     params[f"learner.lr_scheduler.{field.name}"] = value
-        first_steps = {split: 1 if n is None else (start - 1) * n + 1
-                       for split, n in self._per_epoch.items()}  # fmt: skip
+        first_steps: dict[str, int] = {split: 1 if n is None else (start - 1) * n + 1
+                                       for split, n in self._per_epoch.items()}  # fmt: skip
         run = RunInfo(self.artifact_dir, type(model).__name__, {**params, **self.params},
                       start, self.num_epochs, first_steps)  # fmt: skip
         for tracker in self.trackers:
