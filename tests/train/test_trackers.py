@@ -77,14 +77,19 @@ def mlflow_client(uri: str):
 
 
 @pytest.fixture(scope="module")
-def mlflow_uri():
-    """A SQLite store for the module's runs, in memory-backed /dev/shm where there is one:
-    MLflow makes its tables with many small commits, each a sync on a disk."""
+def fast_folder():
+    """A folder in memory-backed /dev/shm where there is one: MLflow makes its SQLite
+    tables with many small commits, each a sync on a disk."""
     pytest.importorskip("mlflow", reason="the 'mlflow' extra is not installed")
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    folder = tempfile.mkdtemp(prefix="ember-mlflow-test-", dir=shm)
-    yield f"sqlite:///{folder}/mlflow.db"
+    folder = Path(tempfile.mkdtemp(prefix="ember-mlflow-test-", dir=shm))
+    yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(fast_folder):
+    return f"sqlite:///{fast_folder}/mlflow.db"
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +164,18 @@ def test_a_resumed_run_goes_on_with_the_steps_of_its_epochs(fitted, tmp_path) ->
     history = mlflow_client(uri).get_metric_history(tracker.run_id, "train/Loss")
     assert [m.step for m in history] == list(range(TRAIN_STEPS + 1, 2 * TRAIN_STEPS + 1))
     np.testing.assert_allclose([m.value for m in history], logged(artifact, "train", "Loss", [2]))
+
+
+def test_by_default_runs_go_to_a_sqlite_store_in_the_artifact_dir(fast_folder, monkeypatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    artifact = fast_folder / "default-run"
+    tracker = MlflowTracker()
+    build(artifact, tracker, epochs=1).fit(*loaders())
+    client = mlflow_client(f"sqlite:///{artifact / 'mlflow.db'}")
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.artifact_uri.startswith((artifact / "mlflow-artifacts").as_uri())
+    assert len(list((artifact / "mlflow-artifacts").rglob("model.mpk"))) == 1
 
 
 class Recording(ExperimentTracker):

@@ -20,7 +20,9 @@ Without one, MLflow's ``MLFLOW_TRACKING_URI`` is used when set, else a SQLite st
 the artifact directory, ``sqlite:///<artifact_dir>/mlflow.db``, with the artifacts in
 ``<artifact_dir>/mlflow-artifacts``; view it with
 ``mlflow ui --backend-store-uri sqlite:///<artifact_dir>/mlflow.db`` (the full ``mlflow``
-package has the UI). The ``mlflow`` extra installs ``mlflow-skinny`` with SQLAlchemy and
+package has the UI). A new experiment in any local SQLite store keeps its artifacts in
+``mlflow-artifacts`` beside the database file (MLflow's own default, ``./mlruns``, would
+put them wherever the script happens to run). The ``mlflow`` extra installs ``mlflow-skinny`` with SQLAlchemy and
 Alembic, which a SQLite store needs (MLflow's file store is deprecated).
 """
 
@@ -73,8 +75,9 @@ class MlflowTracker(ExperimentTracker):
         experiment: the experiment's name; made when missing.
         run_name: the run's name; None lets MLflow choose one.
         tags: tags of the run.
-        artifact_location: where a *new* experiment keeps its artifacts; None: MLflow's
-            default, or ``<artifact_dir>/mlflow-artifacts`` with the default SQLite store.
+        artifact_location: where a *new* experiment keeps its artifacts; None:
+            ``mlflow-artifacts`` beside the database of a local SQLite store, else MLflow's
+            default (the server's, for a tracking server).
         log_model: upload the final model's record as an artifact.
         recorder: the recorder of that record; default: ember's ``DefaultRecorder``
             (NamedMpk at full precision).
@@ -123,8 +126,9 @@ class MlflowTracker(ExperimentTracker):
         if uri is None:
             run.artifact_dir.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{(run.artifact_dir / 'mlflow.db').resolve()}"
-            if location is None:
-                location = (run.artifact_dir / "mlflow-artifacts").resolve().as_uri()
+        if location is None and uri.startswith("sqlite:///"):
+            database = Path(uri.removeprefix("sqlite:///").split("?")[0])
+            location = (database.parent / "mlflow-artifacts").resolve().as_uri()
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(self.experiment)
         if found is not None:
