@@ -155,15 +155,25 @@ def test_mlflow_run_holds_params_metrics_and_the_model(fitted) -> None:
 
 
 def test_a_resumed_run_goes_on_with_the_steps_of_its_epochs(fitted, tmp_path) -> None:
-    """Epoch 2 resumed from the checkpoint of epoch 1 logs the steps 7..12."""
+    """Epoch 2 resumed from the checkpoint of epoch 1 logs the steps 7..12; in TensorBoard
+    they replace the points the first run had logged from step 7 on."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     artifact, *_, uri = fitted
     run = tmp_path / "run"
     shutil.copytree(artifact / "checkpoint", run / "checkpoint")
+    shutil.copytree(artifact / "tensorboard", run / "tensorboard")
     tracker = MlflowTracker(uri, experiment="resumed", log_model=False)
-    build(run, tracker, resume=1).fit(*loaders())
+    build(run, tracker, TensorBoardTracker(), resume=1).fit(*loaders())
     history = mlflow_client(uri).get_metric_history(tracker.run_id, "train/Loss")
     assert [m.step for m in history] == list(range(TRAIN_STEPS + 1, 2 * TRAIN_STEPS + 1))
     np.testing.assert_allclose([m.value for m in history], logged(artifact, "train", "Loss", [2]))
+
+    assert len(list((run / "tensorboard" / "train").iterdir())) == 2  # both runs' files
+    events = EventAccumulator(str(run / "tensorboard" / "train")).Reload()
+    assert [p.step for p in events.Scalars("Loss")] == steps("train")  # each step once
+    np.testing.assert_allclose([p.value for p in events.Scalars("Loss")],
+                               logged(artifact, "train", "Loss"), rtol=1e-6)  # fmt: skip
 
 
 def test_by_default_runs_go_to_a_sqlite_store_in_the_artifact_dir(fast_folder, monkeypatch) -> None:
