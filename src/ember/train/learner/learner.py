@@ -84,7 +84,7 @@ from ember.train.learner.early_stopping import MetricEarlyStopping
 from ember.train.learner.history import MetricHistory
 from ember.train.learner.summary import LearnerSummary
 from ember.train.logger import MetricLogger, experiment_log
-from ember.train.metric.base import Metric, MetricMetadata, Numeric, Progress, adapt
+from ember.train.metric.base import Metric, MetricEntry, MetricMetadata, Numeric, Progress, adapt
 from ember.train.renderer.base import (
     MetricsRenderer,
     MetricUpdate,
@@ -381,8 +381,8 @@ class Learner:
                 logger.log(entry)
         if self.trackers:
             step = self._step(split, metadata)
-            numbers = {entry.name: number for entry in entries
-                       if (number := _number(entry.serialized)) is not None}  # fmt: skip
+            numbers = {entry.name: number for (metric, _), entry in zip(metrics, entries, strict=True)
+                       if isinstance(metric, Numeric) and (number := _number(entry)) is not None}  # fmt: skip
             for tracker in self.trackers:
                 tracker.log_step(split, numbers, step)
 
@@ -525,10 +525,10 @@ def _iterations(loaders: Sequence[Any], limit: int | None) -> int | None:
     return count if limit is None else min(count, limit)
 
 
-def _number(serialized: str) -> float | None:
-    """A logged value as a number; None for a metric that is not numeric."""
+def _number(entry: MetricEntry) -> float | None:
+    """A numeric metric's batch value (what its logger writes); None if it is not a number."""
     try:
-        return float(serialized)
+        return float(entry.serialized)
     except ValueError:
         return None
 
