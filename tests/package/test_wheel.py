@@ -9,11 +9,11 @@ hook is not run from a ``.pth``-added folder).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import venv
 import zipfile
@@ -53,18 +53,29 @@ def run(args: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def _can_build_wheels() -> bool:
+    """Whether this environment's setuptools builds wheels by itself."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    major_minor = tuple(int(part) for part in setuptools.__version__.split(".")[:2])
+    return major_minor >= (70, 1) or importlib.util.find_spec("wheel") is not None
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    pytest.importorskip("setuptools", reason="building the wheel needs setuptools")
     out = tmp_path_factory.mktemp("wheel")
     # A copy of the checkout (what a clean clone has, tests included), so that the build's
     # build/ and egg-info stay out of the checkout and no earlier build's files leak in.
     source = out / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"))
-    # No build isolation: the build uses this environment's setuptools instead of
-    # downloading one; --no-deps: only ember's own wheel.
-    run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+    # Without build isolation where this environment can build wheels (setuptools 70.1+
+    # has bdist_wheel; older ones need the wheel package), so nothing is downloaded;
+    # else pip fetches the build requirements. --no-deps: only ember's own wheel.
+    isolation = ["--no-build-isolation"] if _can_build_wheels() else []
+    run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", *isolation,
          "--disable-pip-version-check", "--quiet", "--wheel-dir", str(out)])  # fmt: skip
     wheels = list(out.glob("ember-*.whl"))
     assert len(wheels) == 1, wheels
@@ -88,8 +99,10 @@ def test_the_wheel_installs_into_a_fresh_venv_and_works(wheel: Path, tmp_path: P
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
     purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-    # This interpreter's packages (ember's dependencies), after the fresh env's own.
-    (Path(purelib.stdout.strip()) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # This interpreter's packages (ember's dependencies), after the fresh env's own: its
+    # site-packages folders, not the checkout's src.
+    sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    (Path(purelib.stdout.strip()) / "deps.pth").write_text("\n".join(sites) + "\n")
     # --ignore-installed: the editable ember of this environment, visible through the
     # .pth, is neither uninstalled nor counted as installed.
     run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
