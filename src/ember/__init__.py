@@ -9,7 +9,16 @@ Example:
     >>> x = Tensor.from_data([[2.0, 3.0], [4.0, 5.0]], device=ember.device("ndarray"))
     >>> (x + Tensor.ones_like(x)).tolist()
     [[3.0, 4.0], [5.0, 6.0]]
+
+Subpackages are attributes that import on first use (``ember.nn.Linear`` works after a
+plain ``import ember``), so ``import ember`` stays light: it loads neither torch, onnx
+nor numba, nor the subpackages that a script does not touch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ember.backend import (
     ArgumentError,
@@ -33,7 +42,39 @@ from ember.config import Config
 from ember.module import Module, Param, ParamId, RunningState
 from ember.tensor import Bool, Distribution, DType, Float, Int, Kind, Tensor, TensorData, activation
 
+if TYPE_CHECKING:  # type checkers and IDEs see the lazy subpackages as plain imports
+    from ember import (  # noqa: F401
+        backends,
+        data,
+        distributed,
+        guide,
+        nn,
+        onnx,
+        optim,
+        quantization,
+        record,
+        train,
+    )
+
 __version__ = "0.1.0"
+
+#: The subpackages imported on first attribute access (PEP 562).
+_LAZY_SUBPACKAGES = frozenset({
+    "backends", "data", "distributed", "guide", "nn", "onnx", "optim", "quantization", "record",
+    "train",
+})  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """Imports a subpackage the first time it is read as an attribute (``ember.nn``)."""
+    if name in _LAZY_SUBPACKAGES:
+        # import_module sets the attribute on this package, so this runs once per name.
+        return importlib.import_module(f"ember.{name}")
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY_SUBPACKAGES)
 
 
 def seed(device: Device, seed: int) -> None:

@@ -27,6 +27,8 @@ from ember.backend.errors import EmberError
 
 if TYPE_CHECKING:
     from ember.guide.training import TrainingConfig
+    from ember.train.renderer.base import MetricsRenderer
+    from ember.train.tracker.base import ExperimentTracker
 
 DEFAULT_ARTIFACT_DIR = "/tmp/guide"
 
@@ -145,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: the dashboard on a terminal, plain lines otherwise",
     )
     train.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard event files to ARTIFACT_DIR/tensorboard "
+        "(needs ember[tensorboard])",
+    )
+    train.add_argument(
+        "--mlflow",
+        nargs="?",
+        const="",
+        metavar="URI",
+        help="also record the run in MLflow, at the tracking URI given, else at "
+        "MLFLOW_TRACKING_URI, else in sqlite:///ARTIFACT_DIR/mlflow.db (needs ember[mlflow])",
+    )
+    train.add_argument(
         "--nproc",
         type=_at_least(1),
         default=1,
@@ -231,6 +247,20 @@ def _training_config(args: argparse.Namespace, on: Device) -> TrainingConfig:
     return config
 
 
+def _trackers(args: argparse.Namespace) -> list[ExperimentTracker]:
+    """The experiment trackers that ``--tensorboard`` and ``--mlflow`` ask for."""
+    trackers: list[ExperimentTracker] = []
+    if args.tensorboard:
+        from ember.train.tracker import TensorBoardTracker
+
+        trackers.append(TensorBoardTracker())
+    if args.mlflow is not None:
+        from ember.train.tracker import MlflowTracker
+
+        trackers.append(MlflowTracker(args.mlflow or None, experiment="ember-guide"))
+    return trackers
+
+
 def _train(args: argparse.Namespace) -> None:
     import ember.distributed as dist
     from ember.guide.training import MODEL_FILE, RECORDER, train
@@ -248,7 +278,7 @@ def _train(args: argparse.Namespace) -> None:
     if in_job and not dist.is_initialized():
         dist.init()
     on = _device(args)
-    renderer = None
+    renderer: MetricsRenderer | None = None
     if args.renderer == "plain":
         from ember.train.renderer.plain import PlainRenderer
 
@@ -265,8 +295,10 @@ def _train(args: argparse.Namespace) -> None:
         datasets = {"train_dataset": PartialDataset(MnistDataset.train(), 0, args.limit),
                     "valid_dataset": PartialDataset(MnistDataset.test(), 0, args.limit)}  # fmt: skip
     main_process = dist.is_main_process()
+    trackers = _trackers(args)
     try:
-        train(args.artifact_dir, _training_config(args, on), on, renderer=renderer, **datasets)
+        train(args.artifact_dir, _training_config(args, on), on, renderer=renderer,
+              trackers=trackers, **datasets)  # fmt: skip
     finally:
         dist.shutdown()
     if main_process:

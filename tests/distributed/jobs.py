@@ -236,6 +236,25 @@ def learner(out: Path, rank: int, world: int, artifact: str, epochs: str, resume
     from ember.train.metric.accuracy import AccuracyMetric
     from ember.train.metric.base import Metric, MetricEntry
     from ember.train.metric.loss import LossMetric
+    from ember.train.tracker import ExperimentTracker
+
+    class CountingTracker(ExperimentTracker):
+        """Counts the calls the learner makes (only rank 0's tracker may get any)."""
+
+        def __init__(self) -> None:
+            self.calls = {"start": 0, "log_step": 0, "log_epoch": 0, "finish": 0}
+
+        def start(self, run) -> None:
+            self.calls["start"] += 1
+
+        def log_step(self, split, values, step) -> None:
+            self.calls["log_step"] += 1
+
+        def log_epoch(self, split, values, epoch) -> None:
+            self.calls["log_epoch"] += 1
+
+        def finish(self, model, status) -> None:
+            self.calls["finish"] += 1
 
     class KillRank1(Metric):
         name = "Kill"
@@ -251,8 +270,9 @@ def learner(out: Path, rank: int, world: int, artifact: str, epochs: str, resume
 
     if world > 1:
         dist.init()
-    renderer = CallbackRenderer()
+    renderer, tracker = CallbackRenderer(), CountingTracker()
     builder = (LearnerBuilder(Path(artifact)).num_epochs(int(epochs)).renderer(renderer)
+               .tracker(tracker)
                .metric_train_numeric(LossMetric()).metric_valid_numeric(LossMetric())
                .metric_train_numeric(AccuracyMetric()).metric_valid_numeric(AccuracyMetric())
                .metric_train(KillRank1()).with_file_checkpointer(keep_last=None))  # fmt: skip
@@ -267,7 +287,8 @@ def learner(out: Path, rank: int, world: int, artifact: str, epochs: str, resume
     history = {f"{split}|{name}": {str(e): v for e, v in learner.history.values(split, name).items()}
                for split in ("train", "valid") for name in ("Loss", "Accuracy")}  # fmt: skip
     (out / f"rank{rank}.json").write_text(json.dumps(
-        {"history": history, "train_updates": sum(1 for u in renderer.updates if u[0] == "train")}))
+        {"history": history, "train_updates": sum(1 for u in renderer.updates if u[0] == "train"),
+         "tracker_calls": tracker.calls}))
 
 
 def cuda_collectives(out: Path, rank: int, world: int) -> None:

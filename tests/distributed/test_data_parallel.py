@@ -34,6 +34,9 @@ def test_two_ranks_share_one_history_and_only_rank_0_writes(tmp_path):
         np.testing.assert_array_equal(w0[path], w1[path], err_msg=path)
     assert s0["train_updates"] == 2 * 6 * 3  # epochs x (24 items / batch 4) x metrics
     assert s1["train_updates"] == 0  # rank 1 shows nothing
+    # Only rank 0 feeds its trackers: 2 epochs x (6 train + 2 valid iterations) steps.
+    assert s0["tracker_calls"] == {"start": 1, "log_step": 2 * (6 + 2), "log_epoch": 4, "finish": 1}
+    assert s1["tracker_calls"] == {"start": 0, "log_step": 0, "log_epoch": 0, "finish": 0}
     assert sorted(p.name for p in (artifact / "checkpoint").iterdir()) == [
         f"{kind}-{e}{ext}" for kind, ext in (("model", ".mpk.gz"), ("optim", ".mpk.gz"),
                                              ("scheduler", ".mpk.gz"), ("state", ".json"))

@@ -427,3 +427,23 @@ def test_infer_quantized_agrees_with_float(trained, digits, capsys, tmp_path):
     assert sizes["f32"] / sizes["int8"] >= 3.5 and sizes["f32"] / sizes["int8-static"] >= 3.5, sizes
     with pytest.raises(ArgumentError, match="quantize must be one of 'int8', 'int4', 'int8-static'"):
         infer(folder, NDARRAY, count=2, dataset=test, quantize="int2")
+
+
+def test_cli_train_with_trackers(small_mnist, tmp_path, capsys):
+    """``--tensorboard --mlflow URI``: both trackers follow the guide's run, with its config."""
+    pytest.importorskip("tensorboardX", reason="the 'tensorboard' extra is not installed")
+    pytest.importorskip("mlflow", reason="the 'mlflow' extra is not installed")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'runs.db'}"
+    assert main(["guide", "train", "--artifact-dir", str(folder), "--epochs", "1", "--seed", "3",
+                 "--renderer", "plain", "--tensorboard", "--mlflow", uri]) == 0  # fmt: skip
+    capsys.readouterr()
+    events = EventAccumulator(str(folder / "tensorboard" / "valid")).Reload()
+    assert [p.step for p in events.Scalars("Loss")] == [1, 2]  # 128 test digits, batches of 64
+    client = MlflowClient(tracking_uri=uri)
+    [run] = client.search_runs([client.get_experiment_by_name("ember-guide").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["seed"] == "3" and run.data.params["model.num_classes"] == "10"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/Loss")] == [1, 2, 3, 4]

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -34,6 +35,7 @@ from ember.train.learner.builder import LearnerBuilder
 from ember.train.metric.accuracy import AccuracyMetric
 from ember.train.metric.loss import LossMetric
 from ember.train.renderer.base import MetricsRenderer
+from ember.train.tracker.base import ExperimentTracker
 
 CONFIG_FILE = "config.json"
 """The run's config, in the artifact folder."""
@@ -135,6 +137,7 @@ def train(
     renderer: MetricsRenderer | None = None,
     train_dataset: IndexedDataset | None = None,
     valid_dataset: IndexedDataset | None = None,
+    trackers: Sequence[ExperimentTracker] = (),
 ) -> Model:
     """Trains the guide's model and saves it in ``artifact_dir``; returns the trained model.
 
@@ -149,6 +152,8 @@ def train(
         train_dataset: the training items (:class:`~ember.data.vision.mnist.MnistItem`).
             Default: MNIST's training split.
         valid_dataset: the validation items. Default: MNIST's test split.
+        trackers: experiment trackers (TensorBoard, MLflow) that also follow the run,
+            with ``config``'s fields as the run's parameters.
 
     Example:
         >>> import pathlib, tempfile
@@ -192,6 +197,10 @@ def train(
     )
     if renderer is not None:
         builder = builder.renderer(renderer)
+    for tracker in trackers:
+        builder = builder.tracker(tracker)
+    if trackers:
+        builder = builder.params(config)
     learner = builder.build(
         config.model.init(device), config.optimizer.init(), config.learning_rate
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, dataclass_transform
 
 from ember.backend.device import Device
 from ember.backend.errors import fmt_shape
@@ -38,6 +38,8 @@ ParamFn = Callable[[str, Param], Param]
 TensorFn = Callable[[str, Tensor], Tensor]
 
 
+# Tells type checkers that subclasses are dataclasses (PEP 681), as __init_subclass__ makes them.
+@dataclass_transform(eq_default=False)
 class Module:
     """Base class of every model and layer.
 

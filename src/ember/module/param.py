@@ -14,6 +14,7 @@ saved with the module's weights but never receives gradients.
 from __future__ import annotations
 
 import secrets
+from typing import Self
 
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
@@ -104,7 +105,7 @@ class Param:
         """The tensor (a tracked leaf on an autodiff device when ``require_grad``)."""
         return self._value
 
-    def with_value(self, value: Tensor) -> Param:
+    def with_value(self, value: Tensor) -> Self:
         """The same parameter (id, ``require_grad``) holding ``value``."""
         return type(self)(value, self.id, self.require_grad)
 

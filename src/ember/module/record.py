@@ -107,7 +107,7 @@ def _load(value: Any, record: Any, path: str, loading: _Loading) -> Any:
     if isinstance(value, list | tuple):
         slots = {str(i): item for i, item in enumerate(value)}
     elif isinstance(value, Module | dict):
-        slots = {str(name): item for name, item in _items(value)}
+        slots = {str(name): item for name, item in _items(value) or ()}
     else:
         return value
     entries = _entries(record, path, loading)

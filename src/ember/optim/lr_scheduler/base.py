@@ -111,7 +111,8 @@ class StepCounter(LrScheduler):
                 f"{type(self).__name__}: expected a record holding the number of steps taken "
                 f"(an integer >= 0), got {short_repr(record)}"
             )
-        return dataclasses.replace(self, iteration=record)
+        # C is bound to this dataclass, which mypy's replace() signature cannot see.
+        return dataclasses.replace(self, iteration=record)  # type: ignore[type-var]
 
 
 class LrSchedulerConfig(Variant):

@@ -9,6 +9,9 @@ option                              what it does
 ``metric_valid_numeric(m)``         a numeric validation metric, also plotted
 ``metric_loggers(train, valid)``    the metric loggers (default: files under
                                     ``<artifact_dir>/train`` and ``/valid``)
+``tracker(t)``                      an experiment tracker (TensorBoard, MLflow); call
+                                    again to add more
+``params(config)``                  the run's parameters the trackers record
 ``renderer(r)``                     how the run is shown (default: the dashboard on a
                                     terminal, the plain renderer otherwise)
 ``grads_accumulation(n)``           sum the gradients of ``n`` iterations per step
@@ -86,6 +89,7 @@ from ember.train.logger import FileMetricLogger, MetricLogger
 from ember.train.metric.base import Metric, Numeric
 from ember.train.renderer.base import MetricsRenderer, Split, TrainingInterrupter
 from ember.train.renderer.plain import PlainRenderer
+from ember.train.tracker.base import ExperimentTracker, ParamValue, flatten_params
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +115,8 @@ class LearnerBuilder:
         self._artifact_dir = Path(artifact_dir)
         self._metrics: dict[Split, list[tuple[Metric, bool]]] = {"train": [], "valid": []}
         self._loggers: Any = _UNSET
+        self._trackers: list[ExperimentTracker] = []
+        self._params: dict[str, ParamValue] = {}
         self._renderer: MetricsRenderer | None = None
         self._grads_accumulation = 1
         self._checkpointer: tuple[FileRecorder | None, int | None, tuple[str, Split] | None]
@@ -173,6 +179,30 @@ class LearnerBuilder:
     def metric_loggers(self, train: MetricLogger | None, valid: MetricLogger | None) -> LearnerBuilder:
         """Sets the metric loggers of the two splits (None logs nothing for that split)."""
         self._loggers = (train, valid)
+        return self
+
+    def tracker(self, tracker: ExperimentTracker) -> LearnerBuilder:
+        """Adds an experiment tracker (see :mod:`ember.train.tracker`); several may be added.
+
+        Trackers run besides the metric loggers, on rank 0 only in a data-parallel job.
+        """
+        if not isinstance(tracker, ExperimentTracker):
+            raise ArgumentError(
+                f"LearnerBuilder.tracker: expected an ExperimentTracker such as "
+                f"TensorBoardTracker() or MlflowTracker(), got {type(tracker).__name__}"
+            )
+        if any(other is tracker for other in self._trackers):
+            raise ArgumentError("LearnerBuilder.tracker: this tracker was already added")
+        self._trackers.append(tracker)
+        return self
+
+    def params(self, params: Any) -> LearnerBuilder:
+        """The run's parameters that the trackers record: a Config or a (nested) mapping.
+
+        Nested fields become dotted keys (``model.hidden_size``); repeated calls add to them.
+        The learner's own options are recorded too, under ``learner.``.
+        """
+        self._params.update(flatten_params(params))
         return self
 
     def renderer(self, renderer: MetricsRenderer) -> LearnerBuilder:
@@ -329,6 +359,8 @@ class LearnerBuilder:
             early_stopping=self._early_stopping,
             summary=self._summary,
             interrupter=self._interrupter,
+            trackers=list(self._trackers),
+            params=dict(self._params),
         )
 
     def _numeric(self, name: str, split: Split, option: str) -> bool:

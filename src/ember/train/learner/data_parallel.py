@@ -16,7 +16,8 @@ training script:
   epoch value weighted by its items: exact for means such as loss and accuracy, an
   average of the ranks' values for the others) and the stop requests, so every rank
   records the same history and stops at the same iteration;
-* only rank 0 writes: the dashboard, the metric logs, ``experiment.log`` and checkpoints.
+* only rank 0 writes: the dashboard, the metric logs, the experiment trackers,
+  ``experiment.log`` and checkpoints.
 """
 
 from __future__ import annotations

@@ -46,6 +46,14 @@ epoch resumes from the last complete epoch (see
 weights it reached. The state of each training device's random generator is saved
 too, so a model that draws random numbers (dropout) draws on as it would have.
 
+**Trackers.** The experiment trackers (``LearnerBuilder.tracker``: TensorBoard,
+MLflow; see :mod:`ember.train.tracker`) start when training starts, with the run's
+parameters (the learner's options under ``learner.`` and ``LearnerBuilder.params``),
+get every numeric metric's batch value at each step (numbered over the run, so a
+resumed run goes on with the steps of the epochs it resumes) and each epoch's
+value (the one in the summary), and finish with the final model and how the run
+ended: FINISHED, KILLED (interrupted) or FAILED (an error; the error propagates).
+
 **Artifacts.** Under the artifact directory: ``experiment.log`` (every ``ember``
 log record of the run, INFO and up, appended to), ``train/`` and ``valid/`` (the
 metric loggers' files, ``epoch-<n>/<Metric>.log``) and ``checkpoint/``.
@@ -54,11 +62,12 @@ metric loggers' files, ``epoch-<n>/<Metric>.log``) and ``checkpoint/``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any
@@ -75,7 +84,7 @@ from ember.train.learner.early_stopping import MetricEarlyStopping
 from ember.train.learner.history import MetricHistory
 from ember.train.learner.summary import LearnerSummary
 from ember.train.logger import MetricLogger, experiment_log
-from ember.train.metric.base import Metric, MetricMetadata, Numeric, Progress, adapt
+from ember.train.metric.base import Metric, MetricEntry, MetricMetadata, Numeric, Progress, adapt
 from ember.train.renderer.base import (
     MetricsRenderer,
     MetricUpdate,
@@ -84,6 +93,7 @@ from ember.train.renderer.base import (
     TrainingProgress,
 )
 from ember.train.step import TrainOutput
+from ember.train.tracker.base import ExperimentTracker, ParamValue, RunInfo, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +124,8 @@ class Learner:
         early_stopping: MetricEarlyStopping | None,
         summary: bool,
         interrupter: TrainingInterrupter,
+        trackers: Sequence[ExperimentTracker] = (),
+        params: Mapping[str, ParamValue] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -138,6 +150,11 @@ class Learner:
         self.parallel: DataParallel | None = None
         self._combined: dict[Split, dict[str, float]] = {"train": {}, "valid": {}}
         self._stop_asked = False
+        self.trackers = list(trackers)
+        self.params = dict(params or {})
+        self._started: list[ExperimentTracker] = []  # the trackers whose run is open
+        self._per_epoch: dict[Split, int | None] = {"train": None, "valid": None}
+        self._interrupted_run = False
 
     # ------------------------------------------------------------------ the run
     def fit(self, train_loader: Any, valid_loader: Any | None) -> Module:
@@ -166,13 +183,16 @@ class Learner:
         else:  # only rank 0 shows and writes (see data_parallel.py)
             self.renderer, self.with_summary = _Silent(), False
             self.loggers = {"train": None, "valid": None}
+            self.trackers = []
         log_file = experiment_log(self.artifact_dir) if self._writes else contextlib.nullcontext()
         with log_file, _sigint_stops(self.interrupter):
+            trained: Module | None = None
             try:
                 self.renderer.bind(self.interrupter)
-                model = self._run(train_loader, valid_loader)
+                model = trained = self._run(train_loader, valid_loader)
             finally:
                 self.renderer.close()
+                self._finish_trackers(trained)
             if self.with_summary:
                 self.summary = LearnerSummary.from_history(
                     self.history, self.num_epochs, type(model).__name__
@@ -208,10 +228,14 @@ class Learner:
             parts = [part.to_device(device)
                      for part, device in zip(train_loader.split(len(self.devices)), self.devices)]  # fmt: skip
         valid = None if valid_loader is None else valid_loader.to_device(self.devices[0].inner())
+        self._per_epoch = {"train": _iterations(parts, limit),
+                           "valid": None if valid is None else _iterations([valid], valid_limit)}  # fmt: skip
+        self._start_trackers(model, start)
 
         for epoch in range(start, self.num_epochs + 1):
             if self._should_stop():  # in a job: as every rank saw it at the last iteration
                 log.info("stop requested before epoch %d: training ends", epoch)
+                self._interrupted_run = True
                 break
             model, iteration, stopped = self._train_epoch(model, parts, epoch, limit)
             if not stopped and valid is not None:
@@ -355,6 +379,12 @@ class Learner:
             show(MetricUpdate(entry, value if plotted else None))
             if logger is not None:
                 logger.log(entry)
+        if self.trackers:
+            step = self._step(split, metadata)
+            numbers = {entry.name: number for (metric, _), entry in zip(metrics, entries, strict=True)
+                       if isinstance(metric, Numeric) and (number := _number(entry)) is not None}  # fmt: skip
+            for tracker in self.trackers:
+                tracker.log_step(split, numbers, step)
 
     def _should_stop(self) -> bool:
         """A stop was asked (in a job: on any rank, as of the last metrics update)."""
@@ -369,6 +399,12 @@ class Learner:
                     value = combined[metric.name] if self.parallel is not None else metric.value()
                     self.history.record(split, metric.name, epoch, value)
             self.renderer.on_epoch_end(split, epoch)
+            if self.trackers:
+                values = {name: self.history.value(s, name, epoch)
+                          for s, name in self.history.metrics() if s == split}  # fmt: skip
+                epoch_values = {name: v for name, v in values.items() if v is not None}
+                for tracker in self.trackers:
+                    tracker.log_epoch(split, epoch_values, epoch)
         logger = self.loggers[split]
         if logger is not None:
             logger.end_epoch(epoch)
@@ -398,6 +434,7 @@ class Learner:
             return None
 
     def _interrupted(self, model: Module, epoch: int, iteration: int) -> None:
+        self._interrupted_run = True
         if not self._writes:
             return
         if self.checkpointer is None:
@@ -416,6 +453,56 @@ class Learner:
             else "no epoch was complete, a new run starts over",
         )  # fmt: skip
 
+    # ------------------------------------------------------------------ trackers
+    def _step(self, split: Split, metadata: MetricMetadata) -> int:
+        """The tracker step of an iteration: counted over the run's epochs, from 1."""
+        per_epoch = self._per_epoch[split]
+        if per_epoch is None:  # a loader without len(): steps count within each epoch
+            return metadata.iteration
+        return (metadata.epoch - 1) * per_epoch + metadata.iteration
+
+    def _start_trackers(self, model: Module, start: int) -> None:
+        if not self.trackers:
+            return
+        params: dict[str, ParamValue] = {
+            "learner.model": type(model).__name__,
+            "learner.num_params": model.num_params(),
+            "learner.num_epochs": self.num_epochs,
+            "learner.grads_accumulation": self.grads_accumulation,
+            "learner.optimizer": type(self.optimizer).__name__,
+            "learner.lr_scheduler": type(self.scheduler).__name__,
+            "learner.devices": ", ".join(map(str, self.devices)),
+            "learner.world_size": 1 if self.parallel is None else self.parallel.world_size,
+            "learner.train_metrics": ", ".join(m.name for m, _ in self.metrics["train"]),
+            "learner.valid_metrics": ", ".join(m.name for m, _ in self.metrics["valid"]),
+        }
+        if dataclasses.is_dataclass(self.scheduler):  # ConstantLr(lr=...), the schedules' fields
+            for field in dataclasses.fields(self.scheduler):
+                value = getattr(self.scheduler, field.name)
+                if isinstance(value, int | float | str | bool):
+                    params[f"learner.lr_scheduler.{field.name}"] = value
+        first_steps: dict[str, int] = {split: 1 if n is None else (start - 1) * n + 1
+                                       for split, n in self._per_epoch.items()}  # fmt: skip
+        run = RunInfo(self.artifact_dir, type(model).__name__, {**params, **self.params},
+                      start, self.num_epochs, first_steps)  # fmt: skip
+        for tracker in self.trackers:
+            tracker.start(run)
+            self._started.append(tracker)
+
+    def _finish_trackers(self, model: Module | None) -> None:
+        """Ends the trackers' runs; ``model`` None: the run failed (its error propagates)."""
+        status: RunStatus = "FAILED" if model is None else "KILLED" if self._interrupted_run else "FINISHED"
+        failures = []
+        for tracker in self._started:
+            try:
+                tracker.finish(model, status)
+            except Exception as error:  # the other trackers still finish
+                log.exception("%s could not finish the run", type(tracker).__name__)
+                failures.append(error)
+        self._started.clear()
+        if failures and model is not None:  # a failed run raises its own error
+            raise failures[0]
+
     def _log_epoch(self, epoch: int) -> None:
         parts = []
         for split in ("train", "valid"):
@@ -427,6 +514,23 @@ class Learner:
             if values:
                 parts.append(f"{split}: " + ", ".join(values))
         log.info("epoch %d/%d done; %s", epoch, self.num_epochs, "; ".join(parts) or "no metrics")
+
+
+def _iterations(loaders: Sequence[Any], limit: int | None) -> int | None:
+    """The iterations of an epoch over ``loaders`` side by side; None without len()."""
+    try:
+        count = max(len(loader) for loader in loaders)
+    except TypeError:
+        return limit
+    return count if limit is None else min(count, limit)
+
+
+def _number(entry: MetricEntry) -> float | None:
+    """A numeric metric's batch value (what its logger writes); None if it is not a number."""
+    try:
+        return float(entry.serialized)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------- Ctrl-C

@@ -97,7 +97,7 @@ class AurocMetric(MeanMetric):
         num_classes = outputs.shape[1]
         check_classes(owner, targets, max(num_classes, 2))
         if num_classes == 1:
-            area = auroc(outputs[:, 0], targets == 1)
+            area: float | np.ndarray = auroc(outputs[:, 0], targets == 1)
         elif num_classes == 2:
             area = auroc(outputs[:, 1] - outputs[:, 0], targets == 1)
         else:

@@ -77,6 +77,7 @@ class _ConfusionMetric(Numeric, Metric):
     """Counts true positives, false positives and false negatives of each class."""
 
     input_type = ConfusionStatsInput
+    _epoch: np.ndarray | None  # the epoch's counts so far; None before its first batch
 
     def __init__(self, rule: DecisionRule = TopK(1),
                  class_reduction: ClassReduction | str = ClassReduction.MICRO) -> None:  # fmt: skip
@@ -171,7 +172,7 @@ class _ConfusionMetric(Numeric, Metric):
         return format_entry(self.name, self.value(), self._reduce(counts), unit="%")
 
     def clear(self) -> None:
-        self._epoch: np.ndarray | None = None
+        self._epoch = None
 
     def value(self) -> float:
         """The score of the epoch's predictions so far, in percent (NaN before any)."""

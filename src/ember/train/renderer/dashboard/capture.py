@@ -89,5 +89,5 @@ def capture(width: int = 100, height: int = 30, keys: tuple[str, ...] = (),
 
 
 if __name__ == "__main__":
-    size = [int(arg) for arg in sys.argv[1:3]] or [100, 30]
-    print(capture(*size))
+    size = [int(arg) for arg in sys.argv[1:3]]
+    print(capture(size[0] if size else 100, size[1] if len(size) > 1 else 30))
