@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the lazy subpackages as plain im
         backends,
         data,
         distributed,
+        func,
         guide,
         nn,
         onnx,
@@ -60,8 +61,8 @@ __version__ = "0.1.0"
 
 #: The subpackages imported on first attribute access (PEP 562).
 _LAZY_SUBPACKAGES = frozenset({
-    "backends", "data", "distributed", "guide", "nn", "onnx", "optim", "quantization", "record",
-    "train",
+    "backends", "data", "distributed", "func", "guide", "nn", "onnx", "optim", "quantization",
+    "record", "train",
 })  # fmt: skip
 
 
