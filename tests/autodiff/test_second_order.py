@@ -64,17 +64,21 @@ def test_second_derivative_vs_torch(name, ember_fn, torch_fn, inputs, differenti
                                      differentiable)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["autodiff-torch", "autodiff-fusion"])
+OTHER_INNERS = {
+    "autodiff-torch": lambda: ember.device("torch").autodiff(),
+    "autodiff-fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter").autodiff(),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_INNERS))
 @pytest.mark.parametrize("case", ["matmul:chain_and_reuse", "activation:softmax",
                                   "module:conv2d_stride_padding", "module:max_pool2d"])  # fmt: skip
 def test_second_derivatives_on_other_inner_backends(name, case):
-    from conftest import AUTODIFF_BACKENDS
-
     found = {c[0]: c for c in CASES}
     if case not in found:
         pytest.skip(f"no case {case!r} in the first-order suites")
     _, ember_fn, torch_fn, inputs, differentiable = found[case]
-    check_second_order_against_torch(ember_fn, torch_fn, inputs, AUTODIFF_BACKENDS[name](),
+    check_second_order_against_torch(ember_fn, torch_fn, inputs, OTHER_INNERS[name](),
                                      differentiable)  # fmt: skip
 
 

@@ -19,6 +19,14 @@ from ember.tensor import Tensor
 RTOL, ATOL = 1e-4, 1e-5
 
 
+def rand(*shape: int, seed: int = 0, device: Any = None) -> Tensor:
+    """Standard normal f32 values of ``shape`` (NdArray unless ``device``)."""
+    import ember
+
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return Tensor.from_data(values, device or ember.device("ndarray"))
+
+
 def as_list(out: Any) -> list[np.ndarray]:
     tensors = [out] if isinstance(out, Tensor) else list(out)
     return [np.asarray(t.to_numpy()) for t in tensors]

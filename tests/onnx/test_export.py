@@ -9,7 +9,7 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="ONNX export needs the onnx package (ember[onnx])")
 pytest.importorskip("onnxruntime")
 
-from export_helpers import round_trip, run_onnxruntime  # noqa: E402
+from export_helpers import rand, round_trip, run_onnxruntime  # noqa: E402
 
 import ember  # noqa: E402
 from ember import Tensor, nn  # noqa: E402
@@ -20,11 +20,6 @@ from ember.nn.rnn import LstmState  # noqa: E402
 from ember.nn.transformer import TransformerDecoderInput, TransformerEncoderInput  # noqa: E402
 
 DEVICE = ember.device("ndarray")
-
-
-def rand(*shape: int, seed: int = 0) -> Tensor:
-    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return Tensor.from_data(values, DEVICE)
 
 
 def with_random_statistics(module: Module) -> Module:

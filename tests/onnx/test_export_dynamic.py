@@ -7,24 +7,15 @@ expand, a slice assignment, a variance's count); each is exported at one size an
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="ONNX export needs the onnx package (ember[onnx])")
 pytest.importorskip("onnxruntime")
 
-from export_helpers import round_trip  # noqa: E402
+from export_helpers import rand, round_trip  # noqa: E402
 
-import ember  # noqa: E402
 from ember import Tensor  # noqa: E402
 from ember.module import Module  # noqa: E402
-
-DEVICE = ember.device("ndarray")
-
-
-def rand(*shape: int, seed: int = 0) -> Tensor:
-    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return Tensor.from_data(values, DEVICE)
 
 
 class MergeAndSplit(Module):

@@ -116,6 +116,12 @@ def converter(
     return register
 
 
+def import_modules_of(package: Any) -> None:
+    """Imports every module of ``package``, so the rules they hold register themselves."""
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+
+
 def _load_ops() -> None:
     """Imports every module of ``ember.onnx.ops`` once, so their converters register."""
     global _loaded
@@ -124,8 +130,7 @@ def _load_ops() -> None:
     _loaded = True
     import ember.onnx.ops as package
 
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    import_modules_of(package)
 
 
 def lookup(op_type: str, domain: str, opset: int) -> ConverterSpec | None:

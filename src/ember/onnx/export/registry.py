@@ -13,8 +13,6 @@ fails for an op that is in neither.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -109,9 +107,9 @@ def _load_rules() -> None:
         return
     _loaded = True
     import ember.onnx.export.rules as package
+    from ember.onnx.registry import import_modules_of
 
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    import_modules_of(package)
 
 
 def rule_for(op: str, kind: Kind, opset: int) -> RuleSpec | None:
