@@ -8,14 +8,18 @@ from ember.backends.autodiff.rule import backward, unbroadcast, zeros
 
 
 # ------------------------------------------------------------------ arithmetic
+# The binary rules compute an operand's gradient only where it needs one (``s.needs``):
+# a constant operand (a mask, a direction, an input) takes none.
 @backward("add")
 def _add(B, g, s):
-    return unbroadcast(B, g, s.shapes[0]), unbroadcast(B, g, s.shapes[1])
+    return (unbroadcast(B, g, s.shapes[0]) if s.needs[0] else None,
+            unbroadcast(B, g, s.shapes[1]) if s.needs[1] else None)  # fmt: skip
 
 
 @backward("sub")
 def _sub(B, g, s):
-    return unbroadcast(B, g, s.shapes[0]), unbroadcast(B, B.float_neg(g), s.shapes[1])
+    return (unbroadcast(B, g, s.shapes[0]) if s.needs[0] else None,
+            unbroadcast(B, B.float_neg(g), s.shapes[1]) if s.needs[1] else None)  # fmt: skip
 
 
 @backward("add_scalar", "sub_scalar")
@@ -26,7 +30,8 @@ def _shift(B, g, s):
 @backward("mul", keep="inputs")
 def _mul(B, g, s):
     a, b = s.inputs
-    return unbroadcast(B, B.float_mul(g, b), s.shapes[0]), unbroadcast(B, B.float_mul(g, a), s.shapes[1])
+    return (unbroadcast(B, B.float_mul(g, b), s.shapes[0]) if s.needs[0] else None,
+            unbroadcast(B, B.float_mul(g, a), s.shapes[1]) if s.needs[1] else None)  # fmt: skip
 
 
 @backward("mul_scalar")
@@ -38,8 +43,10 @@ def _mul_scalar(B, g, s):
 def _div(B, g, s):
     a, b = s.inputs
     ga = B.float_div(g, b)
+    if not s.needs[1]:
+        return unbroadcast(B, ga, s.shapes[0]), None
     gb = B.float_neg(B.float_div(B.float_mul(ga, a), b))  # -g a / b^2
-    return unbroadcast(B, ga, s.shapes[0]), unbroadcast(B, gb, s.shapes[1])
+    return unbroadcast(B, ga, s.shapes[0]) if s.needs[0] else None, unbroadcast(B, gb, s.shapes[1])
 
 
 @backward("div_scalar")

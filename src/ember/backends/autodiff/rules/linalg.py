@@ -17,10 +17,14 @@ def _transpose(B, x):
 def _matmul(B, g, s):
     # out = a @ b over the last two dims, batch dims broadcast: d a = g @ b^T and
     # d b = a^T @ g, each summed back over the batch dims its operand was broadcast along.
+    # Each product only where its operand needs it: a network's first input, a constant
+    # direction of a Hessian-vector product, take none.
     a, b = s.inputs
     a_shape, b_shape = s.shapes
-    ga = unbroadcast(B, B.float_matmul(g, _transpose(B, b)), a_shape)
-    if len(b_shape) == 2 and len(a_shape) > 2:
+    ga = unbroadcast(B, B.float_matmul(g, _transpose(B, b)), a_shape) if s.needs[0] else None
+    if not s.needs[1]:
+        gb = None
+    elif len(b_shape) == 2 and len(a_shape) > 2:
         # A 2-d rhs (a linear layer): one product over the flattened batch rows, rather
         # than one per batch element summed afterwards.
         (k, n), rows = b_shape, math.prod(a_shape[:-1])
