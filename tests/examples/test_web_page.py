@@ -1,0 +1,195 @@
+"""The digit page (examples/web) in a real browser.
+
+Headless Chromium (Debian's, installed here when missing) opens the page from a local HTTP
+server; onnxruntime-web runs the guide's model, exported to ONNX, on ten MNIST test digits,
+and the page's scores, probabilities and predictions must equal ember's for the same digits.
+The model is a small guide model trained for one epoch on a few hundred digits: the check is
+about the export and the page's preprocessing, not accuracy. A screenshot of the page is
+written to $EMBER_TEST_ARTIFACTS (else the test's tmp folder) and its path printed.
+
+Selenium drives the browser: a pip package of the test extras speaking WebDriver to Debian's
+chromedriver, which comes from the same source package as Debian's chromium and so always
+matches its version (playwright-core pins its own Chromium revision and would need a second
+npm install).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from ember.data.dataset.transform.partial import PartialDataset
+from ember.data.vision.mnist import MnistDataset
+from ember.guide.data import MnistBatcher
+from ember.guide.inference import load_trained
+from ember.guide.model import ModelConfig
+from ember.guide.training import TrainingConfig, train
+from ember.optim.adam import AdamConfig
+from ember.tensor.activation import softmax
+from ember.train.renderer.plain import PlainRenderer
+
+WEB = Path(__file__).parents[2] / "examples" / "web"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+COUNT = 10
+
+# Without these, headless Chromium in a closed network waits on lookups and updates.
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--window-size=1000,860",
+)  # fmt: skip
+
+
+def load_build_script():
+    spec = importlib.util.spec_from_file_location("web_build", WEB / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build
+
+
+def skip(reason: str):
+    print(f"test_web_page skipped: {reason}")
+    pytest.skip(reason)
+
+
+def ensure_chromium() -> None:
+    """Installs Debian's chromium and chromium-driver when missing (apt-get, as root); once
+    they are there, this costs two file checks."""
+    if CHROMIUM.is_file() and CHROMEDRIVER.is_file():
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        skip("chromium and chromedriver are not installed and apt-get is unavailable "
+             "(needs Debian and root): apt-get install chromium chromium-driver")  # fmt: skip
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+               "chromium", "chromium-driver"]  # fmt: skip
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # stale or missing package lists: refresh them once
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        skip(f"apt-get could not install chromium: {done.stderr.strip()[-500:]}")
+
+
+def ensure_vendored(build) -> None:
+    """onnxruntime-web in examples/web/vendor (npm; once, then vendor.sh returns at once)."""
+    if shutil.which("npm") is None and not (WEB / "vendor" / ".lock-sha256").is_file():
+        skip("npm is not installed, so onnxruntime-web cannot be vendored (Node.js 18+)")
+    build.vendor()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """A copy of the page with a small trained guide model and the first test digits."""
+    build = load_build_script()
+    ensure_chromium()
+    ensure_vendored(build)
+    root = tmp_path_factory.mktemp("web")
+    site, artifacts = root / "site", root / "guide"
+    site.mkdir()
+    for name in build.PAGE_FILES:
+        shutil.copy(WEB / name, site / name)
+    (site / "vendor").symlink_to(WEB / "vendor", target_is_directory=True)
+
+    config = TrainingConfig(ModelConfig(num_classes=10, hidden_size=64), AdamConfig(),
+                            num_epochs=1, learning_rate=1e-3)  # fmt: skip
+    train(artifacts, config, ember.device("ndarray"), renderer=PlainRenderer(every=0),
+          train_dataset=PartialDataset(MnistDataset.train(), 0, 384),
+          valid_dataset=PartialDataset(MnistDataset.test(), 0, 64))  # fmt: skip
+    build.build(site, artifacts, count=COUNT)
+    return site
+
+
+@pytest.fixture(scope="module")
+def url(site) -> Iterator[str]:
+    """The page served by a local HTTP server on a free port, shut down after."""
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=site))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/index.html"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory) -> Iterator:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the test extras)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = webdriver.ChromeService(executable_path=str(CHROMEDRIVER))
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_script_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def ember_outputs(artifact_dir: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """ember's logits and probabilities ``[count, 10]`` for the first ``count`` test digits."""
+    device = ember.device("ndarray")
+    _, model = load_trained(artifact_dir, device)
+    test = MnistDataset.test()
+    images = MnistBatcher().batch([test[i] for i in range(count)], device).images
+    logits = model(images)
+    return logits.to_numpy(), softmax(logits, 1).to_numpy()
+
+
+def artifact_folder(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("EMBER_TEST_ARTIFACTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_the_page_classifies_test_digits_as_ember_does(site, url, browser, tmp_path):
+    browser.get(url)
+    outcome = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "window.emberDigits.classifyBundled(arguments[0])"
+        "  .then((results) => done({ results }), (error) => done({ error: String(error) }));",
+        COUNT,
+    )
+    screenshot = artifact_folder(tmp_path) / "web_page.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"screenshot of the digit page: {screenshot}")
+    console = [entry["message"] for entry in browser.get_log("browser")]
+    assert "error" not in outcome, f"{outcome['error']}; browser console: {console}"
+
+    results = outcome["results"]
+    test = MnistDataset.test()
+    assert [r["index"] for r in results] == list(range(COUNT))
+    assert [r["label"] for r in results] == [test[i].label for i in range(COUNT)]
+    logits, probabilities = ember_outputs(site.parent / "guide", COUNT)
+    page_logits = np.array([r["logits"] for r in results])
+    page_probabilities = np.array([r["probabilities"] for r in results])
+    np.testing.assert_allclose(page_logits, logits, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(page_probabilities, probabilities, rtol=1e-4)
+    assert [r["predicted"] for r in results] == probabilities.argmax(1).tolist()
+
+    # The page shows the last digit's prediction and a bar per class.
+    predicted = browser.find_element("id", "predicted").text
+    assert predicted == str(results[-1]["predicted"])
+    assert len(browser.find_elements("css selector", "#bars li")) == 10
+    assert screenshot.read_bytes().startswith(b"\x89PNG")
