@@ -1,8 +1,9 @@
 // The page: loads guide.onnx and digits.json (written by build.py), classifies what is drawn
 // on the pad or the test digit picked, and shows the probability of each class.
 //
-// For tests, window.emberDigits.classifyBundled(n) classifies the first n bundled digits and
-// resolves with their logits, probabilities and predictions (see tests/examples/test_web_page.py).
+// For tests (tests/examples/test_web_page.py), window.emberDigits.classifyBundled(n)
+// classifies the first n bundled digits and resolves with their logits, probabilities and
+// predictions; window.emberDigits.shown() resolves with the pixels last classified and theirs.
 
 import * as ort from "./vendor/ort.wasm.bundle.min.mjs";
 import { SIZE, argmax, drawingToPixels, normalize, softmax } from "./digits.js";
@@ -133,20 +134,24 @@ async function start() {
   const [session, { normalization, digits }] = await Promise.all([loadModel(), loadDigits()]);
   const pad = $("pad");
 
+  let shown = null; // the pixels last classified and the result, for tests
   const show = async (pixels) => {
     paintPixels($("seen"), pixels ?? new Uint8ClampedArray(SIZE * SIZE));
     const result = pixels ? await classify(session, pixels, normalization) : null;
     showResult(result);
+    shown = pixels ? { pixels: Array.from(pixels), ...result } : null;
     return result;
   };
 
-  // Classifies the drawing, at most one run at a time: moves during a run are caught up after.
-  let running = false, pending = false;
-  const onDrawn = async () => {
-    if (running) { pending = true; return; }
-    running = true;
-    do { pending = false; await show(drawingToPixels(pad)); } while (pending);
-    running = false;
+  // Classifies the drawing, one run at a time: strokes during a run are caught up after it.
+  let run = null, pending = false;
+  const onDrawn = () => {
+    if (run) { pending = true; return run; }
+    run = (async () => {
+      do { pending = false; await show(drawingToPixels(pad)); } while (pending);
+      run = null;
+    })();
+    return run;
   };
   setUpPad(pad, onDrawn);
   $("clear").addEventListener("click", () => { clearPad(pad); show(null); });
@@ -173,6 +178,11 @@ async function start() {
 
   $("status").textContent = "ready: draw a digit or pick one";
   return {
+    // What the page classified last, once the drawing's runs are done.
+    async shown() {
+      while (run) await run;
+      return shown;
+    },
     async classifyBundled(count) {
       const results = [];
       for (const digit of digits.slice(0, count)) {
@@ -192,4 +202,5 @@ started.catch((error) => {
 window.emberDigits = {
   ready: started.then(() => true),
   classifyBundled: async (count) => (await started).classifyBundled(count),
+  shown: async () => (await started).shown(),
 };

@@ -30,7 +30,7 @@ import pytest
 
 import ember
 from ember.data.dataset.transform.partial import PartialDataset
-from ember.data.vision.mnist import MnistDataset
+from ember.data.vision.mnist import MnistDataset, MnistItem
 from ember.guide.data import MnistBatcher
 from ember.guide.inference import load_trained
 from ember.guide.model import ModelConfig
@@ -91,23 +91,27 @@ def ensure_vendored(build) -> None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """A copy of the page with a small trained guide model and the first test digits."""
+def artifacts(tmp_path_factory) -> Path:
+    """A guide artifact folder with a small model trained for one epoch on 384 digits."""
+    folder = tmp_path_factory.mktemp("guide")
+    config = TrainingConfig(ModelConfig(num_classes=10, hidden_size=64), AdamConfig(),
+                            num_epochs=1, learning_rate=1e-3)  # fmt: skip
+    train(folder, config, ember.device("ndarray"), renderer=PlainRenderer(every=0),
+          train_dataset=PartialDataset(MnistDataset.train(), 0, 384),
+          valid_dataset=PartialDataset(MnistDataset.test(), 0, 64))  # fmt: skip
+    return folder
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, artifacts) -> Path:
+    """A copy of the page with the artifacts' model and the first test digits (build.py)."""
     build = load_build_script()
     ensure_chromium()
     ensure_vendored(build)
-    root = tmp_path_factory.mktemp("web")
-    site, artifacts = root / "site", root / "guide"
-    site.mkdir()
+    site = tmp_path_factory.mktemp("site")
     for name in build.PAGE_FILES:
         shutil.copy(WEB / name, site / name)
     (site / "vendor").symlink_to(WEB / "vendor", target_is_directory=True)
-
-    config = TrainingConfig(ModelConfig(num_classes=10, hidden_size=64), AdamConfig(),
-                            num_epochs=1, learning_rate=1e-3)  # fmt: skip
-    train(artifacts, config, ember.device("ndarray"), renderer=PlainRenderer(every=0),
-          train_dataset=PartialDataset(MnistDataset.train(), 0, 384),
-          valid_dataset=PartialDataset(MnistDataset.test(), 0, 64))  # fmt: skip
     build.build(site, artifacts, count=COUNT)
     return site
 
@@ -147,14 +151,29 @@ def browser(tmp_path_factory) -> Iterator:
         driver.quit()
 
 
-def ember_outputs(artifact_dir: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """ember's logits and probabilities ``[count, 10]`` for the first ``count`` test digits."""
+def ember_outputs(artifact_dir: Path, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """ember's logits and probabilities ``[n, 10]`` for ``n`` uint8 images ``[28, 28]``,
+    normalized by the guide's batcher."""
     device = ember.device("ndarray")
     _, model = load_trained(artifact_dir, device)
-    test = MnistDataset.test()
-    images = MnistBatcher().batch([test[i] for i in range(count)], device).images
-    logits = model(images)
+    items = [MnistItem(image, 0) for image in images]
+    logits = model(MnistBatcher().batch(items, device).images)
     return logits.to_numpy(), softmax(logits, 1).to_numpy()
+
+
+def call_page(browser, function: str, *args):
+    """Awaits ``window.emberDigits[function](...args)`` in the page; fails with the error and
+    the browser's console when it rejects."""
+    outcome = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        f"window.emberDigits.{function}(...Array.from(arguments).slice(0, -1))"
+        "  .then((value) => done({ value }), (error) => done({ error: String(error) }));",
+        *args,
+    )
+    if "error" in outcome:
+        console = [entry["message"] for entry in browser.get_log("browser")]
+        pytest.fail(f"{function}: {outcome['error']}; browser console: {console}")
+    return outcome["value"]
 
 
 def artifact_folder(tmp_path: Path) -> Path:
@@ -163,25 +182,17 @@ def artifact_folder(tmp_path: Path) -> Path:
     return folder
 
 
-def test_the_page_classifies_test_digits_as_ember_does(site, url, browser, tmp_path):
+def test_the_page_classifies_test_digits_as_ember_does(artifacts, url, browser, tmp_path):
     browser.get(url)
-    outcome = browser.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "window.emberDigits.classifyBundled(arguments[0])"
-        "  .then((results) => done({ results }), (error) => done({ error: String(error) }));",
-        COUNT,
-    )
+    results = call_page(browser, "classifyBundled", COUNT)
     screenshot = artifact_folder(tmp_path) / "web_page.png"
     browser.save_screenshot(str(screenshot))
     print(f"screenshot of the digit page: {screenshot}")
-    console = [entry["message"] for entry in browser.get_log("browser")]
-    assert "error" not in outcome, f"{outcome['error']}; browser console: {console}"
 
-    results = outcome["results"]
     test = MnistDataset.test()
     assert [r["index"] for r in results] == list(range(COUNT))
     assert [r["label"] for r in results] == [test[i].label for i in range(COUNT)]
-    logits, probabilities = ember_outputs(site.parent / "guide", COUNT)
+    logits, probabilities = ember_outputs(artifacts, [test[i].image for i in range(COUNT)])
     page_logits = np.array([r["logits"] for r in results])
     page_probabilities = np.array([r["probabilities"] for r in results])
     np.testing.assert_allclose(page_logits, logits, rtol=1e-4, atol=1e-5)
@@ -189,7 +200,52 @@ def test_the_page_classifies_test_digits_as_ember_does(site, url, browser, tmp_p
     assert [r["predicted"] for r in results] == probabilities.argmax(1).tolist()
 
     # The page shows the last digit's prediction and a bar per class.
-    predicted = browser.find_element("id", "predicted").text
-    assert predicted == str(results[-1]["predicted"])
+    assert browser.find_element("id", "predicted").text == str(results[-1]["predicted"])
     assert len(browser.find_elements("css selector", "#bars li")) == 10
     assert screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+# A "7" drawn on the 280x280 pad: offsets from the pad's centre, in CSS pixels.
+SEVEN = [(-70, -90), (0, -90), (70, -90), (35, 0), (0, 90)]
+
+
+@pytest.mark.parametrize("pointer", ["mouse", "touch"])
+def test_a_drawn_digit_is_centred_like_mnist_and_classified_as_ember_does(
+    artifacts, url, browser, pointer, tmp_path
+):
+    from selenium.webdriver.common.actions import interaction
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    from selenium.webdriver.common.actions.pointer_input import PointerInput
+
+    browser.get(url)
+    call_page(browser, "shown")  # the page has started
+    pad = browser.find_element("id", "pad")
+    kind = interaction.POINTER_MOUSE if pointer == "mouse" else interaction.POINTER_TOUCH
+    # Each move is one pointermove event (no time spent interpolating): the pad joins them.
+    actions = ActionBuilder(browser, mouse=PointerInput(kind, pointer), duration=0)
+    actions.pointer_action.move_to(pad, *SEVEN[0]).pointer_down()
+    for x, y in SEVEN[1:]:
+        actions.pointer_action.move_to(pad, x, y)
+    actions.pointer_action.pointer_up()
+    actions.perform()
+
+    shown = call_page(browser, "shown")
+    screenshot = artifact_folder(tmp_path) / f"web_page_drawn_{pointer}.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"screenshot of the digit page after a {pointer} stroke: {screenshot}")
+    assert shown is not None, f"the {pointer} stroke drew nothing"
+    pixels = np.array(shown["pixels"], dtype=np.uint8).reshape(28, 28)
+    # MNIST's layout: the ink fits a 20x20 box (its longer side 20), centred by its mass.
+    rows, cols = np.nonzero(pixels)
+    extent = max(rows.max() - rows.min(), cols.max() - cols.min()) + 1
+    assert 19 <= extent <= 20
+    mass = pixels.astype(np.float64)
+    centre = [(mass.sum(axis=1) @ np.arange(28)) / mass.sum(),
+              (mass.sum(axis=0) @ np.arange(28)) / mass.sum()]  # fmt: skip
+    np.testing.assert_allclose(centre, [13.5, 13.5], atol=0.5)
+
+    logits, probabilities = ember_outputs(artifacts, [pixels])
+    np.testing.assert_allclose([shown["logits"]], logits, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose([shown["probabilities"]], probabilities, rtol=1e-4)
+    assert shown["predicted"] == int(probabilities.argmax())
+    assert browser.find_element("id", "predicted").text == str(shown["predicted"])
