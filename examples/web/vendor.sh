@@ -6,6 +6,9 @@
 # Usage: bash examples/web/vendor.sh
 set -euo pipefail
 cd "$(dirname "$0")"
+# One run at a time (test workers may start it together): the lock is on this script.
+exec 9<vendor.sh
+flock 9
 FILES=(ort.wasm.bundle.min.mjs ort-wasm-simd-threaded.wasm)
 stamp="$(sha256sum package-lock.json | cut -d' ' -f1)"
 if [ -f vendor/.lock-sha256 ] && [ "$(cat vendor/.lock-sha256)" = "$stamp" ]; then

@@ -73,11 +73,12 @@ def ensure_chromium() -> None:
         skip("chromium and chromedriver are not installed and apt-get is unavailable "
              "(needs Debian and root): apt-get install chromium chromium-driver")  # fmt: skip
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-               "chromium", "chromium-driver"]  # fmt: skip
+    # Another test worker may be installing them too: wait for its lock rather than fail.
+    apt = ["apt-get", "-q", "-o", "DPkg::Lock::Timeout=300"]
+    install = [*apt, "install", "-y", "--no-install-recommends", "chromium", "chromium-driver"]
     done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:  # stale or missing package lists: refresh them once
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+        subprocess.run([*apt, "update"], env=env, capture_output=True)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         skip(f"apt-get could not install chromium: {done.stderr.strip()[-500:]}")
@@ -203,6 +204,8 @@ def test_the_page_classifies_test_digits_as_ember_does(artifacts, url, browser, 
     assert browser.find_element("id", "predicted").text == str(results[-1]["predicted"])
     assert len(browser.find_elements("css selector", "#bars li")) == 10
     assert screenshot.read_bytes().startswith(b"\x89PNG")
+    console = browser.get_log("browser")
+    assert [entry["message"] for entry in console if entry["level"] == "SEVERE"] == []
 
 
 # A "7" drawn on the 280x280 pad: offsets from the pad's centre, in CSS pixels.
