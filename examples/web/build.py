@@ -92,6 +92,10 @@ def main() -> None:
                         help="where to write guide.onnx and digits.json (default: beside index.html)")  # fmt: skip
     parser.add_argument("--no-vendor", action="store_true", help="do not run vendor.sh")
     args = parser.parse_args()
+    if args.epochs < 1 or not 1 <= args.digits <= 10_000:
+        parser.error(
+            "--epochs must be at least 1 and --digits from 1 to 10000 (MNIST's test split)"
+        )
     build(args.site, args.artifact_dir, epochs=args.epochs, count=args.digits)
     if not args.no_vendor:
         vendor()

@@ -39,6 +39,8 @@ from ember.optim.adam import AdamConfig
 from ember.tensor.activation import softmax
 from ember.train.renderer.plain import PlainRenderer
 
+webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the test extras)")
+
 WEB = Path(__file__).parents[2] / "examples" / "web"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -136,7 +138,6 @@ def url(site) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory) -> Iterator:
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the test extras)")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in CHROMIUM_FLAGS:
