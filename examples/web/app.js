@@ -134,10 +134,18 @@ async function start() {
   const [session, { normalization, digits }] = await Promise.all([loadModel(), loadDigits()]);
   const pad = $("pad");
 
+  // The session runs one input at a time: a digit picked during a drawing's run waits.
+  let queue = Promise.resolve();
+  const runModel = (pixels) => {
+    const result = queue.then(() => classify(session, pixels, normalization));
+    queue = result.catch(() => {});
+    return result;
+  };
+
   let shown = null; // the pixels last classified and the result, for tests
   const show = async (pixels) => {
     paintPixels($("seen"), pixels ?? new Uint8ClampedArray(SIZE * SIZE));
-    const result = pixels ? await classify(session, pixels, normalization) : null;
+    const result = pixels ? await runModel(pixels) : null;
     showResult(result);
     shown = pixels ? { pixels: Array.from(pixels), ...result } : null;
     return result;
@@ -200,7 +208,6 @@ started.catch((error) => {
   $("status").classList.add("error");
 });
 window.emberDigits = {
-  ready: started.then(() => true),
   classifyBundled: async (count) => (await started).classifyBundled(count),
   shown: async () => (await started).shown(),
 };

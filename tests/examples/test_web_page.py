@@ -15,8 +15,10 @@ npm install).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -119,21 +121,29 @@ def site(tmp_path_factory, artifacts) -> Path:
     return site
 
 
-@pytest.fixture(scope="module")
-def url(site) -> Iterator[str]:
-    """The page served by a local HTTP server on a free port, shut down after."""
+@contextlib.contextmanager
+def serving(folder: Path) -> Iterator[str]:
+    """The URL of ``folder``'s index.html, served on a free local port until the block ends."""
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=folder))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/index.html"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/index.html"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def url(site) -> Iterator[str]:
+    with serving(site) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -166,10 +176,16 @@ def ember_outputs(artifact_dir: Path, images: list[np.ndarray]) -> tuple[np.ndar
 def call_page(browser, function: str, *args):
     """Awaits ``window.emberDigits[function](...args)`` in the page; fails with the error and
     the browser's console when it rejects."""
+    # Waits for app.js's module to have defined window.emberDigits rather than trusting the
+    # navigation to have waited for it (it did not once, in a few dozen runs).
     outcome = browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
-        f"window.emberDigits.{function}(...Array.from(arguments).slice(0, -1))"
-        "  .then((value) => done({ value }), (error) => done({ error: String(error) }));",
+        "const args = Array.from(arguments).slice(0, -1);"
+        "const call = () => window.emberDigits"
+        f"  ? window.emberDigits.{function}(...args)"
+        "      .then((value) => done({ value }), (error) => done({ error: String(error) }))"
+        "  : setTimeout(call, 20);"
+        "call();",
         *args,
     )
     if "error" in outcome:
@@ -253,3 +269,35 @@ def test_a_drawn_digit_is_centred_like_mnist_and_classified_as_ember_does(
     np.testing.assert_allclose([shown["probabilities"]], probabilities, rtol=1e-4)
     assert shown["predicted"] == int(probabilities.argmax())
     assert browser.find_element("id", "predicted").text == str(shown["predicted"])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no model", "guide.onnx: HTTP 404; run python examples/web/build.py first"),
+        ("pixel 256", "digits.json: digit 1 needs 784 pixels 0-255 and a label 0-9"),
+        ("label 10", "digits.json: digit 1 needs 784 pixels 0-255 and a label 0-9"),
+        ("std 0", "digits.json: normalization needs a finite mean and a positive std"),
+    ],
+)
+def test_a_missing_or_broken_file_is_named_on_the_page(site, browser, tmp_path, damage, message):
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    broken = tmp_path / "site"
+    shutil.copytree(site, broken, symlinks=True)
+    digits = json.loads((broken / "digits.json").read_text())
+    if damage == "no model":
+        (broken / "guide.onnx").unlink()
+    elif damage == "pixel 256":
+        digits["digits"][1]["pixels"][400] = 256
+    elif damage == "label 10":
+        digits["digits"][1]["label"] = 10
+    else:
+        digits["normalization"]["std"] = 0
+    (broken / "digits.json").write_text(json.dumps(digits))
+
+    with serving(broken) as url:
+        browser.get(url)
+        status = browser.find_element("id", "status")
+        WebDriverWait(browser, 30).until(lambda _: "error" in status.get_attribute("class"))
+        assert status.text == f"cannot start: {message}"
