@@ -96,6 +96,15 @@ def ensure_vendored(build) -> None:
 
 
 @pytest.fixture(scope="module")
+def build():
+    """examples/web/build.py, once Chromium and onnxruntime-web are there (else a skip)."""
+    build = load_build_script()
+    ensure_chromium()
+    ensure_vendored(build)
+    return build
+
+
+@pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> Path:
     """A guide artifact folder with a small model trained for one epoch on 384 digits."""
     folder = tmp_path_factory.mktemp("guide")
@@ -108,11 +117,9 @@ def artifacts(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, artifacts) -> Path:
-    """A copy of the page with the artifacts' model and the first test digits (build.py)."""
-    build = load_build_script()
-    ensure_chromium()
-    ensure_vendored(build)
+def site(tmp_path_factory, build, artifacts) -> Path:
+    """A copy of the page with the artifacts' model and the first test digits (build.py);
+    ``build`` comes first, so a skip spares the training."""
     site = tmp_path_factory.mktemp("site")
     for name in build.PAGE_FILES:
         shutil.copy(WEB / name, site / name)
