@@ -8,6 +8,8 @@ that picks the notebook renderer by itself, then a tensor and a module as cell r
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,19 +180,26 @@ model = learner.fit(train, valid)
 """
 
 
-def test_a_notebook_runs_a_fit_and_shows_rich_reprs():
+def test_a_notebook_runs_a_fit_and_shows_rich_reprs(tmp_path, monkeypatch):
     for package in ("nbclient", "nbformat", "ipykernel"):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"{package} is not installed (ember's test extra installs it)")
     import nbclient
     import nbformat
 
+    # a kernel of this interpreter, whatever kernels the machine has installed
+    spec = tmp_path / "kernels" / "ember-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "ember test", "language": "python",
+    }))  # fmt: skip
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+
     cells = [SETUP, FIT, "model.valid()",
              "from ember import Tensor\nTensor.ones([2, 3], model.devices()[0].inner())"]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}  # fmt: skip
-    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    nbclient.NotebookClient(notebook, timeout=120, kernel_name="ember-test").execute()
 
     outputs = [cell.outputs for cell in notebook.cells]
     assert not [o for cell in outputs for o in cell if o.output_type == "error"]
