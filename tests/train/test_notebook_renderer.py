@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from ember.train.metric.base import MetricEntry, Progress
 from ember.train.renderer.base import MetricUpdate, TrainingProgress
 from ember.train.renderer.notebook import NotebookRenderer, in_notebook
 from ember.train.renderer.plain import PlainRenderer
+from ember.train.tracker.base import MissingExtraError
 
 HERE = Path(__file__).parent
 
@@ -119,6 +121,31 @@ def test_outside_a_kernel_the_terminal_renderers_are_kept():
     # pytest's stdout is captured, not a terminal, and no kernel runs: the plain renderer
     assert not in_notebook()
     assert isinstance(default_renderer(), PlainRenderer)
+
+
+class FakeShell:
+    def __init__(self, kernel: object | None) -> None:
+        if kernel is not None:
+            self.kernel = kernel
+
+
+@pytest.mark.parametrize(("shell", "expected"), [
+    (FakeShell(kernel=object()), True),  # a Jupyter kernel
+    (FakeShell(kernel=None), False),  # IPython in a terminal: no kernel
+    (None, False),  # IPython imported, but not running
+])  # fmt: skip
+def test_a_kernel_is_detected_and_picks_the_notebook_renderer(monkeypatch, shell, expected):
+    fake_ipython = types.SimpleNamespace(get_ipython=lambda: shell)
+    monkeypatch.setitem(sys.modules, "IPython", fake_ipython)
+    assert in_notebook() is expected
+    assert isinstance(default_renderer(), NotebookRenderer) is expected
+
+
+def test_without_ipython_the_first_output_is_a_missing_extra_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "IPython.display", None)  # makes the import fail
+    renderer = NotebookRenderer()
+    with pytest.raises(MissingExtraError, match=r"ember\[notebook\]"):
+        renderer.render_train(progress(1))
 
 
 # ---------------------------------------------------------------------- rich display
