@@ -143,7 +143,7 @@ def test_two_readings_of_one_table_and_a_case_without_reference():
     ("ember autodiff(fusion(ndarray))", "fusion"), ("fusion(ndarray)", "fusion"),
     ("ember/torch", "torch"), ("ember autodiff(torch cpu)", "torch"), ("ndarray", "ndarray"),
     ("ember int8 (NdArray)", "ndarray"), ("torch autograd", None), ("onnxruntime", None),
-    ("raw numpy", None),
+    ("raw numpy", None), ("ember read_pytorch (zip)", None), ("ember PyTorchFileRecorder", None),
 ])  # fmt: skip
 def test_backend_of(impl, backend):
     assert backend_of(impl) == backend

@@ -62,7 +62,7 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="also run the long benchmarks and those that need downloaded data")
     parser.add_argument("--backends", metavar="LIST", type=_backends,
                         help=f"show only these ember backends (comma separated: "
-                        f"{', '.join(BACKENDS)}); the references are always shown")  # fmt: skip
+                        f"{', '.join(BACKENDS)}); rows of other libraries (PyTorch, onnxruntime) stay")  # fmt: skip
     parser.add_argument("--threads", type=_positive_int, default=1, metavar="N",
                         help="threads for NumPy, torch and fused kernels (default: 1)")
     parser.add_argument("--save", type=Path, metavar="PATH",
@@ -204,7 +204,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """``text`` shortened in the middle: a case's title starts it, what tells rows apart
+    (the case columns) ends it."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
 def _backends(text: str) -> set[str]:

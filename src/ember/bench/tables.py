@@ -30,15 +30,15 @@ def backend_of(impl: str) -> str | None:
 
     Example:
         >>> [backend_of(n) for n in ("ember autodiff(fusion(ndarray))", "ember/torch",
-        ...                          "torch autograd", "ember int8 (NdArray)")]
-        ['fusion', 'torch', None, 'ndarray']
+        ...                          "torch autograd", "ember int8 (NdArray)", "ember read_pytorch")]
+        ['fusion', 'torch', None, 'ndarray', None]
     """
     name = impl.lower()
-    if "fusion" in name:
+    if re.search(r"\bfusion\b", name):
         return "fusion"
     if name.startswith("ember") or name == "ndarray":
         for backend in ("ndarray", "torch"):
-            if backend in name:
+            if re.search(rf"\b{backend}\b", name):  # "read_pytorch" is not the torch backend
                 return backend
     return None
 
