@@ -62,7 +62,8 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="also run the long benchmarks and those that need downloaded data")
     parser.add_argument("--backends", metavar="LIST", type=_backends,
                         help=f"show only these ember backends (comma separated: "
-                        f"{', '.join(BACKENDS)}); rows of other libraries (PyTorch, onnxruntime) stay")  # fmt: skip
+                        f"{', '.join(BACKENDS)}); rows of other libraries (PyTorch, "
+                        "onnxruntime) stay")  # fmt: skip
     parser.add_argument("--threads", type=_positive_int, default=1, metavar="N",
                         help="threads for NumPy, torch and fused kernels (default: 1)")
     parser.add_argument("--save", type=Path, metavar="PATH",
