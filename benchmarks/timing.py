@@ -1,7 +1,14 @@
-"""Timing helpers shared by the benchmarks: medians of repeated runs, printed side by side."""
+"""Timing helpers shared by the benchmarks: medians of repeated runs, printed side by side.
+
+Every table a benchmark prints with :func:`print_table` is also appended, as one JSON line
+``{"title": ..., "header": [...], "rows": [[...], ...]}``, to the file named by the
+environment variable ``EMBER_BENCH_RECORD`` when it is set: ``ember bench`` reads the
+tables from there instead of parsing the printed text.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -50,7 +57,17 @@ def median_of_runs(fn: Callable[[], object], repeat: int, warm_up: bool = False)
     return statistics.median(samples)
 
 
+RECORD_VARIABLE = "EMBER_BENCH_RECORD"
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """Prints a table with aligned columns (and records it, see the module docstring)."""
+    record = os.environ.get(RECORD_VARIABLE)
+    if record:
+        table = {"title": str(title), "header": [str(h) for h in header],
+                 "rows": [[str(c) for c in row] for row in rows]}  # fmt: skip
+        with open(record, "a", encoding="utf-8") as file:  # one line per table: appends stay whole
+            file.write(json.dumps(table) + "\n")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(f"\n## {title}")
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))

@@ -7,6 +7,7 @@ Commands::
     ember guide custom-loop  train the same model with a hand-written loop
     ember launch --nproc N script.py ...
                              run a script in N processes that form one job (torchrun)
+    ember bench              run the benchmark suite; ember bench compare A.json B.json
 
 ``ember guide <command> --help`` lists each command's options. ``python -m ember`` is
 the same command. Errors (no trained model, an unknown backend, missing data) print
@@ -126,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     # ``ember launch ...`` is parsed by ember.distributed.launch (see main).
     commands.add_parser("launch", help="run a script in several processes (a distributed job)",
                         add_help=False)  # fmt: skip
+    # ``ember bench ...`` is parsed by ember.bench.cli (see main).
+    commands.add_parser("bench", help="run the benchmark suite, print ratios to PyTorch, save "
+                        "and compare runs", add_help=False)  # fmt: skip
 
     train = steps.add_parser(
         "train",
@@ -347,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ember.distributed.launch import main as launch_main
 
         return launch_main(arguments[1:])
+    if arguments[:1] == ["bench"]:
+        from ember.bench.cli import main as bench_main
+
+        return bench_main(arguments[1:])
     parser = build_parser()
     args = parser.parse_args(arguments)
     args.argv = arguments

@@ -222,6 +222,12 @@ class Module:
     def __repr__(self) -> str:
         return _format(self, 0)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the field tree, folded, with parameter shapes and counts."""
+        from ember.notebook_display import module_html
+
+        return module_html(self)
+
 
 # ---------------------------------------------------------------------- the one traversal
 def _join(path: str, name: str | int) -> str:

@@ -186,7 +186,10 @@ class MultiHeadAttention(Module):
     ``add_zero_attn`` have no counterpart here.
 
     Args:
-        query, key, value, output: the four ``[d_model, d_model]`` projections.
+        query: the query projection, ``[d_model, d_model]``.
+        key: the key projection, ``[d_model, d_model]``.
+        value: the value projection, ``[d_model, d_model]``.
+        output: the output projection, ``[d_model, d_model]``.
         dropout: dropout on the attention weights.
         n_heads: the number of heads.
         min_float: the score of masked positions.

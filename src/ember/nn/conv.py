@@ -228,7 +228,8 @@ class Conv1d(_Conv):
     Args:
         weight: ``[channels_out, channels_in / groups, kernel_size]``.
         bias: ``[channels_out]``, or None.
-        stride, dilation: one value per spatial dim.
+        stride: one value per spatial dim.
+        dilation: one value per spatial dim.
         padding: ``(start, end)`` zeros per spatial dim.
         groups: number of blocked connections.
 

@@ -160,7 +160,10 @@ class ConvTranspose1d(_ConvTranspose):
     Args:
         weight: ``[channels_in, channels_out / groups, kernel_size]``.
         bias: ``[channels_out]``, or None.
-        stride, padding, padding_out, dilation: one value per spatial dim.
+        stride: one value per spatial dim.
+        padding: one value per spatial dim.
+        padding_out: one value per spatial dim.
+        dilation: one value per spatial dim.
         groups: number of blocked connections.
 
     Shape:

@@ -125,7 +125,8 @@ class AvgPool1d(_AvgPool):
     Build it with :class:`AvgPool1dConfig`.
 
     Args:
-        kernel_size, stride: one value per spatial dim.
+        kernel_size: one value per spatial dim.
+        stride: one value per spatial dim.
         padding: ``(start, end)`` zeros per spatial dim.
         ceil_mode: round the output size up.
         count_include_pad: whether padded zeros count in the divisor.
@@ -252,7 +253,9 @@ class MaxPool1d(_MaxPool):
     Build it with :class:`MaxPool1dConfig`.
 
     Args:
-        kernel_size, stride, dilation: one value per spatial dim.
+        kernel_size: one value per spatial dim.
+        stride: one value per spatial dim.
+        dilation: one value per spatial dim.
         padding: ``(start, end)`` per spatial dim; padded positions are ``-inf``.
         ceil_mode: round the output size up.
 

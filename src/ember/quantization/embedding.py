@@ -27,7 +27,9 @@ class QuantizedEmbedding(Module):
     """A table ``[n_embedding, d_model]`` of quantized rows, looked up by Int ids.
 
     Args:
-        values, scales, zero_points: the quantized table's parts (untrained).
+        values: the quantized table's values (untrained).
+        scales: the quantized table's scales.
+        zero_points: the quantized table's zero points.
         scheme: its :class:`QuantScheme` (any granularity; per row, ``axis=0``, by default
             in :class:`~ember.quantization.QuantizeConfig`).
         shape: ``(n_embedding, d_model)``.

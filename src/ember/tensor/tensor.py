@@ -319,6 +319,12 @@ class Tensor:
 
     __str__ = __repr__
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: shape, dtype, device and the (summarized) values."""
+        from ember.notebook_display import tensor_html
+
+        return tensor_html(self)
+
     def __setitem__(self, key, value) -> None:
         raise TypeError("tensors are immutable; use x.slice_assign(ranges, values) or x.slice_fill(ranges, value), which return a new tensor")
 

@@ -12,8 +12,9 @@ option                              what it does
 ``tracker(t)``                      an experiment tracker (TensorBoard, MLflow); call
                                     again to add more
 ``params(config)``                  the run's parameters the trackers record
-``renderer(r)``                     how the run is shown (default: the dashboard on a
-                                    terminal, the plain renderer otherwise)
+``renderer(r)``                     how the run is shown (default: the notebook
+                                    renderer in Jupyter, the dashboard on a terminal,
+                                    the plain renderer otherwise)
 ``grads_accumulation(n)``           sum the gradients of ``n`` iterations per step
 ``with_file_checkpointer(...)``     save the model, optimizer and scheduler each epoch
 ``num_epochs(n)``                   the number of epochs (default 1)
@@ -88,6 +89,7 @@ from ember.train.learner.learner import Learner
 from ember.train.logger import FileMetricLogger, MetricLogger
 from ember.train.metric.base import Metric, Numeric
 from ember.train.renderer.base import MetricsRenderer, Split, TrainingInterrupter
+from ember.train.renderer.notebook import NotebookRenderer, in_notebook
 from ember.train.renderer.plain import PlainRenderer
 from ember.train.tracker.base import ExperimentTracker, ParamValue, flatten_params
 
@@ -376,7 +378,10 @@ class LearnerBuilder:
 
 
 def default_renderer() -> MetricsRenderer:
-    """The dashboard when standard output is a terminal, else the plain renderer."""
+    """The notebook renderer in a Jupyter kernel, the dashboard when standard output is a
+    terminal, else the plain renderer."""
+    if in_notebook():
+        return NotebookRenderer()
     if sys.stdout.isatty():
         try:
             from ember.train.renderer.dashboard import DashboardRenderer

@@ -1,4 +1,5 @@
-"""Renderers of a training run: the protocol (``base``), the dashboard and the plain one."""
+"""Renderers of a training run: the protocol (``base``), the dashboard, the notebook and the
+plain one."""
 
 from ember.train.renderer.base import (
     MetricsRenderer,
@@ -7,9 +8,10 @@ from ember.train.renderer.base import (
     TrainingInterrupter,
     TrainingProgress,
 )
+from ember.train.renderer.notebook import NotebookRenderer
 from ember.train.renderer.plain import PlainRenderer
 
 __all__ = [
-    "MetricUpdate", "MetricsRenderer", "PlainRenderer", "Split", "TrainingInterrupter",
-    "TrainingProgress",
+    "MetricUpdate", "MetricsRenderer", "NotebookRenderer", "PlainRenderer", "Split",
+    "TrainingInterrupter", "TrainingProgress",
 ]  # fmt: skip
