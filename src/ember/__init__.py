@@ -45,6 +45,7 @@ from ember.tensor import Bool, Distribution, DType, Float, Int, Kind, Tensor, Te
 if TYPE_CHECKING:  # type checkers and IDEs see the lazy subpackages as plain imports
     from ember import (  # noqa: F401
         backends,
+        bench,
         data,
         distributed,
         func,
@@ -61,8 +62,8 @@ __version__ = "0.1.0"
 
 #: The subpackages imported on first attribute access (PEP 562).
 _LAZY_SUBPACKAGES = frozenset({
-    "backends", "data", "distributed", "func", "guide", "nn", "onnx", "optim", "quantization",
-    "record", "train",
+    "backends", "bench", "data", "distributed", "func", "guide", "nn", "onnx", "optim",
+    "quantization", "record", "train",
 })  # fmt: skip
 
 
