@@ -80,6 +80,8 @@ def plot_metric(name: str, curves: Sequence[Curve]) -> bytes:
     axes.set_xlabel("epoch")
     axes.set_ylabel(name, parse_math=False)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if any(curve.steps is not None and curve.steps[0] for curve in curves):
+        axes.set_xlim(left=0)  # the first epoch's batches start after 0
     axes.grid(alpha=0.3)
     if axes.lines:
         axes.legend(loc="best")
