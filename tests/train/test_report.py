@@ -319,3 +319,14 @@ def test_the_last_line_without_newline_is_still_being_written(tmp_path):
 def test_not_a_folder(tmp_path):
     with pytest.raises(ArgumentError, match="is not a folder"):
         collect(tmp_path / "missing")
+
+
+def test_too_large_a_log_or_too_many_metrics_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(collect_module, "MAX_LOG_BYTES", 10)
+    artifact_with(tmp_path / "a", {"train/epoch-1/Loss.log": "0.123456\n0.5\n"})
+    with pytest.raises(ArtifactFileError, match=r"Loss\.log: 13 bytes, larger than a metric log"):
+        collect(tmp_path / "a")
+    monkeypatch.setattr(collect_module, "MAX_METRICS", 2)
+    artifact_with(tmp_path / "b", {f"train/epoch-{e}/M{e}.log": "1\n" for e in range(1, 6)})
+    with pytest.raises(ArtifactFileError, match="more than 4 metrics in the epoch folders"):
+        collect(tmp_path / "b")

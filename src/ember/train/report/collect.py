@@ -13,7 +13,8 @@ of each epoch's batch values) and its per-step values, bounded in memory
 (:class:`~ember.train.report.series.StepSeries`).
 
 Every file may be hostile. A value that is not a number in a numeric metric's log, a
-line longer than :data:`MAX_LINE_BYTES`, too many files, a malformed state or config:
+line longer than :data:`MAX_LINE_BYTES`, too many files or values, a file too large, a
+malformed state or config:
 each raises :class:`ArtifactFileError` naming the file (and the line). NaN and inf
 are kept as gaps. A metric whose first logged value is not a number is a text metric:
 it is listed as not plotted. A last line without its newline is a value still being
@@ -41,10 +42,13 @@ MAX_LINE_BYTES = 100
 """The longest line a metric log may hold (a serialized number is ~25 bytes)."""
 MAX_VALUES_PER_FILE = 10_000_000
 """The most values one epoch's log of one metric may hold."""
+MAX_LOG_BYTES = 256 << 20
+"""The largest metric log read (10 million values of ~25 bytes)."""
 MAX_EPOCHS = 100_000
 """The most ``epoch-<n>`` folders a split may have."""
 MAX_METRICS = 1_000
-"""The most metric logs an epoch folder may hold."""
+"""The most metric logs an epoch folder may hold (and, twice that, the most metrics of
+a run: its two splits)."""
 MAX_STATE_BYTES = 64 << 20
 """The largest checkpoint state file read for the history."""
 MAX_CONFIG_BYTES = 1 << 20
@@ -128,6 +132,9 @@ def collect(artifact_dir: str | os.PathLike[str], history: MetricHistory | None 
                 if key in run.text_metrics:
                     continue
                 if key not in run.steps:
+                    if len(run.steps) + len(run.text_metrics) >= 2 * MAX_METRICS:
+                        raise ArtifactFileError(f"more than {2 * MAX_METRICS} metrics in the "
+                                                "epoch folders of train/ and valid/", directory)  # fmt: skip
                     first = _first_value_is_number(path)
                     if first is None:
                         continue  # an empty log: nothing to classify it by yet
@@ -198,6 +205,9 @@ def _epoch_logs(split_dir: Path) -> list[tuple[int, list[tuple[str, Path]]]]:
 
 def _lines(path: Path) -> tuple[int, Any]:
     """The count of complete lines of ``path``, and an iterator of ``(line number, bytes)``."""
+    size = path.stat().st_size
+    if size > MAX_LOG_BYTES:
+        raise ArtifactFileError(f"{size} bytes, larger than a metric log ({MAX_LOG_BYTES})", path)
     count = 0
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):
