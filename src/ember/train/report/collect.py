@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,22 +158,15 @@ def collect(artifact_dir: str | os.PathLike[str], history: MetricHistory | None 
 def _checkpoint_history(directory: Path) -> tuple[MetricHistory, str]:
     """The history of the newest checkpoint state under ``directory/checkpoint``."""
     folder = directory / "checkpoint"
-    if not folder.is_dir():
-        return MetricHistory(), "nothing"
-    states = []
-    for count, entry in enumerate(os.scandir(folder)):
-        if count >= MAX_EPOCHS * 8:
-            raise ArtifactFileError("holds too many files to be a checkpoint folder", folder)
-        match = _STATE_FILE.match(entry.name)
-        if match and entry.is_file():
-            states.append((int(match.group(1)), Path(entry.path)))
+    states = [(int(match.group(1)), path) for name, path in _entries(folder, MAX_EPOCHS * 8)
+              if (match := _STATE_FILE.match(name)) and path.is_file()]  # fmt: skip
     if not states:
-        return MetricHistory(), "nothing"
+        return MetricHistory(), "none found"
     _, path = max(states)
     record = PrettyJsonFileRecorder(max_bytes=MAX_STATE_BYTES).load(path)
     try:
         state = TrainingState.from_record(record, source=str(path))
-    except RecordError:
+    except RecordError:  # already typed, naming the file (a ValueError: not caught below)
         raise
     except (TypeError, ValueError, KeyError, OverflowError) as error:
         raise ArtifactFileError(f"not a training state ({error})", path) from None
@@ -180,27 +174,27 @@ def _checkpoint_history(directory: Path) -> tuple[MetricHistory, str]:
 
 
 # ---------------------------------------------------------------------- logs
-def _epoch_logs(split_dir: Path) -> list[tuple[int, list[tuple[str, Path]]]]:
-    """``[(epoch, [(metric, log file), ...]), ...]`` of one split's folder, by epoch."""
-    if not split_dir.is_dir():
+def _entries(folder: Path, limit: int) -> list[tuple[str, Path]]:
+    """The names and paths in ``folder`` (none if it is not a folder), at most ``limit``."""
+    if not folder.is_dir():
         return []
-    epochs = []
-    for count, entry in enumerate(os.scandir(split_dir)):
-        if count >= MAX_EPOCHS:
-            raise ArtifactFileError(f"holds more than {MAX_EPOCHS} entries", split_dir)
-        match = _EPOCH_DIR.match(entry.name)
-        if match and entry.is_dir():
-            epochs.append((int(match.group(1)), Path(entry.path)))
-    found = []
-    for epoch, folder in sorted(epochs):
-        logs = []
-        for count, entry in enumerate(os.scandir(folder)):
-            if count >= MAX_METRICS:
-                raise ArtifactFileError(f"holds more than {MAX_METRICS} entries", folder)
-            if entry.name.endswith(".log") and len(entry.name) > 4 and entry.is_file():
-                logs.append((entry.name[:-4], Path(entry.path)))
-        found.append((epoch, sorted(logs)))
+    found: list[tuple[str, Path]] = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if len(found) == limit:
+                raise ArtifactFileError(f"holds more than {limit} entries", folder)
+            found.append((entry.name, Path(entry.path)))
     return found
+
+
+def _epoch_logs(split_dir: Path) -> Iterator[tuple[int, list[tuple[str, Path]]]]:
+    """``(epoch, [(metric, log file), ...])`` of one split's folder, epoch by epoch."""
+    epochs = [(int(match.group(1)), path) for name, path in _entries(split_dir, MAX_EPOCHS)
+              if (match := _EPOCH_DIR.match(name)) and path.is_dir()]  # fmt: skip
+    for epoch, folder in sorted(epochs):
+        logs = [(name[: -len(".log")], path) for name, path in _entries(folder, MAX_METRICS)
+                if name.endswith(".log") and name != ".log" and path.is_file()]  # fmt: skip
+        yield epoch, sorted(logs)
 
 
 def _lines(path: Path) -> tuple[int, Any]:
