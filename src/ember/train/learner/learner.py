@@ -225,9 +225,10 @@ class Learner:
                   "'ember[report]'; LearnerBuilder.report(False) turns it off)",
                   file=sys.stderr, flush=True)  # fmt: skip
             return
-        except (EmberError, OSError) as error:
-            log.warning("the training report could not be written (%s); write it with "
-                        "`ember report %s`", error, self.artifact_dir)  # fmt: skip
+        except Exception as error:  # a hostile file in the folder, a full disk, a plot bug
+            log.warning("the training report could not be written (%s: %s); write it with "
+                        "`ember report %s`", type(error).__name__, error, self.artifact_dir,
+                        exc_info=not isinstance(error, EmberError | OSError))  # fmt: skip
             return
         log.info("training report: %s", path)
         print(f"Training report: {path}", flush=True)
