@@ -8,6 +8,8 @@ Commands::
     ember launch --nproc N script.py ...
                              run a script in N processes that form one job (torchrun)
     ember bench              run the benchmark suite; ember bench compare A.json B.json
+    ember report ARTIFACT_DIR
+                             write the training report (charts and index.html) of a run
 
 ``ember guide <command> --help`` lists each command's options. ``python -m ember`` is
 the same command. Errors (no trained model, an unknown backend, missing data) print
@@ -130,6 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
     # ``ember bench ...`` is parsed by ember.bench.cli (see main).
     commands.add_parser("bench", help="run the benchmark suite, print ratios to PyTorch, save "
                         "and compare runs", add_help=False)  # fmt: skip
+
+    report = commands.add_parser(
+        "report",
+        help="write the training report (PNG charts, index.html) of a run's artifact folder",
+        description="Writes the training report of a fit's artifact folder: a PNG chart "
+        "per numeric metric (train and valid by epoch, and per step where logged) and a "
+        "self-contained index.html with the summary table and the run's config. Needs "
+        "matplotlib (ember[report]).",
+    )
+    report.add_argument("artifact_dir", metavar="ARTIFACT_DIR",
+                        help="the artifact folder of a fit (its train/, valid/, checkpoint/)")
+    report.add_argument("--out", metavar="DIR",
+                        help="where to write the report (default: ARTIFACT_DIR/report)")
+    report.set_defaults(run=_report)
 
     train = steps.add_parser(
         "train",
@@ -336,6 +352,12 @@ def _custom_loop(args: argparse.Namespace) -> None:
     run(_training_config(args, on), on, log_every=args.log_every)
 
 
+def _report(args: argparse.Namespace) -> None:
+    from ember.train.report import write_report
+
+    print(f"Training report: {write_report(args.artifact_dir, out=args.out)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``ember`` command with ``argv`` (default: the process's arguments).
 
@@ -361,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.run(args)
     except EmberError as error:
-        command = f"{parser.prog} {args.command} {args.step}"
+        command = " ".join([parser.prog, args.command, *([args.step] if "step" in args else [])])
         parser.exit(1, f"{command}: error: {error}\n")
     return 0
 

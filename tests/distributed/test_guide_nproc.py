@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -22,8 +23,14 @@ def test_the_guide_trains_in_two_processes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("[valid] epoch 1/1 done") == 1  # rank 0 alone shows the run
     assert done.stdout.count(f"The trained model is in {folder / 'model.mpk.gz'}") == 1
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "checkpoint", "config.json", "experiment.log", "model.mpk.gz", "train", "valid"]
+    # With matplotlib (the test extra has it) rank 0 alone writes the training report.
+    report = ["report"] if importlib.util.find_spec("matplotlib") is not None else []
+    assert sorted(p.name for p in folder.iterdir()) == sorted([
+        "checkpoint", "config.json", "experiment.log", "model.mpk.gz", "train", "valid", *report])
+    if report:
+        assert done.stdout.count(f"Training report: {folder / 'report' / 'index.html'}") == 1
+        assert sorted(p.name for p in (folder / "report").iterdir()) == [
+            "Accuracy.png", "Loss.png", "index.html"]
     infer = subprocess.run([sys.executable, "-m", "ember", "guide", "infer", "--artifact-dir",
                             str(folder), "--count", "2"], capture_output=True, text=True,
                            timeout=120)  # fmt: skip

@@ -9,6 +9,8 @@
         valid/epoch-<n>/     the validation metrics
         checkpoint/          model, optimizer and scheduler of the last epochs
         model.mpk.gz         the trained model (CompactRecorder: half precision)
+        report/              the training report, with matplotlib installed: index.html
+                             and a chart per metric (``ember report`` writes it again)
 """
 
 from __future__ import annotations

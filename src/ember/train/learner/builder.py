@@ -23,6 +23,8 @@ option                              what it does
 ``checkpoint(epoch)``               resume from the checkpoint of ``epoch``
 ``early_stopping(...)``             stop when a metric stops improving
 ``summary()``                       print a summary table at the end
+``report(False)``                   no training report at the end (default: one in
+                                    ``<artifact_dir>/report`` when matplotlib is there)
 ``interrupter()``                   the handle that stops the run (returns it)
 ==================================  ===================================================
 
@@ -128,6 +130,7 @@ class LearnerBuilder:
         self._checkpoint: int | None = None
         self._early_stopping: MetricEarlyStopping | None = None
         self._summary = False
+        self._report = True
         self._interrupter = TrainingInterrupter()
 
     # ------------------------------------------------------------------ metrics
@@ -285,6 +288,18 @@ class LearnerBuilder:
         self._summary = True
         return self
 
+    def report(self, enabled: bool = True) -> LearnerBuilder:
+        """Whether ``fit`` ends by writing the training report (on by default).
+
+        The report (:mod:`ember.train.report`: PNG charts of every numeric metric and
+        ``index.html``) goes to ``<artifact_dir>/report``. It needs matplotlib (the
+        ``report`` extra); without it, ``fit`` prints a one-line notice instead.
+        """
+        if not isinstance(enabled, bool):
+            raise ArgumentError(f"LearnerBuilder.report: expected True or False, got {enabled!r}")
+        self._report = enabled
+        return self
+
     def interrupter(self) -> TrainingInterrupter:
         """The handle that stops the run: ``interrupter.stop()`` from any thread."""
         return self._interrupter
@@ -360,6 +375,7 @@ class LearnerBuilder:
             resume_epoch=self._checkpoint,
             early_stopping=self._early_stopping,
             summary=self._summary,
+            report=self._report,
             interrupter=self._interrupter,
             trackers=list(self._trackers),
             params=dict(self._params),

@@ -56,7 +56,10 @@ ended: FINISHED, KILLED (interrupted) or FAILED (an error; the error propagates)
 
 **Artifacts.** Under the artifact directory: ``experiment.log`` (every ``ember``
 log record of the run, INFO and up, appended to), ``train/`` and ``valid/`` (the
-metric loggers' files, ``epoch-<n>/<Metric>.log``) and ``checkpoint/``.
+metric loggers' files, ``epoch-<n>/<Metric>.log``), ``checkpoint/`` and, when
+matplotlib is installed, ``report/`` (the training report: ``index.html`` and a PNG
+chart per numeric metric, see :mod:`ember.train.report`; ``LearnerBuilder.report(False)``
+turns it off).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ import dataclasses
 import logging
 import math
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice, zip_longest
@@ -73,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.backend.device import Device
-from ember.backend.errors import ArgumentError, UnsupportedError
+from ember.backend.errors import ArgumentError, EmberError, UnsupportedError
 from ember.module import Module
 from ember.optim.accumulator import GradientsAccumulator
 from ember.optim.lr_scheduler.base import LrScheduler
@@ -126,6 +130,7 @@ class Learner:
         interrupter: TrainingInterrupter,
         trackers: Sequence[ExperimentTracker] = (),
         params: Mapping[str, ParamValue] | None = None,
+        report: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -143,6 +148,7 @@ class Learner:
         self.resume_epoch = resume_epoch
         self.early_stopping = early_stopping
         self.with_summary = summary
+        self.with_report = report
         self.interrupter = interrupter
         self.history = MetricHistory()
         self.summary: LearnerSummary | None = None
@@ -181,7 +187,7 @@ class Learner:
         if self._writes:
             self.artifact_dir.mkdir(parents=True, exist_ok=True)
         else:  # only rank 0 shows and writes (see data_parallel.py)
-            self.renderer, self.with_summary = _Silent(), False
+            self.renderer, self.with_summary, self.with_report = _Silent(), False, False
             self.loggers = {"train": None, "valid": None}
             self.trackers = []
         log_file = experiment_log(self.artifact_dir) if self._writes else contextlib.nullcontext()
@@ -199,7 +205,33 @@ class Learner:
                 )
                 print(self.summary, flush=True)
                 log.info("summary\n%s", self.summary)
+            if self.with_report:
+                self._write_report(type(model).__name__)
         return model
+
+    def _write_report(self, model_name: str) -> None:
+        """Writes the training report; a missing matplotlib or a failure is a notice only
+        (the trained model matters more; ``ember report`` can write it again)."""
+        if not self.history.metrics():
+            return  # no numeric metric: nothing to chart
+        from ember.train.report import write_report
+        from ember.train.tracker.base import MissingExtraError
+
+        try:
+            path = write_report(self.artifact_dir, history=self.history, model=model_name,
+                                num_epochs=self.num_epochs)  # fmt: skip
+        except MissingExtraError:
+            print("ember: no training report (it needs matplotlib: pip install "
+                  "'ember[report]'; LearnerBuilder.report(False) turns it off)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        except Exception as error:  # a hostile file in the folder, a full disk, a plot bug
+            log.warning("the training report could not be written (%s: %s); write it with "
+                        "`ember report %s`", type(error).__name__, error, self.artifact_dir,
+                        exc_info=not isinstance(error, EmberError | OSError))  # fmt: skip
+            return
+        log.info("training report: %s", path)
+        print(f"Training report: {path}", flush=True)
 
     def _run(self, train_loader: Any, valid_loader: Any | None) -> Module:
         model, start = self._resume()
