@@ -200,6 +200,7 @@ FIT = """
 import tempfile
 train, valid = loaders()
 learner = (LearnerBuilder(tempfile.mkdtemp()).num_epochs(2).metric_loggers(None, None)
+           .report(False)  # the training report prints its path: tested in test_report.py
            .metric_train_numeric(LossMetric()).metric_valid_numeric(LossMetric())
            .build(classifier(0), SgdConfig().init(), 0.1))
 print(type(learner.renderer).__name__)
