@@ -102,3 +102,31 @@ def test_backward_with_inputs_computes_only_those_gradients(device):
     assert b.grad(grads) is None  # not asked for: never computed
     again = (a * b * a * b).sum() + b.sum()  # a new graph: the pass above freed its nodes
     assert b.grad(again.backward()).tolist() == [7.0, -7.0]  # 2 a^2 b + 1
+
+
+def test_a_gradient_listener_hears_full_passes_only(device):
+    # Data-parallel sync listens to the step's parameter gradients: a gradient penalty's
+    # inner pass (create_graph) or a restricted pass must not reach it.
+    from ember.backends.autodiff.listener import listening
+
+    class Recorder:
+        def __init__(self):
+            self.heard, self.finished = 0, 0
+
+        def on_gradient(self, node, grad):
+            self.heard += 1
+
+        def on_finish(self, grads):
+            self.finished += 1
+
+    w = Tensor.from_data([1.0, 2.0], device).require_grad()
+    x = Tensor.from_data([3.0, 4.0], device).require_grad()
+    recorder = Recorder()
+    with listening(recorder):
+        slope = x.grad((w * x * x).sum().backward(create_graph=True))  # 2 w x
+        (w * x).sum().backward(inputs=[x])
+        assert (recorder.heard, recorder.finished) == (0, 0)
+        penalty = (slope * slope).sum()
+        grads = penalty.backward()
+    assert (recorder.heard, recorder.finished) == (2, 1)  # w and x, once
+    assert w.grad(grads).tolist() == [72.0, 256.0]  # d/dw sum (2 w x)^2 = 8 w x^2

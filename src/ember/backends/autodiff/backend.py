@@ -193,14 +193,17 @@ class Autodiff(Decorator):
         seed = inner.float_ones(inner.shape(prim), inner.device_of(prim), inner.dtype(prim))
         targets = frozenset(t.node.id for t in inputs if t.node is not None) if inputs else None
         if not create_graph:
-            return backward(x.node, seed, inner, self._accumulator, listener.current(),
-                            targets=targets)  # fmt: skip
+            # A gradient listener (data-parallel sync) hears full passes only: the gradients
+            # of a restricted or create_graph pass (a penalty's, an inner step's) are not
+            # the parameters' gradients of the step.
+            hear = listener.current() if targets is None else None
+            return backward(x.node, seed, inner, self._accumulator, hear, targets=targets)
         if self._graph_accumulator is None:
             self._graph_accumulator = Accumulator(self)
         self._recording_gradients += 1
         try:
-            grads = backward(x.node, TrackedTensor(seed), self, self._graph_accumulator,
-                             listener.current(), _lifted, targets)  # fmt: skip
+            grads = backward(x.node, TrackedTensor(seed), self, self._graph_accumulator, None,
+                             _lifted, targets)  # fmt: skip
         finally:
             self._recording_gradients -= 1
         grads.tracked = True
