@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,10 @@ def test_a_failing_rank_stops_the_job_and_is_named(tmp_path):
         dist.all_reduce(ember.Tensor.from_data([1.0]))  # rank 0 waits here for rank 1
     """)
     assert done.returncode == 1
-    assert "ember launch: rank 1 failed with exit status 1: ValueError: boom from rank 1" in done.stderr
+    # Rank 1 exits with status 1, unless the launcher's SIGTERM (sent when rank 0, stopped
+    # by rank 1's exit, exits first) reaches it while it exits: either way it is named.
+    assert re.search(r"ember launch: rank 1 failed \((exit status 1|its error, then signal 15)\): "
+                     r"ValueError: boom from rank 1", done.stderr), done.stderr[-2000:]
     # Stopped by the launcher, long before the collective's timeout (EMBER_DIST_TIMEOUT, 300 s).
     assert time.monotonic() - started < 100
 
@@ -73,7 +77,7 @@ def test_a_killed_rank_stops_the_job(tmp_path):
         dist.all_reduce(ember.Tensor.from_data([1.0]))
     """)
     assert done.returncode == 1
-    assert "ember launch: rank 0 failed with exit status -9" in done.stderr
+    assert "ember launch: rank 0 failed (killed by signal 9)" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,9 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
+_NO_ERROR = "(no error recorded)"
+
+
 def _report(failures: dict) -> str:
     """Which rank failed first and why; ranks that only saw a peer go (their collective
     failed) are named after it, since the rank that stopped them is the cause."""
@@ -84,14 +87,25 @@ def _report(failures: dict) -> str:
         message = failure.message
         if isinstance(message, dict):  # the error file's record
             message = message.get("message", message)
-        return str(message).strip() or "(no error recorded)"
+        return str(message).strip() or _NO_ERROR
 
     def stopped_by_peer(failure) -> bool:
         return text(failure).startswith("DistributedError") and "collective failed" in text(failure)
 
+    def status(failure) -> str:
+        # A rank that recorded its error may still be killed by the launcher (SIGTERM)
+        # while it exits, once a peer it stopped has exited first: the signal is not its
+        # failure, the recorded error is.
+        code = failure.exitcode
+        if code >= 0:
+            return f"exit status {code}"
+        if text(failure) == _NO_ERROR or text(failure).startswith("Signal "):  # torchrun's own
+            return f"killed by signal {-code}"
+        return f"its error, then signal {-code}"
+
     ranks = sorted(failures, key=lambda r: (stopped_by_peer(failures[r]), failures[r].timestamp))
     first, others = ranks[0], ranks[1:]
-    lines = [f"ember launch: rank {first} failed with exit status {failures[first].exitcode}: "
+    lines = [f"ember launch: rank {first} failed ({status(failures[first])}): "
              f"{text(failures[first])}"]  # fmt: skip
     lines += [f"ember launch: rank {r} stopped too (exit status {failures[r].exitcode})" for r in others]
     return "\n".join(lines)
