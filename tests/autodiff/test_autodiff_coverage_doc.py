@@ -44,7 +44,7 @@ def test_every_float_op_has_a_rule_or_differentiates_through_its_primitives():
     for name in ("matmul", "conv2d", "softmax", "avg_pool2d_backward", "embedding_backward",
                  "interpolate_backward", "max_pool2d_with_indices_backward"):  # fmt: skip
         assert rows[name] == HIGHER, name
-    assert rows["conv_x_backward"] == THROUGH  # a transposed convolution, which has a rule
+    assert rows["conv_transpose_x_backward"] == THROUGH  # a convolution, which has a rule
 
 
 def test_balanced_checkpointing_gives_the_same_second_derivatives():

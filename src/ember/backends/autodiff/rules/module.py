@@ -183,3 +183,33 @@ def _max_pool2d_with_indices_backward(B, gg, s):
 @backward("embedding_backward", keep="inputs")
 def _embedding_backward(B, gg, s):
     return None, B.embedding(gg, s.inputs[2]), None
+
+
+# A convolution's two gradient ops are linear in each of their other operands (the input
+# ``x`` of conv_x_backward gives only a shape): their rules are the adjoint identities
+# <conv(a, w), g> = <a, conv_x_backward(., w, g)> = <w, conv_weight_backward(a, ., g)>.
+# With them, a gradient of a gradient runs the backend's own gradient kernels (and not the
+# composites' unfold-and-multiply defaults).
+def _conv_forward(B, x, weight, options):
+    conv = B.conv2d if len(B.shape(weight)) == 4 else B.conv3d
+    return conv(x, weight, None, options)
+
+
+@backward("conv_x_backward", keep="inputs")
+def _conv_x_backward(B, gg, s):
+    # y = conv_x_backward(x, w, g): d w = conv_weight_backward(gg, w, g), d g = conv(gg, w).
+    _, weight, g = s.inputs
+    (options,) = s.attrs
+    gw = B.conv_weight_backward(gg, weight, g, options) if s.needs[1] else None
+    gg_out = _conv_forward(B, gg, weight, options) if s.needs[2] else None
+    return None, gw, gg_out
+
+
+@backward("conv_weight_backward", keep="inputs")
+def _conv_weight_backward(B, gg, s):
+    # y = conv_weight_backward(x, w, g): d x = conv_x_backward(x, gg, g), d g = conv(x, gg).
+    x, _, g = s.inputs
+    (options,) = s.attrs
+    gx = B.conv_x_backward(x, gg, g, options) if s.needs[0] else None
+    g_out = _conv_forward(B, x, gg, options) if s.needs[2] else None
+    return gx, None, g_out
