@@ -115,11 +115,7 @@ def jvp(f: Callable[..., Tensor], primals: Sequence[Tensor],
                              f"{fmt_shape(p.shape)}")  # fmt: skip
     value, pullback = vjp(f, *primals)
     dummy = Tensor.zeros(list(value.shape), value.device, value.dtype).require_grad()
-    transposed = pullback(dummy)  # J^T u, linear in u
-    total = None
-    for g, t in zip(transposed, tangents):
-        term = (g * t).sum()
-        total = term if total is None else total + term
+    total = _dot(pullback(dummy), tangents)  # <J^T u, v>, linear in u
     if not total.is_require_grad():  # f is constant in every primal: J v = 0
         return value, Tensor.zeros(list(value.shape), value.device, value.dtype)
     grads = total.backward(create_graph=True)
@@ -135,11 +131,7 @@ def hvp(f: Callable[..., Tensor], primals: Sequence[Tensor],
     argnums = tuple(range(len(primals)))
 
     def directional(*args: Tensor) -> Tensor:
-        total = None
-        for g, t in zip(grad(f, argnums)(*args), tangents):
-            term = (g * t).sum()
-            total = term if total is None else total + term
-        return total
+        return _dot(grad(f, argnums)(*args), tangents)
 
     return grad(directional, argnums)(*primals)
 
@@ -159,8 +151,7 @@ def jacobian(f: Callable[..., Tensor], argnum: int = 0) -> Callable[..., Tensor]
         for i in range(flat.shape[0]):
             grads = flat[i : i + 1].sum().backward(create_graph=True, inputs=[x])
             rows.append(_grad_or_zeros(x, grads).reshape([1, -1]))
-        stacked = Tensor.cat(rows, 0) if rows else Tensor.zeros([0, max(1, x.numel())], x.device,
-                                                                x.dtype)  # fmt: skip
+        stacked = Tensor.cat(rows, 0) if rows else Tensor.zeros([0, x.numel()], x.device, x.dtype)
         return stacked.reshape([*value.shape, *x.shape])
 
     return run
@@ -234,6 +225,15 @@ def _check_scalar(what: str, value: Any) -> None:
     if value.numel() != 1:
         raise ShapeError(f"{what}: the function must return a scalar (one element), got shape "
                          f"{fmt_shape(value.shape)}")  # fmt: skip
+
+
+def _dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
+    """``sum_i <xs[i], ys[i]>``, one scalar."""
+    total = None
+    for x, y in zip(xs, ys):
+        term = (x * y).sum()
+        total = term if total is None else total + term
+    return total
 
 
 def _grad_or_zeros(x: Tensor, grads: Any) -> Tensor:

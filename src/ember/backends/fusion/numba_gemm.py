@@ -53,6 +53,7 @@ import numpy as np
 
 from ember.atomic import atomic_write
 from ember.backends.fusion.numba_source import KernelUnsupported
+from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
     import numba
@@ -430,21 +431,11 @@ def _tiles_with_own_edge(tiles, a, bp, out, a_of, b_of, part, parts) -> None:
     tiles(a, bp, out, a_of, b_of, np.empty((MR, bp.shape[3]), out.dtype), part, parts)
 
 
-_scratch_space = threading.local()
-
-
 def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array of ``shape`` in this thread's scratch buffer ``name``, kept
-    between calls (grown as needed): a packed ``B`` of a 1024 x 1024 weight is 4 MB, whose
-    fresh pages would fault in on every call. Valid until this thread's next call."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    buffers = getattr(_scratch_space, "buffers", None)
-    if buffers is None:
-        buffers = _scratch_space.buffers = {}
-    raw = buffers.get(name)
-    if raw is None or raw.size < nbytes:
-        raw = buffers[name] = np.empty(max(nbytes, 1 << 16), np.uint8)
-    return raw[:nbytes].view(dtype).reshape(shape)
+    """A reused scratch array (``ndarray/scratch.py``): a packed ``B`` of a 1024 x 1024
+    weight is 4 MB, whose fresh pages would fault in on every call. Valid until this
+    thread's next call."""
+    return scratch(f"gemm_{name}", shape, dtype)
 
 
 @functools.lru_cache(maxsize=256)

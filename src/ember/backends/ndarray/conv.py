@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+
+from ember.backends.ndarray.scratch import scratch
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions, ConvTransposeOptions
@@ -76,29 +77,9 @@ _COLS_BUDGET_BYTES = 1 << 20
 # Scratch arrays larger than this are allocated per call instead of kept between calls.
 _SCRATCH_MAX_BYTES = 1 << 24
 
-_local = threading.local()
-
-
 def _scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array in a per-thread buffer that is reused between calls.
-
-    Scratch space (padded input, unrolled matrix, GEMM result before cropping)
-    lives only during one call, so reusing it is safe as long as a call never
-    holds the same ``slot`` twice. It pays: glibc hands freed blocks of a few
-    MiB back to the system, and faulting fresh pages in on every call costs as
-    much as the copy that fills them.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes > _SCRATCH_MAX_BYTES:
-        return np.empty(shape, dtype)
-    buffers = getattr(_local, "buffers", None)
-    if buffers is None:
-        buffers = _local.buffers = {}
-    buf = buffers.get(slot)
-    if buf is None or buf.nbytes < nbytes:
-        buf = buffers[slot] = np.empty(max(nbytes, 1 << 16), np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
+    """A reused scratch array (``scratch.py``); a fresh one above :data:`_SCRATCH_MAX_BYTES`."""
+    return scratch(f"conv_{slot}", shape, dtype, _SCRATCH_MAX_BYTES)
 
 
 def _work_dtype(dtype: np.dtype) -> np.dtype:

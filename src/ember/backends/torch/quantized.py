@@ -36,11 +36,17 @@ def _engine_ready() -> bool:
     return torch.backends.quantized.engine in ("x86", "fbgemm", "onednn")
 
 
+def _int8_columns(values, zero_points, options: QuantOptions) -> bool:
+    """Whether a weight is what PyTorch's int8 kernels take: symmetric int8 ``[K, N]`` with
+    one scale, or one per column."""
+    return (zero_points is None and options.block_size is None and values.dim() == 2
+            and options.axis in (None, 1) and values.dtype == torch.int8)  # fmt: skip
+
+
 def linear_dynamic(x, values, scales, zero_points, bias, options: QuantOptions):
     """``x @ weight + bias`` by PyTorch's dynamic int8 kernel, or None where it does not
     apply."""
-    if (zero_points is not None or options.block_size is not None or values.dim() != 2
-            or options.axis not in (None, 1) or values.dtype != torch.int8
+    if (not _int8_columns(values, zero_points, options)
             or x.dtype != torch.float32 or x.device.type != "cpu" or values.device.type != "cpu"
             or (bias is not None and bias.dtype != torch.float32) or not _engine_ready()):  # fmt: skip
         return None
@@ -62,9 +68,7 @@ def linear_integer(values, scales, zero_points, weight, weight_scales, weight_ze
     ``sum_k (a - z) w = (a @ w) - z * colsum(w)``: the column sums are kept per weight."""
     per_row = input_quant.axis == 0 and input_quant.block_size is None and values.dim() == 2
     if ((input_quant.axis is not None and not per_row) or values.dtype != torch.int8
-            or values.dim() < 2
-            or weight_zero_points is not None or options.block_size is not None
-            or weight.dim() != 2 or options.axis not in (None, 1) or weight.dtype != torch.int8
+            or values.dim() < 2 or not _int8_columns(weight, weight_zero_points, options)
             or (values.is_cuda and not _int_mm_fits_cuda(values, weight))):  # fmt: skip
         return None
     k, n = weight.shape
@@ -88,19 +92,21 @@ def linear_dynamic_rows(x, values, scales, zero_points, bias, options: QuantOpti
     quantization (fbgemm's kernel is CPU only), or None where it does not apply (a weight
     other than symmetric int8 ``[K, N]`` per tensor or per column, shapes CUDA's
     ``_int_mm`` refuses)."""
-    if (zero_points is not None or options.block_size is not None or values.dim() != 2
-            or options.axis not in (None, 1) or values.dtype != torch.int8
-            or not x.is_floating_point() or x.shape[-1] != values.shape[0]
+    if (not _int8_columns(values, zero_points, options) or not x.is_floating_point()
+            or x.shape[-1] != values.shape[0]
             or (x.is_cuda and not _int_mm_fits_cuda(x, values))):  # fmt: skip
         return None
     k, n = values.shape
     rows = x.reshape(-1, k).to(torch.float32)
-    row_scales = rows.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).eps) / 127
-    q = torch.round(rows / row_scales).clamp(-127, 127).to(torch.int8)
-    out = torch._int_mm(q, values).to(torch.float32) * (row_scales * scales.to(torch.float32))
-    if bias is not None:
-        out = out + bias.to(torch.float32)
+    row_scales = rows.abs().amax(1).clamp(min=torch.finfo(torch.float32).eps) / 127
+    q = torch.round(rows / row_scales[:, None]).clamp(-127, 127).to(torch.int8)
+    out = linear_integer(q, row_scales, None, values, scales, None,
+                         None if bias is None else bias.to(torch.float32), _PER_ROW, options)  # fmt: skip
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+_PER_ROW = QuantOptions(axis=0)
+"""The layout of a scale per row of a 2-d input."""
 
 
 def _int_mm_fits_cuda(a, b) -> bool:
