@@ -24,12 +24,14 @@ its name and checked inside), so a choice made on another machine size never app
 **Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
 are not tuned: they run on one thread and their per-step cost stays a size check; nor
 are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). A
-tuning runs each candidate once to warm it up (twice when it is cheap), drops those whose
-best run is twice the best of all, then runs the others in at most :data:`MAX_ROUNDS`
-rounds within about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` when a round is
-cheap): a few ms for a block of a few hundred thousand elements on an idle machine, more
-where a candidate itself takes longer. A bucket is tuned once per cache folder and
-machine kind.
+tuning times the fused candidates first and the unfused ops after them (see ``_time``):
+each candidate twice (once where that costs over :data:`MAX_TUNING_SECONDS`), dropping
+those whose best run is twice the best of all, then the others in at most
+:data:`MAX_ROUNDS` rounds within
+about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` while those cost under
+:data:`MAX_TUNING_SECONDS`): a few ms for a block of a few hundred thousand elements on an
+idle machine, more where a candidate itself takes longer. A bucket is tuned once per
+cache folder and machine kind.
 
 **The file** (``autotune-<arch>-<cpus>cpu.json`` in the runtime's cache folder) may be
 hostile: it is read only when it is a regular file under :data:`MAX_FILE_BYTES`, every
@@ -66,14 +68,18 @@ from pathlib import Path
 from ember.atomic import atomic_write
 from ember.backends.fusion import counters, ir
 
-VERSION = 1
+VERSION = 2
 """The file format's and the tuning method's version: a change voids older choices."""
 FORMAT = "ember-fusion-autotune"
 BUDGET_SECONDS = 0.004
 """About how long one tuning may take, its warm-up runs included (unless they alone take longer)."""
 MAX_ROUNDS = 5
-MIN_ROUNDS = 2
-"""Timed rounds a tuning makes at least when one round of its candidates is cheap."""
+MIN_ROUNDS = 3
+"""Timed rounds a tuning makes at least when a round of its close candidates costs under
+``MAX_TUNING_SECONDS / MIN_ROUNDS``."""
+MAX_TUNING_SECONDS = 0.05
+"""What the rounds a tuning makes at least may cost (a bucket is tuned once per cache folder
+and machine kind: a 2 ms convolution at 1 and 2 threads is timed 3 times each)."""
 MAX_ELEMENTS = 1 << 21
 """Blocks of more elements are not tuned: they run at the runtime's own thread count. A
 thread's wake-up is small beside their work, and a fused pass beats the unfused ops'
@@ -267,41 +273,49 @@ class Tuner:
     def _time(self, limit: int, run_fused: Callable[[int], object],
               run_unfused: Callable[[], object]) -> tuple[Choice, dict[Choice, float]]:  # fmt: skip
         counts = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
-        candidates = [Choice("fused", t) for t in counts] + [UNFUSED]
+        fused = [Choice("fused", t) for t in counts]
 
         def once(choice: Choice) -> float:
             began = time.perf_counter()
             if choice.run == "unfused":
                 run_unfused()
-                return time.perf_counter() - began
-            run_fused(choice.threads)
+            else:
+                run_fused(choice.threads)
             return time.perf_counter() - began
 
-        # A warm-up round (threads start, fresh pages map), and a second look at each cheap
-        # candidate; then the clear losers go, judged by their best run, since a stall (a
-        # thread waiting for a core) only ever makes a run slower. The others run in rounds
-        # while the budget lasts, and at least MIN_ROUNDS times when a round is cheap.
-        # The unfused candidate goes first in the warm-up and last in the rounds: after a
-        # GEMM, OpenBLAS's threads spin for a while on the other cores, and a fused run in
-        # parts timed then would wait for a core it has in production.
+        # The fused candidates are timed first, warm-up and rounds, and the unfused one
+        # after them: after a GEMM, OpenBLAS's threads spin for a while on the other cores,
+        # and a fused run in parts timed then waits for a core it has in production (on
+        # 2 cores the 2-thread convolutions lost to 1 thread that way, 1.9 ms against
+        # 1.2). Each group gets a warm-up round (threads wake, fresh pages map) and a
+        # second look at its affordable candidates; the clear losers go, judged by their
+        # best run, since a stall (a thread waiting for a core) only ever makes a run slower.
         started = time.perf_counter()
-        order = [UNFUSED] + [c for c in candidates if c != UNFUSED]
-        runs = {c: [once(c)] for c in order}
-        for c in order:
-            if runs[c][0] < BUDGET_SECONDS / len(candidates):
-                runs[c].append(once(c))
-        floor = min(min(r) for r in runs.values())
-        live = [c for c in candidates if min(runs[c]) <= 2 * floor]
-        cheap = sum(min(runs[c]) for c in live) < BUDGET_SECONDS
-        timed: dict[Choice, list[float]] = {c: [] for c in live}
-        fused = [c for c in live if c != UNFUSED]
-        for group, share in ((fused, 0.75), ([c for c in live if c == UNFUSED], 1.0)):
+        runs: dict[Choice, list[float]] = {}
+        timed: dict[Choice, list[float]] = {}
+        for group, share in ((fused, 0.75), ([UNFUSED], 1.0)):
+            for c in group:
+                runs[c] = [once(c)]
+                # A first run may start threads or map pages: a second look at every
+                # candidate that is affordable keeps it from being dropped for that.
+                if runs[c][0] < MAX_TUNING_SECONDS / (len(fused) + 1):
+                    runs[c].append(once(c))
+            floor = min(min(r) for r in runs.values())
+            live = [c for c in group if min(runs[c]) <= 2 * floor]
+            # Rounds while the budget lasts; at least MIN_ROUNDS of the close candidates
+            # while they stay within MAX_TUNING_SECONDS (one warm-up run apiece decides
+            # nothing between two candidates a few percent apart).
+            cost = sum(min(runs[c]) for c in live)
+            least = MIN_ROUNDS if cost * MIN_ROUNDS < MAX_TUNING_SECONDS else 0
+            timed.update({c: [] for c in live})
             for done in range(MAX_ROUNDS):
                 over = time.perf_counter() - started > BUDGET_SECONDS * share
-                if not group or (over and not (cheap and done < MIN_ROUNDS)):
+                if not live or (over and done >= least):
                     break
-                for c in group:
+                for c in live:
                     timed[c].append(once(c))
+        floor = min(min(r) for r in runs.values())
+        live = [c for c in timed if min(runs[c]) <= 2 * floor]
         # The rounds' runs, or (none: a costly candidate) the warm-up's second look.
         scores = {c: _score(c, timed[c] or runs[c][1:] or runs[c]) for c in live}
         chosen = min(scores, key=scores.__getitem__)
