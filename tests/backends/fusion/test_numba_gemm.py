@@ -100,6 +100,7 @@ def test_inputs_are_not_written_and_output_comes_from_empty():
 def test_supports_refuses_what_ndarray_must_run():
     a = np.ones((3, 4), np.float32)
     b = np.ones((4, 16), np.float32)
+    quarter = {t: gemm.NR[np.dtype(t)] // 4 for t in (np.float32, np.float64)}
     assert gemm.supports(a, b) and gemm.supports(a.astype(np.float64), b.astype(np.float64))
     refused = [
         (a.astype(np.float16), b.astype(np.float16)),  # low precision: NdArray's f32 path
@@ -109,8 +110,9 @@ def test_supports_refuses_what_ndarray_must_run():
         (np.ones((0, 4), np.float32), b),  # empty
         (np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32)),  # batch 2 vs 3
         (np.ones(4, np.float32), b),  # rank 1
-        (np.ones((3, 4), np.float32), np.ones((4, 15), np.float32)),  # under a quarter tile
-        (np.ones((3, 4)), np.ones((4, 7))),
+        # under a quarter tile (of the host's vector width)
+        (np.ones((3, 4), np.float32), np.ones((4, quarter[np.float32] - 1), np.float32)),
+        (np.ones((3, 4)), np.ones((4, quarter[np.float64] - 1))),
     ]
     for x, y in refused:
         assert not gemm.supports(x, y)

@@ -16,7 +16,8 @@ GEMM. NumPy's OpenBLAS is held to AVX2 kernels in some environments
   ``K``: per ``k`` the loop reads ``NR`` values of ``B`` (``NR / lanes`` vectors), ``MR``
   values of ``A`` (broadcast) and does ``MR * NR / lanes`` vector FMAs; the outputs are
   stored once, at the end. With ``4 x 64`` float32 (``4 x 32`` float64) that is 16 of the
-  32 AVX-512 registers of accumulators: 16 FMAs per 4 vector loads. (A tile of 6 rows or of
+  32 AVX-512 registers of accumulators: 16 FMAs per 4 vector loads (AVX2: ``3 x 32``, 12 of
+  16 registers, see :data:`NR`). (A tile of 6 rows or of
   48 columns spilled and ran 10x slower; 4 x 32 and 8 x 16 ran 10-25% slower than 4 x 64.)
 * **How numba gets there.** numba has no vector types, so the tile is written as ``MR *
   NR`` scalar variables and LLVM's SLP vectorizer packs them into vectors. numba turns SLP
@@ -53,6 +54,7 @@ import numpy as np
 
 from ember.atomic import atomic_write
 from ember.backends.fusion.numba_source import KernelUnsupported
+from ember.backends.fusion.numba_tile import VECTOR_BYTES
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
@@ -63,10 +65,13 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 __all__ = ["MR", "NR", "KernelUnsupported", "matmul", "matmul_dequantized", "supports",
            "supports_dequantized"]
 
-MR = 4
+MR = 4 if VECTOR_BYTES == 64 else 3
 """Rows of a register tile."""
-NR = {np.dtype(np.float32): 64, np.dtype(np.float64): 32}
-"""Columns of a register tile per dtype: four AVX-512 vectors."""
+NR = {np.dtype(np.float32): VECTOR_BYTES, np.dtype(np.float64): VECTOR_BYTES // 2}
+"""Columns of a register tile per dtype: four vectors (AVX-512's, or AVX2's where the host
+has no AVX-512: there the 4 x 64 tile needs 32 accumulator registers of 16 and ran at 11-17
+GFLOP/s on Zen 3, the 3 x 32 tile at 40-75, about OpenBLAS's speed; 5 x 16 measured
+32-64, 6 x 16 and 4 x 24 15-30, the SLP vectorizer packing them worse)."""
 ROW_BLOCKS_PER_TASK = 16
 """Row blocks a task runs against one column panel (64 rows): enough tasks for the parts
 of a single matrix, enough rows to reuse the panel from cache."""
