@@ -20,7 +20,18 @@ AUTODIFF_BACKENDS = {
     # Compiles some 500 kernels (minutes on 2 cores): run when EMBER_TEST_AUTODIFF names it.
     "autodiff-fusion-numba": lambda: ember.device("ndarray").fusion(runtime="numba").autodiff(),
     "autodiff-torch-cuda": lambda: _cuda_device().autodiff(),
+    # Triton kernels on the GPU (ember[gpu-jit]), under the gradients.
+    "autodiff-fusion-torch-cuda": lambda: _cuda_fusion().autodiff(),
 }
+
+
+def _cuda_fusion() -> ember.Device:
+    device = _cuda_device()
+    from ember.backends.fusion import triton_runtime
+
+    if not triton_runtime.available():
+        pytest.skip("triton is not installed: the fusion cases on cuda need ember[gpu-jit]")
+    return device.fusion(runtime="triton")
 
 
 def _cuda_device() -> ember.Device:

@@ -105,7 +105,12 @@ def runtime_named(name: str | None = None):
     if name not in RUNTIMES:
         raise ArgumentError(f"fusion: unknown runtime {name!r}; expected one of {RUNTIMES} "
                             "(argument runtime= or EMBER_FUSION_RUNTIME)")  # fmt: skip
-    found = _shared.get(name)
+    key = name
+    if name == "triton":  # one runtime for CUDA, another for Triton's interpreter (CPU)
+        from ember.backends.fusion import triton_runtime
+
+        key = f"triton:{'interpreter' if triton_runtime.interpreting() else 'cuda'}"
+    found = _shared.get(key)
     if found is None:
         if name == "numba":
             from ember.backends.fusion import numba_runtime
@@ -116,14 +121,12 @@ def runtime_named(name: str | None = None):
                     "pip install 'ember[jit]', or pass runtime='interpreter'")  # fmt: skip
             found = numba_runtime.NumbaRuntime()
         elif name == "triton":
-            from ember.backends.fusion import triton_runtime
-
             found = triton_runtime.TritonRuntime()  # raises, saying why, where it cannot run
         else:
             from ember.backends.fusion.interpreter import InterpreterRuntime
 
             found = InterpreterRuntime()
-        _shared[name] = found
+        _shared[key] = found
     return found
 
 

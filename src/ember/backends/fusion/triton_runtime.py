@@ -32,6 +32,7 @@ timings say nothing about a GPU) and each kernel kind runs its first configurati
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import math
@@ -39,6 +40,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,7 +230,8 @@ class TritonRuntime:
                 atomic_write(path, text.encode())
             spec = importlib.util.spec_from_file_location(f"ember_triton_kernels.{name}", path)
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            with _interpreter(self.interpret):
+                spec.loader.exec_module(module)  # triton.jit reads TRITON_INTERPRET here
             sys.modules[spec.name] = module
             self._kernels[key] = module
             self.stats.compiled += 1
@@ -343,6 +346,21 @@ class TritonRuntime:
         import torch
 
         return torch.device(self.place)
+
+
+@contextlib.contextmanager
+def _interpreter(on: bool) -> Iterator[None]:
+    """Decorates kernels for the interpreter or not as the runtime was made, whatever
+    ``TRITON_INTERPRET`` says now."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
 
 
 def _torch_dtype(d):

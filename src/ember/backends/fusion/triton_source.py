@@ -20,7 +20,7 @@ only, never from sizes, so one compiled kernel serves every size of a block's pa
   walks the axis in ``BLOCK``-long chunks once per pass its reductions need (a register's
   pass is one more than the passes its operand needs, as in ``numba_source``: softmax
   is a max pass, a sum pass, and a final loop that stores). Accumulators are ``BLOCK``-wide
-  vectors folded with ``tl.sum``/``tl.max``/``tl.reduce`` after the loop; masked lanes add
+  vectors folded with ``tl.reduce`` after the loop; masked lanes add
   the reduction's neutral element. Registers constant along the axis are scalars of the
   program, computed once after the pass that makes them known. A variance is an ordinary
   second pass over ``(x - mean)**2`` (the numba generator's shifted single-pass sums save
@@ -30,9 +30,14 @@ only, never from sizes, so one compiled kernel serves every size of a block's pa
   ``tl.full((), s, dtype)``, which keeps them exact under the interpreter too.
 * **Half precision** (float16, bfloat16) registers are computed in float32 and rounded to
   their dtype after every instruction, as the unfused ops round each result.
+* **Only builtins.** Kernels call ``tl`` builtins and the helpers of :data:`HEADER`,
+  never Triton's standard library of jit functions (``tl.sum``, ``tl.zeros``,
+  ``tl.cdiv``): those are decorated when triton is imported, so under an interpreter
+  turned on later (as the tests do) they would be compiled functions that cannot run.
 * **Math** uses only ``tl`` builtins that both the compiler and Triton's interpreter have
-  (``exp``, ``log``, ``sqrt_rn``, ``erf``, ``sin``, ``cos``, ``floor``, ``ceil``,
-  ``exp2``, ``log2``, ``div_rn``); ``tanh``, ``log1p``, ``expm1``, ``round`` and ``pow``
+  (``exp``, ``log``, ``sqrt``, ``erf``, ``sin``, ``cos``, ``floor``, ``ceil``,
+  ``exp2``, ``log2``; ``div_rn`` and ``sqrt_rn`` for float32, whose plain forms are
+  approximations on a GPU); ``tanh``, ``log1p``, ``expm1``, ``round`` and ``pow``
   are written with them in :data:`HEADER` (CUDA's libdevice is not there under the
   interpreter, and the tests must run the code the GPU runs). Float32 results match the
   unfused ops within a few ulp (``tl.exp``/``tl.log`` are the hardware approximations on
@@ -87,7 +92,7 @@ _NUM = frozenset({"float", "int"})
 # Each op of the IR, once. Results are cast to the instruction's compute type afterwards.
 RULES: dict[str, Rule] = {
     "add": Rule("{x} + {y}", _NUM), "sub": Rule("{x} - {y}", _NUM),
-    "mul": Rule("{x} * {y}", _NUM), "div": Rule("tl.div_rn({x}, {y})", _F),
+    "mul": Rule("{x} * {y}", _NUM), "div": Rule("_div({x}, {y})", _F),
     "pow": Rule("_pow({x}, {y})", _F),
     # NaN wins, as NumPy's maximum/minimum (and clip) have it.
     "max_pair": Rule("tl.where(({x} > {y}) | ({x} != {x}), {x}, {y})", _NUM),
@@ -103,11 +108,11 @@ RULES: dict[str, Rule] = {
     "sign": Rule("tl.where({x} != {x}, {x}, tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0)))", _NUM),
     "exp": Rule("tl.exp({x})", _F), "log": Rule("tl.log({x})", _F),
     "log1p": Rule("_log1p({x})", _F), "expm1": Rule("_expm1({x})", _F),
-    "erf": Rule("tl.math.erf({x})", _F), "sqrt": Rule("tl.sqrt_rn({x})", _F),
-    "rsqrt": Rule("tl.div_rn(tl.full((), 1.0, {t}), tl.sqrt_rn({x}))", _F),
-    "recip": Rule("tl.div_rn(tl.full((), 1.0, {t}), {x})", _F),
+    "erf": Rule("tl.math.erf({x})", _F), "sqrt": Rule("_sqrt({x})", _F),
+    "rsqrt": Rule("_div(tl.full((), 1.0, {t}), _sqrt({x}))", _F),
+    "recip": Rule("_div(tl.full((), 1.0, {t}), {x})", _F),
     "sin": Rule("tl.sin({x})", _F), "cos": Rule("tl.cos({x})", _F),
-    "tan": Rule("tl.div_rn(tl.sin({x}), tl.cos({x}))", _F),
+    "tan": Rule("_div(tl.sin({x}), tl.cos({x}))", _F),
     "tanh": Rule("_tanh({x})", _F), "sigmoid": Rule("_sigmoid({x})", _F),
     "floor": Rule("tl.floor({x})", _F), "ceil": Rule("tl.ceil({x})", _F),
     "trunc": Rule("tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))", _F),
@@ -139,8 +144,47 @@ def _mul(a, b):
 
 
 @triton.jit
+def _add_(a, b):
+    return a + b
+
+
+@triton.jit
+def _max_(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_(a, b):
+    return tl.minimum(a, b)
+
+
+# The combines of tl.sum, tl.max and tl.min where this triton has them: its interpreter
+# reduces with NumPy for those, and calls any other combine once per element.
+_add = getattr(tl.standard, "_sum_combine", _add_)
+_max = getattr(tl.standard, "_elementwise_max", _max_)
+_min = getattr(tl.standard, "_elementwise_min", _min_)
+
+
+@triton.jit
+def _div(x, y):
+    # Correctly rounded: float32 "/" is an approximation on the GPU; float64's is exact.
+    if x.dtype == tl.float32:
+        return tl.div_rn(x, y.to(tl.float32))
+    else:
+        return x / y
+
+
+@triton.jit
+def _sqrt(x):
+    if x.dtype == tl.float32:
+        return tl.sqrt_rn(x)
+    else:
+        return tl.sqrt(x)
+
+
+@triton.jit
 def _sigmoid(x):
-    return tl.div_rn(tl.full((), 1.0, x.dtype), 1.0 + tl.exp(-x))
+    return _div(tl.full((), 1.0, x.dtype), 1.0 + tl.exp(-x))
 
 
 @triton.jit
@@ -148,7 +192,7 @@ def _log1p(x):
     # Goldberg: log(u) * x / (u - 1) cancels the rounding of u = 1 + x.
     u = 1.0 + x
     d = u - 1.0
-    return tl.where(d == 0, x, tl.where(u == INF, u, tl.log(u) * tl.div_rn(x, tl.where(d == 0, 1.0, d))))
+    return tl.where(d == 0, x, tl.where(u == INF, u, tl.log(u) * _div(x, tl.where(d == 0, 1.0, d))))
 
 
 @triton.jit
@@ -157,20 +201,16 @@ def _expm1(x):
     u = tl.exp(x)
     d = u - 1.0
     lu = tl.log(u)
-    r = tl.where(d == 0, x, tl.where(d == -1.0, d, d * tl.div_rn(x, tl.where(lu == 0, 1.0, lu))))
+    r = tl.where(d == 0, x, tl.where(d == -1.0, d, d * _div(x, tl.where(lu == 0, 1.0, lu))))
     return tl.where(u == INF, u, r)
 
 
 @triton.jit
 def _tanh(x):
-    # exp form away from 0, odd Taylor polynomial near it (where 1 - t cancels).
-    a = tl.abs(x)
-    t = tl.exp(-2.0 * a)
-    big = tl.div_rn(1.0 - t, 1.0 + t)
-    big = tl.where(x < 0, -big, big)
-    x2 = x * x
-    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    return tl.where(x != x, x, tl.where(a < 0.125, small, big))
+    # From expm1, which does not cancel near 0: tanh|x| = -e / (2 + e), e = expm1(-2|x|).
+    e = _expm1(-2.0 * tl.abs(x))
+    t = _div(-e, 2.0 + e)
+    return tl.where(x != x, x, tl.where(x < 0, -t, t))
 
 
 @triton.jit
@@ -188,12 +228,13 @@ def _pow(x, y):
     xd = x.to(tl.float64)
     yd = y.to(tl.float64)
     r = tl.exp2(yd * tl.log2(tl.abs(xd)))
+    # (Selections by nested where, not "&" of comparisons: Triton's interpreter cannot
+    # combine a block's comparison with a scalar's.)
     yi = tl.floor(yd)
     whole = yi == yd
-    odd = whole & ((yi - 2.0 * tl.floor(yi * 0.5)) != 0)
-    r = tl.where((xd < 0) & odd, -r, r)
-    r = tl.where((xd < 0) & (~whole) & (tl.abs(yd) != INF), NAN, r)
-    r = tl.where((yd == 0) | (xd == 1.0), 1.0, r)
+    odd = tl.where(tl.abs(yd) != INF, yi - 2.0 * tl.floor(yi * 0.5), 0.0) != 0
+    r = tl.where(xd < 0, tl.where(whole, tl.where(odd, -r, r), NAN), r)
+    r = tl.where(yd == 0, 1.0, tl.where(xd == 1.0, 1.0, r))
     return r
 '''
 
@@ -360,14 +401,21 @@ def _elementwise(block: ir.Block, lay: Layout, w: _Writer, names: list[str], wid
     w(1, "mask = idx < total")
     _offsets(lay, w, 1, "idx", names, list(range(len(lay.groups))))
     for i, spec in enumerate(block.inputs):
-        load = f"tl.load(in{i} + o_in{i}, mask=mask, other=0)"
+        at = f"o_in{i}" if _moves(lay, i) else "tl.full([BLOCK], 0, tl.int32)"  # a block of pointers
+        load = f"tl.load(in{i} + {at}, mask=mask, other=0)"
         w(1, f"r{i} = {_widen(load, spec.dtype)}")
     scalar = _counter()
     for k, instr in enumerate(block.body):
         w(1, f"r{n_in + k} = {instr_expr(block, instr, lambda r: f'r{r}', scalar)}")
     for o, r in enumerate(block.outputs):
         value = _narrow(f"r{r}", block.register_dtype(r))
-        w(1, f"tl.store(out{o} + o_out{o}, {value}, mask=mask)")
+        at = f"o_out{o}" if _moves(lay, n_in + o) else "tl.full([BLOCK], 0, tl.int32)"
+        w(1, f"tl.store(out{o} + {at}, {value}, mask=mask)")
+
+
+def _moves(lay: Layout, array: int) -> bool:
+    """Whether an array's offset depends on the position (it is not broadcast everywhere)."""
+    return not all(lay.broadcast[array])
 
 
 def _widen(load: str, d: DType) -> str:
@@ -417,11 +465,15 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, names: list[str], wide:
     axis, inner = block.axis, lay.inner
     varies = [block.register_shape(r)[axis] != 1 for r in range(n_regs)]
     instr_of = {n_in + k: instr for k, instr in enumerate(block.body)}
+    # A reduction of a value of length 1 along the axis (a softmax over an axis of 1) is
+    # that value: computed as a constant of the program, in no pass.
+    trivial = {n_in + k for k, i in enumerate(block.body)
+               if i.op in ir.REDUCTIONS and not varies[i.args[0]]}  # fmt: skip
     stage = [0] * n_regs
     for k, instr in enumerate(block.body):
         r = n_in + k
         before = max((stage[a] for a in instr.args), default=0)
-        stage[r] = before + 1 if instr.op in ir.REDUCTIONS else before
+        stage[r] = before + 1 if instr.op in ir.REDUCTIONS and r not in trivial else before
     passes = max(stage, default=0)
     scalar_names: dict[int, list[str]] = {}
     counter = _counter()
@@ -442,8 +494,12 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, names: list[str], wide:
 
     def emit(indent: int, regs: list[int], reg) -> None:
         for r in regs:
+            instr = instr_of[r]
+            if r in trivial:
+                w(indent, f"{reg(r)} = ({reg(instr.args[0])}).to({compute_type(instr.dtype)})")
+                continue
             names_ = iter(scalar_names[r])
-            w(indent, f"{reg(r)} = {instr_expr(block, instr_of[r], reg, names_.__next__)}")
+            w(indent, f"{reg(r)} = {instr_expr(block, instr, reg, names_.__next__)}")
 
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
     w(1, f"row = {pid}")
@@ -477,7 +533,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, names: list[str], wide:
     def constants(s: int) -> None:
         """Registers constant along the axis known at stage ``s``, and their outputs."""
         regs = [r for r in range(n_in, n_regs) if not varies[r] and stage[r] == s
-                and instr_of[r].op not in ir.REDUCTIONS]  # fmt: skip
+                and (instr_of[r].op not in ir.REDUCTIONS or r in trivial)]  # fmt: skip
         emit(1, regs, lambda r: f"r{r}")
         for o, r in enumerate(block.outputs):
             if not varies[r] and stage[r] == s:
@@ -486,7 +542,8 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, names: list[str], wide:
 
     constants(0)
     for p in range(1, passes + 1):
-        reds = [r for r in range(n_in, n_regs) if stage[r] == p and instr_of[r].op in ir.REDUCTIONS]
+        reds = [r for r in range(n_in, n_regs) if stage[r] == p
+                and instr_of[r].op in ir.REDUCTIONS and r not in trivial]  # fmt: skip
         if not reds:
             constants(p)
             continue
@@ -494,7 +551,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, names: list[str], wide:
             t, neutral = _acc(instr_of[r], block.register_dtype(instr_of[r].args[0]))
             w(1, f"acc{r} = tl.full([BLOCK], {neutral}, {t})")
             if _nan_tracked(instr_of[r], block):
-                w(1, f"nan{r} = tl.zeros([BLOCK], tl.int32)")
+                w(1, f"nan{r} = tl.full([BLOCK], 0, tl.int32)")
         values = loop(f"p{p}_", [instr_of[r].args[0] for r in reds])
         for r in reds:
             instr = instr_of[r]
@@ -533,15 +590,15 @@ def _final(instr: ir.Instr, block: ir.Block, r: int, inner: int) -> str:
     op = instr.op
     out = compute_type(instr.dtype)
     if op in ("sum_dim", "mean_dim"):
-        value = f"tl.sum(acc{r}, axis=0)"
+        value = f"tl.reduce(acc{r}, 0, _add)"
         if op == "mean_dim":
             value = f"({value} / n{inner})"
     elif op == "prod_dim":
         value = f"tl.reduce(acc{r}, 0, _mul)"
     else:
-        value = f"tl.{'max' if op == 'max_dim' else 'min'}(acc{r}, axis=0)"
+        value = f"tl.reduce(acc{r}, 0, {'_max' if op == 'max_dim' else '_min'})"
         if _nan_tracked(instr, block):
-            value = f"tl.where(tl.max(nan{r}, axis=0) > 0, NAN, {value})"
+            value = f"tl.where(tl.reduce(nan{r}, 0, _max) > 0, NAN, {value})"
     value = f"({value}).to({out})"
     if instr.dtype in _HALF:
         value = f"{value}.to({TL_DTYPES[instr.dtype]}).to(tl.float32)"
