@@ -271,7 +271,7 @@ class Executor:
         otherwise, or for a case the kernel refuses, record by record."""
         place = fused.matmul.outputs[0].device.place
         slots = (*fused.matmul.inputs, *fused.inputs)
-        if any(s.device.place != place for s in slots):
+        if any(s.device.place != place for s in slots) or not self.can_fuse_triton(slots[0]):
             self._unfused(records)
             return
         runtime, _, tuner, _ = self._route(place)
@@ -399,8 +399,12 @@ class Executor:
         if not block.outputs:
             return  # nobody can read what it computes
         place = fused.outputs[0].device.place
-        if any(s.device.place != place for s in fused.inputs):
-            self._unfused(records)  # values on two devices: the inner op says what is wrong
+        # Values on two devices (the inner op says what is wrong), or a template planned
+        # for another device's stream (plan keys do not hold places) where no runtime is.
+        if any(s.device.place != place for s in fused.inputs) or not self.can_fuse(
+            fused.outputs[0]
+        ):
+            self._unfused(records)
             return
         runtime, (to_numpy, from_numpy), tuner, recycler = self._route(place)
         how = tuner.lookup(block) if tuner is not None else None

@@ -224,16 +224,20 @@ def _rint(x):
 
 @triton.jit
 def _pow(x, y):
-    # In float64: exp2(y * log2|x|) with the signs and special cases of C's pow.
+    # In float64: exp2(y * log2|x|) with the signs and special values of C's pow.
+    # (Selections by nested where, not "&" of comparisons: Triton's interpreter cannot
+    # combine a block's comparison with a scalar's.)
     xd = x.to(tl.float64)
     yd = y.to(tl.float64)
     r = tl.exp2(yd * tl.log2(tl.abs(xd)))
-    # (Selections by nested where, not "&" of comparisons: Triton's interpreter cannot
-    # combine a block's comparison with a scalar's.)
     yi = tl.floor(yd)
     whole = yi == yd
     odd = tl.where(tl.abs(yd) != INF, yi - 2.0 * tl.floor(yi * 0.5), 0.0) != 0
-    r = tl.where(xd < 0, tl.where(whole, tl.where(odd, -r, r), NAN), r)
+    negative = tl.where(xd == 0, _div(tl.full((), 1.0, tl.float64), xd) < 0, xd < 0)  # -0 too
+    # A negative base and a fractional exponent: no real power (but for -0 and -inf).
+    fraction = tl.where(tl.abs(xd) == INF, r, tl.where(xd == 0, r, NAN))
+    r = tl.where(negative, tl.where(whole, tl.where(odd, -r, r), fraction), r)
+    r = tl.where(tl.abs(yd) == INF, tl.where(xd == -1.0, 1.0, r), r)
     r = tl.where(yd == 0, 1.0, tl.where(xd == 1.0, 1.0, r))
     return r
 '''
