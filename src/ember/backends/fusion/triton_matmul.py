@@ -78,7 +78,8 @@ def generate(block: ir.Block, value: int, keep_value: bool) -> str:
     put("for k0 in range(0, K, BK):")
     put("    x = tl.load(pa, mask=(rm[:, None] < M) & (rk[None, :] + k0 < K), other=0.0)")
     put("    y = tl.load(pb, mask=(rk[:, None] + k0 < K) & (rn[None, :] < N), other=0.0)")
-    put('    acc = tl.dot(x, y, acc, input_precision="ieee")')
+    precision = ', input_precision="ieee"' if d is DType.F32 else ""  # no TF32
+    put(f"    acc = tl.dot(x, y, acc{precision})")
     put("    pa += BK * sa_k")
     put("    pb += BK * sb_k")
     put("mask = (rm[:, None] < M) & (rn[None, :] < N)")

@@ -270,14 +270,16 @@ class TritonRuntime:
         chosen = self._config(block, config)
         if block.axis is None:
             total = elements
-            grid = (triton.cdiv(total, chosen.block),)
+            width = _fit(chosen.block, total)
+            grid = (triton.cdiv(total, width),)
         else:
             total = elements // block.shape[block.axis] if block.shape[block.axis] else 0
+            width = _fit(chosen.block, block.shape[block.axis])
             grid = (total,)
         if total > 0:
             kernel = self.kernel(block, wide=elements >= WIDE)
             kernel[grid](*arrays, *outputs, *block.scalars(), *sizes, total,
-                         BLOCK=chosen.block, num_warps=chosen.warps,
+                         BLOCK=width, num_warps=chosen.warps,
                          num_stages=chosen.stages)  # fmt: skip
             self.stats.launches += 1
         if out is not None:
@@ -319,6 +321,8 @@ class TritonRuntime:
                                device=a.device) for r in block.outputs]  # fmt: skip
         if keep_value:
             outputs.append(torch.empty(out_shape, dtype=_torch_dtype(spec.dtype), device=a.device))
+        if z > MAX_BATCH:
+            raise KernelUnsupported(f"triton matmul: a batch of {z} (grid's second dim)")
         chosen = self._config(None, config)
         bm, bn, bk = chosen.block
         if z * m * n > 0:
@@ -346,6 +350,17 @@ class TritonRuntime:
         import torch
 
         return torch.device(self.place)
+
+
+MAX_BATCH = 65535
+"""The most matmul problems of one launch (CUDA's limit on a grid's second dim)."""
+
+
+def _fit(block: int, length: int) -> int:
+    """A configuration's ``BLOCK`` cut to the power of two that covers ``length`` (at least
+    16): a row of 37 is not walked in programs of 1024 lanes. One compiled variant per
+    power of two, as ``BLOCK`` is a compile-time constant."""
+    return min(block, max(16, 1 << max(0, length - 1).bit_length()))
 
 
 @contextlib.contextmanager
