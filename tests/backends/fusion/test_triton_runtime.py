@@ -436,6 +436,30 @@ def test_launch_configurations_are_tuned_and_persisted(tmp_path):
                                  triton_runtime.LABELS) == autotune.Choice("fused", 1, "b1024w4s1")
 
 
+def test_the_executor_tunes_blocks_and_matmul_epilogues(tmp_path):
+    from ember.backends.fusion.executor import Executor
+
+    with interpreter():
+        runtime = _Tuned(tmp_path)
+        device = ember.device("torch").fusion(runtime="triton")
+    device.backend.executor = Executor(device.backend.inner, runtime)
+    # Sizes of the smallest buckets tuned (4096 elements; few programs: the interpreter)
+    x, w, b = _data((4, 16), 21), _data((16, 1024), 22, 0.1), _data((1024,), 23)
+
+    def model(d):
+        t = lambda a: Tensor.from_data(a, d)  # noqa: E731
+        h = activation.relu(t(x).matmul(t(w)) + t(b))  # a matmul epilogue
+        return activation.softmax(h * 2.0, 1)  # a block of 4 x 1024 elements
+
+    for _ in range(2):  # the first run tunes each kind, the second uses the choices
+        got, expected, counts = _run_both(device, model)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    choices = json.loads((runtime.cache / "autotune-test-gpu.json").read_text())["choices"]
+    assert len(choices) == 2, choices  # the block's and the matmul epilogue's
+    for value in choices.values():
+        assert value["run"] == "unfused" or value["config"] in triton_runtime.LABELS, value
+
+
 def _make_interpreted(tmp_path):
     with interpreter():
         return triton_runtime.TritonRuntime(tmp_path)
