@@ -451,9 +451,10 @@ def test_the_executor_tunes_blocks_and_matmul_epilogues(tmp_path):
         h = activation.relu(t(x).matmul(t(w)) + t(b))  # a matmul epilogue
         return activation.softmax(h * 2.0, 1)  # a block of 4 x 1024 elements
 
-    for _ in range(2):  # the first run tunes each kind, the second uses the choices
+    for run in range(2):  # the first run tunes each kind, the second uses the choices
         got, expected, counts = _run_both(device, model)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert counts["tunings"] == (2 if run == 0 else 0), counts
     choices = json.loads((runtime.cache / "autotune-test-gpu.json").read_text())["choices"]
     assert len(choices) == 2, choices  # the block's and the matmul epilogue's
     for value in choices.values():
