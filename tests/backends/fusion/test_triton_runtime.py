@@ -500,6 +500,17 @@ def test_cuda_fusion_says_why_it_cannot_use_triton(monkeypatch):
     assert [str(w.message) for w in caught if "gpu-jit" in str(w.message)], caught
 
 
+def test_a_gpu_runtime_adds_the_matmul_fuser_to_the_plan_keys(rt):
+    from ember.backends.fusion.executor import Executor
+    from ember.backends.fusion.interpreter import InterpreterRuntime
+
+    executor = Executor(ember.device("torch").backend, InterpreterRuntime())
+    assert "matmul+epilogue" not in executor.explorer.names
+    executor.use_gpu(rt)  # as Fusion.placed does on torch:cuda
+    assert executor.explorer.names[-1] == "matmul+epilogue"
+    assert len(executor.explorer.fusers) == len(executor.explorer.names)
+
+
 # ---------------------------------------------------------------------- on a GPU
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA GPU: the compiled Triton kernels run only where torch sees one")

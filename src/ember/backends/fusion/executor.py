@@ -23,8 +23,13 @@ from ember.backend.errors import (
 )
 from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
+from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.handle import Slot
-from ember.backends.fusion.matmul_epilogue import MatmulEpilogue, MatmulTemplate
+from ember.backends.fusion.matmul_epilogue import (
+    MatmulEpilogue,
+    MatmulEpilogueFuser,
+    MatmulTemplate,
+)
 from ember.backends.fusion.stream import Record
 
 
@@ -148,7 +153,6 @@ class Executor:
 
     def __init__(self, inner: Backend, runtime=None, gpu_runtime=None) -> None:
         from ember.backends.fusion.elementwise import ElementwiseFuser
-        from ember.backends.fusion.explorer import Explorer
 
         self.inner = inner
         self.runtime = runtime if runtime is not None else runtime_named()
@@ -174,8 +178,6 @@ class Executor:
             # A convolution's activation and residual add, inside its kernel's store.
             fusers.append(ConvEpilogueFuser(self.can_fuse))
         if takes_torch(self.runtime) or gpu_runtime is not None:
-            from ember.backends.fusion.matmul_epilogue import MatmulEpilogueFuser
-
             # A matmul's bias, activation and residual add, inside a Triton matmul's store.
             fusers.append(MatmulEpilogueFuser(self.can_fuse_triton))
         self.explorer = Explorer(fusers)
@@ -193,10 +195,10 @@ class Executor:
             return
         self.gpu_runtime = runtime
         self.gpu_tuner = autotune.tuner_for(runtime)
-        if not any(f.name == "matmul+epilogue" for f in self.explorer.fusers):
-            from ember.backends.fusion.matmul_epilogue import MatmulEpilogueFuser
-
-            self.explorer.fusers.append(MatmulEpilogueFuser(self.can_fuse_triton))
+        if not any(f.name == MatmulEpilogueFuser.name for f in self.explorer.fusers):
+            # A new explorer: the fusers' names are part of every plan key it makes.
+            fusers = [*self.explorer.fusers, MatmulEpilogueFuser(self.can_fuse_triton)]
+            self.explorer = Explorer(fusers)
 
     def can_fuse(self, slot: Slot) -> bool:
         place = slot.device.place
