@@ -500,6 +500,20 @@ def test_cuda_fusion_says_why_it_cannot_use_triton(monkeypatch):
     assert [str(w.message) for w in caught if "gpu-jit" in str(w.message)], caught
 
 
+def test_cuda_fusion_needs_no_numba(monkeypatch):
+    from ember.backend.device import Device
+    from ember.backends.fusion import executor, numba_runtime
+
+    monkeypatch.setattr(numba_runtime, "available", lambda: False)
+    monkeypatch.setattr(executor, "_shared", {})
+    monkeypatch.delenv("EMBER_FUSION_RUNTIME", raising=False)
+    with pytest.raises(BackendUnavailableError, match=r"ember\[jit\]"):
+        ember.device("torch").fusion()  # CPU values want numba by default
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU here: it warns that cuda runs unfused
+        Device(ember.device("torch").backend, "cuda", 0).fusion()  # Triton's alone
+
+
 def test_a_gpu_runtime_adds_the_matmul_fuser_to_the_plan_keys(rt):
     from ember.backends.fusion.executor import Executor
     from ember.backends.fusion.interpreter import InterpreterRuntime

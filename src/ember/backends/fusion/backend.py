@@ -76,7 +76,17 @@ class Fusion(Decorator):
         super().__init__(inner)
         self.lazy = enabled()
         self.requested = runtime or os.environ.get("EMBER_FUSION_RUNTIME") or None
-        self.executor = Executor(inner, runtime_named(runtime))
+        self._cpu_error: BackendUnavailableError | None = None
+        try:
+            cpu = runtime_named(runtime)
+        except BackendUnavailableError as error:
+            if self.requested is not None or inner.name != "torch":
+                raise
+            # The default runtime of CPU values (numba) is missing: a Torch CUDA device
+            # needs only Triton; a CPU device says so when it is placed.
+            self._cpu_error = error
+            cpu = runtime_named("interpreter")
+        self.executor = Executor(inner, cpu)
 
     def placed(self, place: str, index: int) -> None:
         """Picks the runtime of a Torch CUDA device's blocks (``Device.wrap`` calls it):
@@ -86,8 +96,11 @@ class Fusion(Decorator):
 
         Raises:
             BackendUnavailableError: ``runtime="triton"`` without triton (``ember[gpu-jit]``),
-                without a GPU, or under Triton's interpreter (which runs CPU tensors only).
+                without a GPU, or under Triton's interpreter (which runs CPU tensors only);
+                or, on the CPU, the default runtime (numba: ``ember[jit]``) is missing.
         """
+        if place != "cuda" and self._cpu_error is not None:
+            raise self._cpu_error
         if place != "cuda" or self.inner.name != "torch" or self.executor.gpu_runtime is not None:
             return
         if self.requested not in (None, "triton"):
