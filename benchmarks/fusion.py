@@ -1,6 +1,7 @@
 """The Fusion decorator end to end: Tensor-API code on ``fusion(ndarray)`` beside its peers.
 
-Run: ``.venv/bin/python benchmarks/fusion.py [--threads 1 2] [--repeat 7]``
+Run: ``.venv/bin/python benchmarks/fusion.py [--threads 1 2] [--repeat 7]``, or with
+``--cuda`` the GPU rows (below).
 
 Everything goes through the Tensor API (``benchmarks/fusion_kernels.py`` times the numba
 kernels alone), side by side in one run, at each ``--threads`` count:
@@ -19,6 +20,11 @@ calling thread, which a busy machine hardly moves. Then: the first call of each 
 cache (``EMBER_FUSION_CACHE``), and again in another fresh process over the warmed
 folder; and the peak memory of one GELU call above what the process held before it
 (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``).
+
+``--cuda``: the same workloads on ``fusion(torch:cuda)`` (the Triton runtime) beside torch
+eager and ``torch.compile`` on the GPU: GELU on 256M float32 (with GB/s: 8 bytes moved per
+element, one read and one write), softmax and layer norm over ``[4096, 1024]`` rows
+(``--cuda-rows`` changes the row count). Without a GPU or triton it prints why and exits.
 """
 
 from __future__ import annotations
@@ -133,12 +139,88 @@ def peak_mib(call, settle=None) -> float | None:
     return (_status_kib("VmHWM") - before) / 1024
 
 
+CUDA_GELU_N = 1 << 28
+"""256M float32: 1 GiB in, 1 GiB out."""
+
+
+def cuda_main(repeat: int, rows_count: int) -> None:
+    """The ``--cuda`` rows (see the module doc); prints why they cannot run, if so."""
+    import torch
+
+    from ember.backends.fusion import triton_runtime
+
+    reason = triton_runtime.unavailable_reason()
+    if not torch.cuda.is_available():
+        reason = "no CUDA GPU (torch.cuda.is_available() is False)"
+    if reason is not None:
+        print(f"benchmarks/fusion.py --cuda skipped: {reason}")
+        return
+    import ember
+    from ember import Tensor
+    from ember.backends.fusion import reset_stats, stats
+    from ember.nn.norm import LayerNormConfig
+    from ember.tensor import activation
+
+    device = ember.device("torch", "cuda").fusion(runtime="triton")
+    x = torch.randn(CUDA_GELU_N, device="cuda")
+    rows = torch.randn(rows_count, COLS, device="cuda")
+    gamma, beta = torch.ones(COLS, device="cuda"), torch.zeros(COLS, device="cuda")
+    # The torch tensors themselves, made on the GPU (not copied from host memory).
+    fx = Tensor.from_primitive(device.backend.wrap(x), device)
+    frows = Tensor.from_primitive(device.backend.wrap(rows), device)
+    norm = LayerNormConfig(COLS).init(device)
+    compiled_gelu, compile_note = compile_torch(torch_gelu, x)
+    compiled_softmax, _ = compile_torch(lambda v: torch.softmax(v, 1), rows)
+
+    def synced(fn):
+        def call():
+            out = fn()
+            torch.cuda.synchronize()
+            return out
+
+        return call
+
+    peers = {
+        ("gelu", "fusion(torch:cuda)"): lambda: (gelu(fx), device.sync()),
+        ("gelu", "torch eager"): lambda: torch_gelu(x),
+        ("gelu", "torch.compile"): compiled_gelu and (lambda: compiled_gelu(x)),
+        ("softmax", "fusion(torch:cuda)"): lambda: (activation.softmax(frows, 1), device.sync()),
+        ("softmax", "torch eager"): lambda: torch.softmax(rows, 1),
+        ("softmax", "torch.compile"): compiled_softmax and (lambda: compiled_softmax(rows)),
+        ("layer_norm", "fusion(torch:cuda)"): lambda: (norm(frows), device.sync()),
+        ("layer_norm", "torch eager"): lambda: torch.nn.functional.layer_norm(
+            rows, (COLS,), gamma, beta, 1e-5),
+    }
+    reset_stats()
+    moved = {"gelu": 8 * CUDA_GELU_N, "softmax": 8 * rows.numel(), "layer_norm": 8 * rows.numel()}
+    table = []
+    for (work, impl), fn in peers.items():
+        if not fn:
+            continue
+        t = median_seconds(synced(fn), repeat)
+        eager = median_seconds(synced(peers[(work, "torch eager")]), repeat)
+        table.append([work, impl, f"{t * 1e3:.3f}", f"{moved[work] / t / 1e9:.0f}",
+                      f"{t / eager:.2f}x"])  # fmt: skip
+    print(f"torch={torch.__version__}  triton={triton_runtime.triton.__version__}  "
+          f"gpu={torch.cuda.get_device_name()}")  # fmt: skip
+    print_table("fusion(torch:cuda) on the Triton runtime (ms, median)",
+                ["workload", "impl", "ms", "GB/s", "vs torch eager"], table)  # fmt: skip
+    if compile_note:
+        print(compile_note)
+    print(f"fusion stats over the timed runs: {stats()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--first-calls", action="store_true", help=argparse.SUPPRESS)  # child
+    parser.add_argument("--cuda", action="store_true", help="the GPU rows (Triton runtime)")
+    parser.add_argument("--cuda-rows", type=int, default=ROWS)
     args = parser.parse_args()
+    if args.cuda:
+        cuda_main(args.repeat, args.cuda_rows)
+        return
     if args.first_calls:
         print(json.dumps(_first_calls()))
         return

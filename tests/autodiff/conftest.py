@@ -20,7 +20,37 @@ AUTODIFF_BACKENDS = {
     # Compiles some 500 kernels (minutes on 2 cores): run when EMBER_TEST_AUTODIFF names it.
     "autodiff-fusion-numba": lambda: ember.device("ndarray").fusion(runtime="numba").autodiff(),
     "autodiff-torch-cuda": lambda: _cuda_device().autodiff(),
+    # Triton kernels on the GPU (ember[gpu-jit]), under the gradients.
+    "autodiff-fusion-torch-cuda": lambda: _cuda_fusion().autodiff(),
+    # The same kernels in Triton's interpreter on CPU tensors: run when named (minutes).
+    "autodiff-fusion-triton": lambda: _triton_fusion().autodiff(),
 }
+OPT_IN = frozenset({"autodiff-fusion-numba", "autodiff-fusion-triton"})
+
+
+def _triton_fusion() -> ember.Device:
+    from ember.backends.fusion import triton_runtime
+
+    if not triton_runtime.available():
+        pytest.skip("triton is not installed: the autodiff-fusion-triton cases need ember[gpu-jit]")
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # while the runtime is made: it keeps the mode
+    try:
+        return ember.device("torch").fusion(runtime="triton")
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+def _cuda_fusion() -> ember.Device:
+    device = _cuda_device()
+    from ember.backends.fusion import triton_runtime
+
+    if not triton_runtime.available():
+        pytest.skip("triton is not installed: the fusion cases on cuda need ember[gpu-jit]")
+    return device.fusion(runtime="triton")
 
 
 def _cuda_device() -> ember.Device:
@@ -37,7 +67,7 @@ def _selected() -> list[str]:
     wanted = os.environ.get("EMBER_TEST_AUTODIFF")
     if wanted:
         return [b.strip() for b in wanted.split(",")]
-    return [b for b in AUTODIFF_BACKENDS if b != "autodiff-fusion-numba"]
+    return [b for b in AUTODIFF_BACKENDS if b not in OPT_IN]
 
 
 @pytest.fixture(params=_selected())

@@ -7,8 +7,9 @@ suite by adding one entry to ``BACKENDS``: the tests themselves never change.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -29,6 +30,11 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     # The same through compiled kernels (ember[jit]).
     "fusion-numba": lambda: _numba_fusion(),
     "torch-cuda": lambda: _cuda_device(),
+    # Triton kernels generated from the fused IR: on CPU tensors through Triton's
+    # interpreter here, and on the GPU where there is one (ember[gpu-jit]).
+    "fusion-triton": lambda: _triton_fusion(),
+    "fusion-torch-cuda": lambda: _cuda_fusion(),
+    "autodiff-fusion-torch-cuda": lambda: _cuda_fusion().autodiff(),
 }
 
 
@@ -38,6 +44,39 @@ def _numba_fusion() -> ember.Device:
     if not numba_runtime.available():
         pytest.skip("numba is not installed: the fusion-numba cases need ember[jit]")
     return ember.device("ndarray").fusion(runtime="numba")
+
+
+def _triton_fusion() -> ember.Device:
+    """``fusion(torch)`` on the Triton runtime in Triton's interpreter (CPU tensors)."""
+    from ember.backends.fusion import triton_runtime
+
+    if not triton_runtime.available():
+        pytest.skip("triton is not installed: the fusion-triton cases need ember[gpu-jit]")
+    with interpreter():
+        return ember.device("torch").fusion(runtime="triton")
+
+
+@contextlib.contextmanager
+def interpreter() -> Iterator[None]:
+    """Turns Triton's interpreter on while a runtime is made (the runtime keeps it)."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+def _cuda_fusion() -> ember.Device:
+    device = _cuda_device()
+    from ember.backends.fusion import triton_runtime
+
+    if not triton_runtime.available():
+        pytest.skip("triton is not installed: the fusion-torch-cuda cases need ember[gpu-jit]")
+    return device.fusion(runtime="triton")
 
 
 def _cuda_device() -> ember.Device:
@@ -51,9 +90,18 @@ def _cuda_device() -> ember.Device:
     return ember.device("torch", "cuda:0")
 
 
+OPT_IN = frozenset({"fusion-triton"})
+"""Backends that run only when ``EMBER_TEST_BACKENDS`` names them: Triton's interpreter
+takes about 3 minutes over the whole suite on 2 cores (it passes), beyond the default
+run's budget; tests/backends/fusion/test_triton_runtime.py runs a representative part of
+it by default."""
+
+
 def _selected() -> list[str]:
     wanted = os.environ.get("EMBER_TEST_BACKENDS")
-    return [b.strip() for b in wanted.split(",")] if wanted else list(BACKENDS)
+    if wanted:
+        return [b.strip() for b in wanted.split(",")]
+    return [b for b in BACKENDS if b not in OPT_IN]
 
 
 @pytest.fixture(params=_selected())

@@ -23,10 +23,21 @@ def _cuda() -> ember.Device:
     return ember.device("torch", "cuda:0")
 
 
+def _cuda_fusion() -> ember.Device:
+    device = _cuda()
+    from ember.backends.fusion import triton_runtime
+
+    if not triton_runtime.available():
+        pytest.skip("triton is not installed: the nn tests' fusion cases on cuda need ember[gpu-jit]")
+    return device.fusion(runtime="triton")
+
+
 BASE = {
     "ndarray": lambda: ember.device("ndarray"),
     "torch": lambda: ember.device("torch"),
     "torch-cuda": _cuda,
+    # Triton kernels generated from the fused IR, on the GPU.
+    "fusion-torch-cuda": _cuda_fusion,
 }
 
 

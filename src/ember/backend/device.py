@@ -40,8 +40,15 @@ class Device:
     index: int = 0
 
     def wrap(self, decorator: Callable[[Backend], Backend]) -> Device:
-        """The same place, run through ``decorator(self.backend)``."""
-        return Device(decorator(self.backend), self.place, self.index)
+        """The same place, run through ``decorator(self.backend)``.
+
+        A decorator whose setup depends on the place (Fusion picks its GPU runtime on
+        ``cuda``) has a ``placed(place, index)`` method, called here; it may raise."""
+        backend = decorator(self.backend)
+        placed = getattr(backend, "placed", None)
+        if placed is not None:
+            placed(self.place, self.index)
+        return Device(backend, self.place, self.index)
 
     def inner(self) -> Device:
         """The device of the backend a decorator wraps; the device itself for a base backend."""

@@ -44,6 +44,15 @@ atomically. ``EMBER_FUSION_DEBUG=1`` logs what was ignored and each choice made.
 ``EMBER_FUSION_AUTOTUNE=0`` turns tuning off: blocks run fused at the runtime's own
 thread choice. Only runtimes with thread counts (``thread_count``) are tuned (the
 interpreter runtime is not).
+
+**Launch configurations.** A runtime with ``configs(block)`` (the Triton runtime) offers
+labelled launch configurations instead of thread counts: its candidates are each
+configuration (one "thread": a launch) and the unfused ops; a choice stores the label
+(``"config"`` in the file, checked against the runtime's ``LABELS``). Such a runtime
+also names its machine kind (``machine()``: the GPU), its size range to tune
+(``tune_min_elements``, ``tune_max_elements``), whether it tunes at all (``tunes``: not
+under Triton's interpreter) and a ``synchronize()`` the timings wait on (GPU launches
+return before the kernel ends).
 """
 
 from __future__ import annotations
@@ -92,17 +101,28 @@ MAX_FILE_BYTES = 1 << 20
 MAX_THREADS = 4096
 """The largest thread count a file may name (larger is absurd: ignored)."""
 _ENTRY_KEY = re.compile(r"[0-9a-f]{32}/(?:e\d{1,2}(?:r\d{1,2})?|w\d{1,2})/t(\d{1,4})")
+_LABEL = re.compile(r"[a-z0-9]{1,40}")
 
 
 @dataclass(frozen=True)
 class Choice:
-    """How a block runs: fused on ``threads`` threads, or ``unfused`` (``threads`` None)."""
+    """How a block runs: fused on ``threads`` threads (with the launch configuration
+    labelled ``config``, for runtimes that have them), or ``unfused`` (``threads`` None)."""
 
     run: str  # "fused" or "unfused"
     threads: int | None = None
+    config: str | None = None
+
+    @property
+    def setting(self) -> int | str | None:
+        """What the runtime's ``run`` takes as its launch setting: the configuration's label
+        where there is one, else the thread count."""
+        return self.config if self.config is not None else self.threads
 
     def __str__(self) -> str:
-        return f"fused@{self.threads}" if self.run == "fused" else "unfused"
+        if self.run != "fused":
+            return "unfused"
+        return f"fused@{self.config}" if self.config is not None else f"fused@{self.threads}"
 
 
 UNFUSED = Choice("unfused")
@@ -155,6 +175,8 @@ def tuner_for(runtime) -> Tuner | None:
         return None
     if not callable(getattr(runtime, "thread_count", None)):
         return None  # a runtime without thread counts (the interpreter) has nothing to tune
+    if not getattr(runtime, "tunes", True):
+        return None  # Triton's interpreter: its timings say nothing about a GPU
     with _tuners_lock:
         found = _tuners.get(runtime)
         if found is None:
@@ -178,9 +200,13 @@ class Tuner:
         self.runtime = runtime
         if folder is None:
             folder = getattr(runtime, "cache", None) or numba_runtime.cache_dir()
-        self.machine = machine()
+        own = getattr(runtime, "machine", None)
+        self.machine = own() if callable(own) else machine()
         self.path = Path(folder) / f"autotune-{self.machine}.json"
-        self.min_elements = numba_runtime.PARALLEL_MIN
+        self.min_elements = getattr(runtime, "tune_min_elements", numba_runtime.PARALLEL_MIN)
+        self.max_elements = getattr(runtime, "tune_max_elements", MAX_ELEMENTS)
+        self.labels = getattr(runtime, "LABELS", None)  # its launch configurations, if any
+        self.synchronize = getattr(runtime, "synchronize", None) or (lambda: None)
         self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
         # Kernels of a changed generator may run at other speeds: their choices start over.
         self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
@@ -194,7 +220,7 @@ class Tuner:
         tuned, or None when it is not tuned (too small or too large: the runtime's own
         thread choice)."""
         elements = math.prod(block.shape)
-        if not self.min_elements <= elements <= MAX_ELEMENTS:
+        if not self.min_elements <= elements <= self.max_elements:
             return None
         if _forced is not None:
             return _forced
@@ -243,23 +269,50 @@ class Tuner:
         the inner backend without storing anything. A candidate that fails (or a file that
         cannot be written) never fails the caller: the block then keeps running fused."""
         runtime = self.runtime
+        release = getattr(runtime, "release", None)
+        configs = getattr(runtime, "configs", None)
+        candidates = None
+        if configs is not None:
+            candidates = [Choice("fused", 1, c.label) for c in configs(block)]
 
-        def run_fused(threads: int) -> None:
-            for array in runtime.run(block, inputs, None, threads):
-                runtime.release(array)  # a candidate's outputs: nobody else holds them
+        def run_fused(choice: Choice) -> None:
+            for array in runtime.run(block, inputs, None, choice.setting):
+                if release is not None:
+                    release(array)  # a candidate's outputs: nobody else holds them
 
-        return self.tune_with(pending, run_fused, run_unfused, f"shape {list(block.shape)}")
+        return self._tune(pending, candidates, run_fused, run_unfused,
+                          f"shape {list(block.shape)}")  # fmt: skip
 
     def tune_with(self, pending: Pending, run_fused: Callable[[int], object],
                   run_unfused: Callable[[], object], what: str = "") -> Choice:  # fmt: skip
         """:meth:`tune` for any candidates: ``run_fused(threads)`` runs the compiled
         kernel, ``run_unfused()`` the inner backend's ops (neither stores anything)."""
+        return self._tune(pending, None, lambda c: run_fused(c.threads), run_unfused, what)
+
+    def tune_configs(self, pending: Pending, configs: list[str],
+                     run_fused: Callable[[str], object], run_unfused: Callable[[], object],
+                     what: str = "") -> Choice:  # fmt: skip
+        """:meth:`tune` for a kernel with launch configurations (labels ``configs``):
+        ``run_fused(label)`` runs it, ``run_unfused()`` the inner ops."""
+        candidates = [Choice("fused", 1, c) for c in configs]
+        return self._tune(pending, candidates, lambda c: run_fused(c.config), run_unfused, what)
+
+    def _tune(self, pending: Pending, candidates: list[Choice] | None,
+              run_fused: Callable[[Choice], object], run_unfused: Callable[[], object],
+              what: str) -> Choice:  # fmt: skip
+        """Times ``candidates`` (default: every thread count up to the limit) and the
+        unfused ops, keeps and saves the fastest."""
+        if candidates is None:
+            limit = pending.limit
+            counts = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit}
+                            | {limit})  # fmt: skip
+            candidates = [Choice("fused", t) for t in counts]
         started = time.perf_counter()
         try:
-            choice, times = self._time(pending.limit, run_fused, run_unfused)
+            choice, times = self._time(candidates, run_fused, run_unfused)
         except Exception as error:  # timing must never change what the user's step does
             self._log(f"tuning failed ({type(error).__name__}: {error}); running fused")
-            self._choices[pending.key] = Choice("fused", pending.limit)
+            self._choices[pending.key] = candidates[-1 if candidates[0].config is None else 0]
             return self._choices[pending.key]
         counters.add("tunings")
         self._choices[pending.key] = choice
@@ -270,17 +323,18 @@ class Tuner:
         self._save(pending.entry, choice)
         return choice
 
-    def _time(self, limit: int, run_fused: Callable[[int], object],
+    def _time(self, fused: list[Choice], run_fused: Callable[[Choice], object],
               run_unfused: Callable[[], object]) -> tuple[Choice, dict[Choice, float]]:  # fmt: skip
-        counts = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
-        fused = [Choice("fused", t) for t in counts]
+        sync = self.synchronize
 
         def once(choice: Choice) -> float:
+            sync()
             began = time.perf_counter()
             if choice.run == "unfused":
                 run_unfused()
             else:
-                run_fused(choice.threads)
+                run_fused(choice)
+            sync()  # a GPU launch returns before its kernel ends
             return time.perf_counter() - began
 
         # The fused candidates are timed first, warm-up and rounds, and the unfused one
@@ -353,7 +407,7 @@ class Tuner:
         valid: dict[str, Choice] = {}
         skipped = 0
         for entry, value in list(entries.items())[-MAX_ENTRIES:]:
-            choice = _parse_entry(entry, value)
+            choice = _parse_entry(entry, value, self.labels)
             if choice is None:
                 skipped += 1
             else:
@@ -400,12 +454,25 @@ def _score(choice: Choice, samples: list[float]) -> float:
 
 
 def _entry_value(choice: Choice) -> dict:
-    return {"run": choice.run, "threads": choice.threads}
+    value = {"run": choice.run, "threads": choice.threads}
+    if choice.config is not None:
+        value["config"] = choice.config
+    return value
 
 
-def _parse_entry(entry: object, value: object) -> Choice | None:
-    """The choice an entry of the file names, or None when anything about it is off."""
-    if type(entry) is not str or type(value) is not dict or set(value) != {"run", "threads"}:
+def _parse_entry(entry: object, value: object, labels: frozenset[str] | None = None
+                 ) -> Choice | None:  # fmt: skip
+    """The choice an entry of the file names, or None when anything about it is off
+    (``labels``: the launch configurations the runtime has, None when it has none)."""
+    if type(entry) is not str or type(value) is not dict:
+        return None
+    config = None
+    if labels is not None and value.get("run") == "fused":
+        config = value.get("config")
+        if type(config) is not str or not _LABEL.fullmatch(config) or config not in labels:
+            return None
+        value = {k: v for k, v in value.items() if k != "config"}
+    if set(value) != {"run", "threads"}:
         return None
     key = _ENTRY_KEY.fullmatch(entry)
     if key is None:
@@ -416,7 +483,7 @@ def _parse_entry(entry: object, value: object) -> Choice | None:
     limit = int(key[1])
     if run != "fused" or type(threads) is not int or not 1 <= threads <= min(limit, MAX_THREADS):
         return None
-    return Choice("fused", threads)
+    return Choice("fused", threads, config)
 
 
 def _read_bounded(path: Path) -> bytes:

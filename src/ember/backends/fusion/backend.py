@@ -23,12 +23,13 @@ Activation composites (gelu, softmax, ...) decompose into primitives here, so th
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.device import Device
-from ember.backend.errors import EmberError
+from ember.backend.errors import BackendUnavailableError, EmberError
 from ember.backend.ops import OpDef
 from ember.backend.rules import AVal
 from ember.backends.fusion import counters
@@ -55,7 +56,10 @@ class Fusion(Decorator):
     Args:
         inner: the backend that runs what no fused kernel computes (NdArray, Torch).
         runtime: what runs fused blocks: ``"numba"`` (compiled kernels, the default; needs
-            ``ember[jit]``) or ``"interpreter"``; ``None`` reads ``EMBER_FUSION_RUNTIME``.
+            ``ember[jit]``), ``"interpreter"``, or ``"triton"`` (GPU kernels for Torch CUDA
+            values; needs ``ember[gpu-jit]``); ``None`` reads ``EMBER_FUSION_RUNTIME``. On a
+            Torch ``cuda`` device, Triton runs the blocks unless another runtime is named
+            (see :meth:`placed`).
 
     Example:
         >>> import ember
@@ -71,7 +75,48 @@ class Fusion(Decorator):
     def __init__(self, inner: Backend, runtime: str | None = None) -> None:
         super().__init__(inner)
         self.lazy = enabled()
-        self.executor = Executor(inner, runtime_named(runtime))
+        self.requested = runtime or os.environ.get("EMBER_FUSION_RUNTIME") or None
+        self._cpu_error: BackendUnavailableError | None = None
+        try:
+            cpu = runtime_named(runtime)
+        except BackendUnavailableError as error:
+            if self.requested is not None or inner.name != "torch":
+                raise
+            # The default runtime of CPU values (numba) is missing: a Torch CUDA device
+            # needs only Triton; a CPU device says so when it is placed.
+            self._cpu_error = error
+            cpu = runtime_named("interpreter")
+        self.executor = Executor(inner, cpu)
+
+    def placed(self, place: str, index: int) -> None:
+        """Picks the runtime of a Torch CUDA device's blocks (``Device.wrap`` calls it):
+        Triton, asked for or by default. Asked for (``runtime="triton"``) where it cannot
+        run CUDA kernels, it raises; by default it warns once, saying why, and the CUDA
+        device's ops run unfused.
+
+        Raises:
+            BackendUnavailableError: ``runtime="triton"`` without triton (``ember[gpu-jit]``),
+                without a GPU, or under Triton's interpreter (which runs CPU tensors only);
+                or, on the CPU, the default runtime (numba: ``ember[jit]``) is missing.
+        """
+        if place != "cuda" and self._cpu_error is not None:
+            raise self._cpu_error
+        if place != "cuda" or self.inner.name != "torch" or self.executor.gpu_runtime is not None:
+            return
+        if self.requested not in (None, "triton"):
+            return  # numba or the interpreter, asked for: CPU values only, as they say
+        from ember.backends.fusion import triton_runtime
+
+        reason = triton_runtime.unavailable_reason()
+        if reason is None and triton_runtime.interpreting():
+            reason = ("fusion: Triton's interpreter is on (TRITON_INTERPRET=1): its kernels run "
+                      "on CPU tensors only, not on cuda")  # fmt: skip
+        if reason is not None:
+            if self.requested == "triton":
+                raise BackendUnavailableError(reason)
+            _warn_once(f"{reason}; the ops of torch:cuda run unfused")
+            return
+        self.executor.use_gpu(runtime_named("triton"))
 
     @classmethod
     def forward_composite(cls, op: OpDef) -> bool:
@@ -205,6 +250,15 @@ class Fusion(Decorator):
 
 
 _layouts: dict[str, tuple[int, bool, bool, bool]] = {}
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool]:

@@ -5,6 +5,7 @@ This is what runs every record no fuser takes, and the whole stream when fusion 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -22,7 +23,13 @@ from ember.backend.errors import (
 )
 from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
+from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.handle import Slot
+from ember.backends.fusion.matmul_epilogue import (
+    MatmulEpilogue,
+    MatmulEpilogueFuser,
+    MatmulTemplate,
+)
 from ember.backends.fusion.stream import Record
 
 
@@ -82,7 +89,7 @@ def set_output(inner: Backend, slot: Slot, prim, what: str) -> None:
     slot.prim = prim
 
 
-RUNTIMES = ("numba", "interpreter")
+RUNTIMES = ("numba", "interpreter", "triton")
 _shared: dict[str, object] = {}
 
 
@@ -90,17 +97,25 @@ def runtime_named(name: str | None = None):
     """The runtime fused blocks run on, shared by every fusion device of the process (so
     kernels compile once): ``"numba"`` (compiled kernels, the default) or
     ``"interpreter"`` (NdArray's kernels one instruction at a time: for tests and for
-    machines without numba). ``None`` reads ``EMBER_FUSION_RUNTIME``, else ``"numba"``.
+    machines without numba), or ``"triton"`` (GPU kernels on torch CUDA tensors; on CPU
+    tensors under ``TRITON_INTERPRET=1``). ``None`` reads ``EMBER_FUSION_RUNTIME``, else
+    ``"numba"``.
 
     Raises:
-        BackendUnavailableError: numba is wanted and not installed (``pip install 'ember[jit]'``).
+        BackendUnavailableError: numba is wanted and not installed (``pip install 'ember[jit]'``),
+            or triton is wanted and not installed (``ember[gpu-jit]``) or has no GPU to run on.
         ArgumentError: an unknown name.
     """
     name = name or os.environ.get("EMBER_FUSION_RUNTIME") or "numba"
     if name not in RUNTIMES:
         raise ArgumentError(f"fusion: unknown runtime {name!r}; expected one of {RUNTIMES} "
                             "(argument runtime= or EMBER_FUSION_RUNTIME)")  # fmt: skip
-    found = _shared.get(name)
+    key = name
+    if name == "triton":  # one runtime for CUDA, another for Triton's interpreter (CPU)
+        from ember.backends.fusion import triton_runtime
+
+        key = f"triton:{'interpreter' if triton_runtime.interpreting() else 'cuda'}"
+    found = _shared.get(key)
     if found is None:
         if name == "numba":
             from ember.backends.fusion import numba_runtime
@@ -110,29 +125,47 @@ def runtime_named(name: str | None = None):
                     "fusion: compiled kernels need numba; install the extra with "
                     "pip install 'ember[jit]', or pass runtime='interpreter'")  # fmt: skip
             found = numba_runtime.NumbaRuntime()
+        elif name == "triton":
+            found = triton_runtime.TritonRuntime()  # raises, saying why, where it cannot run
         else:
             from ember.backends.fusion.interpreter import InterpreterRuntime
 
             found = InterpreterRuntime()
-        _shared[name] = found
+        _shared[key] = found
     return found
+
+
+def takes_torch(runtime) -> bool:
+    """Whether ``runtime`` computes on torch tensors as they are (the Triton runtime) rather
+    than on NumPy arrays."""
+    return getattr(runtime, "tensors", "numpy") == "torch"
 
 
 class Executor:
     """Runs a stream: its fused blocks on ``runtime``, the other records on ``inner``.
 
-    Blocks run only where the inner backend's values can be handed to a runtime as NumPy
-    arrays without a copy (NdArray; Torch on the CPU); elsewhere every record runs unfused.
+    Blocks run only where the inner backend's values can reach a runtime without a copy:
+    CPU values as NumPy arrays (NdArray; Torch on the CPU) for the numba and interpreter
+    runtimes, torch tensors as they are for the Triton runtime (CUDA tensors; CPU ones
+    under Triton's interpreter); elsewhere every record runs unfused. ``gpu_runtime`` is
+    the runtime of CUDA values beside a CPU ``runtime`` (:meth:`use_gpu`).
     """
 
-    def __init__(self, inner: Backend, runtime=None) -> None:
+    def __init__(self, inner: Backend, runtime=None, gpu_runtime=None) -> None:
         from ember.backends.fusion.elementwise import ElementwiseFuser
-        from ember.backends.fusion.explorer import Explorer
 
         self.inner = inner
         self.runtime = runtime if runtime is not None else runtime_named()
         fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
-        self.arrays = numpy_bridge(inner)
+        if takes_torch(self.runtime):
+            on_cpu = inner.name == "torch" and self.runtime.place == "cpu"
+            self.arrays = (_same, _same) if on_cpu else None
+            if self.runtime.place == "cuda" and gpu_runtime is None:
+                gpu_runtime = self.runtime
+        else:
+            self.arrays = numpy_bridge(inner)
+        self.gpu_runtime = None
+        self.gpu_tuner = None
         # How each large block runs (fused at a thread count, or unfused), timed on first use.
         self.tuner = autotune.tuner_for(self.runtime) if self.arrays is not None else None
         # Compiled candidates for single ops (convolution, pooling), chosen by the tuner.
@@ -144,18 +177,47 @@ class Executor:
             self.op_kernels = NDARRAY_KERNELS
             # A convolution's activation and residual add, inside its kernel's store.
             fusers.append(ConvEpilogueFuser(self.can_fuse))
+        if takes_torch(self.runtime) or gpu_runtime is not None:
+            # A matmul's bias, activation and residual add, inside a Triton matmul's store.
+            fusers.append(MatmulEpilogueFuser(self.can_fuse_triton))
         self.explorer = Explorer(fusers)
+        if gpu_runtime is not None:
+            self.use_gpu(gpu_runtime)
         self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
         # The fusers hold the records they are offered: one thread plans at a time.
         self._planning = threading.Lock()
         release = getattr(self.runtime, "release_later", None)  # from slot finalizers
         self.recycler = Recycler(release) if release and self.arrays is not None else None
 
+    def use_gpu(self, runtime) -> None:
+        """Runs the blocks of CUDA values on ``runtime`` (a Triton runtime on CUDA)."""
+        if self.inner.name != "torch":
+            return
+        self.gpu_runtime = runtime
+        self.gpu_tuner = autotune.tuner_for(runtime)
+        if not any(f.name == MatmulEpilogueFuser.name for f in self.explorer.fusers):
+            # A new explorer: the fusers' names are part of every plan key it makes.
+            fusers = [*self.explorer.fusers, MatmulEpilogueFuser(self.can_fuse_triton)]
+            self.explorer = Explorer(fusers)
+
     def can_fuse(self, slot: Slot) -> bool:
-        return self.arrays is not None and slot.device.place == "cpu"
+        place = slot.device.place
+        if place == "cpu":
+            return self.arrays is not None
+        return place == "cuda" and self.gpu_runtime is not None
+
+    def can_fuse_triton(self, slot: Slot) -> bool:
+        """Whether a slot's values reach a Triton runtime (the matmul epilogue's kernel)."""
+        return self.can_fuse(slot) and takes_torch(self._route(slot.device.place)[0])
+
+    def _route(self, place: str) -> tuple:
+        """``(runtime, (to_array, from_array), tuner, recycler)`` for values on ``place``."""
+        if place == "cuda":
+            return self.gpu_runtime, (_same, _same), self.gpu_tuner, None
+        return self.runtime, self.arrays, self.tuner, self.recycler
 
     def __call__(self, records: list[Record]) -> None:
-        if self.arrays is None:
+        if self.arrays is None and self.gpu_runtime is None:
             counters.add("unfused_ops", len(records))
             for record in records:
                 run_record(self.inner, record)
@@ -166,6 +228,8 @@ class Executor:
                 self._single(records[start])
             elif type(fused) is ConvEpilogue:
                 self._conv_epilogue(fused, records[start : start + length])
+            elif type(fused) is MatmulEpilogue:
+                self._matmul_epilogue(fused, records[start : start + length])
             else:
                 self._launch(fused, records[start : start + length], records, start + length)
 
@@ -201,6 +265,50 @@ class Executor:
                 return
         for record in records:
             self._single(record)
+
+    def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:
+        """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where
+        the tuner chose it over the records one by one (the first run of a bucket is the
+        kernel, then both are timed), or where there is no tuner (Triton's interpreter);
+        otherwise, or for a case the kernel refuses, record by record."""
+        place = fused.matmul.outputs[0].device.place
+        slots = (*fused.matmul.inputs, *fused.inputs)
+        if any(s.device.place != place for s in slots) or not self.can_fuse_triton(slots[0]):
+            self._unfused(records)
+            return
+        runtime, _, tuner, _ = self._route(place)
+        a, b = inner_args(fused.matmul)[:2]
+        others = [s.prim for i, s in enumerate(fused.inputs) if i != fused.value]
+        m, n = fused.block.shape[-2], fused.block.shape[-1]
+        work = (math.prod(fused.block.shape[:-2]) * m * n * a.shape[-1]) or 1
+        how = None
+        if tuner is not None:
+            how = tuner.lookup_op(("matmul_epilogue", fused.keep_value, fused.value,
+                                   fused.block.key()), work)  # fmt: skip
+            if how is None or how == autotune.UNFUSED:
+                self._unfused(records)
+                return
+
+        def run(config=None) -> list:
+            return runtime.run_matmul(fused.block, fused.value, a, b, others, fused.keep_value,
+                                      config)  # fmt: skip
+
+        try:
+            results = run(how.setting if type(how) is autotune.Choice else None)
+        except UnsupportedError:
+            self._unfused(records)
+            return
+        slots = list(fused.outputs)
+        if fused.keep_value:
+            slots.append(fused.matmul.outputs[0])
+        for slot, prim in zip(slots, results, strict=True):
+            set_output(self.inner, slot, prim, "a matmul with its epilogue")
+        counters.add("kernels")
+        counters.add("fused_ops", len(records))
+        if type(how) is autotune.Pending:
+            labels = [c.label for c in runtime.configs_of("matmul")]
+            tuner.tune_configs(how, labels, run, lambda: run_detached(self.inner, records),
+                               f"matmul {list(fused.block.shape)}")  # fmt: skip
 
     def _blocks(self, records: list[Record]) -> list:
         """``(start, length, fused block or None)`` of each segment of the stream's plan.
@@ -281,7 +389,7 @@ class Executor:
             self.explorer.remember(key, tuple(templates))
             # Only element-wise templates have a disk form: a stream with a convolution
             # epilogue is planned anew once per process (about a millisecond).
-            if not any(type(t) is EpilogueTemplate for _, _, t in templates):
+            if not any(type(t) in (EpilogueTemplate, MatmulTemplate) for _, _, t in templates):
                 plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
@@ -292,24 +400,32 @@ class Executor:
         n_records = len(records)
         if not block.outputs:
             return  # nobody can read what it computes
-        how = self.tuner.lookup(block) if self.tuner is not None else None
+        place = fused.outputs[0].device.place
+        # Values on two devices (the inner op says what is wrong), or a template planned
+        # for another device's stream (plan keys do not hold places) where no runtime is.
+        if any(s.device.place != place for s in fused.inputs) or not self.can_fuse(
+            fused.outputs[0]
+        ):
+            self._unfused(records)
+            return
+        runtime, (to_numpy, from_numpy), tuner, recycler = self._route(place)
+        how = tuner.lookup(block) if tuner is not None else None
         if how == autotune.UNFUSED:  # its ops ran faster one by one when timed
             if self.debug:
                 print(f"[ember.fusion] block of {n_records} ops shape {list(block.shape)} "
                       "runs unfused (autotune)", file=sys.stderr)  # fmt: skip
             self._unfused(records)
             return
-        to_numpy, from_numpy = self.arrays
         out, consumed = None, []
-        if self.recycler is not None and type(how) is not autotune.Pending:
+        if recycler is not None and type(how) is not autotune.Pending:
             out, consumed = self._in_place(fused, stream, end)
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
         try:
             if type(how) is autotune.Choice:
-                results = self.runtime.run(block, arrays, out, how.threads)
-            else:  # untuned, or not tuned yet: the runtime's own thread choice
-                results = self.runtime.run(block, arrays, out)
+                results = runtime.run(block, arrays, out, how.setting)
+            else:  # untuned, or not tuned yet: the runtime's own choice
+                results = runtime.run(block, arrays, out)
         except UnsupportedError:  # a dtype or op the runtime does not compile: run unfused
             self._unfused(records)
             return
@@ -318,12 +434,12 @@ class Executor:
         counters.add("fused_ops", n_records)
         counters.add("kernels")
         for slot, array in zip(fused.outputs, results, strict=True):
-            if array.shape != slot.shape:
+            if tuple(array.shape) != slot.shape:
                 array = array.reshape(slot.shape)
             prim = from_numpy(array)
             set_output(self.inner, slot, prim, "a fused block")
-            if prim is array and self.recycler is not None:
-                slot.recycle = self.recycler
+            if prim is array and recycler is not None:
+                slot.recycle = recycler
         if self.debug:
             ops = " ".join(i.op for i in block.body)
             print(f"[ember.fusion] block of {n_records} ops ({ops}) shape {list(block.shape)} "
@@ -332,7 +448,7 @@ class Executor:
         if type(how) is autotune.Pending:
             # After the kept run (which compiled the kernel): the candidates write into
             # buffers of their own, so the outputs stored above stay as they are.
-            self.tuner.tune(how, block, arrays, lambda: run_detached(self.inner, records))
+            tuner.tune(how, block, arrays, lambda: run_detached(self.inner, records))
 
     def _in_place(self, fused, stream: list[Record], end: int) -> tuple[list | None, list]:
         """``(out, consumed)``: for an element-wise float block, output arrays (None where
