@@ -243,3 +243,27 @@ def test_gru_bad_shapes_and_dtypes_raise_typed_errors():
         gru_sequence(x, h0, w_ih, Tensor.zeros([1, 5, 20]), b, b)
     with pytest.raises(DTypeError, match="gru_sequence: operands have different dtypes"):
         gru_sequence(x, h0.cast(ember.DType.F64), w_ih, w_hh, b, b)
+
+
+@pytest.mark.parametrize("layer", ["lstm", "bilstm", "gru"])
+def test_layers_give_the_cell_scans_results(monkeypatch, layer):
+    """Lstm / BiLstm / Gru on the sequence ops and on the per-step cell scan they replaced
+    (kept as the benchmarks' baseline): same outputs, states and parameter gradients."""
+    from ember.nn import rnn
+
+    device = ember.device("ndarray").autodiff()
+    configs = {"lstm": rnn.LstmConfig, "bilstm": rnn.BiLstmConfig, "gru": rnn.GruConfig}
+    model = configs[layer](3, 4).init(device)
+    x = Tensor.from_data(np.random.default_rng(3).standard_normal((2, 5, 3), np.float32), device)
+
+    def run(sequence_ops: bool) -> list[np.ndarray]:
+        monkeypatch.setattr(rnn, "_SEQUENCE_OPS", sequence_ops)
+        outputs, state = model(x)
+        state = list(state) if layer != "gru" else [state]
+        loss = (outputs * outputs).sum() + sum((s * s).sum() for s in state)
+        grads = loss.backward()
+        params = [p.val().grad(grads).to_numpy() for _, p in model.params()]
+        return [outputs.to_numpy(), *(s.to_numpy() for s in state), *params]
+
+    for scanned, fused in zip(run(False), run(True), strict=True):
+        np.testing.assert_allclose(fused, scanned, rtol=1e-5, atol=1e-6)

@@ -772,6 +772,8 @@ def _install_torch_kernels() -> None:
         batch = x.shape[1]
         dirs, _, d = h0.shape
         params = flat_weights(w_ih, w_hh, bias, torch.zeros_like(bias))
+        # oneDNN reads its operands' memory as dense: a batch-first input arrives transposed.
+        x, h0, c0 = x.contiguous(), h0.contiguous(), c0.contiguous()
         if use_onednn(x, save):
             # Grad mode on (nothing here requires a gradient, so torch records nothing): the
             # layer returns no workspace for its backward kernel without it.
@@ -794,6 +796,7 @@ def _install_torch_kernels() -> None:
         steps, batch, _ = x.shape
         dirs, _, d = h0.shape
         kept = _kept(out)
+        x, h0, c0 = x.contiguous(), h0.contiguous(), c0.contiguous()
         with torch.no_grad():
             if kept is not None:
                 params, layers = kept
@@ -846,6 +849,7 @@ def _install_torch_kernels() -> None:
     @_GRU_SEQUENCE.kernel(Torch)
     def _gru_sequence_torch(B, x, h0, w_ih, w_hh, b_ih, b_hh, save):
         params = flat_weights(w_ih, w_hh, b_ih, b_hh)
+        x, h0 = x.contiguous(), h0.contiguous()
         with torch.no_grad():  # cuDNN on CUDA, aten's loop on the CPU
             return torch._VF.gru(x, h0, params, True, 1, 0.0, False, h0.shape[0] == 2, False)[0]
 
