@@ -14,6 +14,7 @@ from nn_helpers import assert_close, from_torch
 import ember
 from ember import Tensor
 from ember.backend.errors import DTypeError, ShapeError
+from ember.nn import rnn_sequence
 from ember.nn.rnn_sequence import (
     _GRU_SEQUENCE,
     _GRU_SEQUENCE_BACKWARD,
@@ -154,9 +155,17 @@ def test_gradients_match_float64_finite_differences(backend, kind):
 @pytest.mark.parametrize("case", ["one-direction", "bidirectional"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("save", [True, False], ids=["kept", "recomputed"])
-def test_kernels_match_the_references(base_device, kind, case, save):
+@pytest.mark.parametrize("numba", [True, False], ids=["numba", "numpy"])
+def test_kernels_match_the_references(monkeypatch, base_device, kind, case, save, numba):
     """Both ops' NdArray / Torch kernels against the definitions from primitives, the backward
-    kernel with what its forward pass kept (save) and with the activations recomputed."""
+    kernel with what its forward pass kept (save) and with the activations recomputed;
+    NdArray's LSTM with its numba step kernels and without (numba is an optional extra)."""
+    if not numba:
+        if base_device.backend.name != "ndarray" or kind != "lstm":
+            pytest.skip("only NdArray's LSTM has numba kernels")
+        monkeypatch.setattr(rnn_sequence, "_numba_steps", lambda: None)
+    elif base_device.backend.name == "ndarray" and kind == "lstm":
+        pytest.importorskip("numba")
     op, op_backward = (_LSTM_SEQUENCE, _LSTM_SEQUENCE_BACKWARD) if kind == "lstm" else (
         _GRU_SEQUENCE, _GRU_SEQUENCE_BACKWARD)  # fmt: skip
     B = base_device.backend

@@ -44,6 +44,7 @@ wanted, aten's oneDNN layer and its backward kernel), and a backward rule that c
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -483,11 +484,74 @@ def _flat_views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndar
     return views
 
 
-def _lstm_forward_np(x, h0, c0, wi, wh, b):
-    """The LSTM loop on NumPy arrays, weights in the kernel's column order (halved).
+@functools.cache
+def _numba_steps() -> tuple[Any, Any] | None:
+    """numba kernels of one LSTM step's element-wise work, forward (float32) and backward
+    (any float), or None without numba (an optional extra).
+
+    NumPy's tanh runs one element at a time here (no vector math on this build), and a
+    step's dozen separate passes over small arrays cost more than its matrix product; one
+    loop per step with the fusion runtime's vectorizable float32 approximations (within
+    2.5 ulp, see ``ember.backends.fusion.numba_math``) does all of it at once.
+    """
+    try:
+        import numba
+
+        from ember.backends.fusion.numba_math import fast_sigmoid_f32, fast_tanh_f32
+    except ImportError:
+        return None
+
+    # Rows of one step ([dirs * B, ...]) and a 1-D inner loop over each gate block's
+    # columns: that shape vectorizes; indexing the 3-D arrays directly did not.
+    @numba.njit(nogil=True, cache=True, fastmath={"contract"}, error_model="numpy")
+    def forward_step(a, c_prev, c_new, h_new, tc_new):  # pragma: no cover - compiled
+        """Gates ``a [rows, 4H]`` ([o | i | f | g] pre-activations) -> activations in
+        place, and the new cell, hidden and tanh(cell) ``[rows, H]``."""
+        rows, d = c_new.shape
+        for r in range(rows):
+            row, cp, cn, hn, tn = a[r], c_prev[r], c_new[r], h_new[r], tc_new[r]
+            ao, ai, af, ag = row[:d], row[d : 2 * d], row[2 * d : 3 * d], row[3 * d :]
+            for j in range(d):
+                o = fast_sigmoid_f32(ao[j])
+                i = fast_sigmoid_f32(ai[j])
+                f = fast_sigmoid_f32(af[j])
+                g = fast_tanh_f32(ag[j])
+                ao[j], ai[j], af[j], ag[j] = o, i, f, g
+                c = f * cp[j] + i * g
+                t = fast_tanh_f32(c)
+                cn[j], tn[j], hn[j] = c, t, o * t
+
+    @numba.njit(nogil=True, cache=True, fastmath={"contract"}, error_model="numpy")
+    def backward_step(a, c_prev, tc, grad_h, dh, dc_next, dg, one):  # pragma: no cover
+        """One step back: ``dh`` (from the later step) plus ``grad_h`` -> the step's gate
+        gradients ``dg [rows, 4H]``; ``dc_next`` becomes the previous cell's gradient.
+        ``one`` is 1 in the arrays' dtype (a float64 literal would widen float32 math)."""
+        rows, d = dh.shape
+        for r in range(rows):
+            row, out = a[r], dg[r]
+            ao, ai, af, ag = row[:d], row[d : 2 * d], row[2 * d : 3 * d], row[3 * d :]
+            do, di, df, dgg = out[:d], out[d : 2 * d], out[2 * d : 3 * d], out[3 * d :]
+            cp, t_r, gh, dh_r, dc_r = c_prev[r], tc[r], grad_h[r], dh[r], dc_next[r]
+            for j in range(d):
+                o, i, f, g, t = ao[j], ai[j], af[j], ag[j], t_r[j]
+                dhv = dh_r[j] + gh[j]
+                dc = dc_r[j] + dhv * o * (one - t * t)
+                do[j] = dhv * t * o * (one - o)
+                di[j] = dc * g * i * (one - i)
+                df[j] = dc * cp[j] * f * (one - f)
+                dgg[j] = dc * i * (one - g * g)
+                dc_r[j] = dc * f
+
+    return forward_step, backward_step
+
+
+def _lstm_forward_np(x, h0, c0, wi, wh, b, step):
+    """The LSTM loop on NumPy arrays, weights in the kernel's column order, the sigmoid
+    gates' halved unless a numba ``step`` does the element-wise work.
 
     Returns the activations ``[T, dirs, B, 4H]`` (``[o | i | f | g]``), the hidden and
-    the cell states ``[T, dirs, B, H]``, all in reading order.
+    the cell states ``[T, dirs, B, H]`` and, with ``step``, tanh of the cell states, all
+    in reading order.
     """
     acts = _project_np(x, wi, b)
     steps, dirs, batch, width = acts.shape
@@ -495,8 +559,18 @@ def _lstm_forward_np(x, h0, c0, wi, wh, b):
     hs = np.empty((steps, dirs, batch, d), x.dtype)
     cs = np.empty_like(hs)
     hidden_part = np.empty((dirs, batch, width), x.dtype)
+    h, c = h0, np.ascontiguousarray(c0)
+    if step is not None:
+        tcs = np.empty_like(hs)
+        for s in range(steps):
+            np.matmul(h, wh, out=hidden_part)
+            acts[s] += hidden_part
+            rows = (dirs * batch, -1)
+            step(acts[s].reshape(rows), c.reshape(rows), cs[s].reshape(rows), hs[s].reshape(rows),
+                 tcs[s].reshape(rows))  # fmt: skip
+            h, c = hs[s], cs[s]
+        return acts, hs, cs, tcs
     scratch = np.empty((dirs, batch, d), x.dtype)
-    h, c = h0, c0
     for s in range(steps):
         a = acts[s]
         np.matmul(h, wh, out=hidden_part)
@@ -513,7 +587,7 @@ def _lstm_forward_np(x, h0, c0, wi, wh, b):
         np.tanh(c_new, out=h_new)
         h_new *= o
         h, c = h_new, c_new
-    return acts, hs, cs
+    return acts, hs, cs, None
 
 
 @_LSTM_SEQUENCE.kernel(NdArray)
@@ -523,13 +597,16 @@ def _lstm_sequence_ndarray(B, x, h0, c0, w_ih, w_hh, bias, save):
     steps, batch, _ = x.shape
     dirs, _, d = h0.shape
     perm = _lstm_perm(d)
-    weights = (_halved(w, perm, 3 * d) for w in (w_ih, w_hh, bias))
-    acts, hs, cs = _lstm_forward_np(x, h0, c0, *weights)
+    kernels = _numba_steps() if x.dtype == np.float32 else None
+    step = None if kernels is None else kernels[0]
+    sigmoid_cols = 3 * d if step is None else 0  # the numba step takes σ itself
+    weights = (_halved(w, perm, sigmoid_cols) for w in (w_ih, w_hh, bias))
+    acts, hs, cs, tcs = _lstm_forward_np(x, h0, c0, *weights, step)
     out = np.empty((steps + 1, batch, dirs * d), x.dtype)
     _to_output(out[:steps], hs)
     out[steps] = cs[-1].transpose(1, 0, 2).reshape(batch, dirs * d)
     if save:
-        _keep(out, (acts, hs, cs))
+        _keep(out, (acts, hs, cs, tcs))
     return out
 
 
@@ -542,7 +619,7 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
     perm = _lstm_perm(d)
     kept = _kept(out)
     if kept is not None:
-        acts, hs, cs = kept
+        acts, hs, cs, tcs = kept
     else:  # the forward pass ran elsewhere: its activations again, from the hidden states
         hs = _hidden_reading_order(out[:steps], dirs, d)
         acts = _project_np(x, _halved(w_ih, perm, 3 * d), _halved(bias, perm, 3 * d))
@@ -553,39 +630,29 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
         cs = np.empty_like(hs)
         c = c0
         for s in range(steps):
-            o, i, f, g = (acts[s, ..., k * d : (k + 1) * d] for k in range(4))
+            _, i, f, g = (acts[s, ..., k * d : (k + 1) * d] for k in range(4))
             np.multiply(f, c, out=cs[s])
             cs[s] += i * g
             c = cs[s]
-    o, i, f, g = (acts[..., k * d : (k + 1) * d] for k in range(4))
-    # Everything that does not depend on the gradient, for all steps at once: per step the
-    # loop is then a few multiplications and one product with W_hh.
-    tc = np.tanh(cs)
-    coef = np.empty((steps, dirs, batch, 4, d), x.dtype)  # d gates = [dh | dc dc dc] * coef
-    np.multiply(tc, o * (1 - o), out=coef[..., 0, :])
-    np.multiply(g, i * (1 - i), out=coef[..., 1, :])
-    np.multiply(_previous(cs, c0), f * (1 - f), out=coef[..., 2, :])
-    np.multiply(i, 1 - g * g, out=coef[..., 3, :])
-    through_tanh = np.multiply(tc, tc, out=tc)  # dc += dh * o * (1 - tanh²(c))
-    np.subtract(1.0, through_tanh, out=through_tanh)
-    through_tanh *= o
+        tcs = None
     grad_h = _hidden_reading_order(grad[:steps], dirs, d)
     w_t = np.ascontiguousarray(w_hh[..., perm].transpose(0, 2, 1))  # [dirs, 4H, H]
     dgates = np.empty((steps, dirs, batch, 4 * d), x.dtype)
     dh = np.zeros((dirs, batch, d), x.dtype)
-    dc = np.empty_like(dh)
     dc_next = grad[steps].reshape(batch, dirs, d).transpose(1, 0, 2).copy()  # written below
-    for s in range(steps - 1, -1, -1):
-        dh += grad_h[s]
-        np.multiply(dh, through_tanh[s], out=dc)
-        dc += dc_next
-        dg = dgates[s].reshape(dirs, batch, 4, d)
-        np.multiply(dh, coef[s, ..., 0, :], out=dg[..., 0, :])
-        np.multiply(dc[..., None, :], coef[s, ..., 1:, :], out=dg[..., 1:, :])
-        np.multiply(dc, f[s], out=dc_next)
-        np.matmul(dgates[s], w_t, out=dh)
-    flat = np.empty(steps * batch * d_in + 2 * dirs * batch * d + dirs * (d_in + d + 1) * 4 * d,
-                    x.dtype)  # fmt: skip
+    kernels = _numba_steps()
+    if kernels is not None:
+        tcs = np.tanh(cs) if tcs is None else tcs
+        cprev, one = _previous(cs, c0), x.dtype.type(1.0)
+        for s in range(steps - 1, -1, -1):
+            args = (acts[s], cprev[s], tcs[s], grad_h[s], dh, dc_next, dgates[s])
+            kernels[1](*(a.reshape(dirs * batch, -1) for a in args), one)
+            np.matmul(dgates[s], w_t, out=dh)
+    else:
+        _lstm_backward_loop(acts, cs, c0, grad_h, w_t, dh, dc_next, dgates)
+    flat = np.empty(
+        steps * batch * d_in + 2 * dirs * batch * d + dirs * (d_in + d + 1) * 4 * d, x.dtype
+    )
     shapes = [x.shape, h0.shape, h0.shape, w_ih.shape, w_hh.shape, bias.shape]
     dx, dh0, dc0, dw_ih, dw_hh, db = _flat_views(flat, shapes)
     dh0[...] = dh
@@ -598,6 +665,34 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
     for dst, src in zip((dw_ih, dw_hh, db), kernel_order, strict=True):
         dst[..., perm] = src
     return flat
+
+
+def _lstm_backward_loop(acts, cs, c0, grad_h, w_t, dh, dc_next, dgates) -> None:
+    """The LSTM's backward time loop in NumPy (without numba): ``dgates`` of every step."""
+    steps, dirs, batch, width = acts.shape
+    d = width // 4
+    o, i, f, g = (acts[..., k * d : (k + 1) * d] for k in range(4))
+    # Everything that does not depend on the gradient, for all steps at once: per step the
+    # loop is then a few multiplications and one product with W_hh.
+    tc = np.tanh(cs)
+    coef = np.empty((steps, dirs, batch, 4, d), acts.dtype)  # d gates = [dh | dc dc dc] * coef
+    np.multiply(tc, o * (1 - o), out=coef[..., 0, :])
+    np.multiply(g, i * (1 - i), out=coef[..., 1, :])
+    np.multiply(_previous(cs, c0), f * (1 - f), out=coef[..., 2, :])
+    np.multiply(i, 1 - g * g, out=coef[..., 3, :])
+    through_tanh = np.multiply(tc, tc, out=tc)  # dc += dh * o * (1 - tanh²(c))
+    np.subtract(1.0, through_tanh, out=through_tanh)
+    through_tanh *= o
+    dc = np.empty_like(dh)
+    for s in range(steps - 1, -1, -1):
+        dh += grad_h[s]
+        np.multiply(dh, through_tanh[s], out=dc)
+        dc += dc_next
+        dg = dgates[s].reshape(dirs, batch, 4, d)
+        np.multiply(dh, coef[s, ..., 0, :], out=dg[..., 0, :])
+        np.multiply(dc[..., None, :], coef[s, ..., 1:, :], out=dg[..., 1:, :])
+        np.multiply(dc, f[s], out=dc_next)
+        np.matmul(dgates[s], w_t, out=dh)
 
 
 def _gru_forward_np(x, h0, wi, wh, bi, bh):
