@@ -276,3 +276,24 @@ def test_layers_give_the_cell_scans_results(monkeypatch, layer):
 
     for scanned, fused in zip(run(False), run(True), strict=True):
         np.testing.assert_allclose(fused, scanned, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["ndarray", "torch"])
+def test_what_a_forward_pass_keeps_goes_with_its_output(backend):
+    """The activations (or oneDNN workspace) a training forward pass keeps for its backward
+    kernel are released with the op's output; an inference pass keeps nothing."""
+    import gc
+
+    ref = Case("lstm", "bidirectional", torch.float32)
+    before = len(rnn_sequence._KEPT)
+    device = ember.device(backend)
+    ref.run(ref.ember_operands(device))
+    assert len(rnn_sequence._KEPT) == before
+    operands = [t.require_grad() for t in ref.ember_operands(device.autodiff())]
+    outputs = ref.run(operands)
+    assert len(rnn_sequence._KEPT) == before + 1
+    grads = outputs[0].sum().backward()
+    assert operands[0].grad(grads).shape == operands[0].shape
+    del outputs, grads
+    gc.collect()
+    assert len(rnn_sequence._KEPT) == before
