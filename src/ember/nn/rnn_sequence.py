@@ -422,7 +422,11 @@ def _reading_order(a: np.ndarray) -> np.ndarray:
 def _project_np(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The input projections of every step and direction, ``[T, dirs, B, G]`` in reading order."""
     steps, batch, d_in = x.shape
-    y = np.matmul(x.reshape(1, steps * batch, d_in), w)
+    rows = x.reshape(steps * batch, d_in)
+    if w.shape[0] == 1:  # a plain 2-D product (NumPy's stacked one is slower)
+        y = np.matmul(rows, w[0])[None]
+    else:
+        y = np.matmul(rows[None], w)
     y += b[:, None, :]
     return _reading_order(y.reshape(w.shape[0], steps, batch, w.shape[-1]))
 
@@ -504,18 +508,19 @@ def _numba_steps() -> tuple[Any, Any] | None:
     # Rows of one step ([dirs * B, ...]) and a 1-D inner loop over each gate block's
     # columns: that shape vectorizes; indexing the 3-D arrays directly did not.
     @numba.njit(nogil=True, cache=True, fastmath={"contract"}, error_model="numpy")
-    def forward_step(a, c_prev, c_new, h_new, tc_new):  # pragma: no cover - compiled
-        """Gates ``a [rows, 4H]`` ([o | i | f | g] pre-activations) -> activations in
-        place, and the new cell, hidden and tanh(cell) ``[rows, H]``."""
+    def forward_step(a, hp, c_prev, c_new, h_new, tc_new):  # pragma: no cover - compiled
+        """Gates ``a + hp [rows, 4H]`` ([o | i | f | g]: the input and hidden parts) ->
+        activations into ``a``, and the new cell, hidden and tanh(cell) ``[rows, H]``."""
         rows, d = c_new.shape
         for r in range(rows):
             row, cp, cn, hn, tn = a[r], c_prev[r], c_new[r], h_new[r], tc_new[r]
             ao, ai, af, ag = row[:d], row[d : 2 * d], row[2 * d : 3 * d], row[3 * d :]
+            ho, hi, hf, hg = hp[r, :d], hp[r, d : 2 * d], hp[r, 2 * d : 3 * d], hp[r, 3 * d :]
             for j in range(d):
-                o = fast_sigmoid_f32(ao[j])
-                i = fast_sigmoid_f32(ai[j])
-                f = fast_sigmoid_f32(af[j])
-                g = fast_tanh_f32(ag[j])
+                o = fast_sigmoid_f32(ao[j] + ho[j])
+                i = fast_sigmoid_f32(ai[j] + hi[j])
+                f = fast_sigmoid_f32(af[j] + hf[j])
+                g = fast_tanh_f32(ag[j] + hg[j])
                 ao[j], ai[j], af[j], ag[j] = o, i, f, g
                 c = f * cp[j] + i * g
                 t = fast_tanh_f32(c)
@@ -562,13 +567,14 @@ def _lstm_forward_np(x, h0, c0, wi, wh, b, step):
     h, c = h0, np.ascontiguousarray(c0)
     if step is not None:
         tcs = np.empty_like(hs)
+        # The kernel works on rows [dirs * B, ...]: views made once, not per step.
+        rows = dirs * batch
+        acts2, cs2, hs2, tcs2 = (a.reshape(steps, rows, -1) for a in (acts, cs, hs, tcs))
+        part2, c2 = hidden_part.reshape(rows, -1), c.reshape(rows, -1)
         for s in range(steps):
             np.matmul(h, wh, out=hidden_part)
-            acts[s] += hidden_part
-            rows = (dirs * batch, -1)
-            step(acts[s].reshape(rows), c.reshape(rows), cs[s].reshape(rows), hs[s].reshape(rows),
-                 tcs[s].reshape(rows))  # fmt: skip
-            h, c = hs[s], cs[s]
+            step(acts2[s], part2, c2, cs2[s], hs2[s], tcs2[s])
+            h, c2 = hs[s], cs2[s]
         return acts, hs, cs, tcs
     scratch = np.empty((dirs, batch, d), x.dtype)
     for s in range(steps):
@@ -643,10 +649,12 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
     kernels = _numba_steps()
     if kernels is not None:
         tcs = np.tanh(cs) if tcs is None else tcs
-        cprev, one = _previous(cs, c0), x.dtype.type(1.0)
+        rows, one = dirs * batch, x.dtype.type(1.0)
+        per_step = (acts, _previous(cs, c0), tcs, np.ascontiguousarray(grad_h), dgates)
+        acts2, cprev2, tcs2, grad2, dgates2 = (a.reshape(steps, rows, -1) for a in per_step)
+        dh2, dc2 = dh.reshape(rows, -1), dc_next.reshape(rows, -1)
         for s in range(steps - 1, -1, -1):
-            args = (acts[s], cprev[s], tcs[s], grad_h[s], dh, dc_next, dgates[s])
-            kernels[1](*(a.reshape(dirs * batch, -1) for a in args), one)
+            kernels[1](acts2[s], cprev2[s], tcs2[s], grad2[s], dh2, dc2, dgates2[s], one)
             np.matmul(dgates[s], w_t, out=dh)
     else:
         _lstm_backward_loop(acts, cs, c0, grad_h, w_t, dh, dc_next, dgates)
@@ -823,6 +831,21 @@ def _install_torch_kernels() -> None:
         steps, batch = seq.shape[:2]
         return reading_order(seq.reshape(steps, batch, dirs, d).permute(2, 0, 1, 3))
 
+    def per_direction_mm(a, w):
+        """``a [T, dirs, B, K] @ w [dirs, K, N]`` as 2-D products (a broadcast 4-D matmul
+        runs one small product per step)."""
+        steps, dirs, batch, k = a.shape
+        parts = [(a[:, d].reshape(-1, k) @ w[d]).reshape(steps, 1, batch, -1) for d in range(dirs)]
+        return parts[0] if dirs == 1 else torch.cat(parts, 1)
+
+    def step_mm(c, a, w):
+        """``c + a @ w`` for ``[dirs, rows, K] @ [dirs, K, N]`` (c may be None): one 2-D
+        product for one direction, which runs faster than a batched one of batch 1."""
+        if a.shape[0] == 1:
+            out = a[0] @ w[0] if c is None else torch.addmm(c[0], a[0], w[0])
+            return out[None]
+        return torch.bmm(a, w) if c is None else torch.baddbmm(c, a, w)
+
     def previous(seq, first):
         return torch.cat([first[None], seq[:-1]], 0)
 
@@ -833,23 +856,26 @@ def _install_torch_kernels() -> None:
         )
         return reading_order(y.reshape(w.shape[0], steps, batch, w.shape[-1]))
 
-    def weight_grads(x, dgates, hprev, w_ih, need_x):
-        """``dx, dW_ih, dW_hh, db`` from ``dgates [T, dirs, B, G]`` (reading order)."""
+    def weight_grads(x, dgates, hprev, w_ih, need_x, need_ih=True, need_hh=True):
+        """``dx, dW_ih, dW_hh, db`` from ``dgates [T, dirs, B, G]`` (reading order); the
+        ``need_*`` flags skip products nobody reads (None in their place)."""
         steps, batch, d_in = x.shape
         rows = steps * batch
         dx, dw_ih, dw_hh, db = None, [], [], []
         for k in range(dgates.shape[1]):
             # Sums over the steps: any order will do, so each direction's reading order.
-            xk = (x if k == 0 else x.flip(0)).reshape(rows, d_in)
             dg = dgates[:, k].reshape(rows, -1)
-            dw_ih.append(xk.t() @ dg)
-            dw_hh.append(hprev[:, k].reshape(rows, -1).t() @ dg)
+            if need_ih:
+                dw_ih.append((x if k == 0 else x.flip(0)).reshape(rows, d_in).t() @ dg)
+            if need_hh:
+                dw_hh.append(hprev[:, k].reshape(rows, -1).t() @ dg)
             db.append(dg.sum(0))
             if need_x:
                 dxk = (dg @ w_ih[k].t()).reshape(steps, batch, d_in)
                 dxk = dxk if k == 0 else dxk.flip(0)
                 dx = dxk if dx is None else dx + dxk
-        return dx, torch.stack(dw_ih), torch.stack(dw_hh), torch.stack(db)
+        stacked = [torch.stack(parts) if parts else None for parts in (dw_ih, dw_hh, db)]
+        return dx, *stacked
 
     def flat(x, parts) -> torch.Tensor:
         parts = [torch.zeros_like(x) if parts[0] is None else parts[0], *parts[1:]]
@@ -912,7 +938,7 @@ def _install_torch_kernels() -> None:
             # The activations again from the hidden states, then the same loop as NdArray's.
             hs = hidden_reading_order(out[:steps], dirs, d)
             hprev = previous(hs, h0)
-            gates = project(x, w_ih, bias) + torch.matmul(hprev, w_hh[None])
+            gates = project(x, w_ih, bias) + per_direction_mm(hprev, w_hh)
             i, f, o = (torch.sigmoid(gates[..., k * d : (k + 1) * d]) for k in (0, 1, 3))
             g = torch.tanh(gates[..., 2 * d : 3 * d])
             cs = torch.empty_like(hs)
@@ -925,7 +951,7 @@ def _install_torch_kernels() -> None:
                                 i * (1 - g * g)], -2)  # fmt: skip
             coef_o = tc * o * (1 - o)
             grad_h = hidden_reading_order(grad[:steps], dirs, d)
-            w_t = w_hh.transpose(1, 2)
+            w_t = w_hh.transpose(1, 2).contiguous()  # a transposed view: a slow bmm per step
             dgates = torch.empty(steps, dirs, batch, 4, d, dtype=x.dtype, device=x.device)
             dh = torch.zeros_like(h0)
             dc_next = grad[steps].reshape(batch, dirs, d).transpose(0, 1)
@@ -936,7 +962,7 @@ def _install_torch_kernels() -> None:
                 dg[..., :3, :] = dc[..., None, :] * coef[s]
                 dg[..., 3, :] = dh * coef_o[s]
                 dc_next = dc * f[s]
-                dh = torch.bmm(dg.reshape(dirs, batch, 4 * d), w_t)
+                dh = step_mm(None, dg.reshape(dirs, batch, 4 * d), w_t)
             dgates = dgates.reshape(steps, dirs, batch, 4 * d)
             dx, dw_ih, dw_hh, db = weight_grads(x, dgates, hprev, w_ih, need_x)
             return flat(x, [dx, dh, dc_next, dw_ih, dw_hh, db])
@@ -957,7 +983,7 @@ def _install_torch_kernels() -> None:
             hs = hidden_reading_order(out, dirs, d)
             hprev = previous(hs, h0)
             xp = project(x, w_ih, b_ih)
-            hp = torch.matmul(hprev, w_hh[None]) + b_hh[:, None, :]
+            hp = per_direction_mm(hprev, w_hh) + b_hh[:, None, :]
             rz = torch.sigmoid(xp[..., : 2 * d] + hp[..., : 2 * d])
             r, z = rz[..., :d], rz[..., d:]
             hp_n = hp[..., 2 * d :]
@@ -969,7 +995,7 @@ def _install_torch_kernels() -> None:
             coef_h = coef_x.clone()
             coef_h[..., 2, :] *= r
             grad_h = hidden_reading_order(grad, dirs, d)
-            w_t = w_hh.transpose(1, 2)
+            w_t = w_hh.transpose(1, 2).contiguous()  # a transposed view: a slow bmm per step
             dxg = torch.empty_like(coef_x)
             dhg = torch.empty_like(coef_x)
             dh = torch.zeros_like(h0)
@@ -977,10 +1003,12 @@ def _install_torch_kernels() -> None:
                 dh = dh + grad_h[s]
                 torch.mul(dh[..., None, :], coef_x[s], out=dxg[s])
                 torch.mul(dh[..., None, :], coef_h[s], out=dhg[s])
-                dh = torch.baddbmm(dh * z[s], dhg[s].reshape(dirs, -1, 3 * d), w_t)
+                dh = step_mm(dh * z[s], dhg[s].reshape(dirs, -1, 3 * d), w_t)
             shape = (steps, dirs, -1, 3 * d)
-            dx, dw_ih, _, db_ih = weight_grads(x, dxg.reshape(shape), hprev, w_ih, need_x)
-            _, _, dw_hh, db_hh = weight_grads(x, dhg.reshape(shape), hprev, w_ih, False)
+            dx, dw_ih, _, db_ih = weight_grads(x, dxg.reshape(shape), hprev, w_ih, need_x,
+                                               need_hh=False)  # fmt: skip
+            _, _, dw_hh, db_hh = weight_grads(x, dhg.reshape(shape), hprev, w_ih, False,
+                                              need_ih=False)  # fmt: skip
             return flat(x, [dx, dh, dw_ih, dw_hh, db_ih, db_hh])
 
 
