@@ -95,6 +95,8 @@ for _benchmark in (
                     (Reading("impl", "ms", MS, r"^torch autograd"),), ("torch",)),
     BenchmarkScript("nn_step", "nn_step.py", ("--repeat", "3"),
                     (Reading("impl", "ms", MS, r"^torch autograd \(cpu\)"),), ("torch",)),
+    BenchmarkScript("rnn_step", "rnn_step.py", ("--repeat", "3"),
+                    (Reading("impl", "ms", MS, r"^torch autograd \(cpu\)"),), ("torch",)),
     BenchmarkScript("higher_order", "higher_order.py", ("--threads", "1"),
                     (Reading("impl", "ms", MS, r"^torch eager"),), ("torch",)),
     BenchmarkScript("foundation", "foundation.py", ("--quick",),

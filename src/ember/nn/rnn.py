@@ -20,6 +20,12 @@ lets the whole input sequence be projected for every gate with a single matrix
 product before the time loop, and each step do a single product with the hidden
 state.
 
+The time loop itself is one op, :func:`~ember.nn.rnn_sequence.lstm_sequence` or
+:func:`~ember.nn.rnn_sequence.gru_sequence` (forward and backward over the whole sequence,
+both directions of a :class:`BiLstm` at once): NdArray runs it as one NumPy loop, Torch
+hands it to ``torch._VF`` (cuDNN on CUDA, oneDNN on the CPU). A GRU with
+``reset_after=False``, which PyTorch has no kernel for, scans its steps in Python.
+
 As in Burn, the inputs are batch first by default (``[batch, seq, d_input]``),
 the layers start from a zero state unless one is given, and the weights and the
 biases are drawn from ``XavierNormal(gain=1)`` with ``fan_in`` the transform's
@@ -39,6 +45,7 @@ from ember.module import Module
 from ember.nn.initializer import Initializer, XavierNormal
 from ember.nn.linear import Linear
 from ember.nn.rnn_cell import gru_cell, lstm_cell
+from ember.nn.rnn_sequence import gru_sequence, lstm_sequence
 from ember.record.adapter import PYTORCH
 from ember.tensor import Tensor
 
@@ -68,6 +75,12 @@ def _fused_linear(
     weight = initializer.init_param([d_input, width], device, **fans)
     bias_param = initializer.init_param([width], device, **fans) if bias else None
     return Linear(weight, bias_param)
+
+
+_SEQUENCE_OPS = True
+"""Whether the layers run their time loop as one op (:mod:`ember.nn.rnn_sequence`); False
+gives the per-step cell ops of :mod:`ember.nn.rnn_cell` scanned in Python, which the
+benchmarks keep as the baseline."""
 
 
 def _bias_sum(*linears: Linear) -> Tensor | None:
@@ -181,6 +194,34 @@ def _gru_scan(
     return Tensor.cat(outputs, 0), hidden
 
 
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """One weight (or bias) per direction as the ``[dirs, ...]`` operand of a sequence op."""
+    if len(tensors) == 1:
+        return tensors[0].reshape([1, *tensors[0].shape])
+    return Tensor.stack(tensors)
+
+
+def _bias_or_zeros(bias: Tensor | None, width: int, like: Tensor) -> Tensor:
+    return Tensor.zeros([width], like.device, dtype=like.dtype) if bias is None else bias
+
+
+def _lstm_layers(layers: list[Lstm], xt: Tensor, cell: Tensor, hidden: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Runs the directions ``layers`` over ``xt [seq, batch, d_input]`` as one op; ``cell``
+    and ``hidden`` are ``[1, dirs, batch, d_hidden]`` or ``[1, batch, d_hidden]``.
+
+    Returns the hidden states ``[seq, batch, dirs * d_hidden]``, the last cell, the last
+    hidden state (``[dirs, batch, d_hidden]``)."""
+    d = layers[0].d_hidden
+    states = [s.reshape([len(layers), xt.shape[1], d]) for s in (hidden, cell)]
+    w_ih = _stacked([layer.input_transform.weight.val() for layer in layers])
+    w_hh = _stacked([layer.hidden_transform.weight.val() for layer in layers])
+    biases = [_bias_sum(layer.input_transform, layer.hidden_transform) for layer in layers]
+    bias = _stacked([_bias_or_zeros(b, 4 * d, xt) for b in biases])
+    outputs, h_n, c_n = lstm_sequence(xt, *states, w_ih, w_hh, bias)
+    return outputs, c_n, h_n
+
+
 def _batch_major(outputs: Tensor, batch_first: bool) -> Tensor:
     return outputs.swap_dims(0, 1) if batch_first else outputs
 
@@ -285,9 +326,13 @@ class Lstm(Module):
         if xt.shape[0] == 0:
             empty = _empty_outputs(xt, self.d_hidden, self.batch_first)
             return empty, LstmState(cell.reshape(shape), hidden.reshape(shape))
-        bias = _bias_sum(self.input_transform, self.hidden_transform)
-        xp = _project(xt, self.input_transform.weight.val(), bias)
-        outputs, cell, hidden = _lstm_scan(xp, self.hidden_transform.weight.val(), cell, hidden)
+        if _SEQUENCE_OPS:
+            outputs, cell, hidden = _lstm_layers([self], xt, cell, hidden)
+        else:
+            bias = _bias_sum(self.input_transform, self.hidden_transform)
+            xp = _project(xt, self.input_transform.weight.val(), bias)
+            w_hh = self.hidden_transform.weight.val()
+            outputs, cell, hidden = _lstm_scan(xp, w_hh, cell, hidden)
         state = LstmState(cell.reshape(shape), hidden.reshape(shape))
         return _batch_major(outputs, self.batch_first), state
 
@@ -379,6 +424,10 @@ class BiLstm(Module):
             empty = _empty_outputs(xt, 2 * d, self.batch_first)
             return empty, LstmState(cell.reshape(shape), hidden.reshape(shape))
         fwd, rev = self.forward_lstm, self.reverse_lstm
+        if _SEQUENCE_OPS:
+            outputs, cell, hidden = _lstm_layers([fwd, rev], xt, cell, hidden)
+            state = LstmState(cell.reshape(shape), hidden.reshape(shape))
+            return _batch_major(outputs, self.batch_first), state
         # Both directions in one product: their input weights side by side.
         weight = Tensor.cat([fwd.input_transform.weight.val(), rev.input_transform.weight.val()], 1)
         biases = [_bias_sum(fwd.input_transform, fwd.hidden_transform),
@@ -499,6 +548,13 @@ class Gru(Module):
         if xt.shape[0] == 0:
             return _empty_outputs(xt, self.d_hidden, self.batch_first), hidden.reshape(shape)
         b_hh = self.hidden_transform.bias
+        if self.reset_after and _SEQUENCE_OPS:
+            transforms = (self.input_transform, self.hidden_transform)
+            weights = [_stacked([t.weight.val()]) for t in transforms]
+            biases = [None if t.bias is None else t.bias.val() for t in transforms]
+            biases = [_stacked([_bias_or_zeros(b, 3 * shape[1], xt)]) for b in biases]
+            outputs, h_n = gru_sequence(xt, hidden.reshape([1, *shape]), *weights, *biases)
+            return _batch_major(outputs, self.batch_first), h_n.reshape(shape)
         if self.reset_after:
             # The hidden bias of the candidate sits inside the reset product: keep it apart.
             bias = None if self.input_transform.bias is None else self.input_transform.bias.val()
