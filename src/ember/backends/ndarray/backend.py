@@ -56,6 +56,30 @@ def _in_f32(fn: Callable) -> Callable:
     return run
 
 
+# Below this many elements np.where's one call beats the five of the bitwise select.
+_BITWISE_SELECT_MIN = 4096
+_SAME_SIZE_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.where(mask, a, b)`` for ``a`` and ``b`` of one dtype (broadcast together), bit
+    for bit, without branches.
+
+    NumPy's (and PyTorch's CPU) ``where`` branches per element: on a mask with no pattern
+    (a ReLU's, half of it True at random) it runs about three times slower than on a
+    uniform one, as slow as five arithmetic passes. The select here is those passes,
+    independent of the mask: the values as integers of their size, ``b ^ ((a ^ b) & m)``
+    with ``m`` all ones where the mask holds.
+    """
+    if max(mask.size, a.size, b.size) < _BITWISE_SELECT_MIN or a.dtype != b.dtype:
+        return np.where(mask, a, b)
+    ints = _SAME_SIZE_INT[a.dtype.itemsize]
+    m = mask.astype(ints)
+    np.negative(m, out=m)  # 0 / -1: every bit set where the mask holds
+    ai, bi = a.view(ints), b.view(ints)
+    return (bi ^ ((ai ^ bi) & m)).view(a.dtype)
+
+
 def _int_div(a, b):
     # Integer division truncates toward zero, as Rust and Burn do.
     with np.errstate(all="ignore"):
@@ -279,10 +303,10 @@ class NdArray(Backend):
         return _array(x).astype(dtype, copy=False)
 
     def _mask_where(self, x, mask, value):
-        return np.where(mask, value, x)
+        return select(mask, value, x)
 
     def _mask_fill(self, x, mask, value):
-        return np.where(mask, np.asarray(value, x.dtype), x)
+        return select(mask, np.asarray(value, x.dtype), x)
 
     # ------------------------------------------------------------ reductions and sorting
     def _sort_with_indices(self, x, dim: int, descending: bool):
