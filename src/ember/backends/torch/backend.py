@@ -543,6 +543,12 @@ class Torch(Backend):
     def relu(self, x):
         return torch.relu(x)
 
+    def leaky_relu(self, x, negative_slope: float = 0.01):
+        return F.leaky_relu(x, negative_slope)
+
+    def leaky_relu_backward(self, x, grad, negative_slope: float = 0.01):
+        return _aten.leaky_relu_backward(grad, x, negative_slope, False)
+
     def sigmoid(self, x):
         return torch.sigmoid(x)
 
