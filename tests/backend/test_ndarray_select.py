@@ -51,3 +51,15 @@ def test_small_and_mixed_dtype_selects_fall_back_to_where():
     a, b = np.array([1.0, 2.0, 3.0], np.float32), np.array([4.0, 5.0, 6.0], np.float64)
     np.testing.assert_array_equal(select(mask, a, b), np.where(mask, a, b))
     assert select(mask, a, b).dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fill", [0.0, -0.0, 1.0])
+@pytest.mark.parametrize("mask_shape", [(64, 97), (97,)], ids=str)
+def test_select_of_a_scalar_fill(dtype, fill, mask_shape):
+    # mask_fill's case; a zero fill takes its own path (b & ~mask).
+    rng = np.random.default_rng(3)
+    mask = rng.random(mask_shape) < 0.5
+    a, b = np.asarray(fill).astype(dtype), _values(rng, (64, 97), dtype)
+    got, want = select(mask, a, b), np.where(mask, a, b)
+    assert got.dtype == want.dtype and got.tobytes() == np.ascontiguousarray(want).tobytes()

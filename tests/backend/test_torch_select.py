@@ -53,3 +53,15 @@ def test_broadcast_views_and_small_selects():
     assert select(mask, a, b).equal(torch.where(mask, a, b))
     small = torch.tensor([True, False])
     assert select(small, torch.ones(2), torch.zeros(2)).tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fill", [0.0, -0.0, 1.0])
+@pytest.mark.parametrize("mask_shape", [(64, 97), (97,)], ids=str)
+def test_select_of_a_scalar_fill(dtype, fill, mask_shape):
+    # mask_fill's case; a zero fill takes its own path (b & ~mask).
+    mask = torch.rand(mask_shape, generator=torch.Generator().manual_seed(4)) < 0.5
+    a, b = torch.tensor(fill).to(dtype), _values(5, (64, 97), dtype)
+    got, want = select(mask, a, b), torch.where(mask, a, b)
+    assert got.dtype == want.dtype
+    assert got.contiguous().view(torch.uint8).equal(want.contiguous().view(torch.uint8))

@@ -74,10 +74,16 @@ def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if max(mask.size, a.size, b.size) < _BITWISE_SELECT_MIN or a.dtype != b.dtype:
         return np.where(mask, a, b)
     ints = _SAME_SIZE_INT[a.dtype.itemsize]
+    # In place where the left operand already has the result's shape.
     m = mask.astype(ints)
-    np.negative(m, out=m)  # 0 / -1: every bit set where the mask holds
-    ai, bi = a.view(ints), b.view(ints)
-    return (bi ^ ((ai ^ bi) & m)).view(a.dtype)
+    bi = b.view(ints)
+    if a.ndim == 0 and not a.view(ints):  # a zero fill (a ReLU's gradient): b & ~m
+        m -= 1  # all ones where the mask does not hold
+        return np.bitwise_and(m, bi, out=m if m.shape == bi.shape else None).view(a.dtype)
+    np.negative(m, out=m)  # all ones where the mask holds
+    t = np.bitwise_xor(a.view(ints), bi)
+    t = np.bitwise_and(t, m, out=t if t.shape == m.shape else None)
+    return np.bitwise_xor(t, bi, out=t).view(a.dtype)
 
 
 def _int_div(a, b):

@@ -194,9 +194,17 @@ def select(mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     ):
         return torch.where(mask, a, b)
     ints = _SAME_SIZE_INT[a.element_size()]
-    m = mask.to(ints).neg_()  # 0 / -1: every bit set where the mask holds
-    ai, bi = a.view(ints), b.view(ints)
-    return (bi ^ ((ai ^ bi) & m)).view(a.dtype)
+    # In place where the left operand already has the result's shape (torch.broadcast_shapes
+    # would cost more than a pass over 40k elements).
+    m = mask.to(ints)
+    bi = b.view(ints)
+    if a.dim() == 0 and not a.view(ints).item():  # a zero fill (a ReLU's gradient): b & ~m
+        m.sub_(1)  # all ones where the mask does not hold
+        return (m.bitwise_and_(bi) if m.shape == bi.shape else m & bi).view(a.dtype)
+    m.neg_()  # all ones where the mask holds
+    t = a.view(ints) ^ bi
+    t = t.bitwise_and_(m) if t.shape == m.shape else t & m
+    return t.bitwise_xor_(bi).view(a.dtype)
 
 
 class Torch(Backend):
