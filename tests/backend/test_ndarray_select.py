@@ -1,6 +1,8 @@
-"""NdArray's branch-free select (``mask_where`` / ``mask_fill`` above a few thousand
-elements) against ``np.where``, bit for bit: every dtype, broadcasting, NaN, signed zeros
-and infinities."""
+"""NdArray's kernels for large element-wise selections, bit for bit against NumPy's plain
+ones: the branch-free select (``mask_where`` / ``mask_fill`` above a few thousand
+elements) against ``np.where`` (every dtype, broadcasting, NaN, signed zeros and
+infinities), and ``clamp`` (ReLU) against a filled bound against ``np.maximum`` /
+``np.minimum`` with the scalar."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ember.backends.ndarray.backend import _BITWISE_SELECT_MIN, select
+from ember.backends.ndarray.backend import _BITWISE_SELECT_MIN, NdArray, select
 
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int64, np.int32, np.int8,
           np.uint8, np.bool_]  # fmt: skip
@@ -63,3 +65,21 @@ def test_select_of_a_scalar_fill(dtype, fill, mask_shape):
     a, b = np.asarray(fill).astype(dtype), _values(rng, (64, 97), dtype)
     got, want = select(mask, a, b), np.where(mask, a, b)
     assert got.dtype == want.dtype and got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16],
+                         ids=lambda d: np.dtype(d).name)  # fmt: skip
+@pytest.mark.parametrize(("low", "high"), [(0.0, None), (None, 6.0), (-0.5, 0.5), (0.0, 0.0)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_large_clamp_is_numpys(dtype, low, high, transposed):
+    x = _values(np.random.default_rng(4), (64, 97), dtype)
+    if transposed:
+        x = x.T
+    want = x
+    if low is not None:
+        want = np.maximum(want, low)
+    if high is not None:
+        want = np.minimum(want, high)
+    got = NdArray().float_clamp(x, low, high)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    assert got.tobytes() == want.astype(x.dtype).tobytes()
