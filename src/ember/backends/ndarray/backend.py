@@ -75,15 +75,13 @@ def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if max(mask.size, a.size, b.size) < _BITWISE_SELECT_MIN or a.dtype != b.dtype:
         return np.where(mask, a, b)
     ints = _SAME_SIZE_INT[a.dtype.itemsize]
-    # In place where the left operand already has the result's shape.
-    m = mask.astype(ints)
+    # Integer products by the mask's 0 / 1 are exact: bits * 1 keeps them, bits * 0 clears
+    # them. In place where the left operand already has the result's shape.
     bi = b.view(ints)
-    if a.ndim == 0 and not a.view(ints):  # a zero fill (a ReLU's gradient): b & ~m
-        m -= 1  # all ones where the mask does not hold
-        return np.bitwise_and(m, bi, out=m if m.shape == bi.shape else None).view(a.dtype)
-    np.negative(m, out=m)  # all ones where the mask holds
+    if a.ndim == 0 and not a.view(ints):  # a zero fill (a ReLU's gradient): b * ~mask
+        return np.multiply(bi, ~mask).view(a.dtype)
     t = np.bitwise_xor(a.view(ints), bi)
-    t = np.bitwise_and(t, m, out=t if t.shape == m.shape else None)
+    t = np.multiply(t, mask, out=t if t.shape == mask.shape else None)
     return np.bitwise_xor(t, bi, out=t).view(a.dtype)
 
 

@@ -194,16 +194,14 @@ def select(mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     ):
         return torch.where(mask, a, b)
     ints = _SAME_SIZE_INT[a.element_size()]
-    # In place where the left operand already has the result's shape (torch.broadcast_shapes
-    # would cost more than a pass over 40k elements).
-    m = mask.to(ints)
+    # Integer products by the mask's 0 / 1 are exact: bits * 1 keeps them, bits * 0 clears
+    # them. In place where the left operand already has the result's shape
+    # (torch.broadcast_shapes would cost more than a pass over 40k elements).
     bi = b.view(ints)
-    if a.dim() == 0 and not a.view(ints).item():  # a zero fill (a ReLU's gradient): b & ~m
-        m.sub_(1)  # all ones where the mask does not hold
-        return (m.bitwise_and_(bi) if m.shape == bi.shape else m & bi).view(a.dtype)
-    m.neg_()  # all ones where the mask holds
+    if a.dim() == 0 and not a.view(ints).item():  # a zero fill (a ReLU's gradient): b * ~mask
+        return (bi * ~mask).view(a.dtype)
     t = a.view(ints) ^ bi
-    t = t.bitwise_and_(m) if t.shape == m.shape else t & m
+    t = t.mul_(mask) if t.shape == mask.shape else t * mask
     return t.bitwise_xor_(bi).view(a.dtype)
 
 
