@@ -57,7 +57,7 @@ def _in_f32(fn: Callable) -> Callable:
     return run
 
 
-# Below this many elements np.where's one call beats the five of the bitwise select.
+# Below this many elements np.where's one call beats the three of the bitwise select.
 _BITWISE_SELECT_MIN = 4096
 _SAME_SIZE_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
@@ -68,9 +68,9 @@ def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     NumPy's (and PyTorch's CPU) ``where`` branches per element: on a mask with no pattern
     (a ReLU's, half of it True at random) it runs about three times slower than on a
-    uniform one, as slow as five arithmetic passes. The select here is those passes,
-    independent of the mask: the values as integers of their size, ``b ^ ((a ^ b) & m)``
-    with ``m`` all ones where the mask holds.
+    uniform one, slower than five arithmetic passes. The select here is integer passes,
+    independent of the mask: the values as integers of their size,
+    ``b ^ ((a ^ b) * mask)``, and ``b * ~mask`` for a zero fill.
     """
     if max(mask.size, a.size, b.size) < _BITWISE_SELECT_MIN or a.dtype != b.dtype:
         return np.where(mask, a, b)

@@ -173,7 +173,7 @@ def _conv_backward(x, weight, grad, o, transposed: bool, padding_out, which: int
     return out[which]
 
 
-# Below this many elements torch.where's one call beats the five of the bitwise select.
+# Below this many elements torch.where's one call beats the three of the bitwise select.
 _BITWISE_SELECT_MIN = 4096
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -183,8 +183,8 @@ def select(mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     without branches.
 
     torch.where's CPU kernel branches per element: on a mask with no pattern (a ReLU's)
-    it runs about three times slower than on a uniform one, slower than the five integer
-    passes of ``b ^ ((a ^ b) & m)`` (``m`` all ones where the mask holds) used here, as
+    it runs about three times slower than on a uniform one, slower than the integer passes
+    of ``b ^ ((a ^ b) * mask)`` (``b * ~mask`` for a zero fill) used here, as
     NdArray does. GPUs select without branching: they keep torch.where.
     """
     if (
