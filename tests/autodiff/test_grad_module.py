@@ -277,3 +277,22 @@ def test_rules_under_checkpointing(inner):
         return F.interpolate(F.avg_pool2d(y.tanh(), 2, 1), size=(4, 3), mode="bilinear", align_corners=False)
 
     check_against_torch(ember_fn, torch_fn, [_x(2, 2, 7, 8), _x(3, 2, 3, 3), _x(3)], device)
+
+
+def test_a_pass_restricted_to_the_input_skips_the_weight_and_bias_gradients(monkeypatch):
+    # A gradient penalty's create_graph pass asks for the input's gradient only: the rule must
+    # not compute (and record) the others.
+    from ember.backends.autodiff.rules import module as rules
+
+    device = ember.device("ndarray").autodiff()
+    rng = np.random.default_rng(0)
+    x = Tensor.from_data(rng.standard_normal((2, 3, 6, 6)).astype(np.float32), device).require_grad()
+    w = Tensor.from_data(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), device).require_grad()
+    b = Tensor.from_data(rng.standard_normal(4).astype(np.float32), device).require_grad()
+    calls = []
+    monkeypatch.setattr(rules, "_bias_grad", lambda B, g: calls.append("bias"))
+    out = M.conv2d(x, w, b).sum()
+    grads = out.backward(create_graph=True, inputs=[x])
+    assert x.grad(grads) is not None and w.grad(grads) is None and calls == []
+    out.backward()  # a full pass does ask for the bias gradient
+    assert calls == ["bias"]

@@ -88,6 +88,10 @@ THIRD_ORDER = {
     "tanh": (lambda x: x.tanh(), torch.tanh),
     "softmax": (lambda x: ember.activation.softmax(x, 1), lambda x: torch.softmax(x, 1)),
     "matmul": (lambda x: x.matmul(x.swap_dims(0, 1)).matmul(x), lambda x: x @ x.T @ x),
+    # Each order runs leaky_relu_backward's own rule: the gradient reaching the activation
+    # depends on x (through exp), and the one leaving it goes on to sin.
+    "leaky_relu": (lambda x: ember.activation.leaky_relu(x.sin(), 0.2).exp(),
+                   lambda x: torch.nn.functional.leaky_relu(x.sin(), 0.2).exp()),
 }
 
 

@@ -110,6 +110,21 @@ def test_unary_infinities_and_nan(device, name):
     check(ours, theirs, torch.tensor([-math.inf, math.inf, math.nan], dtype=torch.float64), device)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("slope", [0.01, 0.2, 0.0, -0.5, 1.5])
+def test_leaky_relu_backward_is_torchs(device, slope, dtype):
+    # The backend op the leaky ReLU's rule runs, against aten's: the slope at 0, -0 and for
+    # NaN inputs, infinite and NaN gradients.
+    x = torch.cat([inputs((64, 80), dtype).reshape(-1), torch.tensor(SPECIAL + [math.nan])
+                   .to(TORCH_DTYPE[dtype])])  # fmt: skip
+    grad = inputs(x.shape, dtype, seed=1)
+    grad[:4] = torch.tensor([math.inf, -math.inf, math.nan, 0.0])
+    x_prim, grad_prim = (from_torch(t, device).into_primitive() for t in (x, grad))
+    out = Tensor.from_primitive(device.backend.leaky_relu_backward(x_prim, grad_prim, slope), device)
+    expected = torch.ops.aten.leaky_relu_backward(grad.double(), x.double(), slope, False)
+    assert_close(out, expected.to(x.dtype), *tolerance(out.dtype))
+
+
 @pytest.mark.parametrize("shape", [(), (0,), (1,), (3, 0, 2), (2, 1, 3, 1)], ids=str)
 @pytest.mark.parametrize("name", ["relu", "sigmoid", "gelu", "softplus", "selu", "hard_swish"])
 def test_unary_shapes(device, name, shape):

@@ -181,12 +181,21 @@ CONV_T2D_CASES = [  # x, w, stride, padding, padding_out, dilation, groups
 ]
 
 
+@pytest.fixture(params=["phases", "col2im"])
+def lowering(request, monkeypatch):
+    """Runs a transposed-convolution test through each of its two lowerings (the kernel
+    picks one by size; these small cases would otherwise all take the same one)."""
+    monkeypatch.setattr(conv, "_col2im_is_cheaper", lambda *_: request.param == "col2im")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(
     ("xs", "ws", "stride", "padding", "padding_out", "dilation", "groups"), CONV_T2D_CASES
 )
-def test_conv_transpose2d(xs, ws, stride, padding, padding_out, dilation, groups, bias, dtype):
+def test_conv_transpose2d(xs, ws, stride, padding, padding_out, dilation, groups, bias, dtype,
+                          lowering):  # fmt: skip
     x, w = _rand(xs, dtype), _rand(ws, dtype, 1)
     b = _rand(ws[1] * groups, dtype, 2) if bias else None
     options = ConvTransposeOptions(stride, padding, padding_out, dilation, groups)
@@ -205,7 +214,7 @@ def test_conv_transpose2d(xs, ws, stride, padding, padding_out, dilation, groups
     ],
 )
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_conv_transpose3d(xs, ws, stride, padding, padding_out, dilation, groups, dtype):
+def test_conv_transpose3d(xs, ws, stride, padding, padding_out, dilation, groups, dtype, lowering):
     x, w, b = _rand(xs, dtype), _rand(ws, dtype, 1), _rand(ws[1] * groups, dtype, 2)
     options = ConvTransposeOptions(stride, padding, padding_out, dilation, groups)
     out = conv.conv_transpose3d(x, w, b, options)
@@ -213,7 +222,7 @@ def test_conv_transpose3d(xs, ws, stride, padding, padding_out, dilation, groups
     _close(out, ref, dtype)
 
 
-def test_conv_transpose_is_the_input_gradient_of_conv():
+def test_conv_transpose_is_the_input_gradient_of_conv(lowering):
     """What autodiff uses it for: the gradient of a strided, padded conv wrt its input."""
     x, w = _rand((2, 3, 9, 8)), _rand((5, 3, 3, 3), seed=1)
     g, (gx,) = _grad(lambda t: F.conv2d(t, _t(w), None, 2, 1), x)

@@ -208,6 +208,8 @@ def _other(name: str, kind: Kind, x: Tensor) -> Sample | None:
                  "glu": (2,)}.get(name, ())  # fmt: skip
         if name == "prelu":
             return Sample([x, values(F, (3,), 1)])
+        if name == "leaky_relu_backward":  # (input, gradient): exported as its primitives
+            return Sample([x, values(F, A, 1)], lambda d: (0.1,))
         return Sample([x], lambda d: attrs)
     return _module_op(name, kind)
 

@@ -282,6 +282,12 @@ class Backend:
     def leaky_relu(self, x, negative_slope: float = 0.01):
         return self.float_mask_where(x, self.float_lower_elem(x, 0.0), self.float_mul_scalar(x, negative_slope))
 
+    def leaky_relu_backward(self, x, grad, negative_slope: float = 0.01):
+        # As PyTorch: the negative slope at 0 and for NaN inputs.
+        return self.float_mask_where(
+            self.float_mul_scalar(grad, negative_slope), self.float_greater_elem(x, 0.0), grad
+        )
+
     def elu(self, x, alpha: float = 1.0):
         negative = self.float_mul_scalar(self.float_expm1(x), alpha)
         return self.float_mask_where(x, self.float_lower_equal_elem(x, 0.0), negative)

@@ -166,6 +166,11 @@ for _name in ("relu", "relu6", "sigmoid", "log_sigmoid", "hard_sigmoid", "silu",
               "gelu_tanh", "selu", "hard_swish"):  # fmt: skip
     _op(_name, FLOAT, X, (), r.same, "activation", composite=True, prefixed=False)
 _op("leaky_relu", FLOAT, X, ("negative_slope",), r.same, "activation", composite=True, prefixed=False)
+# Its gradient (as PyTorch's): ``grad`` where ``tensor > 0``, ``grad * negative_slope``
+# elsewhere. Linear in ``grad``, so its own rule is itself: gradients of gradients through
+# a leaky ReLU stay one op per order instead of a select, its mask and its rule's selects.
+_op("leaky_relu_backward", FLOAT, ("tensor", "grad"), ("negative_slope",), r.activation_backward,
+    "activation", composite=True, prefixed=False)  # fmt: skip
 _op("elu", FLOAT, X, ("alpha",), r.same, "activation", composite=True, prefixed=False)
 _op("celu", FLOAT, X, ("alpha",), r.same, "activation", composite=True, prefixed=False)
 _op("softplus", FLOAT, X, ("beta", "threshold"), r.same, "activation", composite=True, prefixed=False)

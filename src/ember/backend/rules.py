@@ -644,6 +644,14 @@ def glu(op: str, x: AVal, dim: int) -> AVal:
     return AVal(x.shape[:dim] + (x.shape[dim] // 2,) + x.shape[dim + 1 :], x.dtype)
 
 
+def activation_backward(op: str, x: AVal, grad: AVal, *_attrs) -> AVal:
+    """The gradient of an element-wise activation: ``grad`` of the input's shape and dtype."""
+    if grad.shape != x.shape:
+        raise ShapeError(f"{op}: grad {fmt_shape(grad.shape)} must have the input's shape {fmt_shape(x.shape)}")
+    _same_dtype(op, x, grad)
+    return x
+
+
 def prelu(op: str, x: AVal, alpha: AVal) -> AVal:
     ok = alpha.shape in ((), (1,)) or (len(x.shape) >= 2 and alpha.shape == (x.shape[1],))
     if not ok:

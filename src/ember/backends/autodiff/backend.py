@@ -16,6 +16,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from ember.backend import rules as _abstract
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.errors import ArgumentError, UnsupportedError
@@ -67,7 +68,7 @@ class Autodiff(Decorator):
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
         plan = self._plans.get(name)
         if plan is None:
-            plan = self._plans[name] = _Plan(op, getattr(self.inner, name))
+            plan = self._plans[name] = _Plan(op, name, getattr(self.inner, name))
         if not plan.simple:
             return self._call_list_or_device(op, plan, args)
         # Fixed tensor operands, then attributes: the common case, unwrapped in one loop.
@@ -83,12 +84,28 @@ class Autodiff(Decorator):
                 parents.append(node)
                 if node is not None:
                     tracked = True
-        out = plan.run(*prims, *args[n:])
+        attrs = args[n:]
+        out = plan.run(*prims, *attrs)
         if not tracked:
             if type(out) is tuple:
                 return tuple([TrackedTensor(o) for o in out])
             return TrackedTensor(out)
-        return self._wrap_tracked(op, plan, parents, [*prims, *args[n:]], prims, out, args)
+        if type(out) is not tuple and plan.float_out and self.checkpointing is None:
+            # The hot case of every recorded op (a forward op on tracked inputs, each op of a
+            # create_graph pass): one Float output, no checkpointing; _record inlined.
+            rule = plan.rule
+            if rule is not None:
+                shape, dtype = self._inner_shape, self._inner_dtype
+                shapes = tuple([None if x is None else shape(x) for x in prims])
+                dtypes = tuple([None if x is None else dtype(x) for x in prims])
+                needs = tuple([p is not None for p in parents])
+                saved = Saved(
+                    tuple(prims) if rule.keep_inputs else None,
+                    out if rule.keep_output else None,
+                    attrs, shapes, dtypes, needs,
+                )  # fmt: skip
+                return TrackedTensor(out, Node(op.name, tuple(parents), rule.fn, saved))
+        return self._wrap_tracked(op, plan, parents, [*prims, *attrs], prims, out, args)
 
     def _call_list_or_device(self, op: OpDef, plan: _Plan, args: tuple) -> Any:
         """``call`` for ops that take a list of tensors (cat), a device, or return data."""
@@ -265,15 +282,28 @@ class _Plan:
     method, the number of tensor operands, whether the plain path applies (fixed tensor
     operands, no device attribute, tensor outputs) and the op's backward rule."""
 
-    __slots__ = ("n", "rule", "run", "simple")
+    __slots__ = ("float_out", "n", "rule", "run", "simple")
 
-    def __init__(self, op: OpDef, run: Any) -> None:
+    def __init__(self, op: OpDef, name: str, run: Any) -> None:
         self.run = run
         self.n = len(op.inputs)
         self.simple = (
             "*tensors" not in op.inputs and "device" not in op.attrs and op.name != "into_data"
         )
         self.rule = RULES.get(op.name)
+        # Whether the output is Float whenever the op runs (no need to ask its dtype): a Float
+        # primitive whose abstract rule keeps its input's dtype.
+        self.float_out = (name.startswith("float_") or not op.prefixed) and op.rule in _KEEPS_DTYPE
+
+
+# The abstract rules (ember.backend.rules) whose output has the dtype of the first input.
+_KEEPS_DTYPE = frozenset({
+    _abstract.same, _abstract.binary, _abstract.clamp, _abstract.reduce_all, _abstract.reduce_dim,
+    _abstract.reshape, _abstract.permute, _abstract.expand, _abstract.flip, _abstract.slice_,
+    _abstract.slice_assign, _abstract.matmul, _abstract.mask_where, _abstract.mask_fill,
+    _abstract.conv, _abstract.conv_transpose, _abstract.conv_x_backward,
+    _abstract.conv_weight_backward, _abstract.activation_backward, _abstract.dim_op,
+})  # fmt: skip
 
 
 def _refs(op: OpDef, args: tuple, inner_args: list) -> list:

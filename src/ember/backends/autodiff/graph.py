@@ -163,7 +163,9 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
         # Every consumer of this node's output has a larger id and ran already.
         recomputed.pop(node.id, None)
         if useful is not None and saved is not None:
-            saved = saved.with_needs(tuple([p is not None and p.id in useful for p in node.parents]))
+            needs = tuple([p is not None and p.id in useful for p in node.parents])
+            if needs != saved.needs:
+                saved = saved.with_needs(needs)
         if lift is not None:
             input_grads = node.backward(inner, grad, lift(node, saved))
         else:
@@ -184,8 +186,13 @@ def _leading_to(order: list[Node], targets: frozenset[int]) -> set[int]:
     among their ancestors."""
     useful: set[int] = set()
     for node in reversed(order):  # parents before children
-        if node.id in targets or any(p is not None and p.id in useful for p in node.parents):
+        if node.id in targets:
             useful.add(node.id)
+            continue
+        for p in node.parents:
+            if p is not None and p.id in useful:
+                useful.add(node.id)
+                break
     return useful
 
 
@@ -243,12 +250,11 @@ def value_of(node: Node, cache: dict[int, Any]) -> Any:
 
 
 def _reachable(root: Node) -> list[Node]:
-    seen: dict[int, Node] = {}
+    seen: dict[int, Node] = {root.id: root}
     stack = [root]
     while stack:
-        node = stack.pop()
-        if node.id in seen:
-            continue
-        seen[node.id] = node
-        stack.extend(p for p in node.parents if p is not None and p.id not in seen)
-    return sorted(seen.values(), key=lambda n: n.id, reverse=True)
+        for p in stack.pop().parents:
+            if p is not None and p.id not in seen:
+                seen[p.id] = p
+                stack.append(p)
+    return [seen[i] for i in sorted(seen, reverse=True)]

@@ -37,6 +37,7 @@ warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"ember\.backe
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 _LOW_PRECISION = (_F16, _BF16)
 
 
@@ -54,6 +55,34 @@ def _in_f32(fn: Callable) -> Callable:
         return fn(x, *args)
 
     return run
+
+
+# Below this many elements np.where's one call beats the three of the bitwise select.
+_BITWISE_SELECT_MIN = 4096
+_SAME_SIZE_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.where(mask, a, b)`` for ``a`` and ``b`` of one dtype (broadcast together), bit
+    for bit, without branches.
+
+    NumPy's (and PyTorch's CPU) ``where`` branches per element: on a mask with no pattern
+    (a ReLU's, half of it True at random) it runs about three times slower than on a
+    uniform one, slower than five arithmetic passes. The select here is integer passes,
+    independent of the mask: the values as integers of their size,
+    ``b ^ ((a ^ b) * mask)``, and ``b * ~mask`` for a zero fill.
+    """
+    if max(mask.size, a.size, b.size) < _BITWISE_SELECT_MIN or a.dtype != b.dtype:
+        return np.where(mask, a, b)
+    ints = _SAME_SIZE_INT[a.dtype.itemsize]
+    # Integer products by the mask's 0 / 1 are exact: bits * 1 keeps them, bits * 0 clears
+    # them. In place where the left operand already has the result's shape.
+    bi = b.view(ints)
+    if a.ndim == 0 and not a.view(ints):  # a zero fill (a ReLU's gradient): b * ~mask
+        return np.multiply(bi, ~mask).view(a.dtype)
+    t = np.bitwise_xor(a.view(ints), bi)
+    t = np.multiply(t, mask, out=t if t.shape == mask.shape else None)
+    return np.bitwise_xor(t, bi, out=t).view(a.dtype)
 
 
 def _int_div(a, b):
@@ -272,6 +301,17 @@ class NdArray(Backend):
     # ------------------------------------------------------------ element-wise
     def _clamp(self, x, low, high):
         dtype = x.dtype  # NumPy gives float32 for bfloat16 with a Python float
+        if x.size >= _BITWISE_SELECT_MIN and dtype in (_F32, _F64):
+            # NumPy's maximum / minimum against a scalar runs 3-4x slower than against an
+            # array on large inputs (a ReLU of 295k floats: 330 -> 75 us): the bound as a
+            # filled array, which then takes the result.
+            if low is not None:
+                bound = np.full(x.shape, low, dtype)
+                x = np.maximum(x, bound, out=bound)
+            if high is not None:
+                bound = np.full(x.shape, high, dtype)
+                x = np.minimum(x, bound, out=bound)
+            return x
         if low is not None:
             x = np.maximum(x, low)
         if high is not None:
@@ -279,10 +319,10 @@ class NdArray(Backend):
         return _array(x).astype(dtype, copy=False)
 
     def _mask_where(self, x, mask, value):
-        return np.where(mask, value, x)
+        return select(mask, value, x)
 
     def _mask_fill(self, x, mask, value):
-        return np.where(mask, np.asarray(value, x.dtype), x)
+        return select(mask, np.asarray(value, x.dtype), x)
 
     # ------------------------------------------------------------ reductions and sorting
     def _sort_with_indices(self, x, dim: int, descending: bool):

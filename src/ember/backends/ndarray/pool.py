@@ -351,9 +351,16 @@ def adaptive_avg_pool2d(x: np.ndarray, output_size: tuple[int, int]) -> np.ndarr
         out /= np.asarray(h * w, out.dtype)
         return _finish(out, dtype)
     if h % oh == 0 and w % ow == 0:
-        # Equal, disjoint windows: a plain reduction over a reshaped view.
+        # Equal, disjoint windows: the window sums as one strided add per window column,
+        # then one per window row. (NumPy's sum over the two inner axes of a reshaped view
+        # runs an element at a time: 20x slower on the guide CNN's 24x24 -> 8x8.)
         kh, kw = h // oh, w // ow
-        out = xw.reshape(*x.shape[:2], oh, kh, ow, kw).sum(axis=(3, 5))
+        rows = xw[..., 0::kw].copy()
+        for j in range(1, kw):
+            rows += xw[..., j::kw]
+        out = rows[:, :, 0::kh].copy()
+        for i in range(1, kh):
+            out += rows[:, :, i::kh]
         out /= np.asarray(kh * kw, out.dtype)
         return _finish(out, dtype)
     mh, lh = _window_matrix(h, oh)

@@ -63,8 +63,14 @@ def _hard_swish(B, g, s):
 
 @backward("leaky_relu", keep="inputs")
 def _leaky_relu(B, g, s):
-    x, slope = s.inputs[0], s.attrs[0]
-    return (B.float_mask_where(B.float_mul_scalar(g, slope), B.float_greater_elem(x, 0.0), g),)
+    return (B.leaky_relu_backward(s.inputs[0], g, s.attrs[0]),)
+
+
+@backward("leaky_relu_backward", keep="inputs")
+def _leaky_relu_backward(B, gg, s):
+    # Linear in the gradient, piecewise constant in the input (zero derivative): the
+    # gradient's gradient is the same op on gg, and the input gets none.
+    return None, B.leaky_relu_backward(s.inputs[0], gg, s.attrs[0])
 
 
 @backward("prelu", keep="inputs")

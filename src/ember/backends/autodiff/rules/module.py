@@ -35,7 +35,7 @@ def _convolution(x_backward: str, weight_backward: str):
         # The first layer's images need no gradient: skip the input gradient.
         gx = getattr(B, x_backward)(x, weight, g, options) if s.needs[0] else None
         gw = getattr(B, weight_backward)(x, weight, g, options) if s.needs[1] else None
-        gb = None if s.shapes[2] is None else _bias_grad(B, g)
+        gb = _bias_grad(B, g) if s.shapes[2] is not None and s.needs[2] else None
         return gx, gw, gb
 
     return rule
