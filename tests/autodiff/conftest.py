@@ -33,15 +33,8 @@ def _triton_fusion() -> ember.Device:
 
     if not triton_runtime.available():
         pytest.skip("triton is not installed: the autodiff-fusion-triton cases need ember[gpu-jit]")
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"  # while the runtime is made: it keeps the mode
-    try:
+    with triton_runtime.interpreter():  # while the runtime is made: it keeps the mode
         return ember.device("torch").fusion(runtime="triton")
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 def _cuda_fusion() -> ember.Device:

@@ -7,9 +7,8 @@ suite by adding one entry to ``BACKENDS``: the tests themselves never change.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -52,22 +51,8 @@ def _triton_fusion() -> ember.Device:
 
     if not triton_runtime.available():
         pytest.skip("triton is not installed: the fusion-triton cases need ember[gpu-jit]")
-    with interpreter():
+    with triton_runtime.interpreter():
         return ember.device("torch").fusion(runtime="triton")
-
-
-@contextlib.contextmanager
-def interpreter() -> Iterator[None]:
-    """Turns Triton's interpreter on while a runtime is made (the runtime keeps it)."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 def _cuda_fusion() -> ember.Device:

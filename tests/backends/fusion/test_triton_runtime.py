@@ -11,11 +11,8 @@ of its ulps. Cases that need a GPU skip, saying so, where torch sees none.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import warnings
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -47,30 +44,16 @@ F32, F64, F16, I32, I64, I8, B = (DType.F32, DType.F64, DType.F16, DType.I32, DT
 TOL = {F32: 2e-6, F64: 1e-12, F16: 1e-3}
 
 
-@contextlib.contextmanager
-def interpreter() -> Iterator[None]:
-    """Triton's interpreter on while a runtime is made (the runtime keeps it)."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory):
-    with interpreter():
+    with triton_runtime.interpreter():
         return triton_runtime.TritonRuntime(cache=tmp_path_factory.mktemp("triton"))
 
 
 @pytest.fixture(scope="module")
 def fused():
     """``fusion(torch)`` whose blocks run as Triton kernels in the interpreter."""
-    with interpreter():
+    with triton_runtime.interpreter():
         return ember.device("torch").fusion(runtime="triton")
 
 
@@ -388,7 +371,7 @@ def _graph(d, shape, other, steps, x, y):
 @given(graphs())
 def test_random_graphs_fuse_and_match(graph):
     shape, other, steps = graph
-    with interpreter():
+    with triton_runtime.interpreter():
         fused = ember.device("torch").fusion(runtime="triton")
     x, y = _data(shape, 16), _data(other, 17)
     got, expected, counts = _run_both(fused, lambda d: _graph(d, shape, other, steps, x, y))
@@ -414,7 +397,7 @@ class _Tuned(triton_runtime.TritonRuntime):
 
 def test_launch_configurations_are_tuned_and_persisted(tmp_path):
     assert autotune.tuner_for(_make_interpreted(tmp_path)) is None  # interpreter: no tuning
-    with interpreter():
+    with triton_runtime.interpreter():
         runtime = _Tuned(tmp_path)
     tuner = autotune.Tuner(runtime, tmp_path)
     s = (64, 64)
@@ -439,7 +422,7 @@ def test_launch_configurations_are_tuned_and_persisted(tmp_path):
 def test_the_executor_tunes_blocks_and_matmul_epilogues(tmp_path):
     from ember.backends.fusion.executor import Executor
 
-    with interpreter():
+    with triton_runtime.interpreter():
         runtime = _Tuned(tmp_path)
         device = ember.device("torch").fusion(runtime="triton")
     device.backend.executor = Executor(device.backend.inner, runtime)
@@ -462,7 +445,7 @@ def test_the_executor_tunes_blocks_and_matmul_epilogues(tmp_path):
 
 
 def _make_interpreted(tmp_path):
-    with interpreter():
+    with triton_runtime.interpreter():
         return triton_runtime.TritonRuntime(tmp_path)
 
 
@@ -489,7 +472,7 @@ def test_cuda_fusion_says_why_it_cannot_use_triton(monkeypatch):
     from ember.backends.fusion import backend
 
     cuda = Device(ember.device("torch").backend, "cuda", 0)  # made without a GPU to check
-    with interpreter(), pytest.raises(BackendUnavailableError, match="interpreter"):
+    with triton_runtime.interpreter(), pytest.raises(BackendUnavailableError, match="interpreter"):
         cuda.fusion(runtime="triton")
     monkeypatch.setattr(triton_runtime, "triton", None)
     monkeypatch.setattr(backend, "_warned", set())

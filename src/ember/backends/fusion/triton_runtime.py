@@ -230,7 +230,7 @@ class TritonRuntime:
                 atomic_write(path, text.encode())
             spec = importlib.util.spec_from_file_location(f"ember_triton_kernels.{name}", path)
             module = importlib.util.module_from_spec(spec)
-            with _interpreter(self.interpret):
+            with interpreter(self.interpret):
                 spec.loader.exec_module(module)  # triton.jit reads TRITON_INTERPRET here
             sys.modules[spec.name] = module
             self._kernels[key] = module
@@ -364,9 +364,10 @@ def _fit(block: int, length: int) -> int:
 
 
 @contextlib.contextmanager
-def _interpreter(on: bool) -> Iterator[None]:
-    """Decorates kernels for the interpreter or not as the runtime was made, whatever
-    ``TRITON_INTERPRET`` says now."""
+def interpreter(on: bool = True) -> Iterator[None]:
+    """``TRITON_INTERPRET`` set to ``on`` for the block, then as it was: kernels are
+    decorated for the interpreter or not as the runtime was made, whatever the variable
+    says later (a runtime made inside the block keeps the interpreter)."""
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if on else "0"
     try:
