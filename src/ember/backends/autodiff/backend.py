@@ -95,16 +95,7 @@ class Autodiff(Decorator):
             # create_graph pass): one Float output, no checkpointing; _record inlined.
             rule = plan.rule
             if rule is not None:
-                shape, dtype = self._inner_shape, self._inner_dtype
-                shapes = tuple([None if x is None else shape(x) for x in prims])
-                dtypes = tuple([None if x is None else dtype(x) for x in prims])
-                needs = tuple([p is not None for p in parents])
-                saved = Saved(
-                    tuple(prims) if rule.keep_inputs else None,
-                    out if rule.keep_output else None,
-                    attrs, shapes, dtypes, needs,
-                )  # fmt: skip
-                return TrackedTensor(out, Node(op.name, tuple(parents), rule.fn, saved))
+                return TrackedTensor(out, self._node(op, rule, parents, prims, out, attrs))
         return self._wrap_tracked(op, plan, parents, [*prims, *attrs], prims, out, args)
 
     def _call_list_or_device(self, op: OpDef, plan: _Plan, args: tuple) -> Any:
@@ -135,6 +126,20 @@ class Autodiff(Decorator):
             node = self._record(op, plan, parents, inner_args, inputs, out, args)
         return TrackedTensor(out, node)
 
+    def _node(self, op: OpDef, rule: Any, parents: list, inputs: list | tuple, out: Any,
+              attrs: tuple) -> Node:  # fmt: skip
+        """The node of an op's output, keeping what ``rule`` asks for (no checkpointing)."""
+        shape, dtype = self._inner_shape, self._inner_dtype
+        saved = Saved(
+            tuple(inputs) if rule.keep_inputs else None,
+            out if rule.keep_output else None,
+            attrs,
+            tuple([None if x is None else shape(x) for x in inputs]),
+            tuple([None if x is None else dtype(x) for x in inputs]),
+            tuple([p is not None for p in parents]),
+        )
+        return Node(op.name, tuple(parents), rule.fn, saved)
+
     def _record(self, op: OpDef, plan: _Plan, parents: list, inner_args: list, inputs: list,
                 out: Any, args: tuple) -> Node:  # fmt: skip
         rule = plan.rule or RULES.get(op.name)  # a rule registered after the op's first call
@@ -144,20 +149,13 @@ class Autodiff(Decorator):
             # A backward rule's own op without a rule: first order only. Its node raises
             # if (only if) a later pass differentiates through it.
             return Node(op.name, tuple(parents), _first_order_only(op.name), None)
-        n = plan.n
+        attrs = tuple(inner_args[plan.n :])
+        if self.checkpointing is None:
+            return self._node(op, rule, parents, inputs, out, attrs)
         shape, dtype = self._inner_shape, self._inner_dtype
         shapes = tuple([None if x is None else shape(x) for x in inputs])
         dtypes = tuple([None if x is None else dtype(x) for x in inputs])
-        attrs = tuple(inner_args[n:])
         needs = tuple([p is not None for p in parents])
-
-        if self.checkpointing is None:
-            saved = Saved(
-                tuple(inputs) if rule.keep_inputs else None,
-                out if rule.keep_output else None,
-                attrs, shapes, dtypes, needs,
-            )  # fmt: skip
-            return Node(op.name, tuple(parents), rule.fn, saved)
 
         # Balanced checkpointing: every node keeps a recipe instead of tensors; compute-bound
         # ops (matmul, convolutions, pooling) also keep their output, so recomputation in the
@@ -167,7 +165,7 @@ class Autodiff(Decorator):
             return Saved(flat, output, attrs, shapes, dtypes, needs)
 
         recipe = Recompute(
-            plan.run, _refs(op, args, inner_args), n,
+            plan.run, _refs(op, args, inner_args), plan.n,
             make_saved, rule.keep_inputs, rule.keep_output,
         )  # fmt: skip
         keep = out if op.group in _COMPUTE_BOUND else None
