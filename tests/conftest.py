@@ -1,8 +1,10 @@
-"""Settings shared by every test: Hypothesis profiles sized for CI, and where compiled
-fusion kernels go."""
+"""Settings shared by every test: Hypothesis profiles sized for CI, where compiled fusion
+kernels go, and the CUDA cases left out where there is no GPU."""
 
+import gc
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -22,3 +24,65 @@ def pytest_configure(config) -> None:
     # Writing each explored plan to disk costs an fsync; tests/backends/fusion/
     # test_fusion_plans.py turns the store on where it is under test.
     os.environ.setdefault("EMBER_FUSION_PLANS", "0")
+
+
+def pytest_collection_finish(session) -> None:
+    # The collected items (over a million objects) live the whole run: frozen, they are no
+    # longer walked by every later collection, automatic or a test's own gc.collect() (a
+    # second each in a worker that collected the whole suite).
+    gc.collect()
+    gc.freeze()
+
+
+def _cuda_kind(value: object) -> bool:
+    """Whether a test parameter names a device kind on CUDA (``torch-cuda``,
+    ``autodiff-fusion-torch-cuda``, ...)."""
+    return isinstance(value, str) and value.endswith("-cuda")
+
+
+def _has_cuda() -> bool:
+    try:
+        import ember
+
+        return ember.device_count("torch", "cuda") > 0
+    except Exception:  # torch missing or broken: no GPU as far as the tests go
+        return False
+
+
+_LEFT_OUT: list[int] = []
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    # Each suite runs its cases once per device kind; without a GPU the CUDA kinds' cases
+    # (some 15,000) would each be collected, run and reported as a skip. They are left out
+    # here instead, and the summary says so once.
+    if not any(_cuda_kind(v) for item in items
+               for v in getattr(getattr(item, "callspec", None), "params", {}).values()):  # fmt: skip
+        return
+    if _has_cuda():
+        return
+    kept, left = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        (left if any(_cuda_kind(v) for v in params.values()) else kept).append(item)
+    if left:
+        items[:] = kept
+        config.hook.pytest_deselected(items=left)
+        _LEFT_OUT.append(len(left))
+        if hasattr(config, "workeroutput"):  # an xdist worker: tell the controller
+            config.workeroutput["cuda_left_out"] = len(left)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    left = getattr(node, "workeroutput", {}).get("cuda_left_out")
+    if left and not _LEFT_OUT:
+        _LEFT_OUT.append(left)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _LEFT_OUT:
+        terminalreporter.write_line(
+            f"{_LEFT_OUT[0]} CUDA cases (torch-cuda and the decorators over it) were not run: "
+            "no CUDA device (torch sees no GPU)"
+        )

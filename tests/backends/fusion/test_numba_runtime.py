@@ -749,6 +749,25 @@ def test_sizes_are_not_part_of_the_key(runtime):
     )
 
 
+def test_blocks_of_one_source_share_one_kernel(kernel_cache):
+    # Ranks and unit dims are part of a block's key, but a [6] chain, a [2, 1, 3] one (unit
+    # dim dropped, the rest merged into one loop) and a rank-0 one generate the same
+    # source: one compile, the other two find it in memory.
+    runtime = nr.NumbaRuntime(cache=kernel_cache / "shared")
+    for shape in [(6,), (2, 1, 3), (1, 6, 1)]:
+        x = np.linspace(-3, 3, math.prod(shape), dtype=np.float32).reshape(shape)
+        (y,) = runtime.run(gelu_block(shape), [x])
+        np.testing.assert_allclose(y, NdArray().gelu(x), rtol=2e-6, atol=1e-7)
+    assert (runtime.stats.compiled + runtime.stats.disk_hits, runtime.stats.memory_hits) == (1, 2)
+    assert len({k.source_path for k in runtime._kernels.values()}) == 1
+    # a block that broadcasts one input is another kernel
+    y = np.ones((2, 1), np.float32)
+    block = ir.Block((2, 3), (ir.Input((2, 3), F32), ir.Input((2, 1), F32)),
+                     (I("add", (0, 1), (), (2, 3), F32),), (2,))
+    runtime.run(block, [np.ones((2, 3), np.float32), y])
+    assert runtime.stats.compiled + runtime.stats.disk_hits == 2
+
+
 # ---------------------------------------------------------------------- caching
 _CHILD = """
 import json, sys

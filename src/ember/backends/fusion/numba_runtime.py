@@ -6,9 +6,11 @@ numba is optional (``pip install ember[jit]``). Importing this module never fail
 
 **Compiling.** A kernel's source is generated from the block (``numba_source``) and
 written as a real module file ``k_<hash>.py`` into the cache folder, ``<hash>`` covering
-the block's key and the generator's own source, so numba's ``cache=True`` keeps the
+the generated source and the generator's own source, so numba's ``cache=True`` keeps the
 machine code in ``__pycache__`` next to it and a new process loads it instead of
-compiling. The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
+compiling. Blocks whose keys differ only where the kernel does not see it (dims of size
+1, dims merged into one loop: a ``[4]`` and a ``[2, 1, 3]`` chain of the same ops) have
+the same source and share one kernel. The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
 (``~/.cache/ember/fusion``). Within a process, kernels are kept by key.
 
 **Inputs** may be any NumPy arrays of the block's shapes and dtypes: arrays that are not
@@ -140,6 +142,7 @@ class NumbaRuntime:
         self.pool = pool if pool is not None else BufferPool()
         self.stats = RuntimeStats()
         self._kernels: dict[tuple, _Kernel] = {}
+        self._modules: dict[str, Any] = {}  # by source digest: blocks of one source share it
         self._lock = threading.Lock()
         self._version = _generator_version()
 
@@ -160,7 +163,14 @@ class NumbaRuntime:
         from ember.backends.fusion.numba_source import generate, layout
 
         source = generate(block)
-        digest = hashlib.sha256(f"{self._version}\n{key!r}".encode()).hexdigest()[:32]
+        digest = hashlib.sha256(f"{self._version}\n{source}".encode()).hexdigest()[:32]
+        module = self._modules.get(digest)
+        if module is None:
+            module = self._modules[digest] = self._import(digest, source)
+        dtypes = tuple(np.dtype(_numpy_dtype(d)) for d in scalar_dtypes(block))
+        return _Kernel(module.kernel, Path(module.__file__), dtypes, layout(block).groups)
+
+    def _import(self, digest: str, source: str) -> Any:
         name = f"k_{digest}"
         self.cache.mkdir(parents=True, exist_ok=True)
         path = self.cache / f"{name}.py"
@@ -176,8 +186,7 @@ class NumbaRuntime:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules[module_name] = module
-        dtypes = tuple(np.dtype(_numpy_dtype(d)) for d in scalar_dtypes(block))
-        return _Kernel(module.kernel, path, dtypes, layout(block).groups)
+        return module
 
     # ------------------------------------------------------------------ running
     def run(self, block: ir.Block, inputs: list[np.ndarray], out: list[np.ndarray] | None = None,
@@ -207,11 +216,15 @@ class NumbaRuntime:
         count = max(1, min(int(count), _MAX_THREADS))
         args = ([a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs]
                 + [*scalars, *sizes, _CHUNK, err])  # fmt: skip
-        started = time.perf_counter()
-        # The first call compiles (or loads from disk): one part, on this thread.
-        _run_parts(kernel.dispatcher, args, count if kernel.ready else 1)
-        if not kernel.ready:
-            self._first_call(kernel, time.perf_counter() - started)
+        if kernel.ready:
+            _run_parts(kernel.dispatcher, args, count)
+        else:
+            # The first call compiles, loads from disk, or finds the kernel another block of
+            # the same source compiled: one part, on this thread.
+            before = _compiles(kernel.dispatcher)
+            started = time.perf_counter()
+            _run_parts(kernel.dispatcher, args, 1)
+            self._first_call(kernel, before, time.perf_counter() - started)
         self.stats.launches += 1
         if err[0]:
             raise KernelUnsupported("numba runtime: an int raised to a negative power")
@@ -222,15 +235,18 @@ class NumbaRuntime:
         (see the module doc)."""
         return max(1, min(int(self.threads or numba.config.NUMBA_NUM_THREADS), _MAX_THREADS))
 
-    def _first_call(self, kernel: _Kernel, seconds: float) -> None:
+    def _first_call(self, kernel: _Kernel, before: tuple[int, int], seconds: float) -> None:
         kernel.ready = True
-        hits = sum(kernel.dispatcher.stats.cache_hits.values())
+        overloads, hits = (now - then for now, then in zip(_compiles(kernel.dispatcher), before))
         with self._lock:
-            self.stats.compile_seconds += seconds
             if hits:
                 self.stats.disk_hits += 1
-            else:
+            elif overloads:
                 self.stats.compiled += 1
+            else:
+                self.stats.memory_hits += 1
+                return
+            self.stats.compile_seconds += seconds
 
     def _outputs(self, block: ir.Block, out: list[np.ndarray] | None) -> list[np.ndarray]:
         wanted = [(block.register_shape(r), _numpy_dtype(block.register_dtype(r)))
@@ -314,24 +330,42 @@ class _Workers:
 
     The parts of a launch are claimed from a shared counter, the caller's part 0 first, so
     a part nobody has claimed when the caller is done runs on the caller: a worker that a
-    loaded machine wakes late costs nothing but the part it took. Workers sleep on a
-    :class:`_Count` (no spinning beside BLAS threads) and report each part they ran on
-    another. Measured on 2 cores: a launch round trip of about 5 us, where a
-    ``ThreadPoolExecutor`` (condition variables) took 17-18 us and a pair of locks 11 us.
+    loaded machine wakes late costs nothing but the part it took. A launch posts its job
+    and bumps a counter; a worker that ran a part watches that counter for a short while
+    without the GIL (``numba_spin``: an idle vCPU wakes late) and then sleeps on a
+    :class:`_Count`, so it never spins for long beside BLAS threads, which spin too. Each
+    part a worker ran is reported on another :class:`_Count`. Measured on 2 cores: a
+    launch round trip of about 5 us to a sleeping worker, where a ``ThreadPoolExecutor``
+    (condition variables) took 17-18 us and a pair of locks 11 us.
     """
 
     def __init__(self, count: int) -> None:
+        from ember.backends.fusion import numba_spin
+
         self.count = count
         self._wake = _Count(one_at_a_time=True)
         self._done = _Count(one_at_a_time=False)
         self._job: _Job | None = None
         self.busy = threading.Lock()  # one launch at a time uses the workers
+        self._posted = np.zeros(1, np.int64)  # launches so far: what spinning workers watch
+        self._address = self._posted.ctypes.data
+        self._sleepers = 0  # workers asleep on _wake that no launch has woken yet
+        self._lock = threading.Lock()
+        self._wait = numba_spin.wait_for_change
+        self._rounds = numba_spin.rounds_for(numba_spin.spin_seconds(), self._address, 0)
         for i in range(count):
             threading.Thread(target=self._serve, name=f"ember-fusion-{i}", daemon=True).start()
 
     def _serve(self) -> None:
+        seen = 0
         while True:
-            self._wake.take(1)
+            if not (self._rounds and self._wait(self._address, seen, self._rounds)):
+                with self._lock:
+                    asleep = int(self._posted[0]) == seen
+                    self._sleepers += int(asleep)
+                if asleep:
+                    self._wake.take(1)
+            seen = int(self._posted[0])
             job = self._job  # None, or a later job, when woken late: harmless either way
             while job is not None and (part := job.claim()) is not None:
                 try:
@@ -339,7 +373,7 @@ class _Workers:
                 except BaseException as error:  # the caller raises it
                     job.errors.append(error)
                 self._done.add(1)
-            # Asleep, hold nothing: the job's arrays (a kernel's output among them) go back
+            # Waiting, hold nothing: the job's arrays (a kernel's output among them) go back
             # to the buffer pool only when nothing refers to them.
             job = None
 
@@ -347,8 +381,12 @@ class _Workers:
         job = _Job(kernel, args, parts)
         job.claim()  # part 0 is the caller's
         self._job = job
-        if self.count:
-            self._wake.add(min(parts - 1, self.count))
+        with self._lock:
+            self._posted[0] += 1
+            woken = min(parts - 1, self._sleepers)
+            self._sleepers -= woken
+        if woken:
+            self._wake.add(woken)
         mine = 1  # parts the caller claimed
         try:
             kernel(*args, 0, parts)
@@ -390,6 +428,11 @@ def parts_for(work: int, minimum: int, threads: int | None) -> int:
         return 1
     configured = os.environ.get("EMBER_FUSION_THREADS")
     return max(1, int(configured)) if configured else _MAX_THREADS
+
+
+def _compiles(dispatcher) -> tuple[int, int]:
+    """How many signatures ``dispatcher`` holds, and how many of them came from disk."""
+    return len(dispatcher.overloads), sum(dispatcher.stats.cache_hits.values())
 
 
 def _run_parts(kernel, args: list, parts: int) -> None:
