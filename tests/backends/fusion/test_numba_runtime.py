@@ -735,6 +735,39 @@ def test_run_parts_from_several_threads_at_once():
     assert sorted((t, p) for t, p, _, _ in log) == [(t, p) for t in range(8) for p in range(5)]
 
 
+def test_a_spinning_wait_sees_another_threads_store_and_times_out_without_one(monkeypatch):
+    from ember.backends.fusion import numba_spin
+
+    counter = np.zeros(1, np.int64)
+    address = counter.ctypes.data
+    assert not numba_spin.wait_for_change(address, 0, 1000)  # nothing changed
+    rounds = numba_spin.rounds_for(0.5, address, 0)  # about half a second of checks
+    assert rounds > 0
+    timer = threading.Timer(0.01, lambda: counter.__setitem__(0, 7))
+    timer.start()
+    started = time.monotonic()
+    assert numba_spin.wait_for_change(address, 0, rounds)  # the store ends the wait early
+    assert time.monotonic() - started < 0.45
+    timer.join()
+    assert numba_spin.wait_for_change(address, 0, 1) and not numba_spin.wait_for_change(address, 7, 1)
+    monkeypatch.setenv("EMBER_FUSION_SPIN_US", "0")
+    assert numba_spin.spin_seconds() == 0 and numba_spin.rounds_for(0.0, address, 7) == 0
+    monkeypatch.setenv("EMBER_FUSION_SPIN_US", "250")
+    assert numba_spin.spin_seconds() == pytest.approx(250e-6)
+
+
+def test_launches_after_idle_gaps_run_every_part_once():
+    # Workers asleep (long gaps), spinning (short gaps) or just done all wake for a launch
+    # (the caller's part 0 waits until a worker ran a part) and run each part once.
+    log = []
+    for gap in (0.0, 0.0001, 0.002, 0.0, 0.02):
+        time.sleep(gap)
+        log.clear()
+        nr._run_parts(_recording_kernel(log, slow_part=0, wait_for_worker=True), [None], 3)
+        assert sorted(part for _, part, _, _ in log) == [0, 1, 2]
+        assert any(name.startswith("ember-fusion") for _, _, _, name in log)
+
+
 def test_sizes_are_not_part_of_the_key(runtime):
     before = runtime.stats.compiled + runtime.stats.disk_hits
     for n in (1, 5, 1000):
