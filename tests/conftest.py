@@ -3,9 +3,15 @@ kernels go, and the CUDA cases left out where there is no GPU."""
 
 import gc
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).parent))
+import sharding
+from sharding import pytest_addoption  # noqa: F401 - the --shard option
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -53,6 +59,11 @@ _LEFT_OUT: list[int] = []
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    _leave_out_cuda_cases(config, items)
+    sharding.select(config, items)
+
+
+def _leave_out_cuda_cases(config, items) -> None:
     # Each suite runs its cases once per device kind; without a GPU the CUDA kinds' cases
     # (some 15,000) would each be collected, run and reported as a skip. They are left out
     # here instead, and the summary says so once.

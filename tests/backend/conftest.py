@@ -26,7 +26,7 @@ BACKENDS: dict[str, Callable[[], ember.Device]] = {
     "fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter"),
     "autodiff-fusion": lambda: ember.device("ndarray").fusion(runtime="interpreter").autodiff(),
     "fusion-torch": lambda: ember.device("torch").fusion(runtime="interpreter"),
-    # The same through compiled kernels (ember[jit]).
+    # The same through compiled kernels (ember[jit]): run when named (see OPT_IN).
     "fusion-numba": lambda: _numba_fusion(),
     "torch-cuda": lambda: _cuda_device(),
     # Triton kernels generated from the fused IR: on CPU tensors through Triton's
@@ -75,11 +75,13 @@ def _cuda_device() -> ember.Device:
     return ember.device("torch", "cuda:0")
 
 
-OPT_IN = frozenset({"fusion-triton"})
-"""Backends that run only when ``EMBER_TEST_BACKENDS`` names them: Triton's interpreter
-takes about 3 minutes over the whole suite on 2 cores (it passes), beyond the default
-run's budget; tests/backends/fusion/test_triton_runtime.py runs a representative part of
-it by default."""
+OPT_IN = frozenset({"fusion-numba", "fusion-triton"})
+"""Backends that run only when ``EMBER_TEST_BACKENDS`` names them, beyond the default
+run's budget: numba compiles some 290 kernels over the whole suite (about 200 s of a
+core on the 2-core CI machine; it passes), and Triton's interpreter takes about 3
+minutes. By default, tests/backends/fusion/ runs representative parts of each:
+``test_numba_runtime.py`` (every op in random blocks of every dtype and reductions,
+checked against NdArray) and ``test_triton_runtime.py``."""
 
 
 def _selected() -> list[str]:
