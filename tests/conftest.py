@@ -35,9 +35,13 @@ def pytest_configure(config) -> None:
 def pytest_collection_finish(session) -> None:
     # The collected items (over a million objects) live the whole run: frozen, they are no
     # longer walked by every later collection, automatic or a test's own gc.collect() (a
-    # second each in a worker that collected the whole suite).
+    # second each in a process that collected the whole suite). Tests make many short-lived
+    # objects: collecting the young generation every 20,000 allocations instead of 700
+    # cut the conformance suite's time in the collector from 9 s to 3 s (and its wall time
+    # by a fifth); tests that need garbage gone call gc.collect() themselves.
     gc.collect()
     gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
 
 
 def _cuda_kind(value: object) -> bool:

@@ -62,7 +62,10 @@ def gone(pid: int) -> bool:
 @pytest.fixture(autouse=True)
 def no_leaks():
     yield
-    gc.collect()  # loaders dropped by the test shut their workers down when collected
+    if worker_children() or segment_folders():
+        # Loaders dropped by the test shut their workers down when collected (a collection
+        # walks the whole heap: a second late in a long pytest run, so only when needed).
+        gc.collect()
     assert worker_children() == []
     assert segment_folders() == []
 

@@ -277,6 +277,7 @@ class NumbaRuntime:
 
 
 _MAX_THREADS = os.cpu_count() or 1
+_WAIT_ROUNDS = 100_000  # checks of a caller's spell of waiting for workers (some ms)
 
 
 class _Job:
@@ -331,12 +332,14 @@ class _Workers:
     The parts of a launch are claimed from a shared counter, the caller's part 0 first, so
     a part nobody has claimed when the caller is done runs on the caller: a worker that a
     loaded machine wakes late costs nothing but the part it took. A launch posts its job
-    and bumps a counter; a worker that ran a part watches that counter for a short while
-    without the GIL (``numba_spin``: an idle vCPU wakes late) and then sleeps on a
-    :class:`_Count`, so it never spins for long beside BLAS threads, which spin too. Each
-    part a worker ran is reported on another :class:`_Count`. Measured on 2 cores: a
-    launch round trip of about 5 us to a sleeping worker, where a ``ThreadPoolExecutor``
-    (condition variables) took 17-18 us and a pair of locks 11 us.
+    and bumps a counter; a worker that ran parts reports them on another counter and then
+    watches the first for a short while, both without the GIL (``numba_spin``), before it
+    sleeps on a :class:`_Count`; the caller waits for the reports without the GIL too.
+    Nothing sleeps while kernels follow each other, since on a virtual machine a thread
+    woken from sleep starts 25-150 us late (an idle vCPU halts), and a thread that finds
+    the GIL taken sleeps on it; and nothing spins for long beside BLAS threads, which spin
+    too. Measured on 2 cores: a launch round trip of about 5 us to a sleeping worker,
+    where a ``ThreadPoolExecutor`` (condition variables) took 17-18 us.
     """
 
     def __init__(self, count: int) -> None:
@@ -344,35 +347,38 @@ class _Workers:
 
         self.count = count
         self._wake = _Count(one_at_a_time=True)
-        self._done = _Count(one_at_a_time=False)
         self._job: _Job | None = None
         self.busy = threading.Lock()  # one launch at a time uses the workers
-        self._posted = np.zeros(1, np.int64)  # launches so far: what spinning workers watch
-        self._address = self._posted.ctypes.data
+        # [launches so far (what waiting workers watch), parts the workers ran this launch]
+        self._counters = np.zeros(2, np.int64)
+        self._posted = self._counters.ctypes.data
+        self._reported = self._posted + 8
         self._sleepers = 0  # workers asleep on _wake that no launch has woken yet
         self._lock = threading.Lock()
-        self._wait = numba_spin.wait_for_change
-        self._rounds = numba_spin.rounds_for(numba_spin.spin_seconds(), self._address, 0)
+        self._spin = numba_spin
+        self._rounds = numba_spin.rounds_for(numba_spin.spin_seconds(), self._posted, 0)
         for i in range(count):
             threading.Thread(target=self._serve, name=f"ember-fusion-{i}", daemon=True).start()
 
     def _serve(self) -> None:
-        seen = 0
+        seen, ran = 0, 0
         while True:
-            if not (self._rounds and self._wait(self._address, seen, self._rounds)):
+            woken = self._spin.report_and_wait(self._reported, ran, self._posted, seen,
+                                               self._rounds)  # fmt: skip
+            if not woken:
                 with self._lock:
-                    asleep = int(self._posted[0]) == seen
+                    asleep = int(self._counters[0]) == seen
                     self._sleepers += int(asleep)
                 if asleep:
                     self._wake.take(1)
-            seen = int(self._posted[0])
+            seen, ran = int(self._counters[0]), 0
             job = self._job  # None, or a later job, when woken late: harmless either way
             while job is not None and (part := job.claim()) is not None:
                 try:
                     job.kernel(*job.args, part, job.parts)
                 except BaseException as error:  # the caller raises it
                     job.errors.append(error)
-                self._done.add(1)
+                ran += 1
             # Waiting, hold nothing: the job's arrays (a kernel's output among them) go back
             # to the buffer pool only when nothing refers to them.
             job = None
@@ -382,7 +388,8 @@ class _Workers:
         job.claim()  # part 0 is the caller's
         self._job = job
         with self._lock:
-            self._posted[0] += 1
+            self._counters[1] = 0
+            self._counters[0] += 1
             woken = min(parts - 1, self._sleepers)
             self._sleepers -= woken
         if woken:
@@ -396,9 +403,10 @@ class _Workers:
         finally:
             while job.claim() is not None:  # after an error: leave the workers nothing new
                 mine += 1
-            waiting = parts - mine  # the workers' parts: each reports 1
-            while waiting > 0:
-                waiting -= self._done.take(waiting)
+            # A worker reports the parts it ran when it is done with the launch. Between
+            # spells of spinning, a KeyboardInterrupt can land.
+            while not self._spin.wait_until(self._reported, parts - mine, _WAIT_ROUNDS):
+                time.sleep(0)
             self._job = None
         if job.errors:
             raise job.errors[0]

@@ -27,7 +27,7 @@ try:  # numba is optional: numba_runtime checks it before starting workers
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["rounds_for", "spin_seconds", "wait_for_change"]
+__all__ = ["report_and_wait", "rounds_for", "spin_seconds", "wait_for_change", "wait_until"]
 
 DEFAULT_SPIN_US = 300
 
@@ -68,6 +68,18 @@ if numba is not None:
 
         return sig, codegen
 
+    @intrinsic
+    def _add(typingctx, address, value):
+        """Adds ``value`` to the int64 at ``address`` atomically."""
+        sig = types.void(types.uintp, types.int64)
+
+        def codegen(context, builder, signature, args):
+            pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+            builder.atomic_rmw("add", pointer, args[1], "acq_rel")
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     @numba.njit(nogil=True, cache=True)
     def wait_for_change(address, seen, rounds):
         """Whether the int64 at ``address`` differs from ``seen`` within ``rounds`` checks."""
@@ -76,6 +88,24 @@ if numba is not None:
                 return True
             _pause()
         return _load_acquire(address) != seen
+
+    @numba.njit(nogil=True, cache=True)
+    def report_and_wait(report, count, address, seen, rounds):
+        """Adds ``count`` to the int64 at ``report``, then :func:`wait_for_change`. The
+        addition happens without the GIL, so whoever waits for it (:func:`wait_until`)
+        finds the GIL free once it sees it."""
+        if count:
+            _add(report, count)
+        return wait_for_change(address, seen, rounds)
+
+    @numba.njit(nogil=True, cache=True)
+    def wait_until(address, target, rounds):
+        """Whether the int64 at ``address`` reaches ``target`` within ``rounds`` checks."""
+        for _ in range(rounds):
+            if _load_acquire(address) >= target:
+                return True
+            _pause()
+        return _load_acquire(address) >= target
 
 
 def rounds_for(seconds: float, address: int, seen: int) -> int:
