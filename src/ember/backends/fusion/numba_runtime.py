@@ -277,6 +277,11 @@ class NumbaRuntime:
 
 
 _MAX_THREADS = os.cpu_count() or 1
+_LINGER_SECONDS = 5e-6
+"""How long a worker that saw a launch waits before taking the GIL: the caller lets it go
+when it enters its own part, a few microseconds after posting the launch (measured on 2
+vCPUs, back-to-back launches of 20 us parts: 41-52 us without it, 29-46 us with 5 us,
+34-54 us with 10 us)."""
 _WAIT_ROUNDS = 100_000  # checks of a caller's spell of waiting for workers (some ms)
 
 
@@ -357,6 +362,7 @@ class _Workers:
         self._lock = threading.Lock()
         self._spin = numba_spin
         self._rounds = numba_spin.rounds_for(numba_spin.spin_seconds(), self._posted, 0)
+        self._linger = int(self._rounds * _LINGER_SECONDS / max(numba_spin.spin_seconds(), 1e-9))
         for i in range(count):
             threading.Thread(target=self._serve, name=f"ember-fusion-{i}", daemon=True).start()
 
@@ -364,7 +370,7 @@ class _Workers:
         seen, ran = 0, 0
         while True:
             woken = self._spin.report_and_wait(self._reported, ran, self._posted, seen,
-                                               self._rounds)  # fmt: skip
+                                               self._rounds, self._linger)  # fmt: skip
             if not woken:
                 with self._lock:
                     asleep = int(self._counters[0]) == seen

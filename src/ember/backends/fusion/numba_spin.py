@@ -90,13 +90,19 @@ if numba is not None:
         return _load_acquire(address) != seen
 
     @numba.njit(nogil=True, cache=True)
-    def report_and_wait(report, count, address, seen, rounds):
-        """Adds ``count`` to the int64 at ``report``, then :func:`wait_for_change`. The
-        addition happens without the GIL, so whoever waits for it (:func:`wait_until`)
-        finds the GIL free once it sees it."""
+    def report_and_wait(report, count, address, seen, rounds, linger):
+        """Adds ``count`` to the int64 at ``report``, then :func:`wait_for_change`, and
+        after a change waits ``linger`` rounds more. The addition happens without the GIL,
+        so whoever waits for it (:func:`wait_until`) finds the GIL free once it sees it;
+        the lingering gives whoever made the change the moment it needs to let the GIL go
+        (a thread that finds the GIL taken sleeps, and wakes late)."""
         if count:
             _add(report, count)
-        return wait_for_change(address, seen, rounds)
+        if not wait_for_change(address, seen, rounds):
+            return False
+        for _ in range(linger):
+            _pause()
+        return True
 
     @numba.njit(nogil=True, cache=True)
     def wait_until(address, target, rounds):
