@@ -1,5 +1,6 @@
 """Settings shared by every test: Hypothesis profiles sized for CI, where compiled fusion
-kernels go, and the CUDA cases left out where there is no GPU."""
+kernels go, the garbage collector's settings, the CUDA cases left out where there is no
+GPU, and ``--shard`` (``sharding.py``)."""
 
 import gc
 import os
@@ -71,21 +72,18 @@ def _leave_out_cuda_cases(config, items) -> None:
     # Each suite runs its cases once per device kind; without a GPU the CUDA kinds' cases
     # (some 15,000) would each be collected, run and reported as a skip. They are left out
     # here instead, and the summary says so once.
-    if not any(_cuda_kind(v) for item in items
-               for v in getattr(getattr(item, "callspec", None), "params", {}).values()):  # fmt: skip
-        return
-    if _has_cuda():
-        return
-    kept, left = [], []
-    for item in items:
+    def on_cuda(item) -> bool:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        (left if any(_cuda_kind(v) for v in params.values()) else kept).append(item)
-    if left:
-        items[:] = kept
-        config.hook.pytest_deselected(items=left)
-        _LEFT_OUT.append(len(left))
-        if hasattr(config, "workeroutput"):  # an xdist worker: tell the controller
-            config.workeroutput["cuda_left_out"] = len(left)
+        return any(_cuda_kind(value) for value in params.values())
+
+    left = [item for item in items if on_cuda(item)]
+    if not left or _has_cuda():
+        return
+    items[:] = [item for item in items if not on_cuda(item)]
+    config.hook.pytest_deselected(items=left)
+    _LEFT_OUT.append(len(left))
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker (-n): tell the controller
+        config.workeroutput["cuda_left_out"] = len(left)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -10,8 +10,9 @@ the generated source and the generator's own source, so numba's ``cache=True`` k
 machine code in ``__pycache__`` next to it and a new process loads it instead of
 compiling. Blocks whose keys differ only where the kernel does not see it (dims of size
 1, dims merged into one loop: a ``[4]`` and a ``[2, 1, 3]`` chain of the same ops) have
-the same source and share one kernel. The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
-(``~/.cache/ember/fusion``). Within a process, kernels are kept by key.
+the same source and share one kernel. The folder is ``EMBER_FUSION_CACHE``, else
+``$XDG_CACHE_HOME/ember/fusion`` (``~/.cache/ember/fusion``). Within a process, kernels
+are kept by key.
 
 **Inputs** may be any NumPy arrays of the block's shapes and dtypes: arrays that are not
 C-contiguous (transposed or sliced views, from torch or NumPy) are copied to contiguous
@@ -303,16 +304,16 @@ class _Job:
 
 
 class _Count:
-    """A count one thread adds to and another takes from, blocking in a system call that
-    releases the GIL: an eventfd where the OS has one, else a pipe (a byte per unit). A
-    pipe's writer wakes the reader as a "sync" wake-up, which Linux may answer by queueing
-    the reader on the writer's own core, where the writer keeps running its part; an
-    eventfd's wake-up carries no such hint."""
+    """A count a launch adds to and sleeping workers take from, one unit each, blocking in
+    a system call that releases the GIL: an eventfd where the OS has one, else a pipe (a
+    byte per unit). A pipe's writer wakes the reader as a "sync" wake-up, which Linux may
+    answer by queueing the reader on the writer's own core, where the writer keeps running
+    its part; an eventfd's wake-up carries no such hint."""
 
-    def __init__(self, one_at_a_time: bool) -> None:
+    def __init__(self) -> None:
         self._eventfd = hasattr(os, "eventfd")
         if self._eventfd:
-            self._fd = os.eventfd(0, os.EFD_SEMAPHORE if one_at_a_time else 0)
+            self._fd = os.eventfd(0, os.EFD_SEMAPHORE)
         else:  # platforms without eventfd
             self._read, self._write = os.pipe()
 
@@ -322,13 +323,12 @@ class _Count:
         else:
             os.write(self._write, b"x" * n)
 
-    def take(self, most: int) -> int:
-        """Waits until the count is above 0, then takes from it: 1 when made
-        ``one_at_a_time`` (each waiter wakes for one unit), else all of it (at most
-        ``most`` from a pipe)."""
+    def take(self) -> None:
+        """Waits until the count is above 0, then takes 1 from it."""
         if self._eventfd:
-            return os.eventfd_read(self._fd)
-        return len(os.read(self._read, most))
+            os.eventfd_read(self._fd)
+        else:
+            os.read(self._read, 1)
 
 
 class _Workers:
@@ -351,7 +351,7 @@ class _Workers:
         from ember.backends.fusion import numba_spin
 
         self.count = count
-        self._wake = _Count(one_at_a_time=True)
+        self._wake = _Count()
         self._job: _Job | None = None
         self.busy = threading.Lock()  # one launch at a time uses the workers
         # [launches so far (what waiting workers watch), parts the workers ran this launch]
@@ -376,7 +376,7 @@ class _Workers:
                     asleep = int(self._counters[0]) == seen
                     self._sleepers += int(asleep)
                 if asleep:
-                    self._wake.take(1)
+                    self._wake.take()
             seen, ran = int(self._counters[0]), 0
             job = self._job  # None, or a later job, when woken late: harmless either way
             while job is not None and (part := job.claim()) is not None:
@@ -394,7 +394,6 @@ class _Workers:
         job.claim()  # part 0 is the caller's
         self._job = job
         with self._lock:
-            self._counters[1] = 0
             self._counters[0] += 1
             woken = min(parts - 1, self._sleepers)
             self._sleepers -= woken
@@ -414,6 +413,8 @@ class _Workers:
             while not self._spin.wait_until(self._reported, parts - mine, _WAIT_ROUNDS):
                 time.sleep(0)
             self._job = None
+            with self._lock:  # its release orders this before the next launch's post
+                self._counters[1] = 0
         if job.errors:
             raise job.errors[0]
 
