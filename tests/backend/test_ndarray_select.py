@@ -14,6 +14,12 @@ from ember.backends.ndarray.backend import _BITWISE_SELECT_MIN, NdArray, select
 
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int64, np.int32, np.int8,
           np.uint8, np.bool_]  # fmt: skip
+SELECT_SHAPES = [  # (mask, a, b): each big enough for the bitwise path
+    ((64, 97), (64, 97), (64, 97)),
+    ((64, 97), (), (64, 97)),  # mask_fill: a scalar value
+    ((64, 1), (64, 97), (1, 97)),  # everything broadcast
+    ((97,), (64, 97), (64, 97)),
+]
 
 
 def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -31,12 +37,7 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarr
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize(
     ("mask_shape", "a_shape", "b_shape"),
-    [
-        ((64, 97), (64, 97), (64, 97)),
-        ((64, 97), (), (64, 97)),  # mask_fill: a scalar value
-        ((64, 1), (64, 97), (1, 97)),  # everything broadcast
-        ((97,), (64, 97), (64, 97)),
-    ],
+    SELECT_SHAPES,
 )
 def test_select_is_where_bit_for_bit(dtype, mask_shape, a_shape, b_shape):
     rng = np.random.default_rng(0)

@@ -9,6 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_ndarray_select import SELECT_SHAPES  # noqa: E402 - the same cases as NdArray's
+
 from ember.backends.torch.backend import _BITWISE_SELECT_MIN, select  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -30,12 +32,7 @@ def _values(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tens
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     ("mask_shape", "a_shape", "b_shape"),
-    [
-        ((64, 97), (64, 97), (64, 97)),
-        ((64, 97), (), (64, 97)),  # mask_fill: a scalar value
-        ((64, 1), (64, 97), (1, 97)),  # everything broadcast
-        ((97,), (64, 97), (64, 97)),
-    ],
+    SELECT_SHAPES,
 )
 def test_select_is_where_bit_for_bit(dtype, mask_shape, a_shape, b_shape):
     mask = torch.rand(mask_shape, generator=torch.Generator().manual_seed(2)) < 0.5
