@@ -411,14 +411,14 @@ def test_default_renderer_follows_the_terminal(monkeypatch):
     assert isinstance(default_renderer(), PlainRenderer)
 
 
-def test_default_renderer_on_a_terminal(monkeypatch, caplog):
+def test_default_renderer_on_a_terminal(monkeypatch, log_records):
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     try:
         from ember.train.renderer.dashboard import DashboardRenderer
     except ImportError:
         renderer = default_renderer()
         assert isinstance(renderer, PlainRenderer)
-        assert "the dashboard is not available" in caplog.text
+        assert "the dashboard is not available" in log_records.text
     else:
         assert isinstance(default_renderer(), DashboardRenderer)
 

@@ -172,13 +172,12 @@ def test_fit_without_matplotlib_prints_a_notice_and_trains(tmp_path, monkeypatch
 
 
 @needs_matplotlib
-def test_a_report_that_fails_leaves_the_fit_whole(tmp_path, caplog):
+def test_a_report_that_fails_leaves_the_fit_whole(tmp_path, log_records):
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "config.json").write_text("{not json")  # hostile, there before the run
-    with caplog.at_level("WARNING", logger="ember"):
-        learner = short_fit(tmp_path)
+    learner = short_fit(tmp_path)
     assert learner.history.value("valid", "Loss", EPOCHS) is not None
-    warning = [r.getMessage() for r in caplog.records if "training report" in r.getMessage()]
+    warning = [r.getMessage() for r in log_records.records if "training report" in r.getMessage()]
     assert len(warning) == 1 and "ArtifactFileError" in warning[0] and "config.json" in warning[0]
     assert not (tmp_path / "report" / "index.html").exists()
 
