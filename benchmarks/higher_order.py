@@ -13,27 +13,37 @@ Two workloads, written functionally on both sides with the same weights and inpu
   respect to its weights, along a random direction: the gradient (``create_graph``), then
   the gradient of its dot product with the direction.
 
-ember runs on autodiff(ndarray) and autodiff(torch); each row is the median of repeated
-calls, with its ratio to PyTorch eager in the same run.
+ember runs on autodiff(ndarray), autodiff(torch) and autodiff(fusion(ndarray)). The calls
+of all sides alternate (``timing.interleaved_seconds``); each row gives the median wall
+time of a call and the median CPU time of the calling thread (the steadier figure on a
+shared host at one thread), each with its ratio to PyTorch eager in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import median_seconds, pin_threads, print_table
+from timing import interleaved_seconds, pin_threads, print_table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
-    pin_threads(max(counts))
+    if len(counts) > 1:
+        # One process per thread count: NumPy's BLAS takes its thread count once, at start.
+        for threads in counts:
+            subprocess.run([sys.executable, __file__, "--threads", str(threads), "--batch",
+                            str(args.batch), "--rounds", str(args.rounds)], check=True)  # fmt: skip
+        return
+    pin_threads(counts[0])
 
     import numpy as np
     import torch
@@ -150,18 +160,20 @@ def main() -> None:
         return step
 
     devices = {"ember autodiff(ndarray)": ember.device("ndarray").autodiff(),
-               "ember autodiff(torch)": ember.device("torch").autodiff()}  # fmt: skip
-    for threads in counts:
-        torch.set_num_threads(threads)
-        for title, reference, ours in (("gradient penalty step", torch_penalty_step, ember_penalty_step),
-                                       ("Hessian-vector product of the guide CNN", torch_hvp, ember_hvp)):  # fmt: skip
-            t_ref = median_seconds(reference()) * 1e3
-            rows = [["torch eager", f"{t_ref:.2f}", "1.00x"]]
-            for label, device in devices.items():
-                t = median_seconds(ours(device)) * 1e3
-                rows.append([label, f"{t:.2f}", f"{t / t_ref:.2f}x"])
-            print_table(f"{title}, batch {batch}, {threads} thread(s): ms", ["impl", "ms", "vs torch"],
-                        rows)  # fmt: skip
+               "ember autodiff(torch)": ember.device("torch").autodiff(),
+               "ember autodiff(fusion(ndarray))": ember.device("ndarray").fusion().autodiff()}  # fmt: skip
+    threads = counts[0]
+    torch.set_num_threads(threads)
+    for title, reference, ours in (("gradient penalty step", torch_penalty_step, ember_penalty_step),
+                                   ("Hessian-vector product of the guide CNN", torch_hvp, ember_hvp)):  # fmt: skip
+        calls = {"torch eager": reference()}
+        calls.update({label: ours(device) for label, device in devices.items()})
+        times = interleaved_seconds(calls, args.rounds)
+        wall_ref, cpu_ref = times["torch eager"]
+        rows = [[label, f"{wall * 1e3:.2f}", f"{wall / wall_ref:.2f}x", f"{cpu * 1e3:.2f}",
+                 f"{cpu / cpu_ref:.2f}x"] for label, (wall, cpu) in times.items()]  # fmt: skip
+        print_table(f"{title}, batch {batch}, {threads} thread(s)",
+                    ["impl", "wall ms", "vs torch", "thread CPU ms", "vs torch"], rows)  # fmt: skip
 
 
 if __name__ == "__main__":

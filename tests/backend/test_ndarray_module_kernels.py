@@ -152,6 +152,42 @@ def test_conv3d(xs, ws, stride, padding, dilation, groups, dtype):
     _close(out, F.conv3d(_t(x), _t(w), _t(b), stride, padding, dilation, groups), dtype)
 
 
+CONV3D_GRAD_CASES = [  # x, w, stride, padding, dilation, groups
+    pytest.param((2, 3, 5, 6, 7), (4, 3, 3, 2, 3), (1, 2, 1), (1, 0, 1), (1, 1, 2), 1, id="3d-mixed"),
+    pytest.param((1, 4, 6, 5, 4), (4, 2, 2, 3, 3), (2, 1, 1), (0, 1, 1), (2, 1, 1), 2, id="3d-groups2"),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize(("xs", "ws", "stride", "padding", "dilation", "groups"),
+                         CONV2D_CASES + CONV3D_GRAD_CASES)  # fmt: skip
+def test_weight_grad_nd(xs, ws, stride, padding, dilation, groups, dtype):
+    x = _rand(xs, dtype)
+    w = _rand(ws, dtype, seed=1)
+    conv_fn = F.conv2d if len(xs) == 4 else F.conv3d
+    g, (_, ref) = _grad(lambda a, b: conv_fn(a, b, None, stride, padding, dilation, groups), x, w)
+    dw = conv.weight_grad_nd(x, g.astype(dtype), ws[2:], stride, padding, dilation, groups)
+    _close(dw, ref, dtype)
+
+
+@pytest.mark.parametrize(("groups", "padding"), [(1, (0, 0)), (1, (1, 2)), (2, (1, 1))])
+def test_weight_grad_nd_in_blocks(monkeypatch, groups, padding):
+    """Many blocks of samples, a partial last one, and a gradient that is a strided view."""
+    monkeypatch.setattr(conv, "_COLS_BUDGET_BYTES", 60_000)
+    x = _rand((11, 4, 13, 12), np.float32)
+    w = _rand((6, 4 // groups, 3, 3), np.float32, seed=1)
+    g, (_, ref) = _grad(lambda a, b: F.conv2d(a, b, None, 1, padding, 1, groups), x, w)
+    strided = np.asfortranarray(g.astype(np.float32))
+    dw = conv.weight_grad_nd(x, strided, (3, 3), (1, 1), padding, (1, 1), groups)
+    _close(dw, ref, np.float32)
+
+
+def test_weight_grad_nd_of_an_empty_batch():
+    x, g = np.zeros((0, 3, 6, 6), np.float32), np.zeros((0, 4, 4, 4), np.float32)
+    dw = conv.weight_grad_nd(x, g, (3, 3), (1, 1), (0, 0), (1, 1), 1)
+    assert dw.shape == (4, 3, 3, 3) and dw.dtype == np.float32 and not dw.any()
+
+
 def test_conv1d_through_conv_nd():
     x, w, b = _rand((2, 3, 20)), _rand((4, 3, 5), seed=1), _rand(4, seed=2)
     out = conv.conv_nd(x, w, b, (2,), (3,), (2,), 1)
@@ -523,6 +559,7 @@ def _calls(dtype):
     p_max = _pool((3, 3), (1, 1), (1, 1))
     max_idx = pool.max_pool2d_with_indices(x, p_max)[1]
     g_max, g_adapt = _rand((2, 4, 9, 8), dtype, 12), _rand((2, 4, 4, 3), dtype, 13)
+    g_conv = _rand((2, 6, 9, 8), dtype, 14)
     tx = _t(x)
     return [
         ("conv2d", lambda: conv.conv2d(x, w, b, ConvOptions((1, 2), (1, 1), (1, 1), 2)), (x, w, b),
@@ -543,6 +580,8 @@ def _calls(dtype):
          _grad_with(lambda t: F.embedding(torch.from_numpy(idx), t), weights, g_emb)),
         ("embedding", lambda: resample.embedding(weights, idx), (weights, idx),
          F.embedding(torch.from_numpy(idx), _t(weights))),
+        ("weight_grad_nd", lambda: conv.weight_grad_nd(x, g_conv, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+         (x, g_conv), _grad_with(lambda t: F.conv2d(tx, t, None, 1, 1, 1, 2), w, g_conv)),
         ("conv3d", lambda: conv.conv3d(x3, w3, None, ConvOptions((1, 1, 2), (1, 0, 1), (1, 1, 1))), (x3, w3),
          F.conv3d(_t(x3), _t(w3), None, (1, 1, 2), (1, 0, 1))),
         ("conv_transpose3d", lambda: conv.conv_transpose3d(x3, wt3, None, ConvTransposeOptions((2, 1, 2), (1, 0, 0), (0, 0, 1), (1, 1, 1))),

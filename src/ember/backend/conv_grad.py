@@ -4,7 +4,7 @@
 ``conv_weight_backward``, ``conv_transpose_x_backward`` and
 ``conv_transpose_weight_backward`` with these functions, from the backend's own
 convolutions; a backend with a dedicated kernel overrides them (Torch uses
-``aten.convolution_backward``). As in Burn's ``ModuleOps``, every function takes
+``aten.convolution_backward``, NdArray its blocked weight gradient). As in Burn's ``ModuleOps``, every function takes
 the backend ``B`` and works on its primitives. Convolution gradients are
 themselves convolutions:
 

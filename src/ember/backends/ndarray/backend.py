@@ -391,6 +391,16 @@ class NdArray(Backend):
     conv_transpose2d = staticmethod(conv.conv_transpose2d)
     conv_transpose3d = staticmethod(conv.conv_transpose3d)
     unfold4d = staticmethod(conv.unfold4d)
+
+    def conv_weight_backward(self, x, weight, grad, options):
+        return conv.weight_grad_nd(x, grad, weight.shape[2:], options.stride, options.padding,
+                                   options.dilation, options.groups)  # fmt: skip
+
+    def conv_transpose_weight_backward(self, x, weight, grad, options):
+        # The transposed convolution's input is the output gradient of a convolution of its
+        # output (ember.backend.conv_grad): the same weight gradient, roles exchanged.
+        return conv.weight_grad_nd(grad, x, weight.shape[2:], options.stride, options.padding,
+                                   options.dilation, options.groups)  # fmt: skip
     avg_pool2d = staticmethod(pool.avg_pool2d)
     avg_pool2d_backward = staticmethod(pool.avg_pool2d_backward)
     max_pool2d_with_indices = staticmethod(pool.max_pool2d_with_indices)

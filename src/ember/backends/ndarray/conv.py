@@ -33,6 +33,10 @@ Layout choices, each measured against the alternatives on the guide shapes:
   once per block, not per sample. Its scratch buffers are reused across calls
   (see :func:`_scratch`).
 
+The weight gradient (:func:`weight_grad_nd`) reuses the same unrolled blocks, laid out
+``[groups, rows, samples, positions]`` so that one product per block sums over all of
+its samples and positions at once.
+
 Transposed convolutions have two lowerings, picked per call by their estimated memory
 traffic (:func:`_col2im_is_cheaper`):
 
@@ -52,6 +56,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ml_dtypes
@@ -71,6 +77,7 @@ __all__ = [
     "conv_transpose3d",
     "conv_transpose_nd",
     "unfold4d",
+    "weight_grad_nd",
 ]
 
 _HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -99,6 +106,143 @@ def _finish(out: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out if out.dtype == dtype else out.astype(dtype)
 
 
+@dataclass(frozen=True)
+class _Unrolled:
+    """How one call unrolls its input (see the module docstring), shared by the blocks.
+
+    A block holds ``chunk`` samples; each (group, channel, kernel tap) row of a sample is
+    ``length`` columns: ``prod(out[:-1]) * last`` positions, where ``last`` is the padded
+    row's width when whole rows are unrolled (``full_row``) and the output's otherwise.
+    ``extra`` is 1 when a row of ones (the bias) follows the ``rows`` unrolled ones.
+    """
+
+    x: np.ndarray  # cropped where a padding is negative
+    pad_lo: tuple[int, ...]
+    padded: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    out: tuple[int, ...]
+    dtype: np.dtype
+    extra: int
+    full_row: bool
+    last: int
+    slack: int  # elements that full rows read past the end of a block
+    in_place: bool  # the input is read as it is, without a padded copy
+    rows: int  # unrolled rows per group: channels per group times kernel taps
+    length: int
+    chunk: int
+
+
+def _unrolled(
+    x: np.ndarray,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    pad_lo: tuple[int, ...],
+    pad_hi: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+    out: tuple[int, ...],
+    dtype: np.dtype,
+    extra: int,
+
+) -> _Unrolled:
+    """The unrolling of ``x`` ``[N, C, *S]`` for a convolution with ``out`` positions;
+    negative pads crop."""
+    if min(pad_lo) < 0 or min(pad_hi) < 0:
+        x = x[
+            (
+                slice(None),
+                slice(None),
+                *(
+                    slice(max(0, -lo), s - max(0, -hi))
+                    for lo, hi, s in zip(pad_lo, pad_hi, x.shape[2:])
+                ),
+            )
+        ]
+        pad_lo = tuple(max(0, p) for p in pad_lo)
+        pad_hi = tuple(max(0, p) for p in pad_hi)
+    n, c = x.shape[:2]
+    padded = tuple(s + lo + hi for s, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
+    full_row = stride[-1] == 1 and padded[-1] <= _MAX_FULL_ROW_WASTE * out[-1]
+    last = padded[-1] if full_row else out[-1]
+    slack = padded[-1] - out[-1] if full_row else 0
+    # An unpadded input is read in place, except for the block holding the end of
+    # the input when full rows would read past it.
+    in_place = (
+        not any(pad_lo)
+        and not any(pad_hi)
+        and x.dtype == dtype
+        and (not slack or x.flags.c_contiguous)
+    )
+    rows = c // groups * math.prod(kernel)
+    length = math.prod(out[:-1]) * last
+    per_sample = groups * (rows + extra) * length * dtype.itemsize
+    chunk = max(1, min(n, _COLS_BUDGET_BYTES // max(per_sample, 1)))
+    return _Unrolled(
+        x, pad_lo, padded, kernel, stride, dilation, groups, out, dtype, extra, full_row,
+        last, slack, in_place, rows, length, chunk,
+    )  # fmt: skip
+
+
+def _block_filler(u: _Unrolled, rows_outer: bool = False) -> Callable[[int, int], np.ndarray]:
+    """This thread's scratch for ``u``'s blocks: ``fill(start, m)`` unrolls samples
+    ``start : start + m`` and returns them as ``[m, g, rows + extra, length]``, or with
+    ``rows_outer`` as ``[g, rows + extra, m, length]`` (whose last two dims merge)."""
+    x, wd, g, rows, length, chunk = u.x, u.dtype, u.groups, u.rows, u.length, u.chunk
+    n, c = x.shape[:2]
+    cg = c // g
+    if rows_outer:
+        raw = _scratch("cols", (g, rows + u.extra, chunk, length), wd)
+        cols = raw.transpose(2, 0, 1, 3)
+    else:
+        cols = raw = _scratch("cols", (chunk, g, rows + u.extra, length), wd)
+    if u.extra:
+        cols[:, :, rows, :] = 1
+    # Only splits axes, so this is always a view (merging g with the channels would not be).
+    target = cols[:, :, :rows, :].reshape(chunk, g, cg, *u.kernel, *u.out[:-1], u.last)
+
+    # The padded copy of one block is zeroed once; each block then writes only its
+    # interior, so the border stays zero.
+    pad_buf = pad_inner = None
+    if not u.in_place or u.slack:
+        flat = _scratch("padded", (chunk * c * math.prod(u.padded) + u.slack,), wd)
+        flat.fill(0)
+        pad_buf = flat[: flat.size - u.slack].reshape(chunk, c, *u.padded)
+        inner = tuple(slice(lo, lo + s) for lo, s in zip(u.pad_lo, x.shape[2:]))
+        pad_inner = pad_buf[(slice(None), slice(None), *inner)]
+
+    def window_strides(src: np.ndarray) -> tuple[int, ...]:
+        sn, sc, *ss = src.strides
+        return (
+            sn,
+            cg * sc,
+            sc,
+            *(d * st for d, st in zip(u.dilation, ss)),
+            *(s * st for s, st in zip(u.stride[:-1], ss[:-1])),
+            ss[-1] if u.full_row else ss[-1] * u.stride[-1],
+        )
+
+    # The windows as strided views, built once (as_strided costs microseconds a call).
+    window = (g, cg, *u.kernel, *u.out[:-1], u.last)
+    x_windows = as_strided(x, (n, *window), window_strides(x)) if u.in_place else None
+    pad_windows = None
+    if pad_buf is not None:
+        pad_windows = as_strided(pad_buf, (chunk, *window), window_strides(pad_buf))
+
+    def fill(start: int, m: int) -> np.ndarray:
+        if u.in_place and (not u.slack or start + m < n):
+            view = x_windows[start : start + m]
+        else:
+            np.copyto(pad_inner[:m], x[start : start + m])
+            view = pad_windows[:m]
+        np.copyto(target[:m], view)
+        return raw[:, :, :m] if rows_outer else raw[:m]
+
+    return fill
+
+
 def _conv_into(
     dest: np.ndarray,
     x: np.ndarray,
@@ -119,102 +263,80 @@ def _conv_into(
     explains the layout.
     """
     wd = dest.dtype
-    if min(pad_lo) < 0 or min(pad_hi) < 0:
-        x = x[
-            (
-                slice(None),
-                slice(None),
-                *(
-                    slice(max(0, -lo), s - max(0, -hi))
-                    for lo, hi, s in zip(pad_lo, pad_hi, x.shape[2:])
-                ),
-            )
-        ]
-        pad_lo = tuple(max(0, p) for p in pad_lo)
-        pad_hi = tuple(max(0, p) for p in pad_hi)
-    n, c = x.shape[:2]
     o = weight.shape[0]
-    ks = weight.shape[2:]
     g = groups
-    cg, og = c // g, o // g
-    padded = tuple(s + lo + hi for s, lo, hi in zip(x.shape[2:], pad_lo, pad_hi))
+    og = o // g
     out = dest.shape[2:]
-
-    full_row = stride[-1] == 1 and padded[-1] <= _MAX_FULL_ROW_WASTE * out[-1]
-    last = padded[-1] if full_row else out[-1]
-    # Full rows read past the end of each block by this many elements.
-    slack = padded[-1] - out[-1] if full_row else 0
-    # An unpadded input is read in place, except for the block holding the end of
-    # the input when full rows would read past it.
-    in_place = (
-        not any(pad_lo)
-        and not any(pad_hi)
-        and x.dtype == wd
-        and (not slack or x.flags.c_contiguous)
-    )
-
-    kprod = math.prod(ks)
-    rows = cg * kprod
     extra = 0 if bias is None else 1
-    length = math.prod(out[:-1]) * last
+    u = _unrolled(x, weight.shape[2:], stride, pad_lo, pad_hi, dilation, g, out, wd, extra)
+    n, rows, length = u.x.shape[0], u.rows, u.length
     w = weight.reshape(g, og, rows)
     if extra:
         w = np.concatenate([w, bias.reshape(g, og, 1).astype(w.dtype, copy=False)], axis=2)
     w = w.astype(wd, copy=False)
     if g == 1:
         w = w[0]
-
-    per_sample = g * (rows + extra) * length * wd.itemsize
-    chunk = max(1, min(n, _COLS_BUDGET_BYTES // max(per_sample, 1)))
-    cols = _scratch("cols", (chunk, g, rows + extra, length), wd)
-    if extra:
-        cols[:, :, rows, :] = 1
-    # Only splits axes, so this is always a view (merging g with the channels would not be).
-    target = cols[:, :, :rows, :].reshape(chunk, g, cg, *ks, *out[:-1], last)
-    cols_mat = cols.reshape(chunk, rows + extra, length) if g == 1 else cols
-
-    # The padded copy of one block is zeroed once; each block then writes only its
-    # interior, so the border stays zero.
-    pad_buf = pad_inner = None
-    if not in_place or slack:
-        flat = _scratch("padded", (chunk * c * math.prod(padded) + slack,), wd)
-        flat.fill(0)
-        pad_buf = flat[: flat.size - slack].reshape(chunk, c, *padded)
-        inner = tuple(slice(lo, lo + s) for lo, s in zip(pad_lo, x.shape[2:]))
-        pad_inner = pad_buf[(slice(None), slice(None), *inner)]
-
-    def window_strides(src: np.ndarray) -> tuple[int, ...]:
-        sn, sc, *ss = src.strides
-        return (
-            sn,
-            cg * sc,
-            sc,
-            *(d * st for d, st in zip(dilation, ss)),
-            *(s * st for s, st in zip(stride[:-1], ss[:-1])),
-            ss[-1] if full_row else ss[-1] * stride[-1],
-        )
-
-    # The windows as strided views, built once (as_strided costs microseconds a call).
-    window = (g, cg, *ks, *out[:-1], last)
-    x_windows = as_strided(x, (n, *window), window_strides(x)) if in_place else None
-    pad_windows = None
-    if pad_buf is not None:
-        pad_windows = as_strided(pad_buf, (chunk, *window), window_strides(pad_buf))
-    direct = last == out[-1] and dest.flags.c_contiguous
-    res = None if direct else _scratch("res", (chunk, o, length), wd)
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
-        if in_place and (not slack or start + m < n):
-            view = x_windows[start : start + m]
-        else:
-            np.copyto(pad_inner[:m], x[start : start + m])
-            view = pad_windows[:m]
-        np.copyto(target[:m], view)
+    direct = u.last == out[-1] and dest.flags.c_contiguous
+    fill = _block_filler(u)
+    res = None if direct else _scratch("res", (u.chunk, o, length), wd)
+    for start in range(0, n, u.chunk):
+        m = min(u.chunk, n - start)
+        cols = fill(start, m)
         block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
-        np.matmul(w, cols_mat[:m], out=block if g == 1 else block.reshape(m, g, og, length))
+        if g == 1:
+            np.matmul(w, cols.reshape(m, rows + extra, length), out=block)
+        else:
+            np.matmul(w, cols, out=block.reshape(m, g, og, length))
         if not direct:
             # Drops the columns that ran past the valid width into the next row.
-            np.copyto(dest[start : start + m], block.reshape(m, o, *out[:-1], last)[..., : out[-1]])
+            np.copyto(dest[start : start + m], block.reshape(m, o, *out[:-1], u.last)[..., : out[-1]])
+
+
+def weight_grad_nd(
+    x: np.ndarray,
+    grad: np.ndarray,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> np.ndarray:
+    """Gradient of ``conv(x, w)`` for ``w`` ``[O, C / groups, *kernel]`` given the output's
+    gradient ``grad`` ``[N, O, *out]``, any number of spatial dims.
+
+    ``dw[g, o, r] = sum over samples and positions of grad[n, g, o, p] * cols[n, g, r, p]``
+    over the forward's unrolled input ``cols``: per block of samples, one product whose
+    inner dim runs over the block's samples and positions at once (the unrolled rows are
+    laid out ``[g, rows, samples, positions]`` for it). With full rows the gradient gets
+    zero columns where the unrolled rows run past the output's width. Measured on the
+    guide CNN's second layer (8 -> 16 channels, 26 x 26, batch 64, one thread): 1.7-1.9x
+    faster than the generic ``g`` times ``unfold4d`` (``ember.backend.conv_grad``), and
+    within 1.1x of PyTorch's oneDNN kernel.
+    """
+    dtype = x.dtype
+    wd = _work_dtype(dtype)
+    n, c = x.shape[:2]
+    o, out = grad.shape[1], grad.shape[2:]
+    g = groups
+    og = o // g
+    u = _unrolled(x, kernel, stride, padding, padding, dilation, g, out, wd, 0)
+    rows, length, chunk = u.rows, u.length, u.chunk
+    grad_w = grad.astype(wd, copy=False).reshape(n, g, og, *out)
+
+    fill = _block_filler(u, rows_outer=True)
+    dw = np.zeros((g, og, rows), wd)
+    # The gradient block as [g, og, samples, *out[:-1], last], zero past the width.
+    grads = _scratch("grad_rows", (g, og, chunk, *out[:-1], u.last), wd)
+    if u.last != out[-1]:
+        grads[..., out[-1] :] = 0
+    samples_last = (1, 2, 0, *range(3, 3 + len(out)))
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        cols = fill(start, m).reshape(g, rows, m * length)
+        block = grads[:, :, :m]
+        np.copyto(block[..., : out[-1]], grad_w[start : start + m].transpose(samples_last))
+        dw += np.matmul(block.reshape(g, og, m * length), cols.transpose(0, 2, 1))
+    return _finish(dw.reshape(o, c // g, *kernel), dtype)
 
 
 def conv_nd(
