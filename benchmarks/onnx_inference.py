@@ -19,22 +19,25 @@ with ``--threads`` threads (NumPy's BLAS, torch and fused kernels through the en
 and ``torch.set_num_threads``; onnxruntime through ``SessionOptions.intra_op_num_threads``,
 with one inter-op thread). Outputs are checked against onnxruntime's before timing; each
 timed ember call reads its output (``to_numpy``), which on a fusion device runs the
-recorded stream, so the lazy work is timed. The median of repeated runs is shown, with
-each side's ratio to onnxruntime (lower is better; 1.0 is parity) and PyTorch
-eager for reference.
+recorded stream, so the lazy work is timed. The sides' calls alternate, one of each per
+round (``timing.interleaved_seconds``, ``--rounds``); the table gives each side's median
+wall time and median CPU time of the calling thread (the steadier figure on a shared host
+at one thread, where every runtime works on the calling thread), each with its ratio to
+onnxruntime (lower is better; 1.0 is parity), and PyTorch eager for reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import median_seconds, pin_threads, print_table
+from timing import interleaved_seconds, pin_threads, print_table
 
 
 def main() -> None:
@@ -42,9 +45,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=21)
     args = parser.parse_args()
     pin_threads(args.threads)
+    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
+    # about 0.1 s after each product, on a core the next side's threads need.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
     import numpy as np
     import onnxruntime as ort
@@ -125,15 +131,14 @@ def main() -> None:
             session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
             expected = session.run(None, {"x": x})[0]
             feeds = {"x": x}
-            times = {"onnxruntime": median_seconds(lambda s=session, f=feeds: s.run(None, f),
-                                                   repeat=args.repeat)}  # fmt: skip
+            calls = {"onnxruntime": lambda s=session, f=feeds: s.run(None, f)}
             xt = torch.from_numpy(x)
 
             def torch_forward(net=net, xt=xt):
                 with torch.no_grad():
                     return net(xt)
 
-            times["PyTorch eager"] = median_seconds(torch_forward, repeat=args.repeat)
+            calls["PyTorch eager"] = torch_forward
             for side, device in devices.items():
                 model = load_model(Path(tmp) / name, device, name=name)
                 inputs = ember.Tensor.from_data(x, device)
@@ -142,15 +147,17 @@ def main() -> None:
                                            err_msg=f"{name} on {side}")  # fmt: skip
                 # to_numpy waits for the result, as session.run does (and on a fusion
                 # device runs the recorded stream, so the lazy work is timed).
-                times[side] = median_seconds(lambda m=model, i=inputs: m(i).to_numpy(),
-                                             repeat=args.repeat)  # fmt: skip
-            base = times["onnxruntime"]
+                calls[side] = lambda m=model, i=inputs: m(i).to_numpy()
+            times = interleaved_seconds(calls, args.rounds)
+            base, base_cpu = times["onnxruntime"]
             shape = "x".join(map(str, x.shape))
-            for side, seconds in times.items():
-                rows.append([name, shape, side, f"{seconds * 1e3:.2f}", f"{seconds / base:.2f}"])
+            for side, (seconds, cpu) in times.items():
+                rows.append([name, shape, side, f"{seconds * 1e3:.2f}", f"{seconds / base:.2f}",
+                             f"{cpu * 1e3:.2f}", f"{cpu / base_cpu:.2f}"])  # fmt: skip
 
     print_table(f"ONNX model inference, CPU, {args.threads} thread(s)",
-                ["model", "input", "runtime", "ms / forward", "x onnxruntime"], rows)  # fmt: skip
+                ["model", "input", "runtime", "ms / forward", "x onnxruntime", "thread CPU ms",
+                 "x onnxruntime"], rows)  # fmt: skip
 
 
 if __name__ == "__main__":
