@@ -11,6 +11,7 @@ test compares into ``out_dir`` (``rank<r>.npz``, ``rank<r>.json``).
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import runpy
@@ -62,9 +63,7 @@ def run_job(world_size: int, job: str, out_dir: Path, timeout: float = 120.0,
     return results
 
 
-_RANKS = []
-
-
+@functools.cache
 def _ranks():
     """Where ranks are forked from: a server process that imported torch once.
 
@@ -72,11 +71,9 @@ def _ranks():
     forked rank starts with torch (and NumPy) already imported, but nothing of ember, whose
     settings come from the rank's own environment.
     """
-    if not _RANKS:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["numpy", "torch.distributed"])
-        _RANKS.append(context)
-    return _RANKS[0]
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["numpy", "torch.distributed"])
+    return context
 
 
 def _rank_main(job: str, out_dir: str, args: tuple[str, ...], env: dict[str, str], log: str) -> None:
