@@ -177,6 +177,10 @@ MATMUL_SHAPES = [
     ((1, 3, 4), (2, 4, 2)),
     ((2, 0), (0, 3)),  # empty inner dim: zeros
     ((0, 3), (3, 4)),
+    ((2, 3, 4), (4, 5)),  # a stacked lhs by a matrix (NdArray: one product over all rows)
+    ((2, 2, 3, 4), (4, 5)),
+    ((2, 3, 0), (0, 5)),
+    ((0, 3, 4), (4, 5)),
 ]
 MATMUL_DTYPES = [*FLOAT_DTYPES, DType.I64, DType.I32]
 
