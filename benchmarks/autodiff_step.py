@@ -1,6 +1,6 @@
 """One training step (forward + backward) through ember's Autodiff, side by side with PyTorch autograd.
 
-Run: ``.venv/bin/python benchmarks/autodiff_step.py [--threads N] [--batch 64]``
+Run: ``.venv/bin/python benchmarks/autodiff_step.py [--threads N] [--batch 64] [--rounds 15]``
 
 Models, written functionally on both sides with the same weights:
 
@@ -10,7 +10,9 @@ Models, written functionally on both sides with the same weights:
   cross-entropy loss.
 
 ember runs on autodiff(ndarray), autodiff(torch) and autodiff(fusion(ndarray)) (fused
-numba kernels, ``ember[jit]``; compiled in the untimed warm-up call).
+numba kernels, ``ember[jit]``; compiled in the untimed warm-up call). The sides' steps
+alternate, one of each per round (``timing.interleaved_seconds``): each row gives the median
+wall time and the calling thread's median CPU time.
 
 Also prints the host memory (tracemalloc) of the guide CNN step on Autodiff(NdArray)
 with and without balanced checkpointing: what the forward pass keeps for the backward
@@ -20,20 +22,25 @@ pass, and the peak over the whole step.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import median_seconds, pin_threads, print_table
+from timing import interleaved_seconds, median_seconds, pin_threads, print_table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     pin_threads(args.threads)
+    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
+    # about 0.1 s after each product, on a core the next side's threads need.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
     import numpy as np
     import torch
@@ -127,12 +134,13 @@ def main() -> None:
         ("3-layer MLP 784-256-256-10", ember_mlp, torch_mlp, mlp_weights),
         ("guide CNN", ember_cnn, torch_cnn, cnn_weights),
     ):
-        t_ref = median_seconds(torch_step(torch_model, weights)) * 1e3
-        rows = [["torch autograd", f"{t_ref:.2f}", "1.00x"]]
-        for label, device in devices.items():
-            t = median_seconds(ember_step(device, ember_model, weights)) * 1e3
-            rows.append([label, f"{t:.2f}", f"{t / t_ref:.2f}x"])
-        print_table(f"{title}: forward + backward, ms", ["impl", "ms", "vs torch"], rows)
+        calls = {"torch autograd": torch_step(torch_model, weights)}
+        calls.update({label: ember_step(device, ember_model, weights) for label, device in devices.items()})
+        times = interleaved_seconds(calls, args.rounds)
+        t_ref = times["torch autograd"][0]
+        rows = [[label, f"{wall * 1e3:.2f}", f"{wall / t_ref:.2f}x", f"{cpu * 1e3:.2f}"]
+                for label, (wall, cpu) in times.items()]  # fmt: skip
+        print_table(f"{title}: forward + backward", ["impl", "ms", "vs torch", "thread CPU ms"], rows)
 
     rows = []
     for label, checkpointing in (("no checkpointing", None), ("balanced checkpointing", "balanced")):

@@ -1,12 +1,14 @@
 """Training steps of nn layers (forward + backward), ember beside PyTorch autograd, same weights.
 
-Run: ``.venv/bin/python benchmarks/nn_step.py [--threads 1] [--cuda] [--repeat 5]``
+Run: ``.venv/bin/python benchmarks/nn_step.py [--threads 1] [--cuda] [--rounds 15]``
 
 * a transformer encoder: 2 layers, d_model 256, 8 heads, d_ff 1024, GELU, dropout 0,
   post-norm; input ``[16, 128, 256]``;
 * an LSTM: d_input 256, d_hidden 256, batch first; input ``[16, 128, 256]``.
 
-Each row is the median time of one step: the forward pass, ``sum()`` of the output, and
+Each row is the median time of one step (the sides' steps alternate, one of each per round:
+``timing.interleaved_seconds``; the calling thread's CPU time beside): the forward pass,
+``sum()`` of the output, and
 the backward pass to every parameter and the input, on ``autodiff(ndarray)``,
 ``autodiff(fusion(ndarray))`` (ops recorded lazily, element-wise chains of the forward
 and backward passes run as fused numba kernels; the checking step compiles them) and
@@ -22,11 +24,12 @@ gain, whose outputs sum to a constant: its input gradient is rounding noise).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import median_seconds, pin_threads, print_table
+from timing import interleaved_seconds, pin_threads, print_table
 
 BATCH, SEQ, D_MODEL = 16, 128, 256
 
@@ -34,10 +37,13 @@ BATCH, SEQ, D_MODEL = 16, 128, 256
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cuda", action="store_true", help="also time the steps on a CUDA GPU")
     args = parser.parse_args()
     pin_threads(args.threads)
+    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
+    # about 0.1 s after each product, on a core the next side's threads need.
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
     import numpy as np
     import torch
@@ -118,8 +124,7 @@ def main() -> None:
                 out_ref = reference(x_ref)
             out_ref = (out_ref[0] if isinstance(out_ref, tuple) else out_ref).cpu().numpy()
             grad_ref = reference_step()[0].detach().cpu().numpy()  # the input's gradient
-            t_ref = median_seconds(reference_step, repeat=args.repeat) * 1e3
-            rows.append([f"torch autograd ({label})", f"{t_ref:.2f}", "1.00x"])
+            calls = {f"torch autograd ({label})": reference_step}
             devices = {f"ember autodiff(torch {label})": torch_device.autodiff()}
             if where == "cpu":
                 devices = {
@@ -136,9 +141,12 @@ def main() -> None:
                     np.testing.assert_allclose(
                         grad, grad_ref, rtol=1e-3, atol=1e-4 * float(np.abs(grad_ref).max()),
                         err_msg=f"{title}: input gradient on {name}")  # fmt: skip
-                t = median_seconds(step, repeat=args.repeat) * 1e3
-                rows.append([name, f"{t:.2f}", f"{t / t_ref:.2f}x"])
-        print_table(f"{title}: forward + backward, ms", ["impl", "ms", "vs torch"], rows)
+                calls[name] = step
+            times = interleaved_seconds(calls, args.rounds)
+            t_ref = times[f"torch autograd ({label})"][0]
+            rows += [[name, f"{wall * 1e3:.2f}", f"{wall / t_ref:.2f}x", f"{cpu * 1e3:.2f}"]
+                     for name, (wall, cpu) in times.items()]  # fmt: skip
+        print_table(f"{title}: forward + backward", ["impl", "ms", "vs torch", "thread CPU ms"], rows)
 
 
 if __name__ == "__main__":

@@ -91,9 +91,9 @@ def register(benchmark: BenchmarkScript) -> BenchmarkScript:
 
 
 for _benchmark in (
-    BenchmarkScript("autodiff_step", "autodiff_step.py", ("--batch", "32"),
+    BenchmarkScript("autodiff_step", "autodiff_step.py", ("--batch", "32", "--rounds", "5"),
                     (Reading("impl", "ms", MS, r"^torch autograd"),), ("torch",)),
-    BenchmarkScript("nn_step", "nn_step.py", ("--repeat", "3"),
+    BenchmarkScript("nn_step", "nn_step.py", ("--rounds", "5"),
                     (Reading("impl", "ms", MS, r"^torch autograd \(cpu\)"),), ("torch",)),
     BenchmarkScript("rnn_step", "rnn_step.py", ("--repeat", "3"),
                     (Reading("impl", "ms", MS, r"^torch autograd \(cpu\)"),), ("torch",)),
