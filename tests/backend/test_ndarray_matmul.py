@@ -1,0 +1,27 @@
+"""NdArray's matmul of a stacked lhs by a matrix: one product over all the lhs's rows,
+compared with the float64 product (and NumPy's own path where the lhs is not contiguous)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.backends.ndarray.backend import NdArray
+
+BACKEND = NdArray()
+
+
+def _check(out, a, b):
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert out.shape == want.shape and out.dtype == a.dtype
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_stacked_lhs_by_a_matrix_is_one_product(dtype):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 5, 7, 16)).astype(dtype)
+    b = rng.standard_normal((16, 9)).astype(dtype)
+    _check(BACKEND.float_matmul(a, b), a, b)
+    _check(BACKEND.float_matmul(a, b.T.copy().T), a, b)  # a transposed rhs
+    _check(BACKEND.float_matmul(a.swapaxes(0, 1), b), a.swapaxes(0, 1), b)  # not contiguous
