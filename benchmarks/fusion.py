@@ -1,6 +1,6 @@
 """The Fusion decorator end to end: Tensor-API code on ``fusion(ndarray)`` beside its peers.
 
-Run: ``.venv/bin/python benchmarks/fusion.py [--threads 1 2] [--repeat 7]``, or with
+Run: ``.venv/bin/python benchmarks/fusion.py [--threads 1 2] [--rounds 15]``, or with
 ``--cuda`` the GPU rows (below).
 
 Everything goes through the Tensor API (``benchmarks/fusion_kernels.py`` times the numba
@@ -15,8 +15,9 @@ kernels alone), side by side in one run, at each ``--threads`` count:
   ``fusion(ndarray)``, ``ndarray`` and PyTorch eager.
 
 Each cell is the median milliseconds of one call (recording, running at ``sync``, freeing
-the result); at one thread the GELU row also gives its ratio to the copy in CPU time of the
-calling thread, which a busy machine hardly moves. Then: the first call of each workload in a fresh process with an empty kernel
+the result), a workload's sides alternating call by call (``timing.interleaved_seconds``,
+``--rounds``); at one thread the GELU row also gives its ratio to the copy in CPU time of
+the calling thread. Then: the first call of each workload in a fresh process with an empty kernel
 cache (``EMBER_FUSION_CACHE``), and again in another fresh process over the warmed
 folder; and the peak memory of one GELU call above what the process held before it
 (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``).
@@ -34,7 +35,6 @@ import json
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fusion_kernels import COLS, GELU_N, ROWS, blocks, compile_torch, torch_gelu
-from timing import median_seconds, pin_threads, print_table
+from timing import interleaved_seconds, median_seconds, pin_threads, print_table
 
 SQRT2 = math.sqrt(2.0)
 
@@ -79,20 +79,6 @@ def workloads(device):
         "softmax": run(lambda t: activation.softmax(t, 1), rows),
         "layer_norm": run(norm, rows),
     }
-
-
-def median_thread_seconds(fn, repeat: int, calls: int = 5) -> float:
-    """Median CPU seconds of the calling thread per call of ``fn`` (``calls`` calls per
-    sample, after a warm-up): on a busy machine far steadier than wall time, and the whole
-    cost of a one-thread run."""
-    fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.thread_time()
-        for _ in range(calls):
-            fn()
-        samples.append((time.thread_time() - start) / calls)
-    return statistics.median(samples)
 
 
 def _first_calls() -> dict[str, float]:
@@ -213,7 +199,8 @@ def cuda_main(repeat: int, rows_count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=7, help="timed runs of each --cuda row")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--first-calls", action="store_true", help=argparse.SUPPRESS)  # child
     parser.add_argument("--cuda", action="store_true", help="the GPU rows (Triton runtime)")
     parser.add_argument("--cuda-rows", type=int, default=ROWS)
@@ -271,13 +258,12 @@ def main() -> None:
         torch.set_num_threads(threads)
         # pin_threads set EMBER_FUSION_THREADS, which the runtimes read once: set each row's.
         runtime_named("numba").threads = kernel_runtime.threads = threads
-        ms = {k: median_seconds(fn, args.repeat) * 1e3 for k, fn in peers.items() if fn}
-        # One thread does all the work of a one-thread row: its CPU time, unlike wall time,
-        # hardly moves with the machine's load (the GELU target is a ratio to the copy).
-        cpu = {}
-        if threads == 1:
-            cpu = {impl: median_thread_seconds(peers[("gelu", impl)], args.repeat)
-                   for impl in ("fusion(ndarray)", "copy into reused")}  # fmt: skip
+        # Each workload's sides alternate call by call (a loaded minute lands on all alike).
+        ms, cpu = {}, {}
+        for workload in ("gelu", "softmax", "layer_norm"):
+            calls = {impl: fn for (work, impl), fn in peers.items() if work == workload and fn}
+            for impl, (wall, thread_cpu) in interleaved_seconds(calls, args.rounds).items():
+                ms[(workload, impl)], cpu[(workload, impl)] = wall * 1e3, thread_cpu
         for (work, impl), t in ms.items():
             eager, plain = ms[(work, "torch eager")], ms[(work, "ndarray")]
             notes = []
@@ -286,8 +272,8 @@ def main() -> None:
             if impl == "fusion(ndarray)" and work == "gelu":
                 notes.append(f"{t / ms[(work, 'copy into reused')]:.2f}x copy")
                 notes.append(f"{t / ms[(work, 'fused kernel alone')]:.2f}x kernel alone")
-                if cpu:
-                    ratio = cpu["fusion(ndarray)"] / cpu["copy into reused"]
+                if threads == 1:  # one thread does all the work: its CPU time
+                    ratio = cpu[(work, "fusion(ndarray)")] / cpu[(work, "copy into reused")]
                     notes.append(f"{ratio:.2f}x copy in thread CPU time")
             table.append([str(threads), work, impl, f"{t:.2f}", f"{t / eager:.2f}x",
                           f"{t / plain:.2f}x", ", ".join(notes)])  # fmt: skip

@@ -101,7 +101,7 @@ for _benchmark in (
                     (Reading("impl", "wall ms", MS, r"^torch eager"),), ("torch",)),
     BenchmarkScript("foundation", "foundation.py", ("--quick",),
                     (Reading("impl", "ms", MS, r"^raw torch"),), ("torch",)),
-    BenchmarkScript("fusion", "fusion.py", ("--threads", "1", "--repeat", "3"),
+    BenchmarkScript("fusion", "fusion.py", ("--threads", "1", "--rounds", "5"),
                     (Reading("impl", "ms", MS, r"^torch eager$", ("threads", "workload")),),
                     ("torch", "numba")),
     BenchmarkScript("onnx_inference", "onnx_inference.py", ("--rounds", "5"),
