@@ -57,17 +57,17 @@ def median_of_runs(fn: Callable[[], object], repeat: int, warm_up: bool = False)
     return statistics.median(samples)
 
 
-def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
-                        settle: float = 0.0) -> dict[str, tuple[float, float]]:  # fmt: skip
+def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15
+                        ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """``{name: (median wall seconds, median CPU seconds of the calling thread)}`` per call.
 
     Each function is warmed up once, then the calls alternate, one of each per round in
     an order that rotates every round, so a slow minute on a shared host lands on every
     side alike instead of on whichever ran then. The thread's CPU time leaves out the time
     the host gave to others; it counts only the calling thread, so it measures one-thread
-    work (at more threads, read the wall time). ``settle`` seconds of sleep before each
-    call let the threads of the previous one go idle: OpenBLAS's threads spin for about
-    0.1 s after a product and would take a core from the next side's threads.
+    work (at more threads, read the wall time). A benchmark whose sides use OpenBLAS
+    should set ``OPENBLAS_THREAD_TIMEOUT`` low: its threads spin about 0.1 s after a
+    product, on a core the next side's threads need.
     """
     names = list(fns)
     for name in names:
@@ -76,8 +76,6 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for turn in range(rounds):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            if settle:
-                time.sleep(settle)
             start, start_cpu = time.perf_counter(), time.thread_time()
             fns[name]()
             cpu[name].append(time.thread_time() - start_cpu)

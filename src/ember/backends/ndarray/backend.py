@@ -409,6 +409,7 @@ class NdArray(Backend):
         # output (ember.backend.conv_grad): the same weight gradient, roles exchanged.
         return conv.weight_grad_nd(grad, x, weight.shape[2:], options.stride, options.padding,
                                    options.dilation, options.groups)  # fmt: skip
+
     avg_pool2d = staticmethod(pool.avg_pool2d)
     avg_pool2d_backward = staticmethod(pool.avg_pool2d_backward)
     max_pool2d_with_indices = staticmethod(pool.max_pool2d_with_indices)
