@@ -22,7 +22,6 @@ pass, and the peak over the whole step.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tracemalloc
 from pathlib import Path
@@ -37,10 +36,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    pin_threads(args.threads)
-    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
-    # about 0.1 s after each product, on a core the next side's threads need.
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    pin_threads(args.threads, alternating=True)
 
     import numpy as np
     import torch

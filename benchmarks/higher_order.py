@@ -22,7 +22,6 @@ shared host at one thread), each with its ratio to PyTorch eager in the same run
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +43,7 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, "--threads", str(threads), "--batch",
                             str(args.batch), "--rounds", str(args.rounds)], check=True)  # fmt: skip
         return
-    pin_threads(counts[0])
-    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
-    # about 0.1 s after each product, on the core torch's next call needs.
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    pin_threads(counts[0], alternating=True)
 
     import numpy as np
     import torch

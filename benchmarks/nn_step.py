@@ -24,7 +24,6 @@ gain, whose outputs sum to a constant: its input gradient is rounding noise).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -40,10 +39,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cuda", action="store_true", help="also time the steps on a CUDA GPU")
     args = parser.parse_args()
-    pin_threads(args.threads)
-    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
-    # about 0.1 s after each product, on a core the next side's threads need.
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    pin_threads(args.threads, alternating=True)
 
     import numpy as np
     import torch

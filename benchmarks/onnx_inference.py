@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 import tempfile
 import warnings
@@ -47,10 +46,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=21)
     args = parser.parse_args()
-    pin_threads(args.threads)
-    # The sides alternate call by call: OpenBLAS's threads (NdArray's products) would spin
-    # about 0.1 s after each product, on a core the next side's threads need.
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    pin_threads(args.threads, alternating=True)
 
     import numpy as np
     import onnxruntime as ort

@@ -15,12 +15,16 @@ import time
 from collections.abc import Callable
 
 
-def pin_threads(threads: int) -> None:
+def pin_threads(threads: int, alternating: bool = False) -> None:
     """Fixes the thread count of NumPy's BLAS, torch and fused kernels before they start;
-    call first."""
+    call first. ``alternating`` (sides timed call by call, :func:`interleaved_seconds`)
+    also stops OpenBLAS's threads spinning about 0.1 s after each product (NdArray's), on
+    a core the next side's threads need."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "EMBER_FUSION_THREADS"):  # fmt: skip
         os.environ.setdefault(var, str(threads))
+    if alternating:
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 
 def median_seconds(fn: Callable[[], object], repeat: int = 7, min_time: float = 0.05) -> float:
@@ -65,9 +69,7 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15
     an order that rotates every round, so a slow minute on a shared host lands on every
     side alike instead of on whichever ran then. The thread's CPU time leaves out the time
     the host gave to others; it counts only the calling thread, so it measures one-thread
-    work (at more threads, read the wall time). A benchmark whose sides use OpenBLAS
-    should set ``OPENBLAS_THREAD_TIMEOUT`` low: its threads spin about 0.1 s after a
-    product, on a core the next side's threads need.
+    work (at more threads, read the wall time). Pin threads with ``alternating`` first.
     """
     names = list(fns)
     for name in names:
