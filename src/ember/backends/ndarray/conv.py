@@ -32,6 +32,9 @@ Layout choices, each measured against the alternatives on the guide shapes:
   the step that writes them and the one that reads them. The Python loop runs
   once per block, not per sample. Its scratch buffers are reused across calls
   (see :func:`_scratch`).
+* Where NumPy's BLAS has several threads, the samples are split over that many threads,
+  each unrolling and multiplying its own blocks with the BLAS held to one thread
+  (``parallel.py``): NumPy's copies would otherwise run on one core.
 
 The weight gradient (:func:`weight_grad_nd`) reuses the same unrolled blocks, laid out
 ``[groups, rows, samples, positions]`` so that one product per block sums over all of
@@ -56,7 +59,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +67,7 @@ import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ember.backends.ndarray.parallel import split_samples
 from ember.backends.ndarray.scratch import scratch
 
 if TYPE_CHECKING:
@@ -242,6 +246,16 @@ def _block_filler(u: _Unrolled, rows_outer: bool = False) -> Callable[[int, int]
     return fill
 
 
+def _blocks(first: int, stop: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """(start, count) of the blocks of samples ``first .. stop``: as few as blocks of at most
+    ``chunk`` allow, of even sizes (a thread's share of 16 samples in blocks of up to 5 runs
+    as 4 x 4, not 5 + 5 + 5 + 1)."""
+    total = stop - first
+    size = -(-total // max(1, -(-total // chunk))) if total else 1
+    for start in range(first, stop, size):
+        yield start, min(size, stop - start)
+
+
 def _conv_into(
     dest: np.ndarray,
     x: np.ndarray,
@@ -276,19 +290,22 @@ def _conv_into(
     if g == 1:
         w = w[0]
     direct = u.last == out[-1] and dest.flags.c_contiguous
-    fill = _block_filler(u)
-    res = None if direct else _scratch("res", (u.chunk, o, length), wd)
-    for start in range(0, n, u.chunk):
-        m = min(u.chunk, n - start)
-        cols = fill(start, m)
-        block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
-        if g == 1:
-            np.matmul(w, cols.reshape(m, rows + extra, length), out=block)
-        else:
-            np.matmul(w, cols, out=block.reshape(m, g, og, length))
-        if not direct:
-            # Drops the columns that ran past the valid width into the next row.
-            np.copyto(dest[start : start + m], block.reshape(m, o, *out[:-1], u.last)[..., : out[-1]])
+
+    def samples(first: int, stop: int) -> None:
+        fill = _block_filler(u)
+        res = None if direct else _scratch("res", (u.chunk, o, length), wd)
+        for start, m in _blocks(first, stop, u.chunk):
+            cols = fill(start, m)
+            block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
+            if g == 1:
+                np.matmul(w, cols.reshape(m, rows + extra, length), out=block)
+            else:
+                np.matmul(w, cols, out=block.reshape(m, g, og, length))
+            if not direct:
+                # Drops the columns that ran past the valid width into the next row.
+                np.copyto(dest[start : start + m], block.reshape(m, o, *out[:-1], u.last)[..., : out[-1]])
+
+    split_samples(n, n * o * (rows + extra) * length, samples)
 
 
 def weight_grad_nd(
@@ -322,19 +339,25 @@ def weight_grad_nd(
     rows, length, chunk = u.rows, u.length, u.chunk
     grad_w = grad.astype(wd, copy=False).reshape(n, g, og, *out)
 
-    fill = _block_filler(u, rows_outer=True)
-    dw = np.zeros((g, og, rows), wd)
-    # The gradient block as [g, og, samples, *out[:-1], last], zero past the width.
-    grads = _scratch("grad_rows", (g, og, chunk, *out[:-1], u.last), wd)
-    if u.last != out[-1]:
-        grads[..., out[-1] :] = 0
     samples_last = (1, 2, 0, *range(3, 3 + len(out)))
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
-        cols = fill(start, m).reshape(g, rows, m * length)
-        block = grads[:, :, :m]
-        np.copyto(block[..., : out[-1]], grad_w[start : start + m].transpose(samples_last))
-        dw += np.matmul(block.reshape(g, og, m * length), cols.transpose(0, 2, 1))
+
+    def samples(first: int, stop: int) -> np.ndarray:
+        fill = _block_filler(u, rows_outer=True)
+        dw = np.zeros((g, og, rows), wd)
+        # The gradient block as [g, og, samples, *out[:-1], last], zero past the width.
+        grads = _scratch("grad_rows", (g, og, chunk, *out[:-1], u.last), wd)
+        if u.last != out[-1]:
+            grads[..., out[-1] :] = 0
+        for start, m in _blocks(first, stop, chunk):
+            cols = fill(start, m).reshape(g, rows, m * length)
+            block = grads[:, :, :m]
+            np.copyto(block[..., : out[-1]], grad_w[start : start + m].transpose(samples_last))
+            dw += np.matmul(block.reshape(g, og, m * length), cols.transpose(0, 2, 1))
+        return dw
+
+    dw, *others = split_samples(n, n * o * rows * length, samples)
+    for part in others:
+        dw += part
     return _finish(dw.reshape(o, c // g, *kernel), dtype)
 
 
