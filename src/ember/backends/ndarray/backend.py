@@ -25,6 +25,7 @@ from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
+from ember.backends.ndarray.layout import match_layout
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
@@ -115,9 +116,20 @@ def _mean_dim(x, dim):
     ).astype(x.dtype)
 
 
+def _layout_matched(fn: Callable) -> Callable:
+    """``fn`` of two operands, a large transposed view among them made contiguous first
+    (``layout.py``: NumPy reads such a view an element per cache line)."""
+
+    def run(a, b):
+        return fn(*match_layout(a, b))
+
+    return run
+
+
 # Element-wise ops: one NumPy function serves every kind the table gives the op.
 _ELEMENTWISE: dict[str, Callable] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max_pair": np.maximum,
+    "add": _layout_matched(np.add), "sub": _layout_matched(np.subtract),
+    "mul": _layout_matched(np.multiply), "max_pair": np.maximum,
     "min_pair": np.minimum, "atan2": np.arctan2,
     "remainder": np.remainder, "pow": np.power, "neg": np.negative, "abs": np.abs, "sign": _in_f32(_sign),  # in f32: bf16 sign(-0.0) is -0.0
     "exp": np.exp, "log": np.log, "log1p": np.log1p,
@@ -135,7 +147,7 @@ _ELEMENTWISE: dict[str, Callable] = {
     "greater_equal": np.greater_equal, "lower": np.less, "lower_equal": np.less_equal,
 }  # fmt: skip
 # Ops whose Float and Int forms differ.
-_BY_KIND: dict[str, tuple[Callable, Callable]] = {"div": (np.true_divide, _int_div)}
+_BY_KIND: dict[str, tuple[Callable, Callable]] = {"div": (_layout_matched(np.true_divide), _int_div)}
 _REDUCTIONS: dict[str, Callable] = {
     "sum": _in_f32(_sum),
     "sum_dim": _in_f32(lambda x, d: np.sum(x, axis=d, keepdims=True, dtype=x.dtype)),
