@@ -61,8 +61,8 @@ def median_of_runs(fn: Callable[[], object], repeat: int, warm_up: bool = False)
     return statistics.median(samples)
 
 
-def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15
-                        ) -> dict[str, tuple[float, float]]:  # fmt: skip
+def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
+                        lead_in: int = 0) -> dict[str, tuple[float, float]]:  # fmt: skip
     """``{name: (median wall seconds, median CPU seconds of the calling thread)}`` per call.
 
     Each function is warmed up once, then the calls alternate, one of each per round in
@@ -70,6 +70,11 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15
     side alike instead of on whichever ran then. The thread's CPU time leaves out the time
     the host gave to others; it counts only the calling thread, so it measures one-thread
     work (at more threads, read the wall time). Pin threads with ``alternating`` first.
+
+    ``lead_in`` untimed calls of a side come before each of its timed calls, so that each
+    side is timed as it runs alone: at two threads, PyTorch's OpenMP threads spin for some
+    milliseconds after its call (about 9 ms of CPU time after a convolution, measured)
+    on the core the next side's second thread needs.
     """
     names = list(fns)
     for name in names:
@@ -78,6 +83,8 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for turn in range(rounds):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            for _ in range(lead_in):
+                fns[name]()
             start, start_cpu = time.perf_counter(), time.thread_time()
             fns[name]()
             cpu[name].append(time.thread_time() - start_cpu)

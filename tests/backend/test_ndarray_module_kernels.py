@@ -237,6 +237,9 @@ CONV_T2D_CASES = [  # x, w, stride, padding, padding_out, dilation, groups
     ),
     pytest.param((2, 6, 5, 4), (6, 1, 3, 3), (2, 2), (1, 1), (1, 0), (1, 1), 6, id="depthwise"),
     pytest.param((1, 8, 6, 6), (8, 4, 4, 4), (2, 2), (1, 1), (0, 0), (1, 1), 1, id="upsample-4x4"),
+    pytest.param(
+        (2, 4, 6, 5), (4, 3, 3, 2), (1, 1), (1, 0), (0, 0), (2, 1), 2, id="stride1-groups-dilation"
+    ),
 ]
 
 
@@ -270,6 +273,7 @@ def test_conv_transpose2d(xs, ws, stride, padding, padding_out, dilation, groups
     [
         ((2, 4, 3, 4, 5), (4, 2, 3, 3, 2), (2, 1, 2), (0, 1, 1), (1, 0, 1), (1, 2, 1), 2),
         ((1, 2, 3, 3, 3), (2, 3, 2, 2, 2), (2, 2, 2), (0, 0, 0), (0, 0, 0), (1, 1, 1), 1),
+        ((2, 2, 4, 3, 5), (2, 3, 2, 3, 2), (1, 1, 1), (0, 1, 0), (0, 0, 0), (1, 2, 1), 1),
     ],
 )
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -279,6 +283,15 @@ def test_conv_transpose3d(xs, ws, stride, padding, padding_out, dilation, groups
     out = conv.conv_transpose3d(x, w, b, options)
     ref = F.conv_transpose3d(_t(x), _t(w), _t(b), stride, padding, padding_out, groups, dilation)
     _close(out, ref, dtype)
+
+
+def test_conv_transpose_in_blocks(monkeypatch, lowering, threads):
+    """The guide CNN's input gradient shape (16 -> 8 channels, stride 1: col2im with full
+    rows) over many blocks of samples, a partial last one, on one thread and on three."""
+    monkeypatch.setattr(conv, "_COLS_BUDGET_BYTES", 40_000)
+    x, w = _rand((7, 16, 10, 9), np.float32), _rand((16, 8, 3, 3), np.float32, 1)
+    out = conv.conv_transpose2d(x, w, None, ConvTransposeOptions((1, 1), (1, 0), (0, 0), (1, 1)))
+    _close(out, F.conv_transpose2d(_t(x), _t(w), None, 1, (1, 0)), np.float32)
 
 
 def test_conv_transpose_is_the_input_gradient_of_conv(lowering, threads):
