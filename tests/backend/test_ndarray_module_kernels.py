@@ -708,6 +708,9 @@ def test_empty_batch(dtype):
     assert conv.conv_transpose2d(
         x, wt, None, ConvTransposeOptions((2, 2), (0, 0), (0, 0), (1, 1))
     ).shape == (0, 2, 13, 13)
+    for stride in ((1, 1), (2, 2)):  # each col2im layout (full rows at stride 1)
+        assert conv._conv_transpose_col2im(x, _rand((3, 8, 3, 3), dtype), None, stride, (0, 0),
+                                           (8, 8), (1, 1), 1).shape == (0, 8, 8, 8)  # fmt: skip
     values, indices = pool.max_pool2d_with_indices(x, _pool((2, 2), (2, 2), (0, 0)))
     assert values.shape == indices.shape == (0, 3, 3, 3)
     assert (

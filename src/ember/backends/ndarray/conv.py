@@ -569,7 +569,7 @@ def _conv_transpose_col2im(
     buf = np.zeros((n, cout, *full), x.dtype)
     every_tap = list(itertools.product(*(range(k) for k in ks)))
     if full_rows:
-        target = buf.reshape(n, cout, -1)
+        target = buf.reshape(n, cout, math.prod(full))
         strides = [math.prod(full[i + 1 :]) for i in range(len(full))]
         # The last positions of cols are zero padding, and would run past a channel's end.
         run = positions - sum(
