@@ -25,3 +25,44 @@ def test_a_stacked_lhs_by_a_matrix_is_one_product(dtype):
     _check(BACKEND.float_matmul(a, b), a, b)
     _check(BACKEND.float_matmul(a, b.T.copy().T), a, b)  # a transposed rhs
     _check(BACKEND.float_matmul(a.swapaxes(0, 1), b), a.swapaxes(0, 1), b)  # not contiguous
+
+
+@pytest.fixture(params=["one thread", "split"])
+def threads(request, monkeypatch):
+    """Stacks multiplied on the calling thread, then split by matrix over three threads."""
+    if request.param == "split":
+        from ember.backends.ndarray import parallel
+
+        monkeypatch.setattr(parallel, "MIN_PARALLEL_WORK", 0)
+        monkeypatch.setattr(parallel, "_CPUS", 3)
+        monkeypatch.setattr(parallel, "blas_threads", lambda: 3)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stacks_of_small_products(threads, dtype):
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((5, 3, 12, 8)).astype(dtype)  # [batch, heads, seq, dim]
+    k = rng.standard_normal((5, 3, 12, 8)).astype(dtype)
+    _check(BACKEND.float_matmul(q, k.swapaxes(-1, -2)), q, k.swapaxes(-1, -2))  # a strided rhs
+    heads_last = rng.standard_normal((5, 12, 3, 8)).astype(dtype).transpose(0, 2, 1, 3)
+    _check(BACKEND.float_matmul(heads_last, k.swapaxes(-1, -2)), heads_last, k.swapaxes(-1, -2))
+    _check(BACKEND.float_matmul(q[:1], k[:1].swapaxes(-1, -2)), q[:1], k[:1].swapaxes(-1, -2))
+    a, b = rng.standard_normal((7, 4, 6)).astype(dtype), rng.standard_normal((7, 6, 2)).astype(dtype)
+    _check(BACKEND.float_matmul(a, b), a, b)
+    empty = BACKEND.float_matmul(a[:0], b[:0])
+    assert empty.shape == (0, 4, 2) and empty.dtype == dtype
+
+
+def test_stacks_of_large_products_are_left_to_the_blas(threads, monkeypatch):
+    from ember.backends.ndarray import backend
+
+    monkeypatch.setattr(backend, "_SMALL_PRODUCT", 10)  # every product here is "large"
+
+    def no_split(*args):
+        raise AssertionError("a stack of large products was split")
+
+    monkeypatch.setattr(backend, "split_samples", no_split)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((4, 5, 6)), rng.standard_normal((4, 6, 7))
+    _check(BACKEND.float_matmul(a, b), a, b)
