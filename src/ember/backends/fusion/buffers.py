@@ -16,6 +16,7 @@ gone, and its ``base`` names the pool's buffer, not the array that was handed ou
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -51,9 +52,11 @@ class BufferPool:
             max_idle_bytes = int(os.environ.get("EMBER_FUSION_POOL_BYTES", 1 << 30))
         self.max_idle_bytes = max_idle_bytes
         self._idle: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # id -> (class, raw)
-        # id(array handed out) -> (its raw buffer, the loan's number): ids are reused once
-        # an array is gone, so a finalizer's late notice names the loan it was about.
-        self._loans: dict[int, tuple[np.ndarray, int]] = {}
+        self._by_class: dict[int, dict[int, None]] = {}  # class -> ids of its idle buffers
+        # id(array handed out) -> (its raw buffer, the loan's number, the weak reference that
+        # reports the array's death): ids are reused once an array is gone, so a late notice
+        # names the loan it was about.
+        self._loans: dict[int, tuple[np.ndarray, int, weakref.ref]] = {}
         self._numbers = itertools.count()
         self._idle_bytes = 0
         self._lock = threading.Lock()
@@ -71,29 +74,32 @@ class BufferPool:
         if nbytes <= _MIN_CLASS:
             return np.empty(shape, dtype)
         wanted = size_class(nbytes)
-        raw = None
         with self._lock:
             self._drain()
-            for key, (cls, buffer) in self._idle.items():
-                if cls == wanted:
-                    del self._idle[key]
-                    self._idle_bytes -= cls
-                    raw = buffer
-                    self.hits += 1
-                    break
+            same = self._by_class.get(wanted)
+            if same:
+                key = next(iter(same))
+                del same[key]
+                cls, raw = self._idle.pop(key)
+                self._idle_bytes -= cls
+                self.hits += 1
             else:
+                raw = None
                 self.misses += 1
         if raw is None:
             raw = np.empty(wanted, np.uint8)
         array = raw[:nbytes].view(dtype).reshape(shape)
+        key = id(array)
         with self._lock:
             number = next(self._numbers)
-            self._loans[id(array)] = (raw, number)
-        # An array dropped without release frees its memory as any array does.
-        weakref.finalize(array, self._forget, id(array), number)
+            # An array dropped without release frees its memory as any array does; its
+            # death notice drops the loan (a weak reference's callback: a finalizer costs
+            # several times more, a few microseconds a launch).
+            notice = weakref.ref(array, functools.partial(self._forget, key, number))
+            self._loans[key] = (raw, number, notice)
         return array
 
-    def _forget(self, key: int, number: int) -> None:
+    def _forget(self, key: int, number: int, _notice: weakref.ref) -> None:
         self._forgotten.append((key, number))  # a finalizer: see release_later
 
     def release(self, array: np.ndarray) -> bool:
@@ -120,13 +126,18 @@ class BufferPool:
             self._release(self._returned.popleft())
 
     def _release(self, array: np.ndarray) -> bool:
-        raw, _ = self._loans.pop(id(array), (None, None))
-        if raw is None or array.base is None or not np.shares_memory(array, raw):
+        loan = self._loans.pop(id(array), None)
+        # The array handed out is a view whose base is its raw buffer (NumPy points a view
+        # of a view at the owner), which tells it from a later array that reuses the id.
+        if loan is None or array.base is not loan[0]:
             return False
+        raw = loan[0]
         self._idle[id(raw)] = (raw.size, raw)
+        self._by_class.setdefault(raw.size, {})[id(raw)] = None
         self._idle_bytes += raw.size
         while self._idle_bytes > self.max_idle_bytes and self._idle:
-            _, (cls, _) = self._idle.popitem(last=False)
+            key, (cls, _) = self._idle.popitem(last=False)
+            del self._by_class[cls][key]
             self._idle_bytes -= cls
         return True
 
@@ -141,4 +152,5 @@ class BufferPool:
         with self._lock:
             self._drain()
             self._idle.clear()
+            self._by_class.clear()
             self._idle_bytes = 0
