@@ -492,11 +492,14 @@ def _writes_safely(block: ir.Block, outputs: list[np.ndarray], inputs: list[np.n
 
 
 def _numpy_dtype(dtype: DType) -> np.dtype:
-    if dtype is DType.BOOL:
-        return np.dtype(np.bool_)
-    return np.dtype(
-        dtype.name.replace("F", "float").replace("I", "int").replace("U", "uint").lower()
-    )
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:
+        name = dtype.name.replace("F", "float").replace("I", "int").replace("U", "uint").lower()
+        found = _NUMPY_DTYPES[dtype] = np.dtype(np.bool_ if dtype is DType.BOOL else name)
+    return found
+
+
+_NUMPY_DTYPES: dict[DType, np.dtype] = {}  # a launch asks for each input's and output's
 
 
 def _inputs(block: ir.Block, inputs: list[np.ndarray]) -> list[np.ndarray]:
