@@ -540,11 +540,11 @@ def _conv_transpose_col2im(
     the uncropped output. ``x`` and ``weight`` have the working dtype already.
 
     With every stride 1 and many output channels, the input is first padded with zeros to
-    the uncropped output's size in every spatial dim but the first (full rows). A tap's slice of the output is
-    then one contiguous run of each channel, ``tap`` offset: positions past the input's
-    size carry zeros (their input is zero), so where they run into the next row they add
-    nothing. Each add is one long run per channel, not one per output row: NumPy's cost per
-    run was most of col2im's time on small images.
+    the uncropped output's size in every spatial dim but the first (full rows). A tap's
+    slice of the output is then one contiguous run of each channel, ``tap`` offset:
+    positions past the input's size carry zeros (their input is zero), so where they run
+    into the next row they add nothing. Each add is one long run per channel, not one per
+    output row: NumPy's cost per run was most of col2im's time on small images.
     """
     n, cin = x.shape[:2]
     spatial = x.shape[2:]
