@@ -414,6 +414,8 @@ ADAPTIVE_CASES = [
     pytest.param((1, 2, 3, 4), (5, 7), id="larger-output"),
     pytest.param((2, 1, 12, 6), (4, 3), id="divisible"),
     pytest.param((1, 2, 13, 5), (6, 2), id="mixed"),
+    pytest.param((2, 3, 24, 24), (8, 8), id="guide-cnn"),
+    pytest.param((1, 2, 6, 12), (3, 3), id="divisible-wide"),
 ]
 
 

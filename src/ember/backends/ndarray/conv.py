@@ -606,7 +606,8 @@ def _conv_transpose_col2im(
             cols = cols.reshape(m, cout, *ks, *((positions,) if full_rows else spatial))
             block = target[start : start + m]
             for source, window in adds:
-                block[window] += cols[source]
+                into = block[window]
+                np.add(into, cols[source], out=into)  # ``+=`` would copy the view onto itself
 
     split_samples(n, n * cout * taps * positions * cig, samples)
     result = buf[(slice(None), slice(None), *(slice(p, p + o) for p, o in zip(padding, out)))]

@@ -380,8 +380,12 @@ def adaptive_avg_pool2d_backward(x: np.ndarray, grad: np.ndarray) -> np.ndarray:
         # Equal, disjoint windows: every input gets its window's gradient / area.
         kh, kw = h // oh, w // ow
         g = grad.astype(wd) / np.asarray(kh * kw, wd)
+        # Widened along W first (whole elements), then copied to the kh rows of each window
+        # in runs of full rows: one broadcast over [.., ow, kw] runs NumPy's inner loop kw
+        # elements at a time (2x slower on the guide CNN's 8x8 -> 24x24).
+        rows = np.repeat(g, kw, axis=-1) if kw > 1 else g
         out = np.empty(x.shape, wd)
-        out.reshape(*x.shape[:2], oh, kh, ow, kw)[...] = g[:, :, :, None, :, None]
+        out.reshape(*x.shape[:2], oh, kh, w)[...] = rows[:, :, :, None, :]
         return _finish(out, dtype)
     mh, lh = _window_matrix(h, oh)
     mw, lw = _window_matrix(w, ow)
