@@ -62,7 +62,7 @@ def test_stacks_of_large_products_are_left_to_the_blas(threads, monkeypatch):
     def no_split(*args):
         raise AssertionError("a stack of large products was split")
 
-    monkeypatch.setattr(backend, "split_samples", no_split)
+    monkeypatch.setattr(backend, "run_blocks", no_split)
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((4, 5, 6)), rng.standard_normal((4, 6, 7))
     _check(BACKEND.float_matmul(a, b), a, b)

@@ -26,7 +26,7 @@ from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
 from ember.backends.ndarray.layout import match_layout
-from ember.backends.ndarray.parallel import split_samples
+from ember.backends.ndarray.parallel import Claim, run_blocks
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
@@ -132,10 +132,12 @@ def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
     out = np.empty((*a.shape[:-2], m, n), a.dtype)
 
-    def matrices(first: int, stop: int) -> None:  # along the first batch dim: no copies
-        np.matmul(a[first:stop], b[first:stop], out=out[first:stop])
+    def matrices(claim: Claim) -> None:  # along the first batch dim: no copies
+        while (block := claim()) is not None:
+            start, stop = block[0], block[0] + block[1]
+            np.matmul(a[start:stop], b[start:stop], out=out[start:stop])
 
-    split_samples(a.shape[0], math.prod(a.shape[:-2]) * m * k * n, matrices)
+    run_blocks(a.shape[0], a.shape[0], math.prod(a.shape[:-2]) * m * k * n, matrices)
     return out
 
 

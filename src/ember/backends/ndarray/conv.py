@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,7 +67,7 @@ import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ember.backends.ndarray.parallel import split_samples
+from ember.backends.ndarray.parallel import Claim, run_blocks
 from ember.backends.ndarray.scratch import scratch
 
 if TYPE_CHECKING:
@@ -246,16 +246,6 @@ def _block_filler(u: _Unrolled, rows_outer: bool = False) -> Callable[[int, int]
     return fill
 
 
-def _blocks(first: int, stop: int, chunk: int) -> Iterator[tuple[int, int]]:
-    """(start, count) of the blocks of samples ``first .. stop``: as few as blocks of at most
-    ``chunk`` allow, of even sizes (a thread's share of 16 samples in blocks of up to 5 runs
-    as 4 x 4, not 5 + 5 + 5 + 1)."""
-    total = stop - first
-    size = -(-total // max(1, -(-total // chunk))) if total else 1
-    for start in range(first, stop, size):
-        yield start, min(size, stop - start)
-
-
 def _conv_into(
     dest: np.ndarray,
     x: np.ndarray,
@@ -291,21 +281,23 @@ def _conv_into(
         w = w[0]
     direct = u.last == out[-1] and dest.flags.c_contiguous
 
-    def samples(first: int, stop: int) -> None:
+    def samples(claim: Claim) -> None:
         fill = _block_filler(u)
         res = None if direct else _scratch("res", (u.chunk, o, length), wd)
-        for start, m in _blocks(first, stop, u.chunk):
+        while (block := claim()) is not None:
+            start, m = block
             cols = fill(start, m)
-            block = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
+            products = dest[start : start + m].reshape(m, o, length) if direct else res[:m]
             if g == 1:
-                np.matmul(w, cols.reshape(m, rows + extra, length), out=block)
+                np.matmul(w, cols.reshape(m, rows + extra, length), out=products)
             else:
-                np.matmul(w, cols, out=block.reshape(m, g, og, length))
+                np.matmul(w, cols, out=products.reshape(m, g, og, length))
             if not direct:
                 # Drops the columns that ran past the valid width into the next row.
-                np.copyto(dest[start : start + m], block.reshape(m, o, *out[:-1], u.last)[..., : out[-1]])
+                np.copyto(dest[start : start + m],
+                          products.reshape(m, o, *out[:-1], u.last)[..., : out[-1]])  # fmt: skip
 
-    split_samples(n, n * o * (rows + extra) * length, samples)
+    run_blocks(n, u.chunk, n * o * (rows + extra) * length, samples)
 
 
 def weight_grad_nd(
@@ -341,23 +333,25 @@ def weight_grad_nd(
 
     samples_last = (1, 2, 0, *range(3, 3 + len(out)))
 
-    def samples(first: int, stop: int) -> np.ndarray:
+    sums: dict[int, np.ndarray] = {}  # per block, by its first sample
+
+    def samples(claim: Claim) -> None:
         fill = _block_filler(u, rows_outer=True)
-        dw = np.zeros((g, og, rows), wd)
         # The gradient block as [g, og, samples, *out[:-1], last], zero past the width.
         grads = _scratch("grad_rows", (g, og, chunk, *out[:-1], u.last), wd)
         if u.last != out[-1]:
             grads[..., out[-1] :] = 0
-        for start, m in _blocks(first, stop, chunk):
+        while (block := claim()) is not None:
+            start, m = block
             cols = fill(start, m).reshape(g, rows, m * length)
-            block = grads[:, :, :m]
-            np.copyto(block[..., : out[-1]], grad_w[start : start + m].transpose(samples_last))
-            dw += np.matmul(block.reshape(g, og, m * length), cols.transpose(0, 2, 1))
-        return dw
+            taken = grads[:, :, :m]
+            np.copyto(taken[..., : out[-1]], grad_w[start : start + m].transpose(samples_last))
+            sums[start] = np.matmul(taken.reshape(g, og, m * length), cols.transpose(0, 2, 1))
 
-    dw, *others = split_samples(n, n * o * rows * length, samples)
-    for part in others:
-        dw += part
+    run_blocks(n, chunk, n * o * rows * length, samples)
+    dw = np.zeros((g, og, rows), wd)
+    for start in sorted(sums):  # in block order, whichever thread made each sum
+        dw += sums[start]
     return _finish(dw.reshape(o, c // g, *kernel), dtype)
 
 
@@ -591,12 +585,13 @@ def _conv_transpose_col2im(
     # In blocks of samples whose products stay in cache until their adds read them.
     chunk = max(1, min(n, _COLS_BUDGET_BYTES // max(1, cout * taps * positions * x.itemsize)))
 
-    def samples(first: int, stop: int) -> None:
+    def samples(claim: Claim) -> None:
         padded = None
         if full_rows:
             padded = _scratch("col2im_in", (chunk, cin, *grid), x.dtype)
             padded.fill(0)  # the interior is overwritten per block, the border stays zero
-        for start, m in _blocks(first, stop, chunk):
+        while (block := claim()) is not None:
+            start, m = block
             xs = x[start : start + m]
             if padded is not None:
                 np.copyto(padded[(slice(m), slice(None), *(slice(s) for s in spatial))], xs)
@@ -604,12 +599,12 @@ def _conv_transpose_col2im(
             cols = _scratch("col2im", (m, g, cog * taps, positions), x.dtype)
             np.matmul(wt, xs.reshape(m, g, cig, positions), out=cols)
             cols = cols.reshape(m, cout, *ks, *((positions,) if full_rows else spatial))
-            block = target[start : start + m]
+            sums = target[start : start + m]
             for source, window in adds:
-                into = block[window]
+                into = sums[window]
                 np.add(into, cols[source], out=into)  # ``+=`` would copy the view onto itself
 
-    split_samples(n, n * cout * taps * positions * cig, samples)
+    run_blocks(n, chunk, n * cout * taps * positions * cig, samples)
     result = buf[(slice(None), slice(None), *(slice(p, p + o) for p, o in zip(padding, out)))]
     if bias is not None:
         return result + bias.astype(x.dtype, copy=False).reshape(cout, *(1,) * len(spatial))

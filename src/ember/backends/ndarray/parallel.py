@@ -26,14 +26,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
-__all__ = ["MIN_PARALLEL_WORK", "blas_threads", "split_samples"]
+__all__ = ["MIN_PARALLEL_WORK", "Claim", "blas_threads", "blocks", "run_blocks"]
 
 T = TypeVar("T")
 
@@ -144,31 +143,63 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def split_samples(n: int, work: int, body: Callable[[int, int], T]) -> list[T]:
-    """Runs ``body(start, stop)`` over contiguous ranges covering samples ``0 .. n``, one per
-    thread (see the module docstring), and returns their results in sample order.
+Claim = Callable[[], "tuple[int, int] | None"]
+"""A thread's source of work: the next unclaimed block as ``(start, count)``, or None."""
 
-    ``work`` is the kernel's multiply-adds (or any cost in the same unit), which decides
-    whether more threads pay. ``body`` must write only its own samples' outputs and use
-    only per-thread scratch. An error in any part is raised here after every part ended.
+
+def blocks(n: int, chunk: int) -> list[tuple[int, int]]:
+    """``(start, count)`` of the blocks of samples ``0 .. n``: as few as blocks of at most
+    ``chunk`` allow, of even sizes (16 samples in blocks of up to 5 run as 4 x 4, not
+    5 + 5 + 5 + 1)."""
+    if n <= 0:
+        return []
+    size = -(-n // -(-n // max(1, chunk)))
+    return [(start, min(size, n - start)) for start in range(0, n, size)]
+
+
+def run_blocks(n: int, chunk: int, work: int, body: Callable[[Claim], T]) -> list[T]:
+    """Runs ``body(claim)`` on each of this kernel's threads (see the module docstring) and
+    returns their results; ``claim()`` hands each caller the next block of samples
+    ``0 .. n`` (:func:`blocks`) until none is left.
+
+    The calling thread starts at once and the others join as they wake, so a thread woken
+    late (tens of microseconds on a virtual machine, more on a loaded host) costs at most
+    the block it took. With several threads, blocks are at most half of a thread's share,
+    so every thread gets some. ``work`` is the kernel's multiply-adds, which decides
+    whether more threads pay. ``body`` must write only the outputs of the samples it
+    claimed and use only per-thread scratch; which thread gets a block varies from run to
+    run, so a sum over blocks must be made per block and added in block order. An error
+    in any thread is raised here after every thread ended.
 
     Example:
         >>> import numpy as np
         >>> x = np.arange(12.0).reshape(6, 2)
-        >>> parts = split_samples(6, 1 << 30, lambda a, b: x[a:b].sum())
-        >>> float(sum(parts))
+        >>> def total(claim):
+        ...     s = 0.0
+        ...     while (block := claim()) is not None:
+        ...         start, count = block
+        ...         s += x[start : start + count].sum()
+        ...     return s
+        >>> float(sum(run_blocks(6, 2, 1 << 30, total)))
         66.0
     """
     parts = min(n, _CPUS, blas_threads()) if work >= MIN_PARALLEL_WORK else 1
+    if parts > 1:
+        chunk = min(chunk, -(-n // (2 * parts)))
+    todo = blocks(n, chunk)
+    taken = itertools.count()  # its next() is one C call: atomic under the GIL
+
+    def claim() -> tuple[int, int] | None:
+        index = next(taken)
+        return todo[index] if index < len(todo) else None
+
     if parts <= 1:
-        return [body(0, n)]
-    size = math.ceil(n / parts)
-    ranges = [(start, min(n, start + size)) for start in range(0, n, size)]
+        return [body(claim)]
     with _blas_held_to_one():
-        pool = _executor(len(ranges) - 1)
-        futures = [pool.submit(body, start, stop) for start, stop in ranges[1:]]
+        pool = _executor(parts - 1)
+        futures = [pool.submit(body, claim) for _ in range(parts - 1)]
         try:
-            first = body(*ranges[0])
+            first = body(claim)
         finally:
             wait(futures)
     return [first, *(f.result() for f in futures)]
