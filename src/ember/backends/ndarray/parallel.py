@@ -3,11 +3,11 @@
 NumPy runs its copies on the calling thread, and OpenBLAS splits each product over its
 own threads only when the product is large, waking them for every call. A convolution
 made of many blocks (an unrolling copy, then a product) therefore gains little from a
-second core. Splitting the *blocks* over threads instead puts both the copies and the
-products on every core: each thread unrolls and multiplies its own share of the samples
-into its own scratch buffers (``scratch.py`` is per thread). NumPy releases the GIL in
-both. While they run, the BLAS is held to one thread, else each thread's products would
-be split again over the same cores.
+second core. Running the *blocks* on several threads instead puts both the copies and
+the products on every core: each thread unrolls and multiplies the blocks it claims into
+its own scratch buffers (``scratch.py`` is per thread). NumPy releases the GIL in both.
+While they run, the BLAS is held to one thread, else each thread's products would be
+split again over the same cores.
 
 **How many threads.** As many as NumPy's OpenBLAS is set to use (``OPENBLAS_NUM_THREADS``,
 ``OMP_NUM_THREADS``, ``threadpoolctl``), at most the CPU count: a user who limited NumPy to
@@ -41,7 +41,7 @@ MIN_PARALLEL_WORK = 1 << 22
 
 _lock = threading.Lock()
 _held = 0  # sections running with the BLAS held to one thread
-_saved: list[tuple[object, int]] = []
+_saved: list[tuple[_OpenBLAS, int]] = []  # the setting the first section found
 _controllers: list[_OpenBLAS] | None = None  # NumPy's OpenBLAS (and any other loaded), found once
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
