@@ -24,6 +24,13 @@ round (``timing.interleaved_seconds``, ``--rounds``); the table gives each side'
 wall time and median CPU time of the calling thread (the steadier figure on a shared host
 at one thread, where every runtime works on the calling thread), each with its ratio to
 onnxruntime (lower is better; 1.0 is parity), and PyTorch eager for reference.
+
+At more than one thread, onnxruntime's pool does not spin between calls in the
+alternating rounds (``session.intra_op.allow_spinning`` 0): its spinning threads held a
+core long after each call and slowed whichever side came next (PyTorch eager's CNN
+forward at two threads: 45 ms, against 16 ms with onnxruntime's spinning off). Its
+spinning session is then timed alone, in a block of calls after the rounds, on a row of
+its own ("onnxruntime, spinning, alone"), so its best figure is in the table too.
 """
 
 from __future__ import annotations
@@ -102,10 +109,16 @@ def main() -> None:
         "cnn": (ResNetLike(), rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)),
         "encoder": (Encoder(), rng.standard_normal((args.batch, args.seq, 256)).astype(np.float32)),
     }
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    def session_options(spinning: bool) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = args.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return options
+
+    spinning = args.threads == 1  # one thread: no pool to spin (see the module doc)
     devices = {
         "ember NdArray": ember.device("ndarray"),
         "ember fusion(NdArray)": ember.device("ndarray").fusion(),
@@ -124,7 +137,8 @@ def main() -> None:
                                   dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})  # fmt: skip
             data = buffer.getvalue()
             import_onnx(data, Path(tmp) / name, name=name)
-            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(data, session_options(spinning),
+                                           providers=["CPUExecutionProvider"])  # fmt: skip
             expected = session.run(None, {"x": x})[0]
             feeds = {"x": x}
             calls = {"onnxruntime": lambda s=session, f=feeds: s.run(None, f)}
@@ -144,7 +158,12 @@ def main() -> None:
                 # to_numpy waits for the result, as session.run does (and on a fusion
                 # device runs the recorded stream, so the lazy work is timed).
                 calls[side] = lambda m=model, i=inputs: m(i).to_numpy()
-            times = interleaved_seconds(calls, args.rounds)
+            times = interleaved_seconds(calls, args.rounds, lead_in=1 if args.threads > 1 else 0)
+            if not spinning:
+                alone = ort.InferenceSession(data, session_options(True),
+                                             providers=["CPUExecutionProvider"])  # fmt: skip
+                times["onnxruntime, spinning, alone"] = interleaved_seconds(
+                    {"alone": lambda s=alone, f=feeds: s.run(None, f)}, args.rounds)["alone"]  # fmt: skip
             base, base_cpu = times["onnxruntime"]
             shape = "x".join(map(str, x.shape))
             for side, (seconds, cpu) in times.items():
