@@ -18,7 +18,7 @@ import pytest
 import ember
 from ember import Tensor, activation
 from ember.backends.fusion import autotune, executor, ir, reset_stats, stats
-from ember.backends.fusion.autotune import UNFUSED, Choice, Pending, Tuner
+from ember.backends.fusion.autotune import UNFUSED, Choice, Pending, Stored, Tuner
 from ember.backends.fusion.executor import runtime_named
 from ember.tensor.dtype import DType
 
@@ -119,9 +119,18 @@ def test_a_tuning_picks_a_candidate_and_persists_it(runtime, tmp_path):
     limit = tuner.thread_limit()
     assert choice == UNFUSED or (choice.run == "fused" and 1 <= choice.threads <= limit)
     assert tuner.lookup(block) == choice  # remembered in this process
-    # A new tuner over the folder (as a new process would make) reads the choice.
+    # A new tuner over the folder (as a new process would make) reads the choice, made by
+    # one tuning, and checks it with one more.
     again = Tuner(runtime, tmp_path)
-    assert again.lookup(block) == choice
+    second = again.lookup(block)
+    assert type(second) is Pending and second.earlier == Stored(choice)
+    confirmed = again.tune(second, block, [x], _unfused(x))
+    assert again.lookup(block) == confirmed
+    third = Tuner(runtime, tmp_path).lookup(block)
+    if confirmed == choice:
+        assert third == choice  # two tunings in a row agreed: settled
+    else:
+        assert type(third) is Pending and third.earlier == Stored(confirmed, 2, 1)
     # Another size bucket, or a block of another kind, is not covered by it.
     assert type(again.lookup(_block((ROWS * 4, COLS)))) is Pending
     other = ir.Block(shape, block.inputs, block.body[:1], (1,))
@@ -129,7 +138,40 @@ def test_a_tuning_picks_a_candidate_and_persists_it(runtime, tmp_path):
     # Nor is another thread limit.
     one = numba_runtime.NumbaRuntime(cache=runtime.cache, threads=1)
     assert type(Tuner(one, tmp_path).lookup(block)) is Pending
-    assert stats()["tunings"] == 1
+    assert stats()["tunings"] == 2
+
+
+def test_a_choice_settles_when_two_tunings_agree_or_after_three():
+    one, two = Choice("fused", 1), Choice("fused", 2)
+    first = Stored(one)
+    assert not first.settled
+    assert first.after(one) == Stored(one, 2, 2) and first.after(one).settled
+    flipped = first.after(two)
+    assert flipped == Stored(two, 2, 1) and not flipped.settled
+    assert flipped.after(one) == Stored(one, 3, 1) and flipped.after(one).settled  # the last
+    assert flipped.after(two).settled
+    capped = Stored(one, autotune.MAX_TUNINGS, autotune.MAX_TUNINGS).after(one)
+    assert capped == Stored(one, autotune.MAX_TUNINGS, autotune.MAX_TUNINGS)
+
+
+def test_an_unsettled_choice_is_tuned_once_per_process(runtime, tmp_path):
+    """A bucket whose tunings disagree is timed again by each new process, once, until the
+    count settles it; its choice runs meanwhile for nothing more than that timing."""
+    block = _block((ROWS, COLS))
+    x = np.random.default_rng(4).normal(size=block.shape).astype(np.float32)
+    runtime.release(runtime.run(block, [x])[0])
+    reset_stats()
+    for tunings in range(1, autotune.SETTLED_AFTER + 1):
+        tuner = Tuner(runtime, tmp_path)
+        pending = tuner.lookup(block)
+        assert type(pending) is Pending
+        # Each tuning is told another candidate won: they never agree.
+        forced = UNFUSED if tunings % 2 else Choice("fused", 1)
+        tuner._time = lambda fused, run_fused, run_unfused, c=forced: (c, {c: 1e-3})
+        assert tuner.tune(pending, block, [x], _unfused(x)) == forced
+        assert tuner.lookup(block) == forced  # no second tuning in this process
+    assert stats()["tunings"] == autotune.SETTLED_AFTER
+    assert Tuner(runtime, tmp_path).lookup(block) == forced  # settled by the count: the last
 
 
 def test_small_and_huge_blocks_are_not_tuned(runtime, tmp_path):
@@ -144,8 +186,8 @@ def test_writers_merge_their_choices(runtime, tmp_path):
     first, second = Tuner(runtime, tmp_path), Tuner(runtime, tmp_path)
     a, b = _block((ROWS, COLS)), _block((ROWS * 4, COLS))
     pa, pb = first.lookup(a), second.lookup(b)  # both read the (empty) file first
-    first._save(pa.entry, Choice("fused", 1))
-    second._save(pb.entry, UNFUSED)
+    first._save(pa.entry, Stored(Choice("fused", 1), 2, 2))
+    second._save(pb.entry, Stored(UNFUSED, 3, 1))
     reader = Tuner(runtime, tmp_path)
     assert reader.lookup(a) == Choice("fused", 1) and reader.lookup(b) == UNFUSED
 
@@ -162,15 +204,22 @@ def _document(tuner: Tuner, choices: object, **changes) -> str:
     return json.dumps({**fields, "choices": choices, **changes})
 
 
+SETTLED = {"tunings": 2, "streak": 2}
 HOSTILE_ENTRIES = {
-    "unknown candidate": {"run": "os.system('echo owned')", "threads": 1},
-    "absurd threads": {"run": "fused", "threads": 10**9},
-    "more threads than the limit": {"run": "fused", "threads": 10**3},
-    "zero threads": {"run": "fused", "threads": 0},
-    "threads as text": {"run": "fused", "threads": "2"},
-    "threads as bool": {"run": "fused", "threads": True},
-    "unfused with threads": {"run": "unfused", "threads": 2},
-    "extra field": {"run": "fused", "threads": 1, "code": "import os"},
+    "unknown candidate": {"run": "os.system('echo owned')", "threads": 1, **SETTLED},
+    "absurd threads": {"run": "fused", "threads": 10**9, **SETTLED},
+    "more threads than the limit": {"run": "fused", "threads": 10**3, **SETTLED},
+    "zero threads": {"run": "fused", "threads": 0, **SETTLED},
+    "threads as text": {"run": "fused", "threads": "2", **SETTLED},
+    "threads as bool": {"run": "fused", "threads": True, **SETTLED},
+    "unfused with threads": {"run": "unfused", "threads": 2, **SETTLED},
+    "extra field": {"run": "fused", "threads": 1, "code": "import os", **SETTLED},
+    "no tuning counts (an older format)": {"run": "fused", "threads": 1},
+    "tunings as bool": {"run": "fused", "threads": 1, "tunings": True, "streak": 1},
+    "zero tunings": {"run": "fused", "threads": 1, "tunings": 0, "streak": 0},
+    "streak above tunings": {"run": "fused", "threads": 1, "tunings": 1, "streak": 2},
+    "absurd tunings": {"run": "fused", "threads": 1, "tunings": 10**9, "streak": 10**9},
+    "counts as text": {"run": "fused", "threads": 1, "tunings": "2", "streak": "2"},
     "a list": ["fused", 1],
     "null": None,
 }
@@ -181,7 +230,7 @@ def test_a_hostile_entry_is_ignored_and_the_valid_ones_are_kept(runtime, tmp_pat
     tuner = Tuner(runtime, tmp_path)
     bad, good = _block((ROWS, COLS)), _block((ROWS * 4, COLS))
     choices = {_entry(tuner, bad): HOSTILE_ENTRIES[name],
-               _entry(tuner, good): {"run": "fused", "threads": 1},
+               _entry(tuner, good): {"run": "fused", "threads": 1, **SETTLED},
                "../../etc/passwd": {"run": "unfused", "threads": None}}  # fmt: skip
     tuner.path.write_text(_document(tuner, choices))
     reader = Tuner(runtime, tmp_path)
@@ -190,7 +239,7 @@ def test_a_hostile_entry_is_ignored_and_the_valid_ones_are_kept(runtime, tmp_pat
 
 
 def _hostile_files(tuner: Tuner, entry: str) -> dict[str, object]:
-    valid = {entry: {"run": "unfused", "threads": None}}
+    valid = {entry: {"run": "unfused", "threads": None, **SETTLED}}
     return {
         "garbage bytes": b"\x00\xff\xfe garbage {",
         "not utf-8 json": b'{"format": "\xff"}',
@@ -200,7 +249,7 @@ def _hostile_files(tuner: Tuner, entry: str) -> dict[str, object]:
         "another version": _document(tuner, valid, version=autotune.VERSION + 1).encode(),
         "another machine": _document(tuner, valid, machine="x86_64-512cpu").encode(),
         "choices not an object": _document(tuner, [entry, "unfused"]).encode(),
-        "huge integer": _document(tuner, {entry: {"run": "fused", "threads": 7}})
+        "huge integer": _document(tuner, {entry: {"run": "fused", "threads": 7, **SETTLED}})
         .replace('"threads": 7', '"threads": 1' + "0" * 5000)
         .encode(),
     }
@@ -232,7 +281,8 @@ def test_a_hostile_file_is_ignored_and_tuning_still_works(runtime, tmp_path, kin
     choice = reader.tune(pending, block, [x], _unfused(x))  # and a tuning never fails on it
     assert reader.lookup(block) == choice
     if kind not in ("a directory", "a fifo"):  # a regular file is replaced by a valid one
-        assert Tuner(runtime, tmp_path).lookup(block) == choice
+        again = Tuner(runtime, tmp_path).lookup(block)
+        assert type(again) is Pending and again.earlier == Stored(choice)
 
 
 def test_hostile_entries_for_real_blocks_leave_results_correct(runtime, monkeypatch):
@@ -301,9 +351,10 @@ def test_choices_persist_across_processes(tmp_path):
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.splitlines()[-1])
 
-    first, second = child(), child()
+    first, second, third = child(), child(), child()
     assert first["tunings"] == 1  # the block of GELU and softmax
-    assert second["tunings"] == 0  # its choice read from the file
+    assert second["tunings"] == 1  # its choice read from the file, and checked once more
+    assert third["tunings"] <= 1  # settled if the two agreed; else checked a last time
     np.testing.assert_array_equal(np.array(second["y"]), np.array(first["y"]))
     assert list(tmp_path.glob("autotune-*.json"))
 

@@ -407,16 +407,18 @@ def test_launch_configurations_are_tuned_and_persisted(tmp_path):
     x = torch.randn(s)
     choice = tuner.tune(pending, block, [x], lambda: torch.exp(x))
     assert choice == autotune.UNFUSED or choice.config in triton_runtime.LABELS
-    again = autotune.Tuner(runtime, tmp_path)
-    assert again.lookup(block) == choice  # read back from the file
+    again = autotune.Tuner(runtime, tmp_path).lookup(block)
+    assert again.earlier == autotune.Stored(choice)  # read back from the file, to be checked
     document = json.loads(tuner.path.read_text())
     assert document["machine"] == "test-gpu"
     # A label the runtime does not have is ignored, as any malformed entry.
     entry = next(iter(document["choices"]))
-    assert autotune._parse_entry(entry, {"run": "fused", "threads": 1, "config": "b7w1s1"},
-                                 triton_runtime.LABELS) is None  # fmt: skip
-    assert autotune._parse_entry(entry, {"run": "fused", "threads": 1, "config": "b1024w4s1"},
-                                 triton_runtime.LABELS) == autotune.Choice("fused", 1, "b1024w4s1")
+    counts = {"tunings": 2, "streak": 2}
+    assert autotune._parse_entry(entry, {"run": "fused", "threads": 1, "config": "b7w1s1",
+                                         **counts}, triton_runtime.LABELS) is None  # fmt: skip
+    stored = autotune._parse_entry(entry, {"run": "fused", "threads": 1, "config": "b1024w4s1",
+                                           **counts}, triton_runtime.LABELS)  # fmt: skip
+    assert stored == autotune.Stored(autotune.Choice("fused", 1, "b1024w4s1"), 2, 2)
 
 
 def test_the_executor_tunes_blocks_and_matmul_epilogues(tmp_path):

@@ -30,8 +30,17 @@ those whose best run is twice the best of all, then the others in at most
 :data:`MAX_ROUNDS` rounds within
 about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` while those cost under
 :data:`MAX_TUNING_SECONDS`): a few ms for a block of a few hundred thousand elements on an
-idle machine, more where a candidate itself takes longer. A bucket is tuned once per
-cache folder and machine kind.
+idle machine, more where a candidate itself takes longer. A bucket is tuned at most
+:data:`SETTLED_AFTER` times per cache folder and machine kind (see "Settling").
+
+**Settling.** One tuning is a few runs of each candidate, and a busy host (another
+process on the second core for a moment) can make the wrong one win; written to disk, such
+a choice stayed for good (two-thread convolutions of an imported CNN left on NdArray's
+im2col by old choices: 23 ms a forward against 15 with fresh ones). So a choice is written
+with how many tunings made it (``tunings``) and how many of the last ones in a row agreed
+(``streak``), and a later process tunes the bucket again, once, until two tunings in a row
+agree or :data:`SETTLED_AFTER` tunings were made (the last one is kept). A settled choice
+is used without timing. Within one process a bucket is tuned once.
 
 **The file** (``autotune-<arch>-<cpus>cpu.json`` in the runtime's cache folder) may be
 hostile: it is read only when it is a regular file under :data:`MAX_FILE_BYTES`, every
@@ -77,8 +86,11 @@ from pathlib import Path
 from ember.atomic import atomic_write
 from ember.backends.fusion import counters, ir
 
-VERSION = 2
+VERSION = 3
 """The file format's and the tuning method's version: a change voids older choices."""
+SETTLED_AFTER = 3
+"""Tunings after which a bucket's choice is kept even when they did not agree (see
+"Settling" in the module doc); two in a row that agree settle it sooner."""
 FORMAT = "ember-fusion-autotune"
 BUDGET_SECONDS = 0.004
 """About how long one tuning may take, its warm-up runs included (unless they alone take longer)."""
@@ -87,8 +99,8 @@ MIN_ROUNDS = 3
 """Timed rounds a tuning makes at least when a round of its close candidates costs under
 ``MAX_TUNING_SECONDS / MIN_ROUNDS``."""
 MAX_TUNING_SECONDS = 0.05
-"""What the rounds a tuning makes at least may cost (a bucket is tuned once per cache folder
-and machine kind: a 2 ms convolution at 1 and 2 threads is timed 3 times each)."""
+"""What the rounds a tuning makes at least may cost (a bucket is tuned at most a few times per
+cache folder and machine kind: a 2 ms convolution at 1 and 2 threads is timed 3 times each)."""
 MAX_ELEMENTS = 1 << 21
 """Blocks of more elements are not tuned: they run at the runtime's own thread count. A
 thread's wake-up is small beside their work, and a fused pass beats the unfused ops'
@@ -100,6 +112,8 @@ MAX_FILE_BYTES = 1 << 20
 """A larger file is ignored (4096 entries take about 300 KB)."""
 MAX_THREADS = 4096
 """The largest thread count a file may name (larger is absurd: ignored)."""
+MAX_TUNINGS = 1000
+"""The largest tuning count a file may name (a count is capped there)."""
 _ENTRY_KEY = re.compile(r"[0-9a-f]{32}/(?:e\d{1,2}(?:r\d{1,2})?|w\d{1,2})/t(\d{1,4})")
 _LABEL = re.compile(r"[a-z0-9]{1,40}")
 
@@ -136,6 +150,28 @@ class Pending:
     key: tuple
     entry: str  # the choice's key in the file
     limit: int  # the runtime's thread count for this run
+    earlier: Stored | None = None  # the file's unsettled choice for it, if any
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A choice as the file holds it: made by ``tunings`` tunings, the last ``streak`` of
+    which agreed on it."""
+
+    choice: Choice
+    tunings: int = 1
+    streak: int = 1
+
+    @property
+    def settled(self) -> bool:
+        return self.streak >= 2 or self.tunings >= SETTLED_AFTER
+
+    def after(self, choice: Choice) -> Stored:
+        """The record once another tuning chose ``choice``."""
+        tunings = min(self.tunings + 1, MAX_TUNINGS)
+        if choice == self.choice:
+            return Stored(choice, tunings, min(self.streak + 1, tunings))
+        return Stored(choice, tunings, 1)
 
 
 _forced: Choice | None = None
@@ -211,7 +247,7 @@ class Tuner:
         # Kernels of a changed generator may run at other speeds: their choices start over.
         self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
         self._choices: dict[tuple, Choice] = {}  # (key, bucket, thread limit) -> choice
-        self._stored: dict[str, Choice] | None = None  # the file's valid entries, once read
+        self._stored: dict[str, Stored] | None = None  # the file's valid entries, once read
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ choosing
@@ -251,11 +287,11 @@ class Tuner:
         with self._lock:
             if self._stored is None:
                 self._stored = self._read()
-            found = self._stored.get(entry)
-            if found is not None:
-                self._choices[(key, bucket, limit)] = found
-                return found
-        return Pending((key, bucket, limit), entry, limit)
+            stored = self._stored.get(entry)
+            if stored is not None and stored.settled:
+                self._choices[(key, bucket, limit)] = stored.choice
+                return stored.choice
+        return Pending((key, bucket, limit), entry, limit, stored)
 
     def thread_limit(self) -> int:
         """The runtime's thread count for a large block."""
@@ -316,11 +352,13 @@ class Tuner:
             return self._choices[pending.key]
         counters.add("tunings")
         self._choices[pending.key] = choice
+        stored = pending.earlier.after(choice) if pending.earlier else Stored(choice)
         if self.debug:
             shown = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in times.items())
             self._log(f"{pending.entry} {what}: {choice} ({shown}; tuned in "
-                      f"{(time.perf_counter() - started) * 1e3:.1f} ms)")  # fmt: skip
-        self._save(pending.entry, choice)
+                      f"{(time.perf_counter() - started) * 1e3:.1f} ms; tuning "
+                      f"{stored.tunings}, {stored.streak} agreeing)")  # fmt: skip
+        self._save(pending.entry, stored)
         return choice
 
     def _time(self, fused: list[Choice], run_fused: Callable[[Choice], object],
@@ -382,7 +420,7 @@ class Tuner:
             self._stored = None
 
     # ------------------------------------------------------------------ the file
-    def _read(self) -> dict[str, Choice]:
+    def _read(self) -> dict[str, Stored]:
         """The file's valid entries (empty when it is missing, too large or malformed)."""
         try:
             data = _read_bounded(self.path)
@@ -404,26 +442,26 @@ class Tuner:
         if type(entries) is not dict:
             self._log(f"ignoring {self.path}: 'choices' is not an object")
             return {}
-        valid: dict[str, Choice] = {}
+        valid: dict[str, Stored] = {}
         skipped = 0
         for entry, value in list(entries.items())[-MAX_ENTRIES:]:
-            choice = _parse_entry(entry, value, self.labels)
-            if choice is None:
+            stored = _parse_entry(entry, value, self.labels)
+            if stored is None:
                 skipped += 1
             else:
-                valid[entry] = choice
+                valid[entry] = stored
         if skipped:
             self._log(f"{self.path}: ignored {skipped} malformed entries")
         return valid
 
-    def _save(self, entry: str, choice: Choice) -> None:
+    def _save(self, entry: str, stored: Stored) -> None:
         """Adds ``entry`` to the file: re-read under the lock, merged, written atomically."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with _locked(self.path.with_name(self.path.name + ".lock")), self._lock:
                 merged = self._read()
                 merged.pop(entry, None)
-                merged[entry] = choice  # last: the newest survive the cap
+                merged[entry] = stored  # last: the newest survive the cap
                 merged = dict(list(merged.items())[-MAX_ENTRIES:])
                 self._stored = merged
                 document = {
@@ -453,17 +491,20 @@ def _score(choice: Choice, samples: list[float]) -> float:
     return statistics.fmean(samples)
 
 
-def _entry_value(choice: Choice) -> dict:
-    value = {"run": choice.run, "threads": choice.threads}
+def _entry_value(stored: Stored) -> dict:
+    choice = stored.choice
+    value = {"run": choice.run, "threads": choice.threads, "tunings": stored.tunings,
+             "streak": stored.streak}  # fmt: skip
     if choice.config is not None:
         value["config"] = choice.config
     return value
 
 
 def _parse_entry(entry: object, value: object, labels: frozenset[str] | None = None
-                 ) -> Choice | None:  # fmt: skip
-    """The choice an entry of the file names, or None when anything about it is off
-    (``labels``: the launch configurations the runtime has, None when it has none)."""
+                 ) -> Stored | None:  # fmt: skip
+    """The choice an entry of the file names, with its tuning counts, or None when
+    anything about it is off (``labels``: the launch configurations the runtime has, None
+    when it has none)."""
     if type(entry) is not str or type(value) is not dict:
         return None
     config = None
@@ -472,18 +513,23 @@ def _parse_entry(entry: object, value: object, labels: frozenset[str] | None = N
         if type(config) is not str or not _LABEL.fullmatch(config) or config not in labels:
             return None
         value = {k: v for k, v in value.items() if k != "config"}
-    if set(value) != {"run", "threads"}:
+    if set(value) != {"run", "threads", "tunings", "streak"}:
         return None
     key = _ENTRY_KEY.fullmatch(entry)
     if key is None:
         return None
+    tunings, streak = value["tunings"], value["streak"]
+    if type(tunings) is not int or type(streak) is not int:
+        return None
+    if not 1 <= streak <= tunings <= MAX_TUNINGS:
+        return None
     run, threads = value["run"], value["threads"]
     if run == "unfused":
-        return UNFUSED if threads is None else None
+        return Stored(UNFUSED, tunings, streak) if threads is None else None
     limit = int(key[1])
     if run != "fused" or type(threads) is not int or not 1 <= threads <= min(limit, MAX_THREADS):
         return None
-    return Choice("fused", threads, config)
+    return Stored(Choice("fused", threads, config), tunings, streak)
 
 
 def _read_bounded(path: Path) -> bytes:
