@@ -95,3 +95,17 @@ def _selected() -> list[str]:
 def device(request) -> ember.Device:
     """A device of the backend under test (default dtypes f32 / i64)."""
     return BACKENDS[request.param]()
+
+
+@pytest.fixture(params=["one thread", "split"])
+def ndarray_threads(request, monkeypatch) -> str:
+    """Runs an NdArray kernel test on the calling thread, then with its blocks split over
+    three threads (``ember.backends.ndarray.parallel``): the real BLAS may have one thread
+    here, and test shapes are far under the size that splits."""
+    if request.param == "split":
+        from ember.backends.ndarray import parallel
+
+        monkeypatch.setattr(parallel, "MIN_PARALLEL_WORK", 0)
+        monkeypatch.setattr(parallel, "_CPUS", 3)
+        monkeypatch.setattr(parallel, "blas_threads", lambda: 3)
+    return request.param

@@ -27,20 +27,8 @@ def test_a_stacked_lhs_by_a_matrix_is_one_product(dtype):
     _check(BACKEND.float_matmul(a.swapaxes(0, 1), b), a.swapaxes(0, 1), b)  # not contiguous
 
 
-@pytest.fixture(params=["one thread", "split"])
-def threads(request, monkeypatch):
-    """Stacks multiplied on the calling thread, then split by matrix over three threads."""
-    if request.param == "split":
-        from ember.backends.ndarray import parallel
-
-        monkeypatch.setattr(parallel, "MIN_PARALLEL_WORK", 0)
-        monkeypatch.setattr(parallel, "_CPUS", 3)
-        monkeypatch.setattr(parallel, "blas_threads", lambda: 3)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_stacks_of_small_products(threads, dtype):
+def test_stacks_of_small_products(ndarray_threads, dtype):
     rng = np.random.default_rng(1)
     q = rng.standard_normal((5, 3, 12, 8)).astype(dtype)  # [batch, heads, seq, dim]
     k = rng.standard_normal((5, 3, 12, 8)).astype(dtype)
@@ -54,7 +42,7 @@ def test_stacks_of_small_products(threads, dtype):
     assert empty.shape == (0, 4, 2) and empty.dtype == dtype
 
 
-def test_stacks_of_large_products_are_left_to_the_blas(threads, monkeypatch):
+def test_stacks_of_large_products_are_left_to_the_blas(ndarray_threads, monkeypatch):
     from ember.backends.ndarray import backend
 
     monkeypatch.setattr(backend, "_SMALL_PRODUCT", 10)  # every product here is "large"

@@ -126,21 +126,7 @@ def test_conv2d(xs, ws, stride, padding, dilation, groups, bias, dtype):
     assert out.flags.c_contiguous
 
 
-@pytest.fixture(params=["one thread", "split"])
-def threads(request, monkeypatch):
-    """Runs a test with the samples on the calling thread, then split over three threads
-    (``parallel.split_samples``; the real BLAS may have one thread here, and the test
-    shapes are far under the size that splits)."""
-    if request.param == "split":
-        from ember.backends.ndarray import parallel
-
-        monkeypatch.setattr(parallel, "MIN_PARALLEL_WORK", 0)
-        monkeypatch.setattr(parallel, "_CPUS", 3)
-        monkeypatch.setattr(parallel, "blas_threads", lambda: 3)
-    return request.param
-
-
-def test_conv2d_guide_batch_in_blocks(threads):
+def test_conv2d_guide_batch_in_blocks(ndarray_threads):
     """A batch spread over several cache blocks, and a partial last block."""
     x, w, b = (
         _rand((37, 8, 26, 26), np.float32),
@@ -152,7 +138,7 @@ def test_conv2d_guide_batch_in_blocks(threads):
 
 
 @pytest.mark.parametrize(("stride", "padding", "groups"), [((1, 1), (1, 2), 1), ((2, 1), (1, 1), 2)])
-def test_conv2d_padded_in_blocks(monkeypatch, threads, stride, padding, groups):
+def test_conv2d_padded_in_blocks(monkeypatch, ndarray_threads, stride, padding, groups):
     """Padded inputs over many blocks: each thread zeroes and fills a padded copy of its own."""
     monkeypatch.setattr(conv, "_COLS_BUDGET_BYTES", 60_000)
     x, w, b = _rand((11, 4, 13, 12), np.float32), _rand((6, 4 // groups, 3, 3), np.float32, 1), None
@@ -194,7 +180,7 @@ def test_weight_grad_nd(xs, ws, stride, padding, dilation, groups, dtype):
 
 
 @pytest.mark.parametrize(("groups", "padding"), [(1, (0, 0)), (1, (1, 2)), (2, (1, 1))])
-def test_weight_grad_nd_in_blocks(monkeypatch, groups, padding, threads):
+def test_weight_grad_nd_in_blocks(monkeypatch, groups, padding, ndarray_threads):
     """Many blocks of samples, a partial last one, and a gradient that is a strided view."""
     monkeypatch.setattr(conv, "_COLS_BUDGET_BYTES", 60_000)
     x = _rand((11, 4, 13, 12), np.float32)
@@ -285,7 +271,7 @@ def test_conv_transpose3d(xs, ws, stride, padding, padding_out, dilation, groups
     _close(out, ref, dtype)
 
 
-def test_conv_transpose_in_blocks(monkeypatch, lowering, threads):
+def test_conv_transpose_in_blocks(monkeypatch, lowering, ndarray_threads):
     """The guide CNN's input gradient shape (16 -> 8 channels, stride 1: col2im with full
     rows) over many blocks of samples, a partial last one, on one thread and on three."""
     monkeypatch.setattr(conv, "_COLS_BUDGET_BYTES", 40_000)
@@ -294,7 +280,7 @@ def test_conv_transpose_in_blocks(monkeypatch, lowering, threads):
     _close(out, F.conv_transpose2d(_t(x), _t(w), None, 1, (1, 0)), np.float32)
 
 
-def test_conv_transpose_is_the_input_gradient_of_conv(lowering, threads):
+def test_conv_transpose_is_the_input_gradient_of_conv(lowering, ndarray_threads):
     """What autodiff uses it for: the gradient of a strided, padded conv wrt its input."""
     x, w = _rand((2, 3, 9, 8)), _rand((5, 3, 3, 3), seed=1)
     g, (gx,) = _grad(lambda t: F.conv2d(t, _t(w), None, 2, 1), x)

@@ -25,7 +25,7 @@ from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
-from ember.backends.ndarray.layout import match_layout
+from ember.backends.ndarray.layout import MIN_ELEMENTS, match_layout
 from ember.backends.ndarray.parallel import Claim, run_blocks
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
@@ -143,10 +143,13 @@ def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _layout_matched(fn: Callable) -> Callable:
     """``fn`` of two operands, a large transposed view among them made contiguous first
-    (``layout.py``: NumPy reads such a view an element per cache line)."""
+    (``layout.py``: NumPy reads such a view an element per cache line). Every add, sub,
+    mul and div passes here: small operands cost one size check."""
 
     def run(a, b):
-        return fn(*match_layout(a, b))
+        if type(b) is np.ndarray and b.size >= MIN_ELEMENTS:
+            a, b = match_layout(a, b)
+        return fn(a, b)
 
     return run
 
