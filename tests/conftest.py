@@ -32,6 +32,10 @@ def pytest_configure(config) -> None:
     # Writing each explored plan to disk costs an fsync; tests/backends/fusion/
     # test_fusion_plans.py turns the store on where it is under test.
     os.environ.setdefault("EMBER_FUSION_PLANS", "0")
+    # The suites' tensors are small: by default a fusion device would run nearly all of their
+    # ops at once, unrecorded. Recording every op keeps the suites on the lazy path (stream,
+    # fusers, kernels); tests/backends/fusion/test_fusion_small.py tests the default.
+    os.environ.setdefault("EMBER_FUSION_SMALL", "0")
 
 
 def pytest_collection_finish(session) -> None:

@@ -88,7 +88,7 @@ def test_fusion_off_runs_every_op_at_once():
 def test_debug_logs_each_block():
     code = (
         "import ember; from ember import Tensor\n"
-        "d = ember.device('ndarray').fusion(runtime='interpreter')\n"
+        "d = ember.device('ndarray').fusion(runtime='interpreter', small=0)\n"
         "print(((Tensor.from_data([1.0], d) + 1.0) * 2.0).tolist())\n"
     )
     env = {"EMBER_FUSION_DEBUG": "1", "PYTHONPATH": ":".join(sys.path)}

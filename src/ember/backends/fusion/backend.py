@@ -16,6 +16,18 @@ errors must raise at the op), data movement (``from_data``, ``into_data``,
 ``to_device``). Random ops stay in the stream, which runs in order, so the inner
 generator draws in the same order as without fusion.
 
+**Small values run at once.** An op whose operands are all made and hold at most
+``EMBER_FUSION_SMALL`` elements each (default :data:`SMALL_DEFAULT`; a creation op: its
+output) runs on the inner backend when it is called, as it would without fusion, and is
+never recorded. On values that small a record, its share of a flush and a launch cost more
+Python time than a fused kernel saves in memory passes: the gradient-penalty step of
+``benchmarks/higher_order.py`` (tensors of 18k-43k floats) ran slower on fusion(ndarray)
+than on NdArray, and a training step of a 784-256-256-10 MLP at batch 64 twice as slow.
+A chain that starts from a large or pending value is still recorded and fused whatever
+its later sizes, and random ops always go to the stream (their draws stay in order).
+Convolutions and products take the kernel the tuner chose for them (``op_kernels``), run
+at once as well. ``EMBER_FUSION_SMALL=0`` records every op.
+
 Activation composites (gelu, softmax, ...) decompose into primitives here, so they fuse.
 ``EMBER_FUSION=0`` runs every op at once (no laziness, no fusion).
 """
@@ -29,11 +41,11 @@ from typing import Any
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.device import Device
-from ember.backend.errors import BackendUnavailableError, EmberError
-from ember.backend.ops import OpDef
+from ember.backend.errors import ArgumentError, BackendUnavailableError, ConfigError, EmberError
+from ember.backend.ops import OpDef, primitives
 from ember.backend.rules import AVal
 from ember.backends.fusion import counters
-from ember.backends.fusion.executor import Executor, inner_args, runtime_named, set_output
+from ember.backends.fusion.executor import Executor, inner_args, runtime_named
 from ember.backends.fusion.handle import FusionTensor, Slot
 from ember.backends.fusion.stream import Record, flush_device, stream_for
 from ember.tensor.dtype import DType
@@ -43,6 +55,30 @@ EAGER = frozenset({
     "gather", "select", "scatter_add", "select_assign", "embedding", "embedding_backward",
 })  # fmt: skip
 """Ops run at once (see the module docstring)."""
+
+
+SMALL_DEFAULT = 1 << 16
+"""Elements, at most, of each operand of an op that runs at once rather than being
+recorded (see the module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns it off."""
+
+
+def small_limit() -> int:
+    """``EMBER_FUSION_SMALL`` as an element count (:data:`SMALL_DEFAULT` when unset).
+
+    Raises:
+        ConfigError: the variable is not a whole number of at least 0.
+    """
+    text = os.environ.get("EMBER_FUSION_SMALL")
+    if text is None or text.strip() == "":
+        return SMALL_DEFAULT
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"EMBER_FUSION_SMALL={text!r}: expected a whole number of elements "
+                          "of at least 0 (0 records every op)")  # fmt: skip
+    return value
 
 
 def enabled() -> bool:
@@ -60,6 +96,13 @@ class Fusion(Decorator):
             values; needs ``ember[gpu-jit]``); ``None`` reads ``EMBER_FUSION_RUNTIME``. On a
             Torch ``cuda`` device, Triton runs the blocks unless another runtime is named
             (see :meth:`placed`).
+        small: the most elements of each operand of an op that runs at once instead of
+            being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
+            (default :data:`SMALL_DEFAULT`), ``0`` records every op.
+
+    Raises:
+        ArgumentError: ``small`` is not a whole number of at least 0.
+        ConfigError: ``EMBER_FUSION_SMALL`` is not one.
 
     Example:
         >>> import ember
@@ -72,9 +115,15 @@ class Fusion(Decorator):
 
     prefix = "fusion"
 
-    def __init__(self, inner: Backend, runtime: str | None = None) -> None:
+    def __init__(
+        self, inner: Backend, runtime: str | None = None, small: int | None = None
+    ) -> None:
         super().__init__(inner)
         self.lazy = enabled()
+        if small is not None and (type(small) is not int or small < 0):
+            raise ArgumentError(f"fusion: small={small!r}; expected a whole number of elements "
+                                "of at least 0 (0 records every op)")  # fmt: skip
+        self.small = small_limit() if small is None else small
         self.requested = runtime or os.environ.get("EMBER_FUSION_RUNTIME") or None
         self._cpu_error: BackendUnavailableError | None = None
         try:
@@ -135,8 +184,12 @@ class Fusion(Decorator):
         operands = args[0] if spread else args[:n]
         slots = [None if t is None else t.slot for t in operands]
         present = tuple([s for s in slots if s is not None])
-        if present and _side_arithmetic(present):
-            return self._eager(op, name, args)
+        if present:
+            if _side_arithmetic(present):
+                return self._eager(op, name, args)
+            now = self.small and _all_made(present)
+        else:  # a creation op (random ones stay in the stream, so draws keep their order)
+            now = self.small and op.name != "random"
         attrs = args[n:]
         device = None
         if has_device:
@@ -157,6 +210,17 @@ class Fusion(Decorator):
             if _unknown(a):
                 return self._eager(op, name, args)
 
+        if now and _elements_at_most(out_avals, self.small):
+            if name not in self.executor.op_kernels:
+                return self._now(name, slots, spread, attrs)
+            # A convolution or pooling takes the kernel the tuner chose for it.
+            outputs = tuple([Slot(a.shape, a.dtype, device) for a in out_avals])
+            call_args = [slots, *attrs] if spread else [*slots, *attrs]
+            self.executor.run_single(Record(op, name, call_args, present, outputs, multi))
+            counters.add("small_ops")
+            handles = tuple([FusionTensor(s) for s in outputs])
+            return handles if multi else handles[0]
+
         stream = stream_for(device, self.executor)
         for s in present:
             if s.origin is not stream:
@@ -171,6 +235,19 @@ class Fusion(Decorator):
         call_args = [slots, *attrs] if spread else [*slots, *attrs]
         stream.push(Record(op, name, call_args, present, outputs, multi))
         return handles if multi else handles[0]
+
+    def _now(self, name: str, slots: list, spread: bool, attrs) -> Any:
+        """Runs a small op on made values at once on the inner backend (module doc);
+        ``attrs`` name inner devices."""
+        counters.add("small_ops")
+        prims = [None if s is None else s.prim for s in slots]
+        if spread:
+            out = getattr(self.inner, name)(prims, *attrs)
+        else:
+            out = getattr(self.inner, name)(*prims, *attrs)
+        if type(out) is tuple:
+            return tuple([self._ready(o) for o in out])
+        return self._ready(out)
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
         """Runs ``op`` now, after whatever makes its operands."""
@@ -189,14 +266,14 @@ class Fusion(Decorator):
         if op.name == "into_data":
             return out
         if type(out) is tuple:
-            return tuple(self._ready(o, name) for o in out)
-        return self._ready(out, name)
+            return tuple(self._ready(o) for o in out)
+        return self._ready(out)
 
-    def _ready(self, prim: Any, what: str) -> FusionTensor:
+    def _ready(self, prim: Any) -> FusionTensor:
         inner = self.inner
-        slot = Slot(inner.shape(prim), inner.dtype(prim), inner.device_of(prim))
-        set_output(inner, slot, prim, what)
-        return FusionTensor(slot)
+        return FusionTensor(
+            Slot(inner.shape(prim), inner.dtype(prim), inner.device_of(prim), prim=prim)
+        )
 
     # ------------------------------------------------------------ reads and flushes
     def flush(self, device: Device | None = None) -> None:
@@ -227,7 +304,7 @@ class Fusion(Decorator):
 
     # ------------------------------------------------------------ handles
     def wrap(self, inner_prim: Any) -> FusionTensor:
-        return self._ready(inner_prim, "wrap")
+        return self._ready(inner_prim)
 
     def unwrap(self, prim: FusionTensor) -> Any:
         """The inner primitive of a handle, running its stream first if it is pending."""
@@ -248,6 +325,31 @@ class Fusion(Decorator):
         d = x.slot.device
         return Device(self, d.place, d.index)
 
+
+def _small_first(op: OpDef, name: str):
+    """Activation composite ``name`` of a Fusion backend: decomposed into primitives (which
+    are recorded and fuse), except that on small made operands the inner backend's own
+    kernel runs at once (one call rather than each primitive of the decomposition)."""
+    decomposed = getattr(Backend, name)
+    n = len(op.inputs)
+
+    def composite(self: Fusion, *args: Any) -> Any:
+        if self.small and self.lazy:
+            slots = [None if t is None else t.slot for t in args[:n]]
+            present = tuple([s for s in slots if s is not None])
+            if _all_made(present) and _elements_at_most(present, self.small):
+                return self._now(name, slots, False, args[n:])
+        return decomposed(self, *args)
+
+    composite.__name__ = name
+    composite.__qualname__ = f"Fusion.{name}"
+    composite.__doc__ = decomposed.__doc__
+    return composite
+
+
+for _op, _kind, _name in primitives():
+    if _op.composite and not Fusion.forward_composite(_op):
+        setattr(Fusion, _name, _small_first(_op, _name))
 
 _layouts: dict[str, tuple[int, bool, bool, bool]] = {}
 
@@ -275,12 +377,34 @@ def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool]:
     return layout
 
 
+def _all_made(slots: tuple[Slot, ...]) -> bool:
+    for s in slots:  # noqa: SIM110 - a loop: all() over a generator costs more per op
+        if s.prim is None:
+            return False
+    return True
+
+
+def _elements_at_most(avals, limit: int) -> bool:
+    for a in avals:
+        n = 1
+        for d in a.shape:
+            n *= d
+        if n > limit:
+            return False
+    return True
+
+
 def _side_arithmetic(slots: tuple[Slot, ...]) -> bool:
     """Whether every operand is a made, small integer value (an imported model's shape
     arithmetic): such an op runs at once, cheaper than a record, and leaves nothing pending
     for the reshape that reads its result."""
     for s in slots:
-        if s.prim is None or not s.dtype.is_int or len(s.shape) > 1 or (s.shape and s.shape[0] > 64):
+        if (
+            s.prim is None
+            or not s.dtype.is_int
+            or len(s.shape) > 1
+            or (s.shape and s.shape[0] > 64)
+        ):
             return False
     return True
 

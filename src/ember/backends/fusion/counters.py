@@ -19,6 +19,7 @@ _FIELDS = (
     "fused_ops",  # records a fused block computed
     "unfused_ops",  # records run on the inner backend one by one
     "eager_ops",  # ops run at once (value-dependent shapes, index checks, reads)
+    "small_ops",  # ops on small made values run at once (backend.SMALL_DEFAULT)
     "explorations",  # streams explored (plan cache misses)
     "cache_hits",  # streams whose plan came from the cache
     "tunings",  # (block kind, size bucket)s timed to choose how they run (autotune.py)

@@ -225,7 +225,7 @@ class Executor:
         segments = self._blocks(records)
         for start, length, fused in segments:
             if fused is None:
-                self._single(records[start])
+                self.run_single(records[start])
             elif type(fused) is ConvEpilogue:
                 self._conv_epilogue(fused, records[start : start + length])
             elif type(fused) is MatmulEpilogue:
@@ -233,8 +233,9 @@ class Executor:
             else:
                 self._launch(fused, records[start : start + length], records, start + length)
 
-    def _single(self, record: Record) -> None:
-        """Runs a record no block holds: its compiled kernel where the tuner chose one."""
+    def run_single(self, record: Record) -> None:
+        """Runs a record no block holds (or a small op at once): its compiled kernel where
+        the tuner chose one, else the inner op."""
         kernel = self.op_kernels.get(record.name)
         if kernel is None or not self._run_op_kernel(kernel, record):
             counters.add("unfused_ops")
@@ -264,7 +265,7 @@ class Executor:
                 counters.add("fused_ops", len(records) - 1)
                 return
         for record in records:
-            self._single(record)
+            self.run_single(record)
 
     def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:
         """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where

@@ -54,6 +54,7 @@ another order than NdArray's (the results agree to rounding).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -459,10 +460,13 @@ def _weight_single(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, o
                     acc[oc, c0 + 7] += s7
 
 
+@functools.lru_cache(maxsize=256)
 def _offsets(cg: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, chunk: int,
              hq: int, wq: int, multiple: int) -> np.ndarray:  # fmt: skip
     """Offset of each tap (channel, kh, kw) in a group's part of the packed input
-    ``[cg, sh, sw, chunk, hq, wq]``, padded with 0 to a multiple of ``multiple``."""
+    ``[cg, sh, sw, chunk, hq, wq]``, padded with 0 to a multiple of ``multiple``: computed
+    once per geometry (the kernels never write it; building it cost as much as a small
+    layer's kernel)."""
     c = np.arange(cg).reshape(cg, 1, 1)
     rows = np.arange(kh).reshape(1, kh, 1) * dh
     cols = np.arange(kw).reshape(1, 1, kw) * dw

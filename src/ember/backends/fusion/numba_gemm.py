@@ -94,10 +94,11 @@ def supports(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if b.shape[-1] < NR[a.dtype] // 4:
         return False
-    try:
-        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        return False
+    if a.shape[:-2] != b.shape[:-2]:
+        try:
+            np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return False
     return True
 
 

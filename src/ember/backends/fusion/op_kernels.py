@@ -19,9 +19,11 @@ outputs reuse mapped pages instead of faulting fresh ones in).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,9 +56,8 @@ def _conv_supports(args: list) -> bool:
 
 def _conv_key(args: list) -> tuple:
     x, weight, bias, options = args
-    # astuple's value, without its deep copies (13 us a call: a tenth of a small conv).
     fields = (options.stride, options.padding, options.dilation, options.groups)
-    return ("conv2d", x.dtype.name, weight.shape[1:], bias is None, fields)
+    return ("conv2d", _dtype_name(x.dtype), weight.shape[1:], bias is None, fields)
 
 
 def _conv_work(args: list) -> int:
@@ -80,7 +81,7 @@ def _conv_grad_supports(args: list) -> bool:
 
 
 def _conv_grad_key(name: str) -> Callable[[list], tuple]:
-    return lambda args: (name, args[0].dtype.name, args[1].shape[1:], astuple(args[3]))
+    return lambda args: (name, _dtype_name(args[0].dtype), args[1].shape[1:], _fields(args[3]))
 
 
 def _conv_grad_work(args: list) -> int:
@@ -106,7 +107,7 @@ def _pool_supports(args: list) -> bool:
 
 
 def _pool_key(name: str) -> Callable[[list], tuple]:
-    return lambda args: (name, args[0].dtype.name, astuple(args[1]))
+    return lambda args: (name, _dtype_name(args[0].dtype), _fields(args[1]))
 
 
 def _pool_work(args: list) -> int:
@@ -140,15 +141,34 @@ def _matmul_key(args: list) -> tuple:
     """Rank and which operands are transposed or broadcast matter besides size: they change
     the packing (walked along the other stride) and the batch map."""
     a, b = args
-    return ("float_matmul", a.dtype.name, a.ndim, b.ndim, a.shape[:-2] == b.shape[:-2],
+    return ("float_matmul", _dtype_name(a.dtype), a.ndim, b.ndim, a.shape[:-2] == b.shape[:-2],
             a.strides[-1] > a.strides[-2], b.strides[-1] > b.strides[-2])  # fmt: skip
 
 
 def _matmul_work(args: list) -> int:
     """Multiply-adds: output elements times the inner dim."""
     a, b = args
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = a.shape[:-2]
+    if batch != b.shape[:-2]:
+        batch = np.broadcast_shapes(batch, b.shape[:-2])
     return math.prod(batch) * a.shape[-2] * b.shape[-1] * a.shape[-1]
+
+
+# Kernel keys are built on every call of a kernel's op: their parts are cached.
+@functools.cache
+def _dtype_name(dtype: np.dtype) -> str:
+    return dtype.name  # a Python-level property in NumPy: microseconds a call
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _fields(options: Any) -> tuple:
+    """``astuple(options)`` of options whose fields are ints and tuples, without its deep
+    copies (13 us a call: a tenth of a small convolution)."""
+    return tuple([getattr(options, name) for name in _field_names(type(options))])
 
 
 def _matmul_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
