@@ -232,14 +232,24 @@ def _mixed(device: ember.Device, steps) -> list[np.ndarray]:
     values = [Tensor.from_data(_array(*s, seed=i), device) for i, s in
               enumerate([(2, 3), (1, 3), (6, 3), (6, 1)])]  # fmt: skip
     for name, i, j in steps:
-        a, b = values[i % len(values)], values[j % len(values)]
-        if name in ("add", "mul") and a.shape != b.shape:
-            b = a.abs()
-        out = {"add": lambda: a + b, "mul": lambda: a * b, "exp": lambda: (a * 0.5).exp(),
-               "sum": lambda: a.sum_dim(-1), "scale": lambda: a * 1.5 - 0.25,
-               "max": lambda: a.max_pair(a.neg())}[name]()  # fmt: skip
-        values.append(out)
+        values.append(_step(name, values[i % len(values)], values[j % len(values)]))
     return [v.to_data().to_numpy() for v in values[4:]]
+
+
+def _step(name: str, a: Tensor, b: Tensor) -> Tensor:
+    if name in ("add", "mul") and a.shape != b.shape:
+        b = a.abs()
+    if name == "add":
+        return a + b
+    if name == "mul":
+        return a * b
+    if name == "exp":
+        return (a * 0.5).exp()
+    if name == "sum":
+        return a.sum_dim(-1)
+    if name == "scale":
+        return a * 1.5 - 0.25
+    return a.max_pair(a.neg())
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

@@ -16,17 +16,18 @@ errors must raise at the op), data movement (``from_data``, ``into_data``,
 ``to_device``). Random ops stay in the stream, which runs in order, so the inner
 generator draws in the same order as without fusion.
 
-**Small values run at once.** An op whose operands are all made and hold at most
-``EMBER_FUSION_SMALL`` elements each (default :data:`SMALL_DEFAULT`; a creation op: its
-output) runs on the inner backend when it is called, as it would without fusion, and is
-never recorded. On values that small a record, its share of a flush and a launch cost more
+**Small values run at once.** An op whose operands are all made (none is pending in a
+stream) and whose results hold at most ``EMBER_FUSION_SMALL`` elements each (default
+:data:`SMALL_DEFAULT`) runs on the inner backend when it is called and is never recorded;
+an activation composite on such operands runs as the inner backend's own kernel instead of
+decomposing. On values that small, a record, its share of a flush and a launch cost more
 Python time than a fused kernel saves in memory passes: the gradient-penalty step of
-``benchmarks/higher_order.py`` (tensors of 18k-43k floats) ran slower on fusion(ndarray)
-than on NdArray, and a training step of a 784-256-256-10 MLP at batch 64 twice as slow.
-A chain that starts from a large or pending value is still recorded and fused whatever
-its later sizes, and random ops always go to the stream (their draws stay in order).
-Convolutions and products take the kernel the tuner chose for them (``op_kernels``), run
-at once as well. ``EMBER_FUSION_SMALL=0`` records every op.
+``benchmarks/higher_order.py`` (tensors of 18k-43k floats) ran 1.6x slower on
+fusion(ndarray) than on NdArray, and the 784-256-256-10 MLP step of
+``benchmarks/autodiff_step.py`` twice as slow. A chain from a large or pending value is
+still recorded and fused whatever its later sizes; random ops always go to the stream
+(their draws keep their order); convolutions and pooling take the kernel the tuner chose
+for them (``op_kernels``). ``EMBER_FUSION_SMALL=0`` records every op.
 
 Activation composites (gelu, softmax, ...) decompose into primitives here, so they fuse.
 ``EMBER_FUSION=0`` runs every op at once (no laziness, no fusion).
@@ -58,8 +59,10 @@ EAGER = frozenset({
 
 
 SMALL_DEFAULT = 1 << 16
-"""Elements, at most, of each operand of an op that runs at once rather than being
-recorded (see the module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns it off."""
+"""Elements, at most, of each result of an op on made operands that runs at once rather
+than being recorded (see the module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns
+it off. Larger limits ran the MLP step faster still but would take the encoder's
+``[8, 128, 256]`` element-wise chains out of fused kernels."""
 
 
 def small_limit() -> int:
@@ -96,8 +99,8 @@ class Fusion(Decorator):
             values; needs ``ember[gpu-jit]``); ``None`` reads ``EMBER_FUSION_RUNTIME``. On a
             Torch ``cuda`` device, Triton runs the blocks unless another runtime is named
             (see :meth:`placed`).
-        small: the most elements of each operand of an op that runs at once instead of
-            being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
+        small: the most elements of each result of an op on made operands that runs at
+            once instead of being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
             (default :data:`SMALL_DEFAULT`), ``0`` records every op.
 
     Raises:
