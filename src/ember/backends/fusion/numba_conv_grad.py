@@ -242,6 +242,24 @@ def conv2d_x_backward(
         dx.fill(0)
     # The weight with its channels exchanged per group: [C, O/g, kh, kw].
     wt = weight.reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(c, og, kh, kw)
+    if sh == sw == 1 and len(phases_h) == len(phases_w) == 1:
+        # One phase (stride 1) that pads ``grad`` evenly: a plain convolution of ``grad``
+        # with the flipped weight, on the forward's register-tiled kernel (measured: an
+        # 8 -> 16 channel 3x3 layer at 26x26, batch 32, 2.0 -> 1.2 ms).
+        (taps_h, dil_h, _, rows_h, start_h), (taps_w, dil_w, _, rows_w, start_w) = (
+            phases_h[0], phases_w[0])  # fmt: skip
+        pad = (-start_h, -start_w)
+        even = all(
+            p >= 0 and size + 2 * p - d * (len(t) - 1) == full
+            for size, p, d, t, full in zip(grad.shape[2:], pad, (dil_h, dil_w),
+                                           (taps_h, taps_w), (h, w))
+        )  # fmt: skip
+        if even:
+            sub = np.ascontiguousarray(wt[:, :, taps_h][:, :, :, taps_w])
+            from ember.backend.options import ConvOptions
+
+            flipped = ConvOptions((1, 1), pad, (dil_h, dil_w), groups)
+            return numba_conv.conv2d(grad, sub, None, flipped, threads, empty)
     for taps_h, dil_h, first_h, rows_h, start_h in phases_h:
         for taps_w, dil_w, first_w, rows_w, start_w in phases_w:
             sub = np.ascontiguousarray(wt[:, :, taps_h][:, :, :, taps_w])
