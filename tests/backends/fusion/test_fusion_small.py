@@ -1,6 +1,6 @@
 """Small values run at once (``EMBER_FUSION_SMALL``, ``Fusion(small=...)``): an op whose
-operands are all made and whose results are small runs on the inner backend when it is
-called, and computes exactly what the same op computes on the inner backend; anything
+operands are all made and whose operands or results are small runs on the inner backend
+when it is called, and computes exactly what the same op computes on the inner backend; anything
 large or pending is still recorded and fused.
 
 The rest of the suite records every op (``tests/conftest.py`` sets ``EMBER_FUSION_SMALL=0``);
@@ -100,13 +100,17 @@ def test_a_small_result_of_a_pending_value_stays_in_the_stream():
     )
 
 
-def test_small_operands_with_a_large_result_are_recorded():
+def test_small_operands_or_a_small_result_run_at_once():
     device = _fused()
     col, row = Tensor.from_data(_array(8, 1), device), Tensor.from_data(_array(1, 8), device)
+    big = Tensor.from_data(_array(4, 8), device)
     reset_stats()
     outer = col * row  # 64 elements from two of 8
-    assert _pending(outer) and stats()["small_ops"] == 0
+    rows = big.matmul(Tensor.from_data(_array(8, 2), device))  # [4, 2] from a large operand
+    assert not _pending(outer) and not _pending(rows) and stats()["small_ops"] == 2
     np.testing.assert_array_equal(outer.to_data().to_numpy(), _array(8, 1) * _array(1, 8))
+    np.testing.assert_allclose(rows.to_data().to_numpy(), _array(4, 8) @ _array(8, 2), rtol=1e-6)
+    assert _pending(big * 2.0 + big)  # large operands, a large result: recorded
 
 
 def test_a_small_creation_runs_at_once_a_large_one_is_recorded():

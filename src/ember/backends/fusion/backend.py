@@ -17,8 +17,9 @@ errors must raise at the op), data movement (``from_data``, ``into_data``,
 generator draws in the same order as without fusion.
 
 **Small values run at once.** An op whose operands are all made (none is pending in a
-stream) and whose results hold at most ``EMBER_FUSION_SMALL`` elements each (default
-:data:`SMALL_DEFAULT`) runs on the inner backend when it is called and is never recorded;
+stream) and either its operands or its results hold at most ``EMBER_FUSION_SMALL``
+elements each (default :data:`SMALL_DEFAULT`) runs on the inner backend when it is called
+and is never recorded (a product of a large weight with a small result included);
 an activation composite on such operands runs as the inner backend's own kernel instead of
 decomposing. On values that small, a record, its share of a flush and a launch cost more
 Python time than a fused kernel saves in memory passes: the gradient-penalty step of
@@ -59,8 +60,8 @@ EAGER = frozenset({
 
 
 SMALL_DEFAULT = 1 << 16
-"""Elements, at most, of each result of an op on made operands that runs at once rather
-than being recorded (see the module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns
+"""Elements, at most, of each operand or each result of an op on made operands that runs
+at once rather than being recorded (see the module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns
 it off. Larger limits ran the MLP step faster still but would take the encoder's
 ``[8, 128, 256]`` element-wise chains out of fused kernels."""
 
@@ -99,8 +100,8 @@ class Fusion(Decorator):
             values; needs ``ember[gpu-jit]``); ``None`` reads ``EMBER_FUSION_RUNTIME``. On a
             Torch ``cuda`` device, Triton runs the blocks unless another runtime is named
             (see :meth:`placed`).
-        small: the most elements of each result of an op on made operands that runs at
-            once instead of being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
+        small: the most elements of each operand or each result of an op on made operands
+            that runs at once instead of being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
             (default :data:`SMALL_DEFAULT`), ``0`` records every op.
 
     Raises:
@@ -191,6 +192,10 @@ class Fusion(Decorator):
             if _side_arithmetic(present):
                 return self._eager(op, name, args)
             now = self.small and _all_made(present)
+            # Small operands: at once, without asking the rule for the results' size.
+            kernel = name in self.executor.op_kernels
+            if now and not has_device and not kernel and _elements_at_most(present, self.small):
+                return self._now(name, slots, spread, args[n:], present[0].device)
         else:  # a creation op (random ones stay in the stream, so draws keep their order)
             now = self.small and op.name != "random"
         attrs = args[n:]
@@ -215,7 +220,7 @@ class Fusion(Decorator):
 
         if now and _elements_at_most(out_avals, self.small):
             if name not in self.executor.op_kernels:
-                return self._now(name, slots, spread, attrs)
+                return self._now(name, slots, spread, attrs, device)
             # A convolution or pooling takes the kernel the tuner chose for it.
             outputs = tuple([Slot(a.shape, a.dtype, device) for a in out_avals])
             call_args = [slots, *attrs] if spread else [*slots, *attrs]
@@ -239,18 +244,17 @@ class Fusion(Decorator):
         stream.push(Record(op, name, call_args, present, outputs, multi))
         return handles if multi else handles[0]
 
-    def _now(self, name: str, slots: list, spread: bool, attrs) -> Any:
-        """Runs a small op on made values at once on the inner backend (module doc);
-        ``attrs`` name inner devices."""
+    def _now(self, name: str, slots: list, spread: bool, attrs, device: Device) -> Any:
+        """Runs a small op on made values at once on the inner backend (module doc), its
+        results on the inner ``device`` (``attrs`` name inner devices)."""
         counters.add("small_ops")
         prims = [None if s is None else s.prim for s in slots]
-        if spread:
-            out = getattr(self.inner, name)(prims, *attrs)
-        else:
-            out = getattr(self.inner, name)(*prims, *attrs)
-        if type(out) is tuple:
-            return tuple([self._ready(o) for o in out])
-        return self._ready(out)
+        inner = self.inner
+        out = getattr(inner, name)(prims, *attrs) if spread else getattr(inner, name)(*prims, *attrs)
+        outs = out if type(out) is tuple else (out,)
+        handles = tuple([FusionTensor(Slot(inner.shape(o), inner.dtype(o), device, prim=o))
+                         for o in outs])  # fmt: skip
+        return handles if type(out) is tuple else handles[0]
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
         """Runs ``op`` now, after whatever makes its operands."""
@@ -341,7 +345,7 @@ def _small_first(op: OpDef, name: str):
             slots = [None if t is None else t.slot for t in args[:n]]
             present = tuple([s for s in slots if s is not None])
             if _all_made(present) and _elements_at_most(present, self.small):
-                return self._now(name, slots, False, args[n:])
+                return self._now(name, slots, False, args[n:], present[0].device)
         return decomposed(self, *args)
 
     composite.__name__ = name
