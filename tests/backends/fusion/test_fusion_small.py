@@ -1,6 +1,6 @@
 """Small values run at once (``EMBER_FUSION_SMALL``, ``Fusion(small=...)``): an op whose
-operands are all made and whose operands or results are small runs on the inner backend
-when it is called, and computes exactly what the same op computes on the inner backend; anything
+operands are all made and small (or a convolution's or product's results) runs on the
+inner backend when it is called, and computes exactly what the same op computes on the inner backend; anything
 large or pending is still recorded and fused.
 
 The rest of the suite records every op (``tests/conftest.py`` sets ``EMBER_FUSION_SMALL=0``);
@@ -100,17 +100,37 @@ def test_a_small_result_of_a_pending_value_stays_in_the_stream():
     )
 
 
-def test_small_operands_or_a_small_result_run_at_once():
+def test_a_reduction_of_a_large_made_value_stays_in_the_stream():
+    device = _fused()
+    x = Tensor.from_data(_array(4, 8), device)
+    reset_stats()
+    centred = x - x.mean_dim(1)  # the mean is small, but fuses with what reads it
+    assert _pending(centred) and stats()["small_ops"] == 0
+    np.testing.assert_allclose(centred.to_data().to_numpy(),
+                               _array(4, 8) - _array(4, 8).mean(1, keepdims=True), atol=1e-6)  # fmt: skip
+    assert stats()["kernels"] == 1
+
+
+def test_small_operands_run_at_once_whatever_their_result():
     device = _fused()
     col, row = Tensor.from_data(_array(8, 1), device), Tensor.from_data(_array(1, 8), device)
     big = Tensor.from_data(_array(4, 8), device)
     reset_stats()
     outer = col * row  # 64 elements from two of 8
-    rows = big.matmul(Tensor.from_data(_array(8, 2), device))  # [4, 2] from a large operand
-    assert not _pending(outer) and not _pending(rows) and stats()["small_ops"] == 2
+    assert not _pending(outer) and stats()["small_ops"] == 1
     np.testing.assert_array_equal(outer.to_data().to_numpy(), _array(8, 1) * _array(1, 8))
-    np.testing.assert_allclose(rows.to_data().to_numpy(), _array(4, 8) @ _array(8, 2), rtol=1e-6)
     assert _pending(big * 2.0 + big)  # large operands, a large result: recorded
+
+
+def test_a_product_with_a_small_result_runs_at_once_on_its_kernel():
+    pytest.importorskip("numba")
+    device = _fused(runtime="numba")  # products and convolutions have kernels (op_kernels)
+    big = Tensor.from_data(_array(4, 8), device)
+    reset_stats()
+    rows = big.matmul(Tensor.from_data(_array(8, 2), device))  # [4, 2] from a large operand
+    assert not _pending(rows) and stats()["small_ops"] == 1
+    np.testing.assert_allclose(rows.to_data().to_numpy(), _array(4, 8) @ _array(8, 2), rtol=1e-6)
+    assert _pending(big.matmul(Tensor.from_data(_array(8, 6), device)))  # a result of 24
 
 
 def test_a_small_creation_runs_at_once_a_large_one_is_recorded():
@@ -160,9 +180,8 @@ def test_an_activation_runs_as_the_inner_kernel_on_small_values_and_decomposes_o
     large = activation.log_softmax(Tensor.from_data(_array(4, 8), _fused()), 1)
     assert _pending(large)
     large.to_data()
-    # Decomposed: the row max (a small result of a made value) runs at once, the rest of
-    # the primitives (sub, exp, sum, log, ...) are recorded and fused.
-    assert stats()["small_ops"] == 1 and stats()["records"] >= 4 and stats()["kernels"] >= 1
+    # Decomposed: every primitive (max, sub, exp, sum, log, ...) is recorded and fused.
+    assert stats()["small_ops"] == 0 and stats()["records"] >= 5 and stats()["kernels"] >= 1
 
 
 def test_an_error_raises_at_the_op_as_on_the_inner_backend():

@@ -17,9 +17,12 @@ errors must raise at the op), data movement (``from_data``, ``into_data``,
 generator draws in the same order as without fusion.
 
 **Small values run at once.** An op whose operands are all made (none is pending in a
-stream) and either its operands or its results hold at most ``EMBER_FUSION_SMALL``
-elements each (default :data:`SMALL_DEFAULT`) runs on the inner backend when it is called
-and is never recorded (a product of a large weight with a small result included);
+stream) and hold at most ``EMBER_FUSION_SMALL`` elements each (default
+:data:`SMALL_DEFAULT`) runs on the inner backend when it is called and is never recorded;
+so does a creation op with small results, and a convolution, pooling or product
+(``op_kernels``, which fuse with nothing here) of made operands with small results: a
+large weight by a small batch. A reduction of a large value stays in the stream, where it
+fuses with what reads its result (softmax, layer norm);
 an activation composite on such operands runs as the inner backend's own kernel instead of
 decomposing. On values that small, a record, its share of a flush and a launch cost more
 Python time than a fused kernel saves in memory passes: the gradient-penalty step of
@@ -60,8 +63,9 @@ EAGER = frozenset({
 
 
 SMALL_DEFAULT = 1 << 16
-"""Elements, at most, of each operand or each result of an op on made operands that runs
-at once rather than being recorded (see the module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns
+"""Elements, at most, of each operand of an op on made operands that runs at once rather
+than being recorded (of each result, for a creation op or an ``op_kernels`` op; see the
+module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns
 it off. Larger limits ran the MLP step faster still but would take the encoder's
 ``[8, 128, 256]`` element-wise chains out of fused kernels."""
 
@@ -100,8 +104,8 @@ class Fusion(Decorator):
             values; needs ``ember[gpu-jit]``); ``None`` reads ``EMBER_FUSION_RUNTIME``. On a
             Torch ``cuda`` device, Triton runs the blocks unless another runtime is named
             (see :meth:`placed`).
-        small: the most elements of each operand or each result of an op on made operands
-            that runs at once instead of being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
+        small: the most elements of each operand of an op on made operands that runs at
+            once instead of being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
             (default :data:`SMALL_DEFAULT`), ``0`` records every op.
 
     Raises:
@@ -191,11 +195,13 @@ class Fusion(Decorator):
         if present:
             if _side_arithmetic(present):
                 return self._eager(op, name, args)
+            # Made operands: small ones run at once (without asking the rule for the results'
+            # size); a convolution's, pooling's or product's may be large, its results small.
             now = self.small and _all_made(present)
-            # Small operands: at once, without asking the rule for the results' size.
-            kernel = name in self.executor.op_kernels
-            if now and not has_device and not kernel and _elements_at_most(present, self.small):
-                return self._now(name, slots, spread, args[n:], present[0].device)
+            if now and name not in self.executor.op_kernels:
+                if not has_device and _elements_at_most(present, self.small):
+                    return self._now(name, slots, spread, args[n:], present[0].device)
+                now = False  # a reduction of a large value fuses with what reads its result
         else:  # a creation op (random ones stay in the stream, so draws keep their order)
             now = self.small and op.name != "random"
         attrs = args[n:]
@@ -219,9 +225,9 @@ class Fusion(Decorator):
                 return self._eager(op, name, args)
 
         if now and _elements_at_most(out_avals, self.small):
-            if name not in self.executor.op_kernels:
+            if not present:
                 return self._now(name, slots, spread, attrs, device)
-            # A convolution or pooling takes the kernel the tuner chose for it.
+            # A convolution, pooling or product takes the kernel the tuner chose for it.
             outputs = tuple([Slot(a.shape, a.dtype, device) for a in out_avals])
             call_args = [slots, *attrs] if spread else [*slots, *attrs]
             self.executor.run_single(Record(op, name, call_args, present, outputs, multi))
