@@ -223,6 +223,7 @@ class Executor:
                 run_record(self.inner, record)
             return
         segments = self._blocks(records)
+        last_read = None  # slot -> the last record that reads it, for in-place writes
         for start, length, fused in segments:
             if fused is None:
                 self.run_single(records[start])
@@ -231,7 +232,9 @@ class Executor:
             elif type(fused) is MatmulEpilogue:
                 self._matmul_epilogue(fused, records[start : start + length])
             else:
-                self._launch(fused, records[start : start + length], records, start + length)
+                if last_read is None:
+                    last_read = _last_reads(records)
+                self._launch(fused, records[start : start + length], last_read, start + length)
 
     def run_single(self, record: Record) -> None:
         """Runs a record no block holds (or a small op at once): its compiled kernel where
@@ -394,9 +397,10 @@ class Executor:
                 plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
-    def _launch(self, fused, records: list[Record], stream: list[Record] = (),
+    def _launch(self, fused, records: list[Record], last_read: dict | None = None,
                 end: int = 0) -> None:  # fmt: skip
-        """Runs a fused block (``records``, which end at ``stream[end]``)."""
+        """Runs a fused block (``records``, which end before record ``end`` of their stream;
+        ``last_read`` maps each slot to the last record of the stream that reads it)."""
         block = fused.block
         n_records = len(records)
         if not block.outputs:
@@ -419,7 +423,7 @@ class Executor:
             return
         out, consumed = None, []
         if recycler is not None and type(how) is not autotune.Pending:
-            out, consumed = self._in_place(fused, stream, end)
+            out, consumed = self._in_place(fused, last_read or {}, end)
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
         try:
@@ -451,7 +455,7 @@ class Executor:
             # buffers of their own, so the outputs stored above stay as they are.
             tuner.tune(how, block, arrays, lambda: run_detached(self.inner, records))
 
-    def _in_place(self, fused, stream: list[Record], end: int) -> tuple[list | None, list]:
+    def _in_place(self, fused, last_read: dict, end: int) -> tuple[list | None, list]:
         """``(out, consumed)``: for an element-wise float block, output arrays (None where
         the pool gives one) that overwrite inputs at their last use, and the input slots
         they consume; ``(None, [])`` when no input qualifies.
@@ -478,7 +482,7 @@ class Executor:
                 fits = (type(array) is np.ndarray and array.shape == shape
                         and spec.shape == shape and not slot.readable() and not slot.shared
                         and slot not in consumed and _refs(array) == _EXPECTED_REFS
-                        and not any(slot in later.inputs for later in stream[end:]))  # fmt: skip
+                        and last_read.get(slot, -1) < end)  # fmt: skip
                 if fits:
                     consumed.append(slot)
                     break
@@ -527,6 +531,15 @@ class Executor:
         counters.add("unfused_ops", len(records))
         for record in records:
             run_record(self.inner, record)
+
+
+def _last_reads(records: list[Record]) -> dict:
+    """Each slot the records read, mapped to the index of the last record that reads it."""
+    last = {}
+    for i, record in enumerate(records):
+        for slot in record.inputs:
+            last[slot] = i
+    return last
 
 
 def _bind(templates: tuple, records: list[Record]) -> list | None:
