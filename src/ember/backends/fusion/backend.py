@@ -19,19 +19,17 @@ generator draws in the same order as without fusion.
 **Small values run at once.** An op whose operands are all made (none is pending in a
 stream) and hold at most ``EMBER_FUSION_SMALL`` elements each (default
 :data:`SMALL_DEFAULT`) runs on the inner backend when it is called and is never recorded;
-so does a creation op with small results, and a convolution, pooling or product
-(``op_kernels``, which fuse with nothing here) of made operands with small results: a
-large weight by a small batch. A reduction of a large value stays in the stream, where it
-fuses with what reads its result (softmax, layer norm);
-an activation composite on such operands runs as the inner backend's own kernel instead of
-decomposing. On values that small, a record, its share of a flush and a launch cost more
-Python time than a fused kernel saves in memory passes: the gradient-penalty step of
-``benchmarks/higher_order.py`` (tensors of 18k-43k floats) ran 1.6x slower on
-fusion(ndarray) than on NdArray, and the 784-256-256-10 MLP step of
-``benchmarks/autodiff_step.py`` twice as slow. A chain from a large or pending value is
-still recorded and fused whatever its later sizes; random ops always go to the stream
-(their draws keep their order); convolutions and pooling take the kernel the tuner chose
-for them (``op_kernels``). ``EMBER_FUSION_SMALL=0`` records every op.
+an activation composite on such operands runs as the inner backend's own kernel instead
+of decomposing. So does a creation op with small results, and a convolution, pooling or
+product with a kernel of the tuner's (``op_kernels``; nothing fuses with them here) on
+made operands with small results, such as a large weight by a small batch. On values that
+small, a record, its share of a flush and a launch cost more Python time than a fused
+kernel saves in memory passes: the gradient-penalty step of ``benchmarks/higher_order.py``
+(tensors of 18k-43k floats) ran 1.6x slower on fusion(ndarray) than on NdArray, and the
+784-256-256-10 MLP step of ``benchmarks/autodiff_step.py`` twice as slow. What reads a
+large or pending value is still recorded and fused, a reduction to a small result
+included (softmax and layer norm fuse with what reads their sums), and random ops always
+go to the stream (their draws keep their order). ``EMBER_FUSION_SMALL=0`` records every op.
 
 Activation composites (gelu, softmax, ...) decompose into primitives here, so they fuse.
 ``EMBER_FUSION=0`` runs every op at once (no laziness, no fusion).
@@ -65,9 +63,9 @@ EAGER = frozenset({
 SMALL_DEFAULT = 1 << 16
 """Elements, at most, of each operand of an op on made operands that runs at once rather
 than being recorded (of each result, for a creation op or an ``op_kernels`` op; see the
-module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns
-it off. Larger limits ran the MLP step faster still but would take the encoder's
-``[8, 128, 256]`` element-wise chains out of fused kernels."""
+module doc); ``EMBER_FUSION_SMALL`` overrides it, ``0`` turns it off. A larger limit ran
+the MLP step faster still, but would take the ONNX encoder's ``[8, 128, 256]``
+element-wise chains out of fused kernels."""
 
 
 def small_limit() -> int:
@@ -105,8 +103,8 @@ class Fusion(Decorator):
             Torch ``cuda`` device, Triton runs the blocks unless another runtime is named
             (see :meth:`placed`).
         small: the most elements of each operand of an op on made operands that runs at
-            once instead of being recorded (see the module doc); ``None`` reads ``EMBER_FUSION_SMALL``
-            (default :data:`SMALL_DEFAULT`), ``0`` records every op.
+            once instead of being recorded (see the module doc); ``None`` reads
+            ``EMBER_FUSION_SMALL`` (default :data:`SMALL_DEFAULT`), ``0`` records every op.
 
     Raises:
         ArgumentError: ``small`` is not a whole number of at least 0.
@@ -123,9 +121,8 @@ class Fusion(Decorator):
 
     prefix = "fusion"
 
-    def __init__(
-        self, inner: Backend, runtime: str | None = None, small: int | None = None
-    ) -> None:
+    def __init__(self, inner: Backend, runtime: str | None = None,
+                 small: int | None = None) -> None:  # fmt: skip
         super().__init__(inner)
         self.lazy = enabled()
         if small is not None and (type(small) is not int or small < 0):
@@ -256,7 +253,8 @@ class Fusion(Decorator):
         counters.add("small_ops")
         prims = [None if s is None else s.prim for s in slots]
         inner = self.inner
-        out = getattr(inner, name)(prims, *attrs) if spread else getattr(inner, name)(*prims, *attrs)
+        run = getattr(inner, name)
+        out = run(prims, *attrs) if spread else run(*prims, *attrs)
         outs = out if type(out) is tuple else (out,)
         handles = tuple([FusionTensor(Slot(inner.shape(o), inner.dtype(o), device, prim=o))
                          for o in outs])  # fmt: skip
@@ -397,8 +395,10 @@ def _all_made(slots: tuple[Slot, ...]) -> bool:
     return True
 
 
-def _elements_at_most(avals, limit: int) -> bool:
-    for a in avals:
+def _elements_at_most(values, limit: int) -> bool:
+    """Whether each of ``values`` (slots or abstract values) holds at most ``limit``
+    elements."""
+    for a in values:
         n = 1
         for d in a.shape:
             n *= d
@@ -412,12 +412,7 @@ def _side_arithmetic(slots: tuple[Slot, ...]) -> bool:
     arithmetic): such an op runs at once, cheaper than a record, and leaves nothing pending
     for the reshape that reads its result."""
     for s in slots:
-        if (
-            s.prim is None
-            or not s.dtype.is_int
-            or len(s.shape) > 1
-            or (s.shape and s.shape[0] > 64)
-        ):
+        if s.prim is None or not s.dtype.is_int or len(s.shape) > 1 or (s.shape and s.shape[0] > 64):
             return False
     return True
 
