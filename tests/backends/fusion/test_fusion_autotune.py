@@ -403,6 +403,38 @@ def test_a_single_op_is_tuned_once_per_bucket(runtime, monkeypatch, tmp_path):
     assert sum("/w" in entry for entry in stored["choices"]) == 3
 
 
+def test_a_convolution_and_its_epilogue_are_tuned_as_a_pair(runtime, monkeypatch, tmp_path):
+    from ember.tensor import module
+
+    monkeypatch.setitem(executor._shared, "numba", runtime)
+    monkeypatch.setitem(autotune._tuners, runtime, Tuner(runtime, tmp_path))
+    timed = []
+    original = Tuner.tune_with
+
+    def tune_with(self, pending, run_fused, run_unfused, what=""):
+        timed.append(what)
+        return original(self, pending, run_fused, run_unfused, what)
+
+    monkeypatch.setattr(Tuner, "tune_with", tune_with)
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    eager = ember.device("ndarray")
+
+    def block(x, w, device):
+        h = module.conv2d(Tensor.from_data(x, device), Tensor.from_data(w, device), None,
+                          padding=(1, 1))  # fmt: skip
+        return activation.relu(h + Tensor.from_data(x[:, :1].repeat(12, 1), device))
+
+    for seed in (1, 2):
+        x, w = _images(seed)
+        got = block(x, w, fused).to_numpy()
+        np.testing.assert_allclose(got, block(x, w, eager).to_numpy(), rtol=1e-5, atol=1e-5)
+    # Timed once, as the convolution with its residual add and relu, not the convolution
+    # alone: NdArray's convolution would leave the add and the relu unfused.
+    assert timed == ["conv2d with its epilogue"]
+    stored = json.loads(next(tmp_path.glob("autotune-*.json")).read_text())
+    assert len(stored["choices"]) == 1
+
+
 def test_a_single_op_kernel_writes_into_the_pool():
     from ember.tensor import module
 

@@ -246,18 +246,22 @@ class Executor:
 
     def _conv_epilogue(self, fused: ConvEpilogue, records: list[Record]) -> None:
         """Runs a convolution and its epilogue (``conv_epilogue``) in the numba kernel where
-        the tuner chose that kernel for the convolution alone and no inner value is read
-        later; otherwise (chosen im2col, too small to time, not tuned yet, a case the
-        kernel refuses, an inner value read) record by record, which also tunes the
-        convolution."""
+        the tuner chose that over the records one by one on the inner backend, timing the
+        pair as a whole (the first run of a bucket is the kernel's, then both are timed:
+        choosing NdArray's convolution alone also leaves the epilogue's ops unfused);
+        otherwise (too small to time, a case the kernel refuses, an inner value read)
+        record by record."""
         kernel = self.op_kernels["conv2d"]
         args = inner_args(fused.conv)
         how = None
         if kernel.supports(args) and not fused.inner_read:
-            how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
-        if type(how) is autotune.Choice and how != autotune.UNFUSED:
+            key = ("conv2d+epilogue", fused.residual is not None, *kernel.key(args))
+            how = self.tuner.lookup_op(key, kernel.work(args))
+        if how is not None and how != autotune.UNFUSED:
+            pending = type(how) is autotune.Pending
             try:
-                out = run_conv_epilogue(fused, args, how.threads, self.runtime.pool.take)
+                out = run_conv_epilogue(fused, args, 1 if pending else how.threads,
+                                        self.runtime.pool.take)  # fmt: skip
             except UnsupportedError:
                 pass
             else:
@@ -266,6 +270,10 @@ class Executor:
                     fused.output.recycle = self.recycler
                 counters.add("op_kernels")
                 counters.add("fused_ops", len(records) - 1)
+                if pending:  # after the kept run: the candidates write into their own buffers
+                    self.tuner.tune_with(
+                        how, lambda threads: run_conv_epilogue(fused, args, threads, np.empty),
+                        lambda: run_detached(self.inner, records), "conv2d with its epilogue")  # fmt: skip
                 return
         for record in records:
             self.run_single(record)
