@@ -8,6 +8,7 @@ these tests choose the limit per device."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -211,7 +212,7 @@ def test_fusion_off_still_runs_everything_at_once():
         "print(y.tolist())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**__import__("os").environ, "EMBER_FUSION": "0"})  # fmt: skip
+                          env={**os.environ, "EMBER_FUSION": "0"})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[3.0, 6.0]"
 
