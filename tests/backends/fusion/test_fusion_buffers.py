@@ -247,3 +247,55 @@ def test_a_step_repeated_after_dropping_its_result_reuses_one_buffer(device, poo
         np.testing.assert_array_equal(y.to_numpy(), _expected(_data(), float(k)))
         del y
     assert pool.misses == misses
+
+
+def _heads(device, seed: int = 0) -> tuple[np.ndarray, Tensor]:
+    """Attention's heads merged back: a reshape of a permuted value, which must copy."""
+    x = np.random.default_rng(seed).normal(size=(8, 4, 128, 64)).astype(np.float32)
+    merged = Tensor.from_data(x, device).permute([0, 2, 1, 3]).reshape([8, 128, 256])
+    return x.transpose(0, 2, 1, 3).reshape(8, 128, 256), merged
+
+
+def test_a_reshape_that_copies_writes_into_the_pool_and_goes_back(device, pool):
+    want, merged = _heads(device)
+    hits, misses = pool.hits, pool.misses
+    got = merged._prim.slot.prim if not merged._prim.slot.pending else None
+    np.testing.assert_array_equal(merged.to_numpy(), want)
+    assert pool.hits + pool.misses == hits + misses + 1  # one pooled buffer, not fresh memory
+    assert got is None or got.flags.c_contiguous
+    del merged
+    assert pool.idle_bytes() >= want.nbytes  # back in the pool once dropped
+    hits = pool.hits
+    want, merged = _heads(device, seed=1)
+    np.testing.assert_array_equal(merged.to_numpy(), want)
+    assert pool.hits == hits + 1  # the second merge reuses the first one's buffer
+
+
+def test_a_reshape_that_can_be_a_view_stays_one(device, pool):
+    x = np.random.default_rng(2).normal(size=(128, 8, 256)).astype(np.float32)
+    t = Tensor.from_data(x, device).permute([1, 0, 2])  # [8, 128, 256], not contiguous
+    split = t.reshape([8, 128, 4, 64])  # splits the contiguous last dim: a view
+    hits, misses = pool.hits, pool.misses
+    np.testing.assert_array_equal(split.to_numpy(), x.transpose(1, 0, 2).reshape(8, 128, 4, 64))
+    assert (pool.hits, pool.misses) == (hits, misses)
+    assert np.shares_memory(split._prim.slot.prim, t._prim.slot.prim)
+
+
+@pytest.mark.parametrize("old_numpy", [False, True])
+def test_reshape_view_tells_a_view_from_a_copy(monkeypatch, old_numpy):
+    from ember.backends.fusion import executor
+
+    if old_numpy:  # NumPy before 2.1 has no copy= argument
+        plain = np.reshape
+
+        def reshape(a, shape, **kwargs):
+            if kwargs:
+                raise TypeError("reshape() got an unexpected keyword argument 'copy'")
+            return plain(a, shape)
+
+        monkeypatch.setattr(executor.np, "reshape", reshape)
+    x = np.arange(24.0).reshape(2, 3, 4).transpose(1, 0, 2)
+    assert executor._reshape_view(x, (3, 8)) is None  # merging permuted dims: a copy
+    view = executor._reshape_view(x, (3, 2, 2, 2))  # splitting the contiguous last dim
+    assert view is not None and np.shares_memory(view, x)
+    np.testing.assert_array_equal(view, x.reshape(3, 2, 2, 2))
