@@ -190,15 +190,15 @@ class Fusion(Decorator):
         slots = [None if t is None else t.slot for t in operands]
         present = tuple([s for s in slots if s is not None])
         if present:
-            if _side_arithmetic(present):
-                return self._eager(op, name, args)
             # Made operands: small ones run at once (without asking the rule for the results'
             # size); a convolution's, pooling's or product's may be large, its results small.
             now = self.small and _all_made(present)
-            if now and name not in self.executor.op_kernels:
-                if not has_device and _elements_at_most(present, self.small):
-                    return self._now(name, slots, spread, args[n:], present[0].device)
-                now = False  # a reduction of a large value fuses with what reads its result
+            kernel = name in self.executor.op_kernels
+            if now and not kernel and not has_device and _elements_at_most(present, self.small):
+                return self._now(name, slots, spread, args[n:], present[0].device)
+            if _side_arithmetic(present):
+                return self._eager(op, name, args)
+            now = now and kernel  # a reduction of a large value fuses with what reads its result
         else:  # a creation op (random ones stay in the stream, so draws keep their order)
             now = self.small and op.name != "random"
         attrs = args[n:]
