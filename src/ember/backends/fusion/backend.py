@@ -37,6 +37,7 @@ Activation composites (gelu, softmax, ...) decompose into primitives here, so th
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -221,12 +222,12 @@ class Fusion(Decorator):
             if _unknown(a):
                 return self._eager(op, name, args)
 
+        call_args = [slots, *attrs] if spread else [*slots, *attrs]
         if now and _elements_at_most(out_avals, self.small):
             if not present:
                 return self._now(name, slots, spread, attrs, device)
             # A convolution, pooling or product takes the kernel the tuner chose for it.
             outputs = tuple([Slot(a.shape, a.dtype, device) for a in out_avals])
-            call_args = [slots, *attrs] if spread else [*slots, *attrs]
             self.executor.run_single(Record(op, name, call_args, present, outputs, multi))
             counters.add("small_ops")
             handles = tuple([FusionTensor(s) for s in outputs])
@@ -243,7 +244,6 @@ class Fusion(Decorator):
         # The handles exist before the record is pushed: a push that fills the stream runs
         # it, and a fused block writes only the outputs someone can read.
         handles = tuple([FusionTensor(s) for s in outputs])
-        call_args = [slots, *attrs] if spread else [*slots, *attrs]
         stream.push(Record(op, name, call_args, present, outputs, multi))
         return handles if multi else handles[0]
 
@@ -252,13 +252,11 @@ class Fusion(Decorator):
         results on the inner ``device`` (``attrs`` name inner devices)."""
         counters.add("small_ops")
         prims = [None if s is None else s.prim for s in slots]
-        inner = self.inner
-        run = getattr(inner, name)
+        run = getattr(self.inner, name)
         out = run(prims, *attrs) if spread else run(*prims, *attrs)
-        outs = out if type(out) is tuple else (out,)
-        handles = tuple([FusionTensor(Slot(inner.shape(o), inner.dtype(o), device, prim=o))
-                         for o in outs])  # fmt: skip
-        return handles if type(out) is tuple else handles[0]
+        if type(out) is tuple:
+            return tuple([self._ready(o, device) for o in out])
+        return self._ready(out, device)
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
         """Runs ``op`` now, after whatever makes its operands."""
@@ -280,11 +278,11 @@ class Fusion(Decorator):
             return tuple(self._ready(o) for o in out)
         return self._ready(out)
 
-    def _ready(self, prim: Any) -> FusionTensor:
+    def _ready(self, prim: Any, device: Device | None = None) -> FusionTensor:
+        """A handle on a made inner value (on the inner ``device``, when the caller knows it)."""
         inner = self.inner
-        return FusionTensor(
-            Slot(inner.shape(prim), inner.dtype(prim), inner.device_of(prim), prim=prim)
-        )
+        device = inner.device_of(prim) if device is None else device
+        return FusionTensor(Slot(inner.shape(prim), inner.dtype(prim), device, prim=prim))
 
     # ------------------------------------------------------------ reads and flushes
     def flush(self, device: Device | None = None) -> None:
@@ -398,11 +396,8 @@ def _all_made(slots: tuple[Slot, ...]) -> bool:
 def _elements_at_most(values, limit: int) -> bool:
     """Whether each of ``values`` (slots or abstract values) holds at most ``limit``
     elements."""
-    for a in values:
-        n = 1
-        for d in a.shape:
-            n *= d
-        if n > limit:
+    for a in values:  # noqa: SIM110 - a loop: all() over a generator costs more per op
+        if math.prod(a.shape) > limit:
             return False
     return True
 

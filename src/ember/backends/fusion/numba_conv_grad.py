@@ -58,17 +58,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
+from ember.backend.options import ConvOptions
 from ember.backends.fusion import numba_conv
 from ember.backends.fusion.numba_conv import LANES
 from ember.backends.fusion.numba_source import KernelUnsupported
-
-if TYPE_CHECKING:
-    from ember.backend.options import ConvOptions
 
 try:  # numba is optional: the functions raise KernelUnsupported without it
     import numba
@@ -258,8 +255,6 @@ def conv2d_x_backward(
         )  # fmt: skip
         if even:
             sub = np.ascontiguousarray(wt[:, :, taps_h][:, :, :, taps_w])
-            from ember.backend.options import ConvOptions
-
             flipped = ConvOptions((1, 1), pad, (dil_h, dil_w), groups)
             return numba_conv.conv2d(grad, sub, None, flipped, threads, empty)
     for taps_h, dil_h, first_h, rows_h, start_h in phases_h:

@@ -56,8 +56,7 @@ def _conv_supports(args: list) -> bool:
 
 def _conv_key(args: list) -> tuple:
     x, weight, bias, options = args
-    fields = (options.stride, options.padding, options.dilation, options.groups)
-    return ("conv2d", _dtype_name(x.dtype), weight.shape[1:], bias is None, fields)
+    return ("conv2d", _dtype_name(x.dtype), weight.shape[1:], bias is None, _fields(options))
 
 
 def _conv_work(args: list) -> int:
