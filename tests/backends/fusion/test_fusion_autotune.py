@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -401,6 +402,24 @@ def test_a_single_op_is_tuned_once_per_bucket(runtime, monkeypatch, tmp_path):
         assert stats()["tunings"] == 3  # conv, max pool, avg pool: on the first step only
     stored = json.loads(next(tmp_path.glob("autotune-*.json")).read_text())
     assert sum("/w" in entry for entry in stored["choices"]) == 3
+
+
+def test_a_changed_kernel_source_voids_the_single_op_choices(runtime, monkeypatch, tmp_path):
+    """A settled choice between a kernel and the inner op holds for the kernel source it
+    was made with: an edited kernel (a faster one, say) is timed again."""
+    key, work = ("conv2d", "float32", (8, 3, 3), True, ((1, 1), (0, 0), (1, 1), 1)), 1 << 24
+
+    def slow_kernel(threads):
+        time.sleep(0.002)
+
+    for _ in range(2):  # two processes' tunings that agree settle the choice
+        tuner = Tuner(runtime, tmp_path)
+        pending = tuner.lookup_op(key, work)
+        assert type(pending) is Pending
+        assert tuner.tune_with(pending, slow_kernel, lambda: None) == UNFUSED
+    assert Tuner(runtime, tmp_path).lookup_op(key, work) == UNFUSED  # settled: no timing
+    monkeypatch.setattr(autotune, "_op_kernels_version", lambda: "an edited kernel")
+    assert type(Tuner(runtime, tmp_path).lookup_op(key, work)) is Pending
 
 
 def test_a_convolution_and_its_epilogue_are_tuned_as_a_pair(runtime, monkeypatch, tmp_path):

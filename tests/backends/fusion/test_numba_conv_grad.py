@@ -53,8 +53,17 @@ def check(x, w, g, options, dtype, which=("x", "weight")):
         np.testing.assert_array_less(np.abs(got - same_dtype), 2 * limit, err_msg=name)
 
 
+@pytest.fixture(params=["phases", "zero-inserted"])
+def strided_x_grad(request, monkeypatch):
+    """Runs a test once on each way of computing a strided input gradient: per phase, and
+    as one convolution of the zero-spread gradient (every size of the tests)."""
+    limit = -1 if request.param == "phases" else 1 << 62
+    monkeypatch.setattr(grad_kernels, "ZERO_INSERT_MAX_MACS", limit)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_random_sweep(dtype):
+def test_random_sweep(dtype, strided_x_grad):
     rng = np.random.default_rng(14)
     for _ in range(60):
         xs, ws, stride, padding, dilation, groups = random_case(rng, max_padding=4)
@@ -84,7 +93,7 @@ CASES = [
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}p{c[3]}g{c[5]}")
-def test_named_shapes(case, dtype):
+def test_named_shapes(case, dtype, strided_x_grad):
     xs, ws, stride, padding, dilation, groups = case
     rng = np.random.default_rng(1)
     x = rng.standard_normal(xs).astype(dtype)
@@ -227,3 +236,24 @@ def test_autodiff_gradients_of_a_conv_layer_run_the_numba_kernels():
     # Two forward convolutions, two weight gradients and two input gradients (the hidden
     # layer's and x's, which requires one).
     assert stats()["op_kernels"] == 6
+
+
+def test_a_small_strided_input_gradient_is_one_zero_spread_convolution(monkeypatch):
+    """The gradient-penalty critic's stride-2 layer runs as one stride-1 convolution (its
+    kernel called once, not once per phase) and equals the phases' result."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 8, 13, 13)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    options = ConvOptions((2, 2), (0, 0), (1, 1), 1)
+    g = output_grad(x, w, options, rng)
+    calls = []
+    real = grad_kernels.numba_conv.conv2d
+    monkeypatch.setattr(
+        grad_kernels.numba_conv, "conv2d", lambda *a, **k: calls.append(a[3]) or real(*a, **k)
+    )
+    spread = grad_kernels.conv2d_x_backward(x, w, g, options)
+    assert len(calls) == 1 and calls[0].stride == (1, 1)
+    monkeypatch.setattr(grad_kernels, "ZERO_INSERT_MAX_MACS", -1)
+    phases = grad_kernels.conv2d_x_backward(x, w, g, options)
+    assert len(calls) == 1
+    np.testing.assert_allclose(spread, phases, rtol=1e-5, atol=1e-5)

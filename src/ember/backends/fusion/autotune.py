@@ -20,6 +20,10 @@ Coarser buckets would tune fewer times but mix sizes where the winner changes; p
 buckets would time again for every batch size. The runtime's thread limit is part of the
 key too, and the file is one per machine kind (processor architecture and CPU count, in
 its name and checked inside), so a choice made on another machine size never applies.
+A fused block's key covers the kernel generator's source (the runtime's version); a
+single op's (``op_kernels``: convolutions, pooling, products) covers the sources of those
+kernels (:data:`OP_KERNEL_FILES`), so an edited kernel is timed again rather than left
+unchosen by a choice settled against its older self.
 
 **Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
 are not tuned: they run on one thread and their per-step cost stays a size check; nor
@@ -67,6 +71,7 @@ return before the kernel ends).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -86,6 +91,12 @@ from pathlib import Path
 from ember.atomic import atomic_write
 from ember.backends.fusion import counters, ir
 
+OP_KERNEL_FILES = ("op_kernels.py", "conv_epilogue.py", "numba_conv.py", "numba_conv_grad.py",
+                   "numba_gemm.py", "numba_int8.py", "numba_pool.py", "numba_tile.py",
+                   "triton_matmul.py")  # fmt: skip
+"""The sources of single-op kernels (``op_kernels``): a change to any of them voids the
+choices between those kernels and the inner backend's ops (a faster kernel would
+otherwise stay unchosen where a settled choice said the inner op)."""
 VERSION = 3
 """The file format's and the tuning method's version: a change voids older choices."""
 SETTLED_AFTER = 3
@@ -116,6 +127,15 @@ MAX_TUNINGS = 1000
 """The largest tuning count a file may name (a count is capped there)."""
 _ENTRY_KEY = re.compile(r"[0-9a-f]{32}/(?:e\d{1,2}(?:r\d{1,2})?|w\d{1,2})/t(\d{1,4})")
 _LABEL = re.compile(r"[a-z0-9]{1,40}")
+
+
+@functools.cache
+def _op_kernels_version() -> str:
+    """A digest of :data:`OP_KERNEL_FILES` (read once per process)."""
+    digest = hashlib.sha256()
+    for name in OP_KERNEL_FILES:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -275,7 +295,7 @@ class Tuner:
             return None
         if _forced is not None:
             return _forced
-        return self._find(("op", *key), f"w{work.bit_length()}")
+        return self._find(("op", _op_kernels_version(), *key), f"w{work.bit_length()}")
 
     def _find(self, key: tuple, bucket: str) -> Choice | Pending:
         limit = self.thread_limit()
