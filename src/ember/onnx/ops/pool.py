@@ -230,12 +230,12 @@ def _max_with_indices(node: NodeContext, w: _Window, source: str) -> list[str]:
 
 
 def _over_spatial(node: NodeContext, x: Value, source: str, reduce: str) -> str:
-    """``source`` (``x`` or a function of it) reduced over every spatial dim of ``x``;
-    when its rank is only known at run time, by ``rt.global_pool``."""
-    if x.rank is None:
+    """``source`` (``x`` or a function of it) reduced over every spatial dim of ``x``: by
+    ``rt.global_pool`` (all of them as one) where there are several or their number is
+    only known at run time."""
+    if x.rank is None or spatial_rank(node, x) > 1:
         return f"rt.global_pool({source}, {reduce!r})"
-    rank = spatial_rank(node, x) + 2
-    return source + "".join(f".{reduce}({d})" for d in range(2, rank))
+    return f"{source}.{reduce}(2)"
 
 
 def _global(node: NodeContext, reduce: str) -> str:
