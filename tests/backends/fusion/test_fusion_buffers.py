@@ -299,3 +299,37 @@ def test_reshape_view_tells_a_view_from_a_copy(monkeypatch, old_numpy):
     view = executor._reshape_view(x, (3, 2, 2, 2))  # splitting the contiguous last dim
     assert view is not None and np.shares_memory(view, x)
     np.testing.assert_array_equal(view, x.reshape(3, 2, 2, 2))
+
+
+@pytest.mark.parametrize("choice", ["fused", "unfused"])
+def test_a_large_lone_element_wise_op_runs_as_a_kernel_of_its_own(device, pool, choice):
+    """A bias added to a product (no block takes the add: its reader is a reshape) runs as
+    a one-op kernel into pooled memory where the tuner chose it, else as the inner op;
+    both equal NdArray."""
+    from ember.backends.fusion import autotune, executor, reset_stats, stats
+
+    rng = np.random.default_rng(4)
+    # 512 x 256 results: within the sizes the tuner times (its choice is forced here)
+    x, w = rng.normal(size=(512, 64)).astype(np.float32), rng.normal(size=(64, 256)).astype(np.float32)
+    b = rng.normal(size=256).astype(np.float32)
+    want = (x @ w + b).reshape(512, 8, 32)
+    forced = autotune.Choice("fused", 1) if choice == "fused" else autotune.UNFUSED
+    reset_stats()
+    with pytest.MonkeyPatch.context() as patch, autotune.forcing(forced):
+        patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 16)
+        t = Tensor.from_data(x, device).matmul(Tensor.from_data(w, device))
+        got = (t + Tensor.from_data(b, device)).reshape([512, 8, 32]).to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert stats()["kernels"] == (1 if choice == "fused" else 0)
+    assert stats()["fused_ops"] == (1 if choice == "fused" else 0)
+
+
+def test_a_transposed_input_of_a_block_is_read_right(device, pool):
+    """A block reading a transposed view (a gradient through a transpose) gets it made
+    contiguous tile by tile: its values are NdArray's."""
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=(96, 160)).astype(np.float32), rng.normal(size=(160, 96)).astype(np.float32)
+    ta = Tensor.from_data(a, device).transpose()  # [160, 96], a transposed view once made
+    ta.device.sync()
+    got = ((ta + Tensor.from_data(b, device)) * 2.0).to_numpy()
+    np.testing.assert_allclose(got, (a.T + b) * 2.0, rtol=1e-6)

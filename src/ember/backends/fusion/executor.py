@@ -241,6 +241,8 @@ class Executor:
         the tuner chose one, else the inner op."""
         if record.name == "float_reshape" and self._pooled_reshape(record):
             return
+        if self._lone_kernel(record):
+            return
         kernel = self.op_kernels.get(record.name)
         if kernel is None or not self._run_op_kernel(kernel, record):
             counters.add("unfused_ops")
@@ -537,6 +539,26 @@ class Executor:
                                  lambda: inner_op(*args), record.name)  # fmt: skip
         return True
 
+    def _lone_kernel(self, record: Record) -> bool:
+        """Runs a large element-wise op that no block holds (a bias added after a product
+        and a reshape, whose readers are layout ops) as a kernel of its own, where the tuner
+        chose that over the inner op: on every core, into pooled memory, where NumPy's op
+        runs on one thread. False where the inner op is to run: a small, multi-output or
+        non-element-wise op, or values no runtime takes."""
+        from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
+
+        if record.multi or self.arrays is None or not elementwise(record):
+            return False
+        out = record.outputs[0]
+        if math.prod(out.shape) < LONE_KERNEL_MIN or out.device.place != "cpu":
+            return False
+        fuser = ElementwiseFuser(self.can_fuse)  # its own: other threads plan meanwhile
+        fuser.fuse(record)
+        if not fuser.records:
+            return False
+        self._launch(fuser.finish({out.id}), [record])
+        return out.prim is not None
+
     def _pooled_reshape(self, record: Record) -> bool:
         """Runs a reshape that must copy (of a permuted view, as attention's heads are
         merged) into a buffer of the pool, as fused blocks write theirs: NumPy's copy goes
@@ -563,6 +585,9 @@ class Executor:
             run_record(self.inner, record)
 
 
+LONE_KERNEL_MIN = 1 << 18
+"""Elements, at least, of an element-wise op no block holds that runs as a kernel of its
+own (``Executor._lone_kernel``): below, launching costs more than a second core saves."""
 POOLED_COPY_MIN = 1 << 16
 """Elements, at least, of a reshape's copy that goes into a pooled buffer."""
 
