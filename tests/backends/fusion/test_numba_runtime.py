@@ -849,3 +849,23 @@ def test_without_numba_the_runtime_names_the_extra(monkeypatch):
     assert not nr.available()
     with pytest.raises(BackendUnavailableError, match=r"ember\[jit\]"):
         nr.NumbaRuntime()
+
+
+def test_a_large_run_is_split_into_parts_threads_claim():
+    """One part per thread up to 2 * PART_ELEMENTS elements a thread, then more, up to
+    PARTS_PER_THREAD each; one thread runs one part."""
+    size = nr.PART_ELEMENTS
+    assert nr._parts(1, 1 << 30) == 1
+    assert nr._parts(2, 2 * size) == 2
+    assert nr._parts(2, 2 * size * 3) == 6
+    assert nr._parts(2, 1 << 40) == 2 * nr.PARTS_PER_THREAD
+    assert nr._parts(4, 1) == 4
+
+
+def test_a_run_split_finer_than_its_threads_equals_one_part(runtime, monkeypatch):
+    block = gelu_block((8, 4096))
+    x = np.random.default_rng(3).normal(size=(8, 4096)).astype(np.float32)
+    whole = runtime.run(block, [x], None, 1)[0].copy()
+    monkeypatch.setattr(nr, "PART_ELEMENTS", 1024)  # 2 threads x 8 parts of 2048
+    split = runtime.run(block, [x], None, 2)[0]
+    np.testing.assert_array_equal(split, whole)
