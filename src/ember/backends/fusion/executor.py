@@ -23,6 +23,7 @@ from ember.backend.errors import (
 )
 from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
+from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.matmul_epilogue import (
@@ -152,8 +153,6 @@ class Executor:
     """
 
     def __init__(self, inner: Backend, runtime=None, gpu_runtime=None) -> None:
-        from ember.backends.fusion.elementwise import ElementwiseFuser
-
         self.inner = inner
         self.runtime = runtime if runtime is not None else runtime_named()
         fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
@@ -545,12 +544,12 @@ class Executor:
         chose that over the inner op: on every core, into pooled memory, where NumPy's op
         runs on one thread. False where the inner op is to run: a small, multi-output or
         non-element-wise op, or values no runtime takes."""
-        from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
-
-        if record.multi or self.arrays is None or not elementwise(record):
+        if record.multi or self.arrays is None:
             return False
         out = record.outputs[0]
         if math.prod(out.shape) < LONE_KERNEL_MIN or out.device.place != "cpu":
+            return False
+        if not elementwise(record):
             return False
         fuser = ElementwiseFuser(self.can_fuse)  # its own: other threads plan meanwhile
         fuser.fuse(record)
