@@ -111,9 +111,13 @@ def test_shape_arithmetic_folds_to_literals():
     np.testing.assert_array_equal(model(Tensor.from_data(x)).to_numpy(), x.reshape(2, 12))
 
 
-def test_shape_arithmetic_with_a_dynamic_dim_runs_at_runtime(device):
+@pytest.mark.parametrize("on_host", [True, False])
+def test_shape_arithmetic_with_a_dynamic_dim_runs_at_runtime(device, on_host, monkeypatch):
+    monkeypatch.setenv("EMBER_ONNX_HOST", "1" if on_host else "0")
     conversion = convert(_shape_arithmetic(["n", 3, 4]))
-    assert "rt.shape(x)" in conversion.source
+    # On the host (ember.onnx.host) by default; as tensor ops with EMBER_ONNX_HOST=0.
+    assert ("host.run('Shape', 17, [x], {})" in conversion.source) == on_host
+    assert ("rt.shape(x)" in conversion.source) != on_host
     model = conversion.build(device)
     for n in (1, 3):
         x = RNG.standard_normal((n, 3, 4)).astype(np.float32)
@@ -231,9 +235,12 @@ def test_gradients_flow_through_the_generated_model(device):
     assert model.shift.val().grad(grads) is None  # Constant nodes are not trained
 
 
-def test_initializer_params_are_trainable_and_int_constants_are_not():
-    conversion = convert(_shape_arithmetic(["n", 3, 4]))
-    model = conversion.build(ember.device("ndarray"))
+def test_initializer_params_are_trainable_and_int_constants_are_not(monkeypatch):
+    # Shape arithmetic on the host reads its small constants as literals: no params.
+    model = convert(_shape_arithmetic(["n", 3, 4])).build(ember.device("ndarray"))
+    assert dict(model.params()) == {}
+    monkeypatch.setenv("EMBER_ONNX_HOST", "0")
+    model = convert(_shape_arithmetic(["n", 3, 4])).build(ember.device("ndarray"))
     # "axes" is read at import time (Unsqueeze's axes); only "minus_one" is read at run time.
     assert {path: p.require_grad for path, p in model.params()} == {"minus_one": False}
     mlp = convert(_mlp()).build(ember.device("ndarray"))

@@ -37,7 +37,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import ember  # noqa: E402
 from ember import Tensor  # noqa: E402
 from ember.module import Param  # noqa: E402
-from ember.onnx import codegen, runtime  # noqa: E402
+from ember.onnx import codegen, host, runtime  # noqa: E402
 from ember.onnx.importer import convert, import_onnx, load_model  # noqa: E402
 from ember.onnx.registry import OnnxImportError, UnsupportedOnnxError  # noqa: E402
 from ember.onnx.vocabulary import Field, instantiate  # noqa: E402
@@ -490,7 +490,7 @@ def _public(*owners) -> set[str]:
 
 def _runtime_functions() -> set[str]:
     found = set()
-    for module in (runtime, activation, functional):
+    for module in (runtime, host, activation, functional):
         for name in dir(module):
             value = getattr(module, name)
             if not name.startswith("_") and callable(value) and \

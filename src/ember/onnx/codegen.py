@@ -66,10 +66,13 @@ def _imports(program: Program, body: str, double: bool) -> list[str]:
             plain.add(line)
             continue
         merged.setdefault(match[1], set()).update(n.strip() for n in match[2].split(","))
-    rendered = sorted(plain) + [
-        f"from {module} import {', '.join(sorted(names, key=_isort_key))}"
-        for module, names in sorted(merged.items())
-    ]
+    rendered = sorted(plain)
+    for module, names in sorted(merged.items()):
+        # isort keeps an ``as`` import on a line of its own, after the module's plain names.
+        plain_names = sorted((n for n in names if " as " not in n), key=_isort_key)
+        if plain_names:
+            rendered.append(f"from {module} import {', '.join(plain_names)}")
+        rendered += [f"from {module} import {n}" for n in sorted(names - set(plain_names))]
     return rendered
 
 

@@ -41,9 +41,12 @@ def param(shape: Sequence[int], dtype: str, device: Device | None = None, *,
 
 
 def ints(value: IntsLike | int) -> list[int]:
-    """A shape-like operand (a list, or a 1-d Int tensor computed at runtime) as ints."""
+    """A shape-like operand (a list, a 1-d Int tensor computed at runtime, or a host value of
+    :mod:`ember.onnx.host`) as ints."""
     if isinstance(value, Tensor):
         return [int(v) for v in np.asarray(value.to_numpy()).reshape(-1)]
+    if isinstance(value, np.ndarray):
+        return [int(v) for v in value.reshape(-1)]
     if isinstance(value, int):
         return [value]
     return [int(v) for v in value]
@@ -59,10 +62,20 @@ def axis(dim: int, rank: int) -> int:
 def shape(x: Tensor, start: int = 0, end: int | None = None) -> Tensor:
     """ONNX ``Shape``: the dims ``start:end`` of ``x`` as a 1-d i64 tensor."""
     dims = x.shape
-    rank = len(dims)
+    return Tensor.from_data(np.asarray(dims[shape_span(len(dims), start, end)], dtype=np.int64),
+                            x.device)  # fmt: skip
+
+
+def shape_span(rank: int, start: int = 0, end: int | None = None) -> slice:
+    """ONNX ``Shape``'s ``start:end`` over ``rank`` dims, clamped as the spec says."""
     s = min(max(start + rank if start < 0 else start, 0), rank)
     e = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
-    return Tensor.from_data(np.asarray(dims[s:e], dtype=np.int64), x.device)
+    return slice(s, e)
+
+
+def to_device(value: np.ndarray, like: Tensor) -> Tensor:
+    """A host value as a tensor on ``like``'s device, where a tensor op reads it."""
+    return Tensor.from_data(value, like.device)
 
 
 def reshape(x: Tensor, target: IntsLike, allowzero: bool = False) -> Tensor:

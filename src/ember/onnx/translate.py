@@ -13,6 +13,8 @@ ONNX scoping allows. Parent and child share the module's fields and local names.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ember.onnx.context import NodeContext
+from ember.onnx import host
+from ember.onnx.context import NodeContext, literal
 from ember.onnx.infer import infer
 from ember.onnx.ir import Graph, Node, ValueInfo, onnx_type_name
 from ember.onnx.quant_patterns import fuse_quantized, fused_converter
@@ -43,6 +46,9 @@ RESERVED = reserved_names()
 
 # The longest identifier made from a name; a longer name is cut (the dedup keeps it unique).
 _MAX_NAME = 64
+
+# Inputs that converters read as ints (``rt.ints``): a host value goes there as it is.
+_INT_READERS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Expand": (1,)}
 
 
 class Namer:
@@ -120,12 +126,19 @@ class Translator:
             self.imported: set[str] = set()  # what the fields' imports bring (``LstmState``)
             self.trainable = trainable
             self._const_exprs: dict[str, str] = {}
+            # A tensor of the model's (its first input): where host values go to the device.
+            self._like: str | None = None
+            self._host_on = os.environ.get("EMBER_ONNX_HOST", "1") != "0"
         else:
             self.names, self.fields = parent.names, parent.fields
             self.field_names, self.imported = parent.field_names, parent.imported
             self.trainable = parent.trainable
             self.trainable.update(trainable)
             self._const_exprs = parent._const_exprs
+            self._like, self._host_on = parent._like, parent._host_on
+        # This graph's host values (module ``host``) by ONNX name, each with the most
+        # elements it can hold; ``vars`` names them.
+        self.host: dict[str, int] = {}
         # What this graph itself defines; any other name is an enclosing graph's value.
         self._defined = {i.name for i in graph.inputs} | set(graph.constants) | {
             o for n in graph.nodes for o in n.outputs if o}
@@ -170,6 +183,10 @@ class Translator:
             const = self.const_value(name)
             if const is not None:
                 return self._bind(Tensor.from_data(const, _fold_device()))
+        if name in self.host:
+            if node is not None and _reads_ints(node, name):
+                return self.vars[name]
+            return f"rt.to_device({self.vars[name]}, {self._like})"
         if name in self.vars:
             return self.vars[name]
         if name in self.consts:
@@ -230,6 +247,8 @@ class Translator:
             var = self.names.fresh(info.name)
             self.vars[info.name] = var
             inputs.append((var, info))
+        if inputs and self.parent is None:
+            self._like = inputs[0][0]
         for node in self._live_nodes():
             self._convert(node)
         outputs = []
@@ -308,6 +327,10 @@ class Translator:
         if folding:
             self._fold(node, spec, opset)
             return
+        bound = self._on_host(node)
+        if bound is not None:
+            self._convert_host(node, opset, bound)
+            return
         outputs = [self.names.fresh(o or f"{node.op_type}_unused") for o in node.outputs]
         ctx = NodeContext(self, node, spec, opset, outputs, folding=False)
         try:
@@ -325,6 +348,72 @@ class Translator:
                 self.consts[onnx_name] = ctx.constants[i]
             elif onnx_name:
                 self.vars[onnx_name] = var
+
+    def _on_host(self, node: Node) -> int | None:
+        """Whether ``node`` is shape arithmetic to run on host values (module ``host``): the
+        most elements its output holds, or None when it runs as tensor ops. Its inputs are
+        host values or small constants (a ``Shape`` or ``Size`` reads any tensor whose dims
+        are not all known), at least one a host value, and its output is known to hold at
+        most ``host.MAX_ELEMENTS`` elements."""
+        if not self._host_on or self._like is None or node.domain or node.has_subgraph \
+                or len(node.outputs) != 1:
+            return None
+        reads_shape = node.op_type in ("Shape", "Size")
+        dtypes: list[np.dtype | None] = []
+        sizes: list[int] = []
+        for i, name in enumerate(node.inputs):
+            const = self.const_value(name) if name else None
+            if not name:
+                sizes.append(0)
+            elif name in self.host:
+                dtypes.append(None)
+                sizes.append(self.host[name])
+            elif reads_shape and i == 0:
+                shape = self.shape_of(name)
+                if shape is None or all(isinstance(d, int) for d in shape):
+                    return None  # known dims: the converter folds them
+                dtypes.append(None)
+                sizes.append(len(shape))
+            elif const is None or const.size > host.MAX_ELEMENTS or const.ndim > 1 \
+                    or const.dtype not in host.DTYPES:
+                return None
+            else:
+                dtypes.append(const.dtype)
+                sizes.append(const.size)
+        if not reads_shape and not any(n in self.host for n in node.inputs if n):
+            return None
+        if not host.runs_on_host(node.op_type, dict(node.attrs), dtypes):
+            return None
+        shape = self.shape_of(node.outputs[0]) if node.outputs[0] else None
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            bound = math.prod(shape)
+        else:
+            bound = host.size_bound(node.op_type, sizes)
+        return bound if bound <= host.MAX_ELEMENTS else None
+
+    def _convert_host(self, node: Node, opset: int, bound: int) -> None:
+        outputs = [self.names.fresh(o or f"{node.op_type}_unused") for o in node.outputs]
+        args = []
+        for name in node.inputs:
+            const = self.const_value(name) if name else None
+            if not name:
+                args.append("None")
+            elif name in self.host:
+                args.append(self.vars[name])
+            elif const is not None:
+                args.append(f"host.array({literal(const)}, {const.dtype.name!r})")
+            else:  # the tensor a Shape or Size reads
+                args.append(self.expr_of(name, None))
+        attrs = ", ".join(f"{k!r}: {literal(v)}" for k, v in sorted(node.attrs.items()))
+        line = (f"{outputs[0]} = host.run({node.op_type!r}, {opset}, [{', '.join(args)}], "
+                f"{{{attrs}}})")  # fmt: skip
+        check_lines([line], f"node {node.label!r} ({node.op_type})",
+                    lambda n: n in self.names.made, self.field_names.__contains__)  # fmt: skip
+        self.lines.append(line)
+        for onnx_name, var in zip(node.outputs, outputs):
+            if onnx_name:
+                self.vars[onnx_name] = var
+                self.host[onnx_name] = bound
 
     def _fold(self, node: Node, spec: Any, opset: int) -> None:
         self._fold_env = {}
@@ -405,6 +494,12 @@ class Body:
         """Whether the body reads input ``index`` (a loop's counter often is not)."""
         name = self._translator.graph.inputs[index].name
         return self._translator.is_used(name)
+
+
+def _reads_ints(node: NodeContext, name: str) -> bool:
+    """Whether ``node`` reads its input ``name`` as ints only (``rt.ints``)."""
+    positions = _INT_READERS.get(node.op_type, ()) if not node.domain else ()
+    return any(node.input(i).name == name for i in positions)
 
 
 def _where(node: NodeContext) -> str:

@@ -41,6 +41,7 @@ from ember.onnx.registry import OnnxImportError
 ALIASES = {
     "Tensor": "from ember import Tensor",
     "rt": "from ember.onnx import runtime as rt",
+    "host": "from ember.onnx import host",
     "activation": "from ember.tensor import activation",
     "F": "from ember.tensor import module as F",
     "Distribution": "from ember.tensor import Distribution",
@@ -77,12 +78,12 @@ def reserved_names() -> frozenset[str]:
 
 def runtime_globals() -> dict[str, Any]:
     """The names of :data:`ALIASES`, bound, for running converter lines at import time."""
-    from ember.onnx import runtime
+    from ember.onnx import host, runtime
     from ember.tensor import Distribution, Tensor, activation
     from ember.tensor import module as functional
 
-    return {"Tensor": Tensor, "rt": runtime, "activation": activation, "F": functional,
-            "Distribution": Distribution}  # fmt: skip
+    return {"Tensor": Tensor, "rt": runtime, "host": host, "activation": activation,
+            "F": functional, "Distribution": Distribution}  # fmt: skip
 
 
 @dataclass

@@ -1,0 +1,332 @@
+"""Shape arithmetic on the host: the ONNX ops of exported models' shape computations, run
+on small NumPy arrays.
+
+A model exported with a dynamic dim (a batch) computes its reshape targets when it runs:
+``Shape``, ``Gather``, ``Unsqueeze``, ``Concat`` and a little integer arithmetic, a few
+dozen nodes per attention layer, each on an array of a few elements. As tensor ops each
+costs a dispatch through the Tensor API and the device (20 to 60 us on a Fusion device,
+more than the layer's element-wise work). The translator (:mod:`ember.onnx.translate`)
+runs such nodes here instead, as onnxruntime runs them on the CPU: a node whose inputs
+are all host values or small constants (or a ``Shape`` of any tensor) becomes one
+``host.run(...)`` line, and a host value becomes a tensor on the model's device
+(``rt.to_device``) only where a tensor op reads it. A reshape, slice or expand reads its
+ints straight from it.
+
+Adding an op is registering its rule (``_rule``, private: generated code may call this
+module's public functions): a function of the node's inputs (NumPy arrays;
+``Shape`` and ``Size`` also read a tensor's shape), its attributes and the opset. Rules
+keep ember's semantics, so a model gives the same values either way: integer division
+truncates toward zero, a cast of floats to ints truncates, operands of one op have one
+kind (a :class:`~ember.backend.errors.KindError` otherwise), and errors are the typed
+errors the tensor ops raise. Every host value holds at most :data:`MAX_ELEMENTS`
+elements: the translator only sends nodes whose outputs are known to be that small, and
+:func:`run` checks it again.
+
+Example:
+    >>> import numpy as np
+    >>> from ember.onnx import host
+    >>> dims = np.array([128, 8, 256])
+    >>> batch = host.run("Gather", 13, [dims, np.array(1)], {"axis": 0})
+    >>> host.run("Mul", 14, [batch, np.array(4)], {}).tolist()
+    32
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ember.backend.errors import (
+    ArgumentError,
+    DTypeError,
+    EmberIndexError,
+    KindError,
+    ShapeError,
+    fmt_shape,
+)
+from ember.backend.rules import broadcast_shapes, check_dim
+from ember.onnx.ir import ember_dtype
+from ember.onnx.runtime import shape_span
+from ember.tensor.data import numpy_dtype
+
+MAX_ELEMENTS = 64
+"""The most elements a host value holds (shape arithmetic: a rank's worth of dims)."""
+
+DTYPES = frozenset(np.dtype(t) for t in ("bool", "int8", "int16", "int32", "int64", "uint8",
+                                         "float32", "float64"))  # fmt: skip
+"""The dtypes of host values (and of the constants host nodes read)."""
+
+Rule = Callable[[list[Any], dict[str, Any], int], Any]
+RULES: dict[str, Rule] = {}
+
+
+def _rule(*op_types: str) -> Callable[[Rule], Rule]:
+    """Registers a host rule for ``op_types``."""
+
+    def register(fn: Rule) -> Rule:
+        for op in op_types:
+            RULES[op] = fn
+        return fn
+
+    return register
+
+
+def runs_on_host(op_type: str, attrs: dict[str, Any], input_dtypes: Sequence[np.dtype | None]) -> bool:
+    """Whether a node of ``op_type`` with ``attrs`` may run here, its inputs' dtypes
+    (None where only a tensor's shape is read) as given: ops with a rule, casts to a dtype
+    of :data:`DTYPES`, attributes that are numbers or lists of numbers."""
+    if op_type not in RULES:
+        return False
+    if any(d is not None and d not in DTYPES for d in input_dtypes):
+        return False
+    for value in attrs.values():
+        items = value if isinstance(value, list | tuple) else [value]
+        if not all(isinstance(v, int | float | np.integer | np.floating) for v in items):
+            return False
+    if op_type == "Cast":
+        target = ember_dtype(int(attrs.get("to", 0)))
+        return target is not None and numpy_dtype(target) in DTYPES
+    return True
+
+
+def size_bound(op: str, sizes: Sequence[int]) -> int:
+    """The most elements ``op``'s output can hold, given the most each input holds (0 for
+    an absent one; a ``Shape``'s input: its rank): how the translator keeps host values
+    small when shape inference left an output's shape unknown."""
+    if op == "Size":
+        return 1
+    if op == "Concat":
+        return sum(sizes)
+    if op in ("Add", "Sub", "Mul", "Div", "Equal", "Where", "Gather"):
+        return math.prod(s for s in sizes if s)
+    return sizes[0]  # Shape (the rank), Slice, (Un)Squeeze, Cast and the unary ops
+
+
+def run(op: str, opset: int, inputs: list[Any], attrs: dict[str, Any]) -> np.ndarray:
+    """The output of ONNX ``op`` (``opset``) on host ``inputs`` (None for an absent one)."""
+    fn = RULES.get(op)
+    if fn is None:
+        raise ArgumentError(f"no host rule for the ONNX op {op!r}")
+    out = np.asarray(fn(inputs, attrs, opset))
+    if out.size > MAX_ELEMENTS:
+        raise ShapeError(f"{op}: a shape computation made {out.size} elements, more than the "
+                         f"{MAX_ELEMENTS} a host value holds")  # fmt: skip
+    return out
+
+
+def array(value: Any, dtype: str) -> np.ndarray:
+    """A constant input of a host node: ``value`` (a number or nested lists) as ``dtype``."""
+    return np.asarray(value, dtype=np.dtype(dtype))
+
+
+# ------------------------------------------------------------------------------ helpers
+def _kind(x: np.ndarray) -> str:
+    return "float" if x.dtype.kind == "f" else "bool" if x.dtype.kind == "b" else "int"
+
+
+def _same_kind(op: str, a: np.ndarray, b: np.ndarray) -> None:
+    if _kind(a) != _kind(b):
+        raise KindError(f"{op}: operands have different kinds, {_kind(a)} and {_kind(b)}; "
+                        "convert one with .float(), .int() or .bool()")  # fmt: skip
+
+
+def _numeric(op: str, *xs: np.ndarray) -> None:
+    for x in xs:
+        if x.dtype.kind == "b":
+            raise KindError(f"{op} is not defined for bool tensors")
+
+
+def _broadcast(op: str, *xs: np.ndarray) -> None:
+    shape = xs[0].shape
+    for x in xs[1:]:
+        shape = broadcast_shapes(op, shape, x.shape)
+
+
+def _axes(inputs: list[Any], attrs: dict[str, Any], opset: int, since_input: int) -> list[int] | None:
+    """(Un)Squeeze's axes: an attribute before opset ``since_input``, then an input."""
+    if opset < since_input:
+        axes = attrs.get("axes")
+    else:
+        axes = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+
+
+# ------------------------------------------------------------------------------ shapes
+@_rule("Shape")
+def _shape(inputs, attrs, opset):
+    dims = tuple(inputs[0].shape)
+    end = attrs.get("end")
+    span = shape_span(len(dims), int(attrs.get("start", 0)), None if end is None else int(end))
+    return np.asarray(dims[span], dtype=np.int64)
+
+
+@_rule("Size")
+def _size(inputs, attrs, opset):
+    return np.int64(math.prod(inputs[0].shape))
+
+
+@_rule("Gather")
+def _gather(inputs, attrs, opset):
+    x, indices = inputs[0], np.asarray(inputs[1])
+    if indices.dtype.kind not in "iu":
+        raise DTypeError(f"Gather: indices must be integers, got {indices.dtype}")
+    d = check_dim("Gather", int(attrs.get("axis", 0)), x.ndim)
+    size = x.shape[d]
+    wrapped = np.where(indices < 0, indices + size, indices)
+    bad = (wrapped < 0) | (wrapped >= size)
+    if bad.any():
+        raise EmberIndexError(f"Gather: index {int(indices[bad].reshape(-1)[0])} is out of range "
+                              f"for dim {d} of size {size}")  # fmt: skip
+    return np.take(x, wrapped, axis=d)
+
+
+@_rule("Unsqueeze")
+def _unsqueeze(inputs, attrs, opset):
+    x, axes = inputs[0], _axes(inputs, attrs, opset, 13)
+    if axes is None:
+        raise ArgumentError("Unsqueeze needs axes")
+    rank = x.ndim + len(axes)
+    shape = list(x.shape)
+    for d in sorted(check_dim("unsqueeze_dims", a, rank) for a in axes):
+        shape.insert(d, 1)
+    return x.reshape(shape)
+
+
+@_rule("Squeeze")
+def _squeeze(inputs, attrs, opset):
+    x, axes = inputs[0], _axes(inputs, attrs, opset, 13)
+    if axes is None:
+        return x.reshape([d for d in x.shape if d != 1])
+    drop = {check_dim("squeeze_dims", a, x.ndim) for a in axes}
+    for d in drop:
+        if x.shape[d] != 1:
+            raise ShapeError(f"squeeze_dims: dim {d} of shape {fmt_shape(x.shape)} has size "
+                             f"{x.shape[d]}, not 1")  # fmt: skip
+    return x.reshape([s for i, s in enumerate(x.shape) if i not in drop])
+
+
+@_rule("Concat")
+def _concat(inputs, attrs, opset):
+    parts = [np.asarray(p) for p in inputs if p is not None]
+    for p in parts[1:]:
+        _same_kind("Concat", parts[0], p)
+        if p.ndim != parts[0].ndim:
+            raise ShapeError(f"Concat: parts have ranks {parts[0].ndim} and {p.ndim}")
+    d = check_dim("Concat", int(attrs.get("axis", 1 if opset < 4 else 0)), parts[0].ndim)
+    return np.concatenate(parts, axis=d)
+
+
+@_rule("Slice")
+def _slice(inputs, attrs, opset):
+    x = inputs[0]
+    if opset < 10:
+        starts, ends = attrs["starts"], attrs["ends"]
+        axes, steps = attrs.get("axes"), None
+    else:
+        starts, ends = inputs[1], inputs[2]
+        axes = inputs[3] if len(inputs) > 3 else None
+        steps = inputs[4] if len(inputs) > 4 else None
+    starts = [int(v) for v in np.asarray(starts).reshape(-1)]
+    ends = [int(v) for v in np.asarray(ends).reshape(-1)]
+    axes = list(range(len(starts))) if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in np.asarray(steps).reshape(-1)]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError(f"Slice: {len(starts)} starts, {len(ends)} ends, {len(axes)} axes and "
+                         f"{len(steps)} steps")  # fmt: skip
+    key = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        d = check_dim("Slice", axis, x.ndim)
+        if step == 0:
+            raise ArgumentError("Slice: a step of 0")
+        size = x.shape[d]
+        start, end = start + size if start < 0 else start, end + size if end < 0 else end
+        if step > 0:
+            key[d] = slice(min(max(start, 0), size), min(max(end, 0), size), step)
+        else:  # an end clamped to -1 runs through index 0
+            end = min(max(end, -1), size - 1)
+            key[d] = slice(min(max(start, 0), size - 1), None if end < 0 else end, step)
+    return x[tuple(key)]
+
+
+# ------------------------------------------------------------------------------ values
+@_rule("Identity")
+def _identity(inputs, attrs, opset):
+    return inputs[0]
+
+
+@_rule("Cast")
+def _cast(inputs, attrs, opset):
+    x = np.asarray(inputs[0])
+    dtype = ember_dtype(int(attrs["to"]))
+    if dtype is None:
+        raise DTypeError(f"Cast: ONNX type {attrs['to']} has no ember dtype")
+    target = numpy_dtype(dtype)
+    if target.kind in "iu" and x.dtype.kind == "f":
+        x = np.trunc(x)  # float to int truncates toward zero
+    with np.errstate(invalid="ignore", over="ignore"):
+        return x.astype(target)
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division truncating toward zero (a zero divisor gives 0, as NdArray's does)."""
+    with np.errstate(all="ignore"):
+        q = np.floor_divide(a, b)
+        fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+        return q + fix.astype(q.dtype)
+
+
+def _binary(op: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+    def run_binary(inputs, attrs, opset):
+        a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
+        _same_kind(op, a, b)
+        _numeric(op, a, b)
+        _broadcast(op, a, b)
+        if op == "Div" and a.dtype.kind in "iu":
+            return _int_div(a, b)
+        with np.errstate(all="ignore"):  # int wrap-around, a float divided by zero
+            return fn(a, b)
+
+    _rule(op)(run_binary)
+
+
+for _op, _fn in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
+                 ("Div", np.true_divide)):  # fmt: skip
+    _binary(_op, _fn)
+
+
+def _unary(op: str, fn: Callable[[np.ndarray], np.ndarray], floats_only: bool) -> None:
+    def run_unary(inputs, attrs, opset):
+        x = np.asarray(inputs[0])
+        _numeric(op, x)
+        if floats_only and x.dtype.kind != "f":
+            raise KindError(f"{op} is not defined for {_kind(x)} tensors (only float)")
+        with np.errstate(all="ignore"):  # the square root of a negative float is NaN
+            return fn(x)
+
+    _rule(op)(run_unary)
+
+
+for _op, _fn, _floats in (("Neg", np.negative, False), ("Abs", np.abs, False),
+                          ("Sqrt", np.sqrt, True)):  # fmt: skip
+    _unary(_op, _fn, _floats)
+
+
+@_rule("Equal")
+def _equal(inputs, attrs, opset):
+    a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
+    _same_kind("Equal", a, b)
+    _broadcast("Equal", a, b)
+    return np.equal(a, b)
+
+
+@_rule("Where")
+def _where(inputs, attrs, opset):
+    mask, x, y = (np.asarray(v) for v in inputs[:3])
+    if mask.dtype.kind != "b":
+        raise KindError(f"Where: the condition must be a bool tensor, got {mask.dtype}")
+    _same_kind("Where", x, y)
+    _broadcast("Where", mask, x, y)
+    return np.where(mask, x, y)
