@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from itertools import zip_longest
 
 import numpy as np
@@ -301,8 +302,11 @@ def test_a_second_sigint_aborts(tmp_path):
 
     def interrupt_twice(progress):
         if (progress.epoch, progress.iteration) == (1, 2):
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
+            assert threading.current_thread() is threading.main_thread()
+            # To this thread (the main one): a process-wide kill may land on another thread,
+            # and two pending SIGINTs then reach Python's handler as one.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     renderer = CallbackRenderer(interrupt_twice)
     learner = builder(tmp_path, 2, renderer).build(classifier(0), SgdConfig().init(), 0.1)
