@@ -1,5 +1,6 @@
 """NdArray's matmul of a stacked lhs by a matrix: one product over all the lhs's rows,
-compared with the float64 product (and NumPy's own path where the lhs is not contiguous)."""
+compared with the float64 product (and NumPy's own path where the lhs is not contiguous);
+stacks of small products (attention's heads) with strided operands."""
 
 from __future__ import annotations
 
@@ -40,17 +41,3 @@ def test_stacks_of_small_products(ndarray_threads, dtype):
     _check(BACKEND.float_matmul(a, b), a, b)
     empty = BACKEND.float_matmul(a[:0], b[:0])
     assert empty.shape == (0, 4, 2) and empty.dtype == dtype
-
-
-def test_stacks_of_large_products_are_left_to_the_blas(ndarray_threads, monkeypatch):
-    from ember.backends.ndarray import backend
-
-    monkeypatch.setattr(backend, "_SMALL_PRODUCT", 10)  # every product here is "large"
-
-    def no_split(*args):
-        raise AssertionError("a stack of large products was split")
-
-    monkeypatch.setattr(backend, "run_blocks", no_split)
-    rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((4, 5, 6)), rng.standard_normal((4, 6, 7))
-    _check(BACKEND.float_matmul(a, b), a, b)

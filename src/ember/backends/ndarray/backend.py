@@ -26,7 +26,6 @@ from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
 from ember.backends.ndarray.layout import MIN_ELEMENTS, match_layout
-from ember.backends.ndarray.parallel import Claim, run_blocks
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
@@ -115,30 +114,6 @@ def _mean_dim(x, dim):
     return np.mean(
         x, axis=dim, keepdims=True, dtype=np.float64 if x.dtype.kind != "f" else x.dtype
     ).astype(x.dtype)
-
-
-_BLAS = (np.dtype(np.float32), np.dtype(np.float64))
-# Products of fewer multiply-adds OpenBLAS splits badly over its threads (it wakes them for
-# each one); stacks of them are split over threads by matrix instead (parallel.py).
-_SMALL_PRODUCT = 1 << 21
-
-
-def _stacked_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` over equal batch dims. A stack of small products (attention's heads:
-    ``[batch * heads, 128, 32] @ [batch * heads, 32, 128]``) is split by matrix over NumPy's
-    BLAS thread count, each thread multiplying its share with the BLAS held to one thread."""
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if m * k * n >= _SMALL_PRODUCT:
-        return np.matmul(a, b)
-    out = np.empty((*a.shape[:-2], m, n), a.dtype)
-
-    def matrices(claim: Claim) -> None:  # along the first batch dim: no copies
-        while (block := claim()) is not None:
-            start, stop = block[0], block[0] + block[1]
-            np.matmul(a[start:stop], b[start:stop], out=out[start:stop])
-
-    run_blocks(a.shape[0], a.shape[0], math.prod(a.shape[:-2]) * m * k * n, matrices)
-    return out
 
 
 def _layout_matched(fn: Callable) -> Callable:
@@ -431,8 +406,6 @@ class NdArray(Backend):
             rows = math.prod(a.shape[:-1])
             out = np.matmul(a.reshape(rows, a.shape[-1]), b)
             return out.reshape(*a.shape[:-1], b.shape[-1])
-        if a.ndim > 2 and a.shape[:-2] == b.shape[:-2] and a.dtype == b.dtype and a.dtype in _BLAS:
-            return _stacked_matmul(a, b)
         return _array(np.matmul(a, b))
 
     # ------------------------------------------------------------ module ops
