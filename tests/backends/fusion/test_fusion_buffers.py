@@ -77,6 +77,7 @@ def test_a_held_result_is_never_overwritten(device, pool):
     (lambda t: t.to_numpy(), slice(None)),
     (lambda t: memoryview(t._prim.slot.prim), slice(None)),
     (lambda t: t._prim.slot.prim[::2], slice(None, None, 2)),
+    (lambda t: t.to_numpy()[1:], slice(1, None)),  # the exported array dropped, its view kept
 ])  # fmt: skip
 def test_what_still_views_a_dropped_result_keeps_its_buffer(device, pool, view, part):
     data = _data()
@@ -246,6 +247,19 @@ def test_a_step_repeated_after_dropping_its_result_reuses_one_buffer(device, poo
         y = _step(x, float(k))
         np.testing.assert_array_equal(y.to_numpy(), _expected(_data(), float(k)))
         del y
+    assert pool.misses == misses
+
+
+def test_a_result_read_as_numpy_and_dropped_goes_back_to_the_pool(device, pool):
+    # A model's output read with to_numpy call after call: once the caller drops the
+    # array (and no view of it is left), its buffer is reused, not freed and faulted anew.
+    x = Tensor.from_data(_data(), device)
+    _step(x, 1.0).to_numpy()
+    misses = pool.misses
+    for k in range(2, 8):
+        out = _step(x, float(k)).to_numpy()
+        np.testing.assert_array_equal(out, _expected(_data(), float(k)))
+        del out
     assert pool.misses == misses
 
 
