@@ -271,6 +271,19 @@ def test_large_constants_and_casts_to_other_dtypes_stay_tensor_ops():
     np.testing.assert_array_equal(half.to_numpy(), want[1])
 
 
+def test_a_host_value_read_as_data_and_as_ints_is_a_tensor_for_both():
+    # Reshape(s, s): s is the data (a tensor op reads it) and the target.
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Reshape", ["s", "s"], ["y"])]
+    model = onnx.shape_inference.infer_shapes(
+        graph_model(nodes, [("x", F32, ["batch"])], [("y", I64, None)]))
+    conversion = convert(model)
+    assert "rt.reshape(rt.to_device(s, x), rt.to_device(s, x)" in _forward(conversion.source)
+    x = np.zeros(1, np.float32)
+    got = conversion.build(ember.device("ndarray"))(Tensor.from_data(x)).to_numpy()
+    np.testing.assert_array_equal(got, _ort(model, x=x)[0])
+
+
 def test_known_dims_still_fold_to_literals():
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Reshape", ["x", "s"], ["y"])]

@@ -497,9 +497,11 @@ class Body:
 
 
 def _reads_ints(node: NodeContext, name: str) -> bool:
-    """Whether ``node`` reads its input ``name`` as ints only (``rt.ints``)."""
+    """Whether ``node`` reads its input ``name`` as ints only (``rt.ints``): at an input
+    that takes ints, and at no other (``Reshape(s, s)`` reads ``s`` as a tensor too)."""
     positions = _INT_READERS.get(node.op_type, ()) if not node.domain else ()
-    return any(node.input(i).name == name for i in positions)
+    at = {i for i in range(node.num_inputs) if node.input(i).name == name}
+    return bool(at) and at <= set(positions)
 
 
 def _where(node: NodeContext) -> str:
