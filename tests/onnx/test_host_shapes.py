@@ -148,6 +148,10 @@ def test_what_may_run_on_the_host():
     assert host.runs_on_host("Gather", {"axis": 0}, [None, int64])
     assert not host.runs_on_host("Range", {}, [int64, int64, int64])  # no rule: tensor ops
     assert not host.runs_on_host("Gather", {"axis": "0); import os"}, [None, int64])
+    assert not host.runs_on_host("Concat", {"axis": [0]}, [None, int64])  # not an int
+    assert not host.runs_on_host("Unsqueeze", {"axes": 0}, [None])  # not a list
+    assert not host.runs_on_host("Add", {"broadcast": 1, "axis": 0}, [None, int64])  # legacy
+    assert host.runs_on_host("Slice", {"starts": [1], "ends": [2]}, [None])
     assert not host.runs_on_host("Add", {}, [None, f16])  # a dtype host values do not take
     assert not host.runs_on_host("Cast", {"to": TensorProto.FLOAT16}, [None])
     assert host.runs_on_host("Cast", {"to": F32}, [None])
@@ -282,6 +286,22 @@ def test_a_host_value_read_as_data_and_as_ints_is_a_tensor_for_both():
     x = np.zeros(1, np.float32)
     got = conversion.build(ember.device("ndarray"))(Tensor.from_data(x)).to_numpy()
     np.testing.assert_array_equal(got, _ort(model, x=x)[0])
+
+
+def test_a_legacy_add_with_an_axis_stays_tensor_ops():
+    # Opset 6: b = [2] broadcast along axis 0 of a = [2, 1] (not NumPy's trailing rule).
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Unsqueeze", ["s"], ["a"], axes=[1]),
+             helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=0)]
+    model = graph_model(nodes, [("x", F32, ["batch", 3])], [("y", I64, None)],
+                        [("b", i64(10, 20))], opset=6)  # fmt: skip
+    conversion = convert(model)
+    body = _forward(conversion.source)
+    assert "host.run('Unsqueeze'" in body and "host.run('Add'" not in body
+    x = np.zeros((5, 3), np.float32)
+    got = conversion.build(ember.device("ndarray"))(Tensor.from_data(x)).to_numpy()
+    # b along axis 0 of a = [[5], [3]] (onnxruntime has no int Add of opset 6)
+    np.testing.assert_array_equal(got, np.array([[15], [23]]))
 
 
 def test_known_dims_still_fold_to_literals():

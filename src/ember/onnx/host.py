@@ -62,6 +62,15 @@ DTYPES = frozenset(np.dtype(t) for t in ("bool", "int8", "int16", "int32", "int6
 Rule = Callable[[list[Any], dict[str, Any], int], Any]
 RULES: dict[str, Rule] = {}
 
+# The attributes each op may carry here, as a number or a list of numbers. A node with any
+# other (a legacy Add's ``broadcast`` and ``axis``, which broadcast otherwise) or with one
+# of the wrong form stays tensor ops, whose converter reports what is wrong at import.
+_ATTRS: dict[str, dict[str, type]] = {
+    "Shape": {"start": int, "end": int}, "Gather": {"axis": int}, "Concat": {"axis": int},
+    "Unsqueeze": {"axes": list}, "Squeeze": {"axes": list}, "Cast": {"to": int, "saturate": int},
+    "Slice": {"starts": list, "ends": list, "axes": list},
+}  # fmt: skip
+
 
 def _rule(*op_types: str) -> Callable[[Rule], Rule]:
     """Registers a host rule for ``op_types``."""
@@ -77,14 +86,19 @@ def _rule(*op_types: str) -> Callable[[Rule], Rule]:
 def runs_on_host(op_type: str, attrs: dict[str, Any], input_dtypes: Sequence[np.dtype | None]) -> bool:
     """Whether a node of ``op_type`` with ``attrs`` may run here, its inputs' dtypes
     (None where only a tensor's shape is read) as given: ops with a rule, casts to a dtype
-    of :data:`DTYPES`, attributes that are numbers or lists of numbers."""
+    of :data:`DTYPES`, and only the attributes the rule reads, each an int or a list of
+    ints as ONNX defines it."""
     if op_type not in RULES:
         return False
     if any(d is not None and d not in DTYPES for d in input_dtypes):
         return False
-    for value in attrs.values():
-        items = value if isinstance(value, list | tuple) else [value]
-        if not all(isinstance(v, int | float | np.integer | np.floating) for v in items):
+    allowed = _ATTRS.get(op_type, {})
+    for name, value in attrs.items():
+        form = allowed.get(name)
+        if form is list and isinstance(value, list | tuple):
+            if not all(isinstance(v, int | np.integer) for v in value):
+                return False
+        elif form is not int or not isinstance(value, int | np.integer):
             return False
     if op_type == "Cast":
         target = ember_dtype(int(attrs.get("to", 0)))
