@@ -15,10 +15,11 @@ ints straight from it.
 Adding an op is registering its rule (``_rule``, private: generated code may call this
 module's public functions): a function of the node's inputs (NumPy arrays;
 ``Shape`` and ``Size`` also read a tensor's shape), its attributes and the opset. Rules
-keep ember's semantics, so a model gives the same values either way: integer division
-truncates toward zero, a cast of floats to ints truncates, operands of one op have one
-kind (a :class:`~ember.backend.errors.KindError` otherwise), and errors are the typed
-errors the tensor ops raise. Every host value holds at most :data:`MAX_ELEMENTS`
+keep ember's semantics, so a model gives the same values either way: element-wise ops and
+casts run the op table's primitives of the NdArray backend (integer division truncates
+toward zero, a cast of floats to ints truncates), operands of one op have one kind (a
+:class:`~ember.backend.errors.KindError` otherwise), and errors are the typed errors the
+tensor ops raise. Every host value holds at most :data:`MAX_ELEMENTS`
 elements: the translator only sends nodes whose outputs are known to be that small, and
 :func:`run` checks it again.
 
@@ -33,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,10 +49,12 @@ from ember.backend.errors import (
     ShapeError,
     fmt_shape,
 )
+from ember.backend.ops import OPS, OpDef
 from ember.backend.rules import broadcast_shapes, check_dim
 from ember.onnx.ir import ember_dtype
 from ember.onnx.runtime import shape_span
-from ember.tensor.data import numpy_dtype
+from ember.tensor.data import dtype_of_numpy, numpy_dtype
+from ember.tensor.dtype import Kind, promote
 
 MAX_ELEMENTS = 64
 """The most elements a host value holds (shape arithmetic: a rank's worth of dims)."""
@@ -137,20 +141,14 @@ def array(value: Any, dtype: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _kind(x: np.ndarray) -> str:
-    return "float" if x.dtype.kind == "f" else "bool" if x.dtype.kind == "b" else "int"
+def _name(kind: Kind) -> str:
+    return kind.value.lower()
 
 
 def _same_kind(op: str, a: np.ndarray, b: np.ndarray) -> None:
-    if _kind(a) != _kind(b):
-        raise KindError(f"{op}: operands have different kinds, {_kind(a)} and {_kind(b)}; "
-                        "convert one with .float(), .int() or .bool()")  # fmt: skip
-
-
-def _numeric(op: str, *xs: np.ndarray) -> None:
-    for x in xs:
-        if x.dtype.kind == "b":
-            raise KindError(f"{op} is not defined for bool tensors")
+    ka, kb = dtype_of_numpy(a.dtype).kind, dtype_of_numpy(b.dtype).kind
+    if ka is not kb:
+        raise KindError(f"{op}: operands have different kinds, {_name(ka)} and {_name(kb)}")
 
 
 def _broadcast(op: str, *xs: np.ndarray) -> None:
@@ -266,6 +264,48 @@ def _slice(inputs, attrs, opset):
 
 
 # ------------------------------------------------------------------------------ values
+# Element-wise ops and casts run the op table's primitives of ember's NdArray backend
+# (NumPy arrays are its values), so they compute exactly what the tensor ops compute.
+@functools.cache
+def _ndarray() -> Any:
+    import ember
+
+    return ember.device("ndarray").backend
+
+
+def _primitive(op: OpDef, onnx_op: str, arrays: list[np.ndarray], *attrs: Any) -> np.ndarray:
+    """``op`` of the op table on ``arrays`` (one kind, broadcastable, brought to one dtype
+    as the Tensor API brings them)."""
+    dtypes = [dtype_of_numpy(a.dtype) for a in arrays]
+    kind = dtypes[0].kind
+    for dtype in dtypes[1:]:
+        if dtype.kind is not kind:
+            raise KindError(f"{onnx_op}: operands have different kinds, {_name(kind)} and "
+                            f"{_name(dtype.kind)}")  # fmt: skip
+    if kind not in op.kinds:
+        have = ", ".join(sorted(_name(k) for k in op.kinds))
+        raise KindError(f"{onnx_op} is not defined for {_name(kind)} tensors (only {have})")
+    _broadcast(onnx_op, *arrays)
+    if len(set(dtypes)) > 1:
+        target = numpy_dtype(functools.reduce(promote, dtypes))
+        arrays = [a.astype(target, copy=False) for a in arrays]
+    with np.errstate(all="ignore"):  # int wrap-around, a float divided by zero, sqrt(-1)
+        return getattr(_ndarray(), op.primitive(kind))(*arrays, *attrs)
+
+
+def _through_table(onnx_op: str, op: OpDef) -> None:
+    def run_op(inputs, attrs, opset):
+        return _primitive(op, onnx_op, [np.asarray(v) for v in inputs[: len(op.inputs)]])
+
+    _rule(onnx_op)(run_op)
+
+
+for _onnx_op, _ember_op in (("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div"),
+                            ("Neg", "neg"), ("Abs", "abs"), ("Sqrt", "sqrt"),
+                            ("Equal", "equal")):  # fmt: skip
+    _through_table(_onnx_op, OPS[_ember_op])
+
+
 @_rule("Identity")
 def _identity(inputs, attrs, opset):
     return inputs[0]
@@ -273,67 +313,10 @@ def _identity(inputs, attrs, opset):
 
 @_rule("Cast")
 def _cast(inputs, attrs, opset):
-    x = np.asarray(inputs[0])
     dtype = ember_dtype(int(attrs["to"]))
     if dtype is None:
         raise DTypeError(f"Cast: ONNX type {attrs['to']} has no ember dtype")
-    target = numpy_dtype(dtype)
-    if target.kind in "iu" and x.dtype.kind == "f":
-        x = np.trunc(x)  # float to int truncates toward zero
-    with np.errstate(invalid="ignore", over="ignore"):
-        return x.astype(target)
-
-
-def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Integer division truncating toward zero (a zero divisor gives 0, as NdArray's does)."""
-    with np.errstate(all="ignore"):
-        q = np.floor_divide(a, b)
-        fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
-        return q + fix.astype(q.dtype)
-
-
-def _binary(op: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
-    def run_binary(inputs, attrs, opset):
-        a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
-        _same_kind(op, a, b)
-        _numeric(op, a, b)
-        _broadcast(op, a, b)
-        if op == "Div" and a.dtype.kind in "iu":
-            return _int_div(a, b)
-        with np.errstate(all="ignore"):  # int wrap-around, a float divided by zero
-            return fn(a, b)
-
-    _rule(op)(run_binary)
-
-
-for _op, _fn in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
-                 ("Div", np.true_divide)):  # fmt: skip
-    _binary(_op, _fn)
-
-
-def _unary(op: str, fn: Callable[[np.ndarray], np.ndarray], floats_only: bool) -> None:
-    def run_unary(inputs, attrs, opset):
-        x = np.asarray(inputs[0])
-        _numeric(op, x)
-        if floats_only and x.dtype.kind != "f":
-            raise KindError(f"{op} is not defined for {_kind(x)} tensors (only float)")
-        with np.errstate(all="ignore"):  # the square root of a negative float is NaN
-            return fn(x)
-
-    _rule(op)(run_unary)
-
-
-for _op, _fn, _floats in (("Neg", np.negative, False), ("Abs", np.abs, False),
-                          ("Sqrt", np.sqrt, True)):  # fmt: skip
-    _unary(_op, _fn, _floats)
-
-
-@_rule("Equal")
-def _equal(inputs, attrs, opset):
-    a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
-    _same_kind("Equal", a, b)
-    _broadcast("Equal", a, b)
-    return np.equal(a, b)
+    return _primitive(OPS["cast"], "Cast", [np.asarray(inputs[0])], dtype)
 
 
 @_rule("Where")
