@@ -29,6 +29,9 @@ def pytest_configure(config) -> None:
         import tempfile
 
         os.environ["EMBER_FUSION_CACHE"] = tempfile.mkdtemp(prefix="ember-fusion-kernels-")
+    # Triton's binaries (GPU kernels, and those compiled for a GPU target to check them on
+    # a machine without one) likewise.
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.environ["EMBER_FUSION_CACHE"], "triton"))
     # Writing each explored plan to disk costs an fsync; tests/backends/fusion/
     # test_fusion_plans.py turns the store on where it is under test.
     os.environ.setdefault("EMBER_FUSION_PLANS", "0")

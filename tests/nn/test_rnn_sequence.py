@@ -177,7 +177,10 @@ def test_kernels_match_the_references(monkeypatch, base_device, kind, case, save
         np.testing.assert_allclose(*as_numpy, atol=atol, rtol=1e-5)
 
     out = getattr(B, op.name)(*prims, save)
-    assert_same(out, op.reference(B, *prims, save), 1e-6)
+    # On CUDA the kernel is cuDNN's, whose float32 sums run in another order than the
+    # reference's products (2.6e-6 apart at most, measured on an H200).
+    cuda = base_device.place == "cuda"
+    assert_same(out, op.reference(B, *prims, save), 1e-5 if cuda else 1e-6)
     torch.manual_seed(2)
     grad = from_torch(torch.randn(B.shape(out)), base_device).into_primitive()
     for need_x in (True, False):

@@ -33,6 +33,8 @@ from ember.backends.fusion import triton_runtime  # noqa: E402 - after torch's s
 if not triton_runtime.available():
     pytest.skip("triton is not installed (pip install 'ember[gpu-jit]')", allow_module_level=True)
 
+from triton_compile_check import CompileCheck  # noqa: E402
+
 from ember.backends.fusion.triton_source import KernelUnsupported, generate  # noqa: E402
 
 # The interpreter computes masked-off lanes too (a log of the 0 they load): NumPy's warnings.
@@ -42,6 +44,17 @@ pytestmark = pytest.mark.filterwarnings(
 F32, F64, F16, I32, I64, I8, B = (DType.F32, DType.F64, DType.F16, DType.I32, DType.I64,
                                   DType.I8, DType.BOOL)  # fmt: skip
 TOL = {F32: 2e-6, F64: 1e-12, F16: 1e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_for_the_gpu():
+    """Every kernel these tests launch in the interpreter is compiled for a GPU too
+    (``triton_compile_check``): the interpreter accepts code the compiler refuses."""
+    check = CompileCheck()
+    with pytest.MonkeyPatch.context() as patch:
+        check.install(patch, triton_runtime.TritonRuntime)
+        yield check
+    assert check.compiled, "no kernel was compiled for the GPU"
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from ember.backends.fusion.triton_source import (
     compute_type,
     instr_expr,
     scalar_dtypes,
+    scalar_param,
 )
 from ember.tensor.dtype import DType
 
@@ -52,7 +53,7 @@ def generate(block: ir.Block, value: int, keep_value: bool) -> str:
         raise KernelUnsupported(f"triton matmul: dtype {block.inputs[value].dtype}")
     others = [i for i in range(len(block.inputs)) if i != value]
     outs = [f"out{o}" for o in range(len(block.outputs))] + (["vout"] if keep_value else [])
-    scalars = [f"s{k}: {TL_DTYPES[d]}" for k, d in enumerate(scalar_dtypes(block))]
+    scalars = [scalar_param(k, d) for k, d in enumerate(scalar_dtypes(block))]
     strides = [f"st{i}_{d}" for i in others for d in "zmn"]
     params = (["a", "b", *(f"in{i}" for i in others), *outs, *scalars, "M", "N", "K",
                "sa_z", "sa_m", "sa_k", "sb_z", "sb_k", "sb_n", *strides,

@@ -133,9 +133,11 @@ HEADER = '''\
 import triton
 import triton.language as tl
 
-INF: tl.constexpr = float("inf")
-NINF: tl.constexpr = float("-inf")
-NAN: tl.constexpr = float("nan")
+# Globals a kernel reads must be constexpr objects: the compiler refuses an annotated plain
+# float (Triton's interpreter does not). No NaN global: the compiler checks that a global
+# keeps its value between kernels by equality, which NaN fails; NaN is written INF - INF.
+INF = tl.constexpr(float("inf"))
+NINF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
@@ -235,7 +237,7 @@ def _pow(x, y):
     odd = tl.where(tl.abs(yd) != INF, yi - 2.0 * tl.floor(yi * 0.5), 0.0) != 0
     negative = tl.where(xd == 0, _div(tl.full((), 1.0, tl.float64), xd) < 0, xd < 0)  # -0 too
     # A negative base and a fractional exponent: no real power (but for -0 and -inf).
-    fraction = tl.where(tl.abs(xd) == INF, r, tl.where(xd == 0, r, NAN))
+    fraction = tl.where(tl.abs(xd) == INF, r, tl.where(xd == 0, r, INF - INF))
     r = tl.where(negative, tl.where(whole, tl.where(odd, -r, r), fraction), r)
     r = tl.where(tl.abs(yd) == INF, tl.where(xd == -1.0, 1.0, r), r)
     r = tl.where(yd == 0, 1.0, tl.where(xd == 1.0, 1.0, r))
@@ -330,11 +332,18 @@ class _Writer:
         self.lines.append("    " * indent + text)
 
 
+def scalar_param(k: int, d: DType) -> str:
+    """Scalar parameter ``k`` of dtype ``d``, annotated so the launch keeps its value; the
+    kernel body narrows it (``tl.full``). int8 goes in as int32: Triton 3.6's launcher reads
+    an int8 argument as an unsigned byte and refuses a negative one."""
+    return f"s{k}: {'tl.int32' if d == DType.I8 else TL_DTYPES[d]}"
+
+
 def _signature(block: ir.Block, lay: Layout) -> tuple[list[str], list[str]]:
     """The kernel's parameters (with scalar annotations) and the array names."""
     names = ([f"in{i}" for i in range(len(block.inputs))]
              + [f"out{o}" for o in range(len(block.outputs))])  # fmt: skip
-    scalars = [f"s{k}: {TL_DTYPES[d]}" for k, d in enumerate(scalar_dtypes(block))]
+    scalars = [scalar_param(k, d) for k, d in enumerate(scalar_dtypes(block))]
     sizes = [f"n{g}" for g in range(len(lay.groups))]
     return [*names, *scalars, *sizes, "total", "BLOCK: tl.constexpr"], names
 
@@ -602,7 +611,7 @@ def _final(instr: ir.Instr, block: ir.Block, r: int, inner: int) -> str:
     else:
         value = f"tl.reduce(acc{r}, 0, {'_max' if op == 'max_dim' else '_min'})"
         if _nan_tracked(instr, block):
-            value = f"tl.where(tl.reduce(nan{r}, 0, _max) > 0, NAN, {value})"
+            value = f"tl.where(tl.reduce(nan{r}, 0, _max) > 0, INF - INF, {value})"
     value = f"({value}).to({out})"
     if instr.dtype in _HALF:
         value = f"{value}.to({TL_DTYPES[instr.dtype]}).to(tl.float32)"
