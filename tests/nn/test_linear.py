@@ -44,6 +44,23 @@ def test_forward_and_gradients_match_torch(ad_device, batch, bias):
         assert_close(layer.bias.val().grad(grads), reference.bias.grad)
 
 
+def test_a_permuted_input_matches_torch(ad_device):
+    # Attention's input in [seq, batch, dim] (a permute of [batch, seq, dim]): the rank-3
+    # path multiplies it as it lies.
+    reference = torch_linear(8, 5, True)
+    layer = LinearConfig(8, 5).init(ad_device).load_record(pytorch_record(reference))
+    x_ref = torch.randn(2, 6, 8, requires_grad=True)
+    upstream = torch.randn(6, 2, 5)
+    y_ref = reference(x_ref.permute(1, 0, 2))
+    (y_ref * upstream).sum().backward()
+    x = from_torch(x_ref, ad_device).require_grad()
+    y = layer(x.permute([1, 0, 2]))
+    assert_close(y, y_ref)
+    grads = (y * from_torch(upstream, ad_device)).sum().backward()
+    assert_close(x.grad(grads), x_ref.grad)
+    assert_close(layer.weight.val().grad(grads), reference.weight.grad.T)
+
+
 def test_inference_matches_torch(base_device):
     reference = torch_linear(6, 2, True)
     layer = LinearConfig(6, 2).init(base_device).load_record(pytorch_record(reference))

@@ -92,7 +92,12 @@ class Linear(Module):
                 f"Linear: expected an input of shape [..., {self.d_input}] (d_input), "
                 f"got {fmt_shape(shape)}"
             )
-        # One matrix product over all leading dims: a single GEMM, and a simple backward.
+        if len(shape) > 2:
+            # [..., d_input] @ [d_input, d_output]: the backends multiply all leading rows
+            # in one product, and a permuted input (attention's [seq, batch, dim]) where it
+            # lies, where flattening it first would copy it.
+            y = x.matmul(self.weight.val())
+            return y if self.bias is None else y + self.bias.val()
         y = x.reshape([math.prod(shape[:-1]), self.d_input]).matmul(self.weight.val())
         if self.bias is not None:
             y = y + self.bias.val()
