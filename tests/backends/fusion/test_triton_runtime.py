@@ -54,7 +54,6 @@ def compiled_for_the_gpu():
     with pytest.MonkeyPatch.context() as patch:
         check.install(patch, triton_runtime.TritonRuntime)
         yield check
-    assert check.compiled, "no kernel was compiled for the GPU"
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +180,34 @@ def test_int8_arithmetic_wraps_as_numpy(rt, scalar):
     # Triton 3.6's launcher reads an int8 argument as an unsigned byte (a negative one
     # raised OverflowError on the GPU): int8 scalars go in as int32.
     assert "s0: tl.int32" in generate(block)
+
+
+def test_kernels_are_compiled_for_a_gpu(rt, compiled_for_the_gpu):
+    s = (9,)
+    block = _ew(s, [(s, F32)], [_i("is_inf", (0,), (), s, B)], (1,))  # reads the INF global
+    before = len(compiled_for_the_gpu.compiled)
+    _check(rt, block, [np.array([0, 1, np.inf, -np.inf, np.nan, 2, 3, 4, 5], np.float32)])
+    assert len(compiled_for_the_gpu.compiled) == before + 1
+
+
+def test_the_compile_check_refuses_what_only_the_interpreter_runs(tmp_path):
+    # The header's old form: an annotated float global, which the interpreter reads and the
+    # GPU compiler refuses (what the first run on a GPU found).
+    source = tmp_path / "old_header.py"
+    source.write_text(
+        "import triton\nimport triton.language as tl\n\n"
+        'INF: tl.constexpr = float("inf")\n\n\n'
+        "@triton.jit\ndef kernel(in0, out0, total, BLOCK: tl.constexpr):\n"
+        "    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    r0 = tl.load(in0 + idx, mask=idx < total, other=0)\n"
+        "    tl.store(out0 + idx, tl.abs(r0) == INF, mask=idx < total)\n"
+    )  # fmt: skip
+    module = type("Module", (), {"__file__": str(source), "__name__": "old_header"})
+    x = torch.zeros(4)
+    from triton.compiler.errors import CompilationError
+
+    with pytest.raises(CompilationError, match="global variable INF"):
+        CompileCheck().compile(module, (x, torch.zeros(4, dtype=torch.bool), 4), {"BLOCK": 4})
 
 
 def test_float16_rounds_each_result(rt):
