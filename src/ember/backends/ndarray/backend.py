@@ -13,6 +13,7 @@ share buffers freely because no primitive mutates its input.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import warnings
 from collections.abc import Callable
@@ -414,7 +415,7 @@ class NdArray(Backend):
             order = _contiguous_order(a)
             if order is not None:
                 rows = a.transpose(order)
-                out = np.matmul(rows.reshape(-1, a.shape[-1]), b)
+                out = np.matmul(rows.reshape(math.prod(rows.shape[:-1]), a.shape[-1]), b)
                 out = out.reshape(*rows.shape[:-1], b.shape[-1])
                 # The rows in a's order: a view (a permuted lhs, as attention's input in
                 # [seq, batch, dim], is multiplied where it lies, not copied first).
