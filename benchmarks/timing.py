@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -66,8 +67,11 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
     """``{name: (median wall seconds, median CPU seconds of the calling thread)}`` per call.
 
     Each function is warmed up once, then the calls alternate, one of each per round in
-    an order that rotates every round, so a slow minute on a shared host lands on every
-    side alike instead of on whichever ran then. The thread's CPU time leaves out the time
+    an order shuffled every round (seeded: the same order in every run), so a slow minute
+    on a shared host lands on every side alike instead of on whichever ran then, and each
+    side follows each other side about as often. (An order that only rotates keeps each
+    side behind the same one: a side that leaves the caches cold, NdArray's temporaries
+    of a [4096, 1024] layer norm, then always slows the same next side.) The thread's CPU time leaves out the time
     the host gave to others; it counts only the calling thread, so it measures one-thread
     work (at more threads, read the wall time). Pin threads with ``alternating`` first.
 
@@ -81,8 +85,9 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
         fns[name]()
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
-    for turn in range(rounds):
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+    order = random.Random(0)
+    for _ in range(rounds):
+        for name in order.sample(names, len(names)):
             for _ in range(lead_in):
                 fns[name]()
             start, start_cpu = time.perf_counter(), time.thread_time()

@@ -7,6 +7,7 @@ benchmark records; the timings themselves are fixed numbers printed by the scrip
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -258,3 +259,27 @@ def test_compare_command_exit_status(tmp_path, capsys):
         main(["bench", "compare", str(old), str(tmp_path / "bad.json")])
     assert exit_.value.code == 1
     assert "bad.json: a run file is a JSON object" in capsys.readouterr().err
+
+
+def test_interleaved_calls_follow_each_other_side_alike(monkeypatch):
+    # benchmarks/timing.interleaved_seconds: each round's order is shuffled (seeded), so
+    # no side always runs right after the same one (a side that leaves caches cold would
+    # slow it every time); every side runs once per round, after one warm-up call.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import timing
+
+    calls: list[str] = []
+    sides = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = timing.interleaved_seconds(sides, rounds=300)
+    assert set(times) == set("abc") and all(len(t) == 2 for t in times.values())
+    timed = calls[3:]
+    assert sorted(calls[:3]) == list("abc")
+    assert all(sorted(timed[i : i + 3]) == list("abc") for i in range(0, len(timed), 3))
+    after = {(x, y): 0 for x in "abc" for y in "abc" if x != y}
+    for x, y in itertools.pairwise(timed):
+        if x != y:
+            after[(x, y)] += 1
+    assert min(after.values()) > 0.6 * max(after.values()), after
+    calls.clear()
+    timing.interleaved_seconds(sides, rounds=300)
+    assert calls[3:] == timed  # the same orders in every run
