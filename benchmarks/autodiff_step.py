@@ -132,7 +132,7 @@ def main() -> None:
     ):
         calls = {"torch autograd": torch_step(torch_model, weights)}
         calls.update({label: ember_step(device, ember_model, weights) for label, device in devices.items()})
-        times = interleaved_seconds(calls, args.rounds, lead_in=1 if args.threads > 1 else 0)
+        times = interleaved_seconds(calls, args.rounds)
         t_ref = times["torch autograd"][0]
         rows = [[label, f"{wall * 1e3:.2f}", f"{wall / t_ref:.2f}x", f"{cpu * 1e3:.2f}"]
                 for label, (wall, cpu) in times.items()]  # fmt: skip

@@ -262,8 +262,7 @@ def main() -> None:
         ms, cpu = {}, {}
         for workload in ("gelu", "softmax", "layer_norm"):
             calls = {impl: fn for (work, impl), fn in peers.items() if work == workload and fn}
-            lead_in = 1 if threads > 1 else 0  # see timing.interleaved_seconds
-            for impl, (wall, thread_cpu) in interleaved_seconds(calls, args.rounds, lead_in).items():
+            for impl, (wall, thread_cpu) in interleaved_seconds(calls, args.rounds).items():
                 ms[(workload, impl)], cpu[(workload, impl)] = wall * 1e3, thread_cpu
         for (work, impl), t in ms.items():
             eager, plain = ms[(work, "torch eager")], ms[(work, "ndarray")]

@@ -168,7 +168,7 @@ def main() -> None:
                                    ("Hessian-vector product of the guide CNN", torch_hvp, ember_hvp)):  # fmt: skip
         calls = {"torch eager": reference()}
         calls.update({label: ours(device) for label, device in devices.items()})
-        times = interleaved_seconds(calls, args.rounds, lead_in=1 if threads > 1 else 0)
+        times = interleaved_seconds(calls, args.rounds)
         wall_ref, cpu_ref = times["torch eager"]
         rows = [[label, f"{wall * 1e3:.2f}", f"{wall / wall_ref:.2f}x", f"{cpu * 1e3:.2f}",
                  f"{cpu / cpu_ref:.2f}x"] for label, (wall, cpu) in times.items()]  # fmt: skip

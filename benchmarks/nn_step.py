@@ -138,7 +138,7 @@ def main() -> None:
                         grad, grad_ref, rtol=1e-3, atol=1e-4 * float(np.abs(grad_ref).max()),
                         err_msg=f"{title}: input gradient on {name}")  # fmt: skip
                 calls[name] = step
-            times = interleaved_seconds(calls, args.rounds, lead_in=1 if args.threads > 1 else 0)
+            times = interleaved_seconds(calls, args.rounds)
             t_ref = times[f"torch autograd ({label})"][0]
             rows += [[name, f"{wall * 1e3:.2f}", f"{wall / t_ref:.2f}x", f"{cpu * 1e3:.2f}"]
                      for name, (wall, cpu) in times.items()]  # fmt: skip

@@ -158,7 +158,7 @@ def main() -> None:
                 # to_numpy waits for the result, as session.run does (and on a fusion
                 # device runs the recorded stream, so the lazy work is timed).
                 calls[side] = lambda m=model, i=inputs: m(i).to_numpy()
-            times = interleaved_seconds(calls, args.rounds, lead_in=1 if args.threads > 1 else 0)
+            times = interleaved_seconds(calls, args.rounds)
             if not spinning:
                 alone = ort.InferenceSession(data, session_options(True),
                                              providers=["CPUExecutionProvider"])  # fmt: skip

@@ -63,22 +63,25 @@ def median_of_runs(fn: Callable[[], object], repeat: int, warm_up: bool = False)
 
 
 def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
-                        lead_in: int = 0) -> dict[str, tuple[float, float]]:  # fmt: skip
+                        lead_in: int = 1) -> dict[str, tuple[float, float]]:  # fmt: skip
     """``{name: (median wall seconds, median CPU seconds of the calling thread)}`` per call.
 
     Each function is warmed up once, then the calls alternate, one of each per round in
-    an order shuffled every round (seeded: the same order in every run), so a slow minute
-    on a shared host lands on every side alike instead of on whichever ran then, and each
-    side follows each other side about as often. (An order that only rotates keeps each
-    side behind the same one: a side that leaves the caches cold, NdArray's temporaries
-    of a [4096, 1024] layer norm, then always slows the same next side.) The thread's CPU time leaves out the time
-    the host gave to others; it counts only the calling thread, so it measures one-thread
-    work (at more threads, read the wall time). Pin threads with ``alternating`` first.
+    an order shuffled every round (seeded: the same orders in every run), so a slow minute
+    on a shared host lands on every side alike instead of on whichever ran then, and no
+    side always comes after the same one (an order that only rotates keeps each side
+    behind one other). The thread's CPU time leaves out the time the host gave to others;
+    it counts only the calling thread, so it measures one-thread work (at more threads,
+    read the wall time). Pin threads with ``alternating`` first.
 
-    ``lead_in`` untimed calls of a side come before each of its timed calls, so that each
-    side is timed as it runs alone: at two threads, PyTorch's OpenMP threads spin for some
-    milliseconds after its call (about 9 ms of CPU time after a convolution, measured)
-    on the core the next side's second thread needs.
+    ``lead_in`` untimed calls of a side come before each of its timed calls (default 1),
+    so that each side is timed as it runs alone, after itself: at two threads, PyTorch's
+    OpenMP threads spin for some milliseconds after its call (about 9 ms of CPU time after
+    a convolution, measured) on the core the next side's second thread needs; at any
+    count, a side that leaves the caches cold and memory to give back (NdArray's
+    temporaries) slows whichever side runs next (PyTorch eager's one-thread softmax of
+    [4096, 1024]: 5.8 ms after itself, about 15 ms when half its calls came right after
+    NdArray's).
     """
     names = list(fns)
     for name in names:
