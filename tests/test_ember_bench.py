@@ -270,7 +270,10 @@ def test_interleaved_calls_follow_each_other_side_alike(monkeypatch):
 
     calls: list[str] = []
     sides = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    times = timing.interleaved_seconds(sides, rounds=300)
+    timing.interleaved_seconds(sides, rounds=4)  # by default each timed call after its own
+    assert all(calls[i] == calls[i + 1] for i in range(3, len(calls), 2)), calls
+    calls.clear()
+    times = timing.interleaved_seconds(sides, rounds=300, lead_in=0)
     assert set(times) == set("abc") and all(len(t) == 2 for t in times.values())
     timed = calls[3:]
     assert sorted(calls[:3]) == list("abc")
@@ -281,5 +284,5 @@ def test_interleaved_calls_follow_each_other_side_alike(monkeypatch):
             after[(x, y)] += 1
     assert min(after.values()) > 0.6 * max(after.values()), after
     calls.clear()
-    timing.interleaved_seconds(sides, rounds=300)
+    timing.interleaved_seconds(sides, rounds=300, lead_in=0)
     assert calls[3:] == timed  # the same orders in every run
