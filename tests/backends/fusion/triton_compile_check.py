@@ -42,6 +42,34 @@ def _arg_type(value: Any) -> str:
     raise TypeError(f"no Triton type for a kernel argument of type {type(value).__name__}")
 
 
+_PROBE = """\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(in0, out0, total, BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out0 + idx, tl.load(in0 + idx, mask=idx < total, other=0), mask=idx < total)
+"""
+
+
+def unavailable_reason(folder) -> str | None:
+    """Why this Triton cannot compile for ``TARGET`` here (a small kernel tried, its file
+    written into ``folder``), or None when it can: an older Triton's compile API, or a
+    wheel without its GPU toolchain."""
+    import torch
+
+    path = folder / "compile_probe.py"
+    path.write_text(_PROBE)
+    module = type("Module", (), {"__file__": str(path), "__name__": "compile_probe"})
+    try:
+        CompileCheck().compile(module, (torch.zeros(4), torch.zeros(4), 4), {"BLOCK": 4})
+    except Exception as error:  # any failure: the check cannot run, the tests say why
+        return f"Triton cannot compile for {TARGET} here: {type(error).__name__}: {error}"
+    return None
+
+
 class CompileCheck:
     """Compiles each kernel a runtime launches for ``TARGET`` too (see the module doc)."""
 
