@@ -51,8 +51,9 @@ from ember.backend.errors import (
 )
 from ember.backend.ops import OPS, OpDef
 from ember.backend.rules import broadcast_shapes, check_dim
+from ember.onnx.infer_rules import sliced
 from ember.onnx.ir import ember_dtype
-from ember.onnx.runtime import shape_span
+from ember.onnx.runtime import ints, shape_span
 from ember.tensor.data import dtype_of_numpy, numpy_dtype
 from ember.tensor.dtype import Kind, promote
 
@@ -163,7 +164,7 @@ def _axes(inputs: list[Any], attrs: dict[str, Any], opset: int, since_input: int
         axes = attrs.get("axes")
     else:
         axes = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
-    return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    return None if axes is None else ints(np.asarray(axes))
 
 
 # ------------------------------------------------------------------------------ shapes
@@ -241,26 +242,18 @@ def _slice(inputs, attrs, opset):
         starts, ends = inputs[1], inputs[2]
         axes = inputs[3] if len(inputs) > 3 else None
         steps = inputs[4] if len(inputs) > 4 else None
-    starts = [int(v) for v in np.asarray(starts).reshape(-1)]
-    ends = [int(v) for v in np.asarray(ends).reshape(-1)]
-    axes = list(range(len(starts))) if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
-    steps = [1] * len(starts) if steps is None else [int(s) for s in np.asarray(steps).reshape(-1)]
+    starts, ends = ints(np.asarray(starts)), ints(np.asarray(ends))
+    axes = list(range(len(starts))) if axes is None else ints(np.asarray(axes))
+    steps = [1] * len(starts) if steps is None else ints(np.asarray(steps))
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ShapeError(f"Slice: {len(starts)} starts, {len(ends)} ends, {len(axes)} axes and "
                          f"{len(steps)} steps")  # fmt: skip
-    key = [slice(None)] * x.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps):
         d = check_dim("Slice", axis, x.ndim)
         if step == 0:
             raise ArgumentError("Slice: a step of 0")
-        size = x.shape[d]
-        start, end = start + size if start < 0 else start, end + size if end < 0 else end
-        if step > 0:
-            key[d] = slice(min(max(start, 0), size), min(max(end, 0), size), step)
-        else:  # an end clamped to -1 runs through index 0
-            end = min(max(end, -1), size - 1)
-            key[d] = slice(min(max(start, 0), size - 1), None if end < 0 else end, step)
-    return x[tuple(key)]
+        x = np.take(x, np.asarray(sliced(x.shape[d], start, end, step), dtype=np.intp), axis=d)
+    return x
 
 
 # ------------------------------------------------------------------------------ values
@@ -276,12 +269,10 @@ def _ndarray() -> Any:
 def _primitive(op: OpDef, onnx_op: str, arrays: list[np.ndarray], *attrs: Any) -> np.ndarray:
     """``op`` of the op table on ``arrays`` (one kind, broadcastable, brought to one dtype
     as the Tensor API brings them)."""
+    for a in arrays[1:]:
+        _same_kind(onnx_op, arrays[0], a)
     dtypes = [dtype_of_numpy(a.dtype) for a in arrays]
     kind = dtypes[0].kind
-    for dtype in dtypes[1:]:
-        if dtype.kind is not kind:
-            raise KindError(f"{onnx_op}: operands have different kinds, {_name(kind)} and "
-                            f"{_name(dtype.kind)}")  # fmt: skip
     if kind not in op.kinds:
         have = ", ".join(sorted(_name(k) for k in op.kinds))
         raise KindError(f"{onnx_op} is not defined for {_name(kind)} tensors (only {have})")

@@ -36,6 +36,7 @@ from ember.onnx.facts import (
     same_dim,
 )
 from ember.onnx.ir import Dim
+from ember.onnx.runtime import shape_span
 
 _INT32 = 6
 
@@ -256,11 +257,9 @@ def shape(site: Site) -> Fact:
     dims = site.input(0).shape
     if dims is None:
         return Fact(INT64, (None,))
-    rank = len(dims)
-    start, end = int(site.attr("start", 0)), site.attr("end")
-    s = min(max(start + rank if start < 0 else start, 0), rank)
-    e = rank if end is None else min(max(int(end) + rank if end < 0 else int(end), 0), rank)
-    return _vector(INT64, dims[s:e] if s < e else ())
+    end = site.attr("end")
+    span = shape_span(len(dims), int(site.attr("start", 0)), None if end is None else int(end))
+    return _vector(INT64, dims[span])
 
 
 @rule("Size")
@@ -436,7 +435,7 @@ def gather_nd(site: Site) -> Fact:
     return data.with_shape((*indices.shape[:-1], *data.shape[batch + depth :]))
 
 
-def _sliced(size: int, start: int, end: int, step: int) -> range:
+def sliced(size: int, start: int, end: int, step: int) -> range:
     """The positions ONNX's Slice takes along a dim of ``size`` (``step`` not 0): negative
     bounds count from the end, then are clamped to ``[0, size]`` (``[-1, size - 1]``
     walking backwards)."""
@@ -476,9 +475,9 @@ def slice_(site: Site) -> Fact:
         if at is None or st == 0:
             return x.with_shape((None,) * rank)
         size = dims[at]
-        dims[at] = len(_sliced(size, s, e, st)) if isinstance(size, int) else None
+        dims[at] = len(sliced(size, s, e, st)) if isinstance(size, int) else None
         if value is not None:
-            value = [value[i] for i in _sliced(len(value), s, e, st)]
+            value = [value[i] for i in sliced(len(value), s, e, st)]
     return Fact(x.elem_type, tuple(dims), _value(value))
 
 
