@@ -14,6 +14,9 @@ kernels alone), side by side in one run, at each ``--threads`` count:
 * ``activation.softmax`` and ``nn.LayerNorm`` over ``[4096, 1024]`` float32 on
   ``fusion(ndarray)``, ``ndarray`` and PyTorch eager.
 
+Each workload also runs on ``fusion(ndarray)`` through ``ember.backends.fusion.replay``
+(row "replayed"): the same records, pushed from a trace without the Python that made them.
+
 Each cell is the median milliseconds of one call (recording, running at ``sync``, freeing
 the result), a workload's sides alternating call by call (``timing.interleaved_seconds``,
 ``--rounds``); at one thread the GELU row also gives its ratio to the copy in CPU time of
@@ -53,11 +56,13 @@ def gelu(x):
     return x * 0.5 * ((x / SQRT2).erf() + 1.0)
 
 
-def workloads(device):
-    """``{name: call}`` for the three workloads on ``device``, each running to the end."""
+def workloads(device, replayed: bool = False):
+    """``{name: call}`` for the three workloads on ``device``, each running to the end;
+    ``replayed``: each workload's function through ``fusion.replay``."""
     import numpy as np
 
     from ember import Tensor
+    from ember.backends.fusion import replay
     from ember.nn.norm import LayerNormConfig
     from ember.tensor import activation
 
@@ -67,6 +72,9 @@ def workloads(device):
     norm = LayerNormConfig(COLS).init(device)
 
     def run(fn, arg):
+        if replayed:
+            fn = replay(fn)
+
         def call():
             y = fn(arg)
             device.sync()
@@ -227,7 +235,7 @@ def main() -> None:
     warm = _child_first_calls(cache)
 
     nd, fu = ember.device("ndarray"), ember.device("ndarray").fusion()
-    on_nd, on_fu = workloads(nd), workloads(fu)
+    on_nd, on_fu, on_replay = workloads(nd), workloads(fu), workloads(fu, replayed=True)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(GELU_N).astype(np.float32)
     xt, copy_out = torch.from_numpy(x), np.empty_like(x)
@@ -239,15 +247,18 @@ def main() -> None:
     peers = {  # (workload, implementation): call
         ("gelu", "ndarray"): on_nd["gelu"],
         ("gelu", "fusion(ndarray)"): on_fu["gelu"],
+        ("gelu", "fusion(ndarray), replayed"): on_replay["gelu"],
         ("gelu", "fused kernel alone"): lambda: kernel_runtime.run(gelu_block, [x], [copy_out]),
         ("gelu", "torch eager"): lambda: torch_gelu(xt),
         ("gelu", "torch.compile"): compiled_gelu and (lambda: compiled_gelu(xt)),
         ("gelu", "copy into reused"): lambda: np.copyto(copy_out, x),
         ("softmax", "ndarray"): on_nd["softmax"],
         ("softmax", "fusion(ndarray)"): on_fu["softmax"],
+        ("softmax", "fusion(ndarray), replayed"): on_replay["softmax"],
         ("softmax", "torch eager"): lambda: torch.softmax(rows, 1),
         ("layer_norm", "ndarray"): on_nd["layer_norm"],
         ("layer_norm", "fusion(ndarray)"): on_fu["layer_norm"],
+        ("layer_norm", "fusion(ndarray), replayed"): on_replay["layer_norm"],
         ("layer_norm", "torch eager"): lambda: torch.nn.functional.layer_norm(
             rows, (COLS,), gamma, beta, 1e-5
         ),
@@ -267,13 +278,14 @@ def main() -> None:
         for (work, impl), t in ms.items():
             eager, plain = ms[(work, "torch eager")], ms[(work, "ndarray")]
             notes = []
-            if impl == "fusion(ndarray)" and (work, "torch.compile") in ms:
+            fused = impl.startswith("fusion(ndarray)")
+            if fused and (work, "torch.compile") in ms:
                 notes.append(f"{t / ms[(work, 'torch.compile')]:.2f}x torch.compile")
-            if impl == "fusion(ndarray)" and work == "gelu":
+            if fused and work == "gelu":
                 notes.append(f"{t / ms[(work, 'copy into reused')]:.2f}x copy")
                 notes.append(f"{t / ms[(work, 'fused kernel alone')]:.2f}x kernel alone")
                 if threads == 1:  # one thread does all the work: its CPU time
-                    ratio = cpu[(work, "fusion(ndarray)")] / cpu[(work, "copy into reused")]
+                    ratio = cpu[(work, impl)] / cpu[(work, "copy into reused")]
                     notes.append(f"{ratio:.2f}x copy in thread CPU time")
             table.append([str(threads), work, impl, f"{t:.2f}", f"{t / eager:.2f}x",
                           f"{t / plain:.2f}x", ", ".join(notes)])  # fmt: skip

@@ -8,5 +8,6 @@ blocks (``ir.py``) that a runtime computes in one pass. Plan and state:
 
 from ember.backends.fusion.backend import Fusion
 from ember.backends.fusion.counters import reset_stats, stats
+from ember.backends.fusion.replayed import replay
 
-__all__ = ["Fusion", "reset_stats", "stats"]
+__all__ = ["Fusion", "replay", "reset_stats", "stats"]

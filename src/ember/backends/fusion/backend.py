@@ -33,6 +33,9 @@ go to the stream (their draws keep their order). ``EMBER_FUSION_SMALL=0`` record
 
 Activation composites (gelu, softmax, ...) decompose into primitives here, so they fuse.
 ``EMBER_FUSION=0`` runs every op at once (no laziness, no fusion).
+
+While a call of a replayed function is traced (``replayed.py``), each op goes through the
+tracer, which runs it as here and logs it; replays push their records from the trace.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from ember.backend.rules import AVal
 from ember.backends.fusion import counters
 from ember.backends.fusion.executor import Executor, inner_args, runtime_named
 from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.replayed import active, tracing
 from ember.backends.fusion.stream import Record, flush_device, stream_for
 from ember.tensor.dtype import DType
 
@@ -184,6 +188,13 @@ class Fusion(Decorator):
         layout = _layouts.get(name)
         if layout is None:
             layout = _layout(op, name)
+        if tracing.tracer is not None and (tracer := active(self)) is not None:
+            return tracer.call(op, name, args, layout)
+        return self.untraced_call(op, name, args, layout)
+
+    def untraced_call(self, op: OpDef, name: str, args: tuple, layout: tuple) -> Any:
+        """Records ``op`` (or runs it at once, see the module doc); ``layout`` is
+        :func:`_layout`'s for ``name``."""
         n, spread, has_device, eager = layout
         if eager or not self.lazy:
             return self._eager(op, name, args)
@@ -260,16 +271,21 @@ class Fusion(Decorator):
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
         """Runs ``op`` now, after whatever makes its operands."""
-        counters.add("eager_ops")
         n = len(op.inputs)
         spread = n > 0 and op.inputs[0] == "*tensors"
         operands = list(args[0]) if spread else list(args[:n])
         slots = [None if t is None else t.slot for t in operands]
+        return self.run_eager(op, name, slots, spread, args[n:])
+
+    def run_eager(self, op: OpDef, name: str, slots: list, spread: bool, attrs) -> Any:
+        """Runs ``op`` on the values of ``slots`` (its operands in order, None for an absent
+        one; ``spread`` when they are one list argument) now, after whatever makes them."""
+        counters.add("eager_ops")
         for s in slots:
             if s is not None and s.stream is not None:
                 s.stream.flush_for([s])
         call_args = [slots] if spread else slots
-        attrs = [self.inner_device(a) if isinstance(a, Device) else a for a in args[n:]]
+        attrs = [self.inner_device(a) if isinstance(a, Device) else a for a in attrs]
         record = Record(op, name, [*call_args, *attrs], (), ())
         out = getattr(self.inner, name)(*inner_args(record))
         if op.name == "into_data":
@@ -300,6 +316,7 @@ class Fusion(Decorator):
         self.inner.sync(self.inner_device(device))
 
     def seed(self, device: Device, seed: int) -> None:
+        _no_trace(self, "seeds the generator")
         self.flush(device)  # draws recorded before the seed come from the old state
         self.inner.seed(self.inner_device(device), seed)
 
@@ -308,6 +325,7 @@ class Fusion(Decorator):
         return self.inner.rng_state(self.inner_device(device))
 
     def set_rng_state(self, device: Device, state: str) -> None:
+        _no_trace(self, "sets the generator's state")
         self.flush(device)
         self.inner.set_rng_state(self.inner_device(device), state)
 
@@ -318,6 +336,8 @@ class Fusion(Decorator):
     def unwrap(self, prim: FusionTensor) -> Any:
         """The inner primitive of a handle, running its stream first if it is pending."""
         slot = prim.slot
+        if tracing.tracer is not None and (tracer := active(self)) is not None:
+            tracer.reads(slot)
         if slot.stream is not None:
             slot.stream.flush_for([slot])
         if slot.prim is None:
@@ -343,7 +363,7 @@ def _small_first(op: OpDef, name: str):
     n = len(op.inputs)
 
     def composite(self: Fusion, *args: Any) -> Any:
-        if self.small and self.lazy:
+        if self.small and self.lazy and tracing.tracer is None:  # traced: primitives
             slots = [None if t is None else t.slot for t in args[:n]]
             present = tuple([s for s in slots if s is not None])
             if _all_made(present) and _elements_at_most(present, self.small):
@@ -361,6 +381,12 @@ for _op, _kind, _name in primitives():
         setattr(Fusion, _name, _small_first(_op, _name))
 
 _layouts: dict[str, tuple[int, bool, bool, bool]] = {}
+
+
+def _no_trace(backend: Fusion, what: str) -> None:
+    """Marks a trace running on ``backend`` unreplayable: the call ``what``."""
+    if tracing.tracer is not None and (tracer := active(backend)) is not None:
+        tracer.fail(f"it {what}")
 
 
 _warned: set[str] = set()

@@ -1,0 +1,526 @@
+"""Replayed calls: a function traced once per input signature, then re-recorded from its trace.
+
+On a fusion device most of a small model's time is Python: the Tensor API, the op rules
+and the stream's bookkeeping of each op, before any kernel runs (the ONNX encoder of
+``benchmarks/onnx_inference.py`` spends about 5 ms of a 45 ms forward recording its 126
+ops). :func:`replay` wraps a function so that, once its Python has run for a signature of
+its inputs, later calls with that signature push the same records into the stream straight
+from a list, skipping the Python that made them. The records then run as any others do:
+fused, planned from the plan cache, lazily.
+
+**How a call runs** (per signature: the arguments' structure, each tensor's shape, dtype,
+kind and device, which arguments are the same tensor, and every non-tensor argument's
+value):
+
+1. The first call runs the function plainly (a warm-up: lazily made parameters exist
+   afterwards, kernels are compiled, plans explored).
+2. The second call runs it under a tracer (results computed as in a plain call) that logs
+   every op the fusion backend sees. An op is *dynamic* when it reads an input, or a value
+   a dynamic op made, or draws random numbers; its entry keeps the op, its attributes, the
+   references of its operands and the shapes of its outputs. Other ops (on captured
+   tensors such as a model's weights, or on shapes: an imported model's shape arithmetic)
+   are *static*: their results are constants of the trace, computed once.
+3. Later calls push the dynamic entries' records into the thread's stream (an op that runs
+   at once, such as ``gather``, runs at once) and return new tensors for the outputs. Where
+   an op raises, the call runs plainly instead, so the error is the plain call's.
+
+**What cannot be replayed** (the signature then runs plainly for good; ``EMBER_FUSION_DEBUG=1``
+says why): reading a value a dynamic op made (``to_data``, ``item``, ``bool``: Python
+could branch on it), an op whose output shape depends on values (``argwhere``), seeding
+the generator, ops of another fusion backend, tensors of a non-fusion device among the
+arguments, and outputs other than tensors, plain Python values and tuples, lists and dicts
+of them.
+
+**As with** ``jax.jit``, the function's Python side effects happen only when it runs
+(the first two calls of a signature), and tensors it captures (a closure's, a model's
+weights when the function is the model) are constants of the trace: a replayed model uses
+the weights it had when traced. Tensors are immutable, so that is what a plain call uses
+too, unless the function reads a different tensor on a later call (a global rebound, say):
+pass such tensors as arguments. ``EMBER_FUSION_REPLAY=0`` runs every call plainly.
+
+Example:
+    >>> import ember
+    >>> from ember import Tensor
+    >>> from ember.backends.fusion import replay
+    >>> device = ember.device("ndarray").fusion()
+    >>> w = Tensor.from_data([[1.0, 2.0], [3.0, 4.0]], device)
+    >>> f = replay(lambda x: ember.activation.relu(x @ w) * 2.0)
+    >>> [f(Tensor.from_data([[1.0, -1.0]], device)).tolist() for _ in range(3)]
+    [[[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]]]
+    >>> f(Tensor.from_data([[1.0, 1.0]], device)).tolist()  # the third call: replayed
+    [[8.0, 12.0]]
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ember.backend.device import Device
+from ember.backend.rules import AVal
+from ember.backends.fusion import counters
+from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.stream import Record, stream_for
+from ember.tensor.tensor import Tensor, _wrap
+
+__all__ = ["MAX_TRACES", "Replayed", "replay"]
+
+MAX_TRACES = 16
+"""Signatures a replayed function keeps (the least recently used goes first)."""
+
+VALUE_SHAPED = frozenset({"argwhere", "into_data"})
+"""Ops that, on a dynamic value, make the trace unreplayable: their result's shape, or the
+Python that reads it, depends on the values."""
+
+
+class _Tracing(threading.local):
+    tracer: Tracer | None = None
+
+
+tracing = _Tracing()
+
+
+def active(backend: Any) -> Tracer | None:
+    """The tracer recording this thread's ops of ``backend`` (the Fusion backend calls this
+    on every op; None when no trace runs)."""
+    tracer = tracing.tracer
+    if tracer is not None and tracer.backend is not backend:
+        tracer.fail(f"an op ran on another fusion backend ({backend.name})")
+        return None
+    return tracer
+
+
+def replay(fn: Callable[..., Any]) -> Replayed:
+    """``fn`` replayed from a trace per input signature (see the module docstring).
+
+    Args:
+        fn: a function of tensors on one fusion device (and of plain Python values, and
+            tuples, lists and dicts of these); a module's forward, say.
+
+    Returns:
+        A callable that computes what ``fn`` computes.
+    """
+    return Replayed(fn)
+
+
+class Replayed:
+    """A function with its traces (see :func:`replay`)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn, updated=())
+        self.fn = fn
+        self._traces: OrderedDict[tuple, Trace | str | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing.tracer is not None or os.environ.get("EMBER_FUSION_REPLAY", "1") == "0":
+            return self.fn(*args, **kwargs)  # inside an outer trace: its ops are the outer's
+        flat = _Flattened(args, kwargs)
+        if flat.reason is not None:
+            _debug(f"{_name(self.fn)}: runs plainly: {flat.reason}")
+            return self.fn(*args, **kwargs)
+        key = flat.signature
+        with self._lock:
+            state = self._traces.get(key, _NEW)
+            if state is _NEW:
+                self._traces[key] = None  # warmed up; the next call traces
+                while len(self._traces) > MAX_TRACES:
+                    self._traces.popitem(last=False)
+            else:
+                self._traces.move_to_end(key)
+        if state is _NEW or type(state) is str:
+            return self.fn(*args, **kwargs)
+        if state is None:
+            return self._trace(key, flat, args, kwargs)
+        try:
+            return state.run(flat.tensors)
+        except Exception:
+            # An op raised (an index out of range, say): the plain call raises it as the
+            # Tensor API words it, with its checks, which the replay skipped.
+            return self.fn(*args, **kwargs)
+
+    def _trace(self, key: tuple, flat: _Flattened, args: tuple, kwargs: dict) -> Any:
+        tracer = Tracer(flat.backend)
+        aliases = tracer.inputs(flat.tensors)
+        args, kwargs = flat.rebuild(args, kwargs, aliases)
+        tracing.tracer = tracer
+        try:
+            out = self.fn(*args, **kwargs)
+        finally:
+            tracing.tracer = None
+        trace = tracer.finish(out)
+        out = _swap(out, {id(a): t for a, t in zip(aliases, flat.tensors)})
+        counters.add("traces")
+        if type(trace) is str:
+            _debug(f"{_name(self.fn)}: not replayable: {trace}")
+        else:
+            _debug(f"{_name(self.fn)}: traced {len(trace.entries)} dynamic ops "
+                   f"({len(trace.consts)} constants)")  # fmt: skip
+        with self._lock:
+            if key in self._traces:
+                self._traces[key] = trace
+        return out
+
+
+_NEW = object()
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _debug(message: str) -> None:
+    if os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0"):
+        print(f"[ember.fusion] replay: {message}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ arguments
+
+
+class _Flattened:
+    """A call's arguments as a signature and its tensors in order; ``reason`` says why the
+    call cannot be replayed (then the rest is unset)."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        self.tensors: list[Tensor] = []
+        self.backend: Any = None
+        self.reason: str | None = None
+        self._first: dict[int, int] = {}  # id(slot) -> first tensor index holding it
+        parts: list = []
+        self._walk((args, kwargs), parts)
+        if self.reason is None:
+            try:
+                self.signature = tuple(parts)
+                hash(self.signature)
+            except TypeError as error:
+                self.reason = f"an argument is not hashable ({error})"
+
+    def _walk(self, value: Any, parts: list) -> None:
+        if self.reason is not None:
+            return
+        kind = type(value)
+        if isinstance(value, Tensor):
+            backend = value._device.backend
+            if getattr(backend, "lazy", False) is not True or not hasattr(backend, "executor"):
+                self.reason = f"a tensor is on {value._device}, not on a fusion device"
+                return
+            if self.backend is None:
+                self.backend = backend
+            elif backend is not self.backend:
+                self.reason = "tensors on two fusion backends"
+                return
+            slot = value._prim.slot
+            first = self._first.setdefault(id(slot), len(self.tensors))
+            self.tensors.append(value)
+            device = slot.device
+            parts.append((Tensor, slot.shape, slot.dtype, value._kind, device.place,
+                          device.index, first))  # fmt: skip
+        elif kind is tuple or kind is list:
+            parts.append((kind, len(value)))
+            for item in value:
+                self._walk(item, parts)
+        elif kind is dict:
+            parts.append((dict, tuple(value)))
+            for item in value.values():
+                self._walk(item, parts)
+        elif hasattr(value, "params") and hasattr(value, "map"):
+            self.reason = f"a module ({type(value).__name__}) among the arguments"
+        else:
+            parts.append((kind, value))
+
+    def rebuild(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[tuple, dict]:
+        """``args`` and ``kwargs`` with their tensors replaced by ``tensors``, in order."""
+        it = iter(tensors)
+        return _swap((args, kwargs), None, lambda t: next(it))
+
+
+def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = None) -> Any:
+    """``value`` with each tensor replaced: by ``new(tensor)``, or where ``by_id`` holds the
+    tensor's id by that entry; tuples, lists and dicts rebuilt, anything else kept."""
+    if isinstance(value, Tensor):
+        return new(value) if new is not None else by_id.get(id(value), value)
+    if type(value) is tuple or type(value) is list:
+        return type(value)(_swap(v, by_id, new) for v in value)
+    if type(value) is dict:
+        return {k: _swap(v, by_id, new) for k, v in value.items()}
+    return value
+
+
+# ------------------------------------------------------------------ tracing
+
+
+class _Entry:
+    """One dynamic op of a trace."""
+
+    __slots__ = ("attrs", "device", "eager", "hold", "multi", "name", "op", "out_refs",
+                 "outputs", "refs", "release", "spread")  # fmt: skip
+
+    def __init__(self, op, name, spread, refs, attrs, outputs, out_refs, multi, eager, device):
+        self.op, self.name, self.spread, self.refs, self.attrs = op, name, spread, refs, attrs
+        self.outputs, self.out_refs, self.multi, self.eager = outputs, out_refs, multi, eager
+        self.device = device
+        self.hold: tuple[int, ...] = ()  # outputs read by a later entry, or returned
+        self.release: tuple[int, ...] = ()  # refs this entry reads last
+
+
+class Tracer:
+    """Logs the ops of one traced call (``Fusion.call`` hands each op here)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.refs: dict[Slot, int] = {}
+        self.dynamic: list[bool] = []
+        self.entries: list[_Entry] = []
+        self.consts: list[tuple[int, Slot]] = []
+        self.n_inputs = 0
+        self._held: list[FusionTensor] = []  # pending constants, readable until made
+        self.failure: str | None = None
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+
+    def inputs(self, tensors: list[Tensor]) -> list[Tensor]:
+        """Made aliases of the call's input tensors, which the traced call reads instead:
+        a tensor the function also captures (a closure's) stays a constant of the trace."""
+        aliases: dict[int, Tensor] = {}
+        out = []
+        for t in tensors:
+            slot = t._prim.slot
+            alias = aliases.get(id(slot))
+            if alias is None:
+                prim = self.backend.unwrap(t._prim)  # runs its stream where it is pending
+                alias = _wrap(self.backend._ready(prim, slot.device), t._device, t._kind)
+                aliases[id(slot)] = alias
+                self.refs[alias._prim.slot] = len(self.dynamic)
+                self.dynamic.append(True)
+            out.append(alias)
+        self.n_inputs = len(self.dynamic)
+        return out
+
+    def reads(self, slot: Slot) -> None:
+        """The traced call reads ``slot``'s inner value (``Fusion.unwrap``)."""
+        r = self.refs.get(slot)
+        if r is not None and self.dynamic[r]:
+            self.fail(f"it reads the value of %{slot.id}, which it computes")
+
+    def ref(self, slot: Slot) -> int:
+        """``slot``'s reference, a new constant where the trace has not seen it."""
+        r = self.refs.get(slot)
+        if r is None:
+            r = self.refs[slot] = len(self.dynamic)
+            self.dynamic.append(False)
+            self.consts.append((r, slot))
+            if slot.prim is None:
+                handle = slot.handle() if slot.handle is not None else None
+                self._held.append(handle if handle is not None else FusionTensor(slot))
+        return r
+
+    def call(self, op, name: str, args: tuple, layout: tuple) -> Any:
+        backend = self.backend
+        n, spread, _, eager = layout
+        operands = args[0] if spread else args[:n]
+        slots = [None if t is None else t.slot for t in operands]
+        dynamic = op.name == "random"
+        for s in slots:
+            r = None if s is None else self.refs.get(s)
+            if r is not None and self.dynamic[r]:
+                dynamic = True
+        out = backend.untraced_call(op, name, args, layout)
+        if not dynamic or self.failure is not None:
+            return out  # static: a constant, should a dynamic op read it
+        if op.name in VALUE_SHAPED or (eager and op.rule is None):
+            self.fail(f"{name} reads a value the function computes (its result, or the Python "
+                      "that uses it, depends on the values)")  # fmt: skip
+            return out
+        attrs = tuple(backend.inner_device(a) if isinstance(a, Device) else a for a in args[n:])
+        outs = out if type(out) is tuple else (out,)
+        out_slots = [h.slot for h in outs]
+        if not eager and not self._rule_agrees(op, slots, attrs, out_slots):
+            self.fail(f"{name}: its output shape depends on the values")
+            return out
+        out_refs = []
+        for s in out_slots:
+            out_refs.append(len(self.dynamic))
+            self.refs[s] = len(self.dynamic)
+            self.dynamic.append(True)
+        self.entries.append(_Entry(
+            op, name, spread, tuple(-1 if s is None else self.ref(s) for s in slots), attrs,
+            tuple((s.shape, s.dtype, s.device) for s in out_slots), tuple(out_refs),
+            type(out) is tuple, eager, out_slots[0].device if out_slots else None))  # fmt: skip
+        return out
+
+    @staticmethod
+    def _rule_agrees(op, slots: list, attrs: tuple, out_slots: list) -> bool:
+        """Whether the op's rule gives the shapes and dtypes the op made (an op the backend
+        ran at once because its rule could not tell is value-dependent)."""
+        try:
+            aval = op.rule(op.name, *[None if s is None else AVal(s.shape, s.dtype) for s in slots],
+                           *attrs)  # fmt: skip
+        except Exception:
+            return False
+        avals = aval if type(aval) is tuple else (aval,)
+        if len(avals) != len(out_slots):
+            return False
+        return all(tuple(a.shape) == s.shape and a.dtype == s.dtype
+                   for a, s in zip(avals, out_slots))  # fmt: skip
+
+    def finish(self, out: Any) -> Trace | str:
+        """The trace of the call that returned ``out``, or why it cannot be replayed."""
+        try:
+            template = self._template(out)
+        except _Unreplayable as error:
+            self.fail(str(error))
+        if self.failure is not None:
+            return self.failure
+        for _, slot in self.consts:
+            if slot.prim is None and slot.stream is not None:
+                slot.stream.flush_for([slot])
+            if slot.prim is None:
+                return f"a value it captures (%{slot.id}) was never made"
+        self._held.clear()
+        return Trace(self, template)
+
+    def _template(self, value: Any) -> Any:
+        """The output's structure, each tensor as ``(ref, device, kind, tensor)``."""
+        if isinstance(value, Tensor):
+            if value._device.backend is not self.backend:
+                raise _Unreplayable(f"it returns a tensor on {value._device}")
+            r = self.ref(value._prim.slot)
+            return _Out(r, value._device, value._kind, None if self.dynamic[r] else value)
+        if type(value) is tuple or type(value) is list:
+            return type(value)(self._template(v) for v in value)
+        if type(value) is dict:
+            return {k: self._template(v) for k, v in value.items()}
+        if value is None or type(value) in (bool, int, float, str):
+            return value
+        raise _Unreplayable(f"it returns a {type(value).__name__}")
+
+
+class _Unreplayable(Exception):
+    pass
+
+
+class _Out:
+    """An output tensor of a trace: its reference, device and kind; ``const`` is the traced
+    call's tensor where the output is a constant of the trace."""
+
+    __slots__ = ("const", "device", "kind", "ref")
+
+    def __init__(self, ref: int, device: Device, kind: Any, const: Tensor | None) -> None:
+        self.ref, self.device, self.kind, self.const = ref, device, kind, const
+
+
+# ------------------------------------------------------------------ replaying
+
+
+class Trace:
+    """A traced call's dynamic entries, constants and output structure, ready to replay."""
+
+    def __init__(self, tracer: Tracer, template: Any) -> None:
+        self.backend = tracer.backend
+        self.entries = tracer.entries
+        self.n_refs = len(tracer.dynamic)
+        self.n_inputs = tracer.n_inputs
+        self.consts = tracer.consts
+        self.template = template
+        returned: set[int] = set()
+        _collect(template, returned)
+        last: dict[int, int] = {}
+        for i, entry in enumerate(self.entries):
+            for r in entry.refs:
+                if r >= self.n_inputs and tracer.dynamic[r]:
+                    last[r] = i
+        released: dict[int, list[int]] = {}
+        for r, i in last.items():
+            if r not in returned:
+                released.setdefault(i, []).append(r)
+        for i, entry in enumerate(self.entries):
+            entry.hold = tuple(k for k, r in enumerate(entry.out_refs)
+                               if last.get(r, -1) > i or r in returned)  # fmt: skip
+            entry.release = tuple(released.get(i, ()))
+        for _, slot in self.consts:
+            slot.shared = True  # read by streams of any thread that replays the trace
+
+    def run(self, tensors: list[Tensor]) -> Any:
+        """Pushes the entries' records for the inputs ``tensors`` (the call's, in the order
+        of its signature); returns the outputs."""
+        counters.add("replays")
+        backend = self.backend
+        executor = backend.executor
+        values: list[Any] = [None] * self.n_refs
+        n = 0
+        for t in tensors:
+            slot = t._prim.slot
+            if n < self.n_inputs and slot not in values[:n]:
+                values[n] = slot
+                n += 1
+        for r, slot in self.consts:
+            values[r] = slot
+        held: dict[int, FusionTensor] = {}
+        stream = None
+        for entry in self.entries:
+            refs = entry.refs
+            slots = [None if r < 0 else values[r] for r in refs]
+            if entry.eager:
+                out = backend.run_eager(entry.op, entry.name, slots, entry.spread, entry.attrs)
+                outs = out if entry.multi else (out,)
+                for k, r in enumerate(entry.out_refs):
+                    values[r] = outs[k].slot
+                    if k in entry.hold:
+                        held[r] = outs[k]
+            else:
+                device = entry.device
+                if stream is None or stream.device is not device:
+                    stream = stream_for(device, executor)
+                present = tuple([s for s in slots if s is not None])
+                for s in present:
+                    if s.origin is not stream:
+                        s.shared = True
+                        if s.stream is not None and s.stream is not stream:
+                            s.stream.flush()
+                outputs = tuple([Slot(shape, dtype, dev, stream)
+                                 for shape, dtype, dev in entry.outputs])  # fmt: skip
+                for k, r in enumerate(entry.out_refs):
+                    values[r] = outputs[k]
+                for k in entry.hold:  # readable before the push, which may run the stream
+                    held[entry.out_refs[k]] = FusionTensor(outputs[k])
+                call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
+                stream.push(Record(entry.op, entry.name, call_args, present, outputs, entry.multi))
+            for r in entry.release:
+                held.pop(r, None)
+        return self._outputs(self.template, values, held, tensors)
+
+    def _outputs(self, template: Any, values: list, held: dict, tensors: list[Tensor]) -> Any:
+        if type(template) is _Out:
+            if template.const is not None:
+                return template.const
+            r = template.ref
+            if r < self.n_inputs:
+                return next(t for t in tensors if t._prim.slot is values[r])
+            handle = held.get(r)
+            if handle is None:
+                handle = held[r] = FusionTensor(values[r])
+            return _wrap(handle, template.device, template.kind)
+        if type(template) is tuple or type(template) is list:
+            return type(template)(self._outputs(v, values, held, tensors) for v in template)
+        if type(template) is dict:
+            return {k: self._outputs(v, values, held, tensors) for k, v in template.items()}
+        return template
+
+
+def _collect(template: Any, refs: set[int]) -> None:
+    if type(template) is _Out:
+        if template.const is None:
+            refs.add(template.ref)
+    elif type(template) is tuple or type(template) is list:
+        for v in template:
+            _collect(v, refs)
+    elif type(template) is dict:
+        for v in template.values():
+            _collect(v, refs)

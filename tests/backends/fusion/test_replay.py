@@ -1,0 +1,327 @@
+"""Replayed calls (``ember.backends.fusion.replay``): the third call of a signature on
+re-records the traced ops without running the function's Python, computes what a plain
+call computes, and raises what it raises; a function that reads the values it computes, or
+whose arguments the trace cannot key, runs plainly every time."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor
+from ember.backends.fusion import replay, reset_stats, stats
+from ember.backends.fusion.replayed import MAX_TRACES
+from ember.backends.fusion.stream import MAX_RECORDS
+
+
+@pytest.fixture(params=["interpreter", "numba"])
+def device(request) -> ember.Device:
+    if request.param == "numba":
+        pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    return ember.device("ndarray").fusion(runtime=request.param)
+
+
+@pytest.fixture
+def interp() -> ember.Device:
+    return ember.device("ndarray").fusion(runtime="interpreter")
+
+
+def _data(shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+class Counted:
+    """A function that counts how often its Python runs."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.runs = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.runs += 1
+        return self.fn(*args, **kwargs)
+
+
+def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def test_the_third_call_replays_without_the_python_and_matches_numpy(device):
+    w = _data((64, 32), 1)
+    weight = Tensor.from_data(w, device)
+
+    def f(x, scale):
+        y = ember.activation.softmax((x @ weight) * scale, 1)
+        return {"y": y, "lse": (y.sum_dim(1) + 1.0).log(), "n": x.shape[0]}
+
+    counted = Counted(f)
+    g = replay(counted)
+    reset_stats()
+    for call in range(5):
+        x = _data((300, 64), 10 + call)
+        out = g(Tensor.from_data(x, device), 0.5)
+        y = _softmax64(x.astype(np.float64) @ w * 0.5, 1)
+        np.testing.assert_allclose(out["y"].to_numpy(), y, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(out["lse"].to_numpy(), np.log(y.sum(1, keepdims=True) + 1),
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        assert out["n"] == 300
+    assert counted.runs == 2  # the warm-up and the trace
+    assert stats()["traces"] == 1 and stats()["replays"] == 3
+
+
+def test_a_new_signature_warms_up_and_traces_again(interp):
+    counted = Counted(lambda x, k: (x * k).exp())
+    g = replay(counted)
+    for shape, k in [((4, 8), 2.0)] * 3 + [((5, 8), 2.0)] * 3 + [((4, 8), 3.0)] * 3:
+        x = _data(shape)
+        got = g(Tensor.from_data(x, interp), k).to_numpy()
+        np.testing.assert_allclose(got, np.exp(x * k), rtol=1e-6)
+    assert counted.runs == 6  # two calls per signature, each replayed once after
+    # An int scalar and an equal float are different signatures (their ops differ).
+    g(Tensor.from_data(_data((4, 8)), interp), 2)
+    assert counted.runs == 7
+
+
+def test_replayed_ops_stay_lazy_and_fuse_with_what_follows(interp):
+    g = replay(lambda x: (x * 2.0).exp())
+    x = Tensor.from_data(_data((64, 256)), interp)
+    for _ in range(2):
+        g(x).to_numpy()
+    y = g(x)
+    assert y._prim.slot.pending  # recorded, not run
+    reset_stats()
+    z = (y + 1.0).to_numpy()
+    np.testing.assert_allclose(z, np.exp(_data((64, 256)) * 2) + 1, rtol=1e-6)
+    assert stats()["kernels"] == 1 and stats()["fused_ops"] == 3
+
+
+def test_inputs_constants_and_plain_values_are_returned_as_they_are(interp):
+    c = Tensor.from_data(_data((3,), 2), interp)
+    g = replay(lambda x: (x, c, x + c, None, "tag", [1.5, (x * 2.0,)]))
+    for seed in range(4):
+        x = Tensor.from_data(_data((3,), seed), interp)
+        out = g(x)
+        assert out[0] is x and out[1] is c and out[3] is None and out[4] == "tag"
+        np.testing.assert_allclose(out[2].to_numpy(), _data((3,), seed) + _data((3,), 2))
+        assert out[5][0] == 1.5
+        np.testing.assert_allclose(out[5][1][0].to_numpy(), _data((3,), seed) * 2)
+
+
+def test_a_captured_tensor_passed_as_the_argument_stays_a_constant(interp):
+    w = Tensor.from_data(np.array([1.0, 2.0], np.float32), interp)
+    g = replay(lambda x: x * 10.0 + w)
+    g(w)
+    g(w)  # traced with the captured tensor as its argument
+    other = Tensor.from_data(np.array([5.0, 7.0], np.float32), interp)
+    assert g(other).tolist() == [51.0, 72.0]  # not other * 10 + other
+
+
+def test_the_same_tensor_twice_is_another_signature_than_two_tensors(interp):
+    counted = Counted(lambda a, b: a - b)
+    g = replay(counted)
+    x = Tensor.from_data(np.array([3.0], np.float32), interp)
+    y = Tensor.from_data(np.array([1.0], np.float32), interp)
+    for _ in range(3):
+        assert g(x, x).tolist() == [0.0]
+    assert g(x, y).tolist() == [2.0] and g(y, x).tolist() == [-2.0]
+    assert g(x, y).tolist() == [2.0] and g(y, x).tolist() == [-2.0]  # traced, replayed
+    assert counted.runs == 4
+
+
+def test_a_function_that_branches_on_its_values_runs_plainly(interp):
+    def branchy(x):
+        return x * 2.0 if x.sum().item() > 0 else x * 3.0
+
+    counted = Counted(branchy)
+    g = replay(counted)
+    reset_stats()
+    for sign in [1, 1, 1, -1, 1, -1]:
+        x = np.array([sign * 1.0, sign * 2.0], np.float32)
+        got = g(Tensor.from_data(x, interp)).tolist()
+        assert got == (x * (2 if sign > 0 else 3)).tolist()
+    assert counted.runs == 6 and stats()["replays"] == 0
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: x.argwhere(),                       # its shape depends on the values
+    lambda x: Tensor.from_data(x.to_numpy() + 1, x.device),  # reads them into Python
+])  # fmt: skip
+def test_value_dependent_functions_run_plainly(interp, body):
+    counted = Counted(body)
+    g = replay(counted)
+    reset_stats()
+    for values in ([1.0, 0.0, 2.0], [0.0, 0.0, 5.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]):
+        x = Tensor.from_data(np.array(values, np.float32), interp)
+        np.testing.assert_array_equal(g(x).to_numpy(), body(x).to_numpy())
+    assert counted.runs == 4 and stats()["replays"] == 0
+
+
+def test_seeding_inside_the_function_runs_it_plainly(interp):
+    def noisy(x):
+        ember.seed(interp, 7)
+        return x + Tensor.random([3], ember.Distribution.uniform(0.0, 1.0), interp)
+
+    counted = Counted(noisy)
+    g = replay(counted)
+    outs = [g(Tensor.zeros([3], interp)).tolist() for _ in range(4)]
+    assert counted.runs == 4 and outs[0] == outs[3]
+
+
+def test_random_ops_draw_anew_in_the_order_of_a_plain_call(interp):
+    def noisy(x):
+        return x + Tensor.random([4], ember.Distribution.normal(0.0, 1.0), interp)
+
+    g = replay(noisy)
+    x = Tensor.zeros([4], interp)
+    g(x), g(x)
+    ember.seed(interp, 3)
+    replayed = [g(x).tolist() for _ in range(2)]
+    ember.seed(interp, 3)
+    plain = [noisy(x).tolist() for _ in range(2)]
+    assert replayed == plain and replayed[0] != replayed[1]
+
+
+def test_errors_raise_at_the_op_as_in_a_plain_call(interp):
+    def pick(x, idx):
+        return x.select(0, idx) * 2.0
+
+    g = replay(pick)
+    x = Tensor.from_data(_data((4, 3)), interp)
+    good = Tensor.from_data(np.array([0, 3], np.int64), interp)
+    for _ in range(3):
+        np.testing.assert_allclose(g(x, good).to_numpy(), _data((4, 3))[[0, 3]] * 2)
+    bad = Tensor.from_data(np.array([0, 9], np.int64), interp)
+    with pytest.raises(Exception) as plain:
+        pick(x, bad).to_numpy()
+    with pytest.raises(type(plain.value)) as replayed:
+        g(x, bad).to_numpy()
+    assert str(replayed.value) == str(plain.value) and stats()["replays"] >= 2
+
+
+@pytest.mark.parametrize("returns_first", [True, False])
+def test_a_long_function_keeps_values_read_after_a_full_stream_runs(interp, returns_first):
+    def long(x):
+        first = x * 2.0
+        y = first
+        for _ in range(MAX_RECORDS + 40):  # fills the stream, which runs mid-call
+            y = y * 0.5 + 1.0
+        return (y + first, first) if returns_first else (y + first,)
+
+    g = replay(long)
+    reset_stats()
+    for seed in range(4):
+        data = _data((64, 256), seed)  # large: not run at once, recorded
+        out = g(Tensor.from_data(data, interp))
+        expect = data.astype(np.float64) * 2
+        for _ in range(MAX_RECORDS + 40):
+            expect = expect * 0.5 + 1.0
+        np.testing.assert_allclose(out[0].to_numpy(), expect + data * 2, rtol=1e-5)
+        if returns_first:
+            np.testing.assert_allclose(out[1].to_numpy(), data * 2)
+    assert stats()["replays"] == 2
+
+
+@pytest.mark.parametrize("args, reason", [
+    (lambda d: (Tensor.from_data([1.0], ember.device("ndarray")),), "not on a fusion device"),
+    (lambda d: (Tensor.from_data([1.0], d), np.ones(2)), "not hashable"),
+    (lambda d: (ember.nn.LinearConfig(1, 1).init(d),), "a module"),
+])  # fmt: skip
+def test_arguments_a_trace_cannot_key_run_plainly(interp, args, reason, monkeypatch, capsys):
+    monkeypatch.setenv("EMBER_FUSION_DEBUG", "1")
+    counted = Counted(lambda *a: a[0])
+    g = replay(counted)
+    for _ in range(3):
+        g(*args(interp))
+    assert counted.runs == 3
+    assert reason in capsys.readouterr().err
+
+
+def test_outputs_other_than_tensors_and_plain_values_run_plainly(interp):
+    class Box:
+        def __init__(self, t):
+            self.t = t
+
+    counted = Counted(lambda x: Box(x + 1.0))
+    g = replay(counted)
+    for value in range(4):
+        x = Tensor.from_data(np.array([float(value)], np.float32), interp)
+        assert g(x).t.tolist() == [value + 1.0]
+    assert counted.runs == 4
+
+
+def test_ops_of_another_fusion_backend_run_plainly(interp):
+    other = ember.device("ndarray").fusion(runtime="interpreter")
+    counted = Counted(lambda x: Tensor.from_data([2.0], other) * 3.0 + x.sum().to_device(other))
+    g = replay(counted)
+    for value in range(4):
+        x = Tensor.from_data([float(value)], interp)
+        assert g(x).tolist() == [6.0 + value]
+    assert counted.runs == 4
+
+
+def test_replay_off_through_the_environment(interp, monkeypatch):
+    monkeypatch.setenv("EMBER_FUSION_REPLAY", "0")
+    counted = Counted(lambda x: x + 1.0)
+    g = replay(counted)
+    for _ in range(3):
+        g(Tensor.zeros([2], interp))
+    assert counted.runs == 3
+
+
+def test_nested_replays_trace_into_the_outer_one(interp):
+    inner = Counted(lambda x: x * 2.0)
+    g = replay(inner)
+    outer = Counted(lambda x: g(x) + 1.0)
+    h = replay(outer)
+    for value in range(5):
+        assert h(Tensor.from_data([float(value)], interp)).tolist() == [2.0 * value + 1.0]
+    assert outer.runs == 2 and inner.runs == 2
+
+
+def test_signatures_are_bounded(interp):
+    g = replay(lambda x: x + 1.0)
+    for n in range(1, MAX_TRACES + 6):
+        for _ in range(3):
+            assert g(Tensor.zeros([n], interp)).tolist() == [1.0] * n
+    assert len(g._traces) == MAX_TRACES
+
+
+def test_threads_replay_one_function_side_by_side(device):
+    w = _data((32, 32), 5)
+    weight = Tensor.from_data(w, device)
+    g = replay(lambda x: ember.activation.gelu(x @ weight).sum_dim(1))
+    g(Tensor.from_data(_data((64, 32)), device)), g(Tensor.from_data(_data((64, 32)), device))
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            for i in range(20):
+                x = _data((64, 32), seed * 100 + i)
+                got = g(Tensor.from_data(x, device)).to_numpy()
+                plain = ember.activation.gelu(Tensor.from_data(x, device) @ weight).sum_dim(1)
+                np.testing.assert_allclose(got, plain.to_numpy(), rtol=1e-4, atol=1e-5)
+        except BaseException as error:  # re-raised below, on the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_a_module_forward_replays(device):
+    from ember import nn
+
+    model = nn.LinearConfig(16, 8).init(device)
+    norm = nn.LayerNormConfig(8).init(device)
+    g = replay(lambda x: ember.activation.gelu(norm(model(x))))
+    for seed in range(4):
+        x = Tensor.from_data(_data((4, 10, 16), seed), device)
+        plain = ember.activation.gelu(norm(model(x))).to_numpy()
+        np.testing.assert_allclose(g(x).to_numpy(), plain, rtol=1e-5, atol=1e-6)
+    assert stats()["replays"] >= 2
