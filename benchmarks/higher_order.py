@@ -51,6 +51,7 @@ def main() -> None:
 
     import ember
     from ember import Tensor, activation
+    from ember.backends.fusion import replay
     from ember.tensor import module
 
     rng = np.random.default_rng(0)
@@ -76,11 +77,11 @@ def main() -> None:
         h = activation.leaky_relu(module.conv2d(h, w[2], w[3], stride=2), 0.2)
         return h.reshape([batch, 576]).matmul(w[4]) + w[5]
 
-    def ember_penalty_step(device):
+    def ember_penalty_step(device, replayed=False):
         w = [Tensor.from_data(a, device).require_grad() for a in critic]
         x0 = Tensor.from_data(mixed, device)
 
-        def step():
+        def body(x0, *w):
             x = x0.require_grad()
             score = ember_critic(x, w)
             slope = x.grad(score.sum().backward(create_graph=True, inputs=[x])).reshape([batch, -1])
@@ -88,8 +89,13 @@ def main() -> None:
             loss = score.mean() + ((norms - 1.0) * (norms - 1.0)).mean() * 10.0
             # The weights' gradients only, as torch.autograd.grad(loss, w) below (the mixed
             # input requires grad too, but no one reads its second gradient).
-            grads = loss.backward(inputs=w)
-            out = [p.grad(grads) for p in w]
+            grads = loss.backward(inputs=list(w))
+            return [p.grad(grads) for p in w]
+
+        run = replay(body) if replayed else body
+
+        def step():
+            out = run(x0, *w)
             device.sync()
             return out
 
@@ -103,19 +109,24 @@ def main() -> None:
         logits = h.matmul(w[6]) + w[7]
         return -activation.log_softmax(logits, 1).gather(1, labels.reshape([-1, 1])).mean()
 
-    def ember_hvp(device):
+    def ember_hvp(device, replayed=False):
         w = [Tensor.from_data(a, device).require_grad() for a in cnn]
         v = [Tensor.from_data(a, device) for a in direction]
         x, labels = Tensor.from_data(images, device), Tensor.from_data(targets, device)
 
-        def step():
+        def body(x, labels, w, v):
             grads = ember_cnn_loss(x, labels, w).backward(create_graph=True)
             total = None
             for p, d in zip(w, v):
                 term = (p.grad(grads) * d).sum()
                 total = term if total is None else total + term
             second = total.backward()
-            out = [p.grad(second) for p in w]
+            return [p.grad(second) for p in w]
+
+        run = replay(body) if replayed else body
+
+        def step():
+            out = run(x, labels, w, v)
             device.sync()
             return out
 
@@ -168,6 +179,8 @@ def main() -> None:
                                    ("Hessian-vector product of the guide CNN", torch_hvp, ember_hvp)):  # fmt: skip
         calls = {"torch eager": reference()}
         calls.update({label: ours(device) for label, device in devices.items()})
+        calls["ember autodiff(fusion(ndarray)), replayed"] = ours(
+            ember.device("ndarray").fusion().autodiff(), replayed=True)
         times = interleaved_seconds(calls, args.rounds)
         wall_ref, cpu_ref = times["torch eager"]
         rows = [[label, f"{wall * 1e3:.2f}", f"{wall / wall_ref:.2f}x", f"{cpu * 1e3:.2f}",

@@ -20,16 +20,25 @@ value):
    references of its operands and the shapes of its outputs. Other ops (on captured
    tensors such as a model's weights, or on shapes: an imported model's shape arithmetic)
    are *static*: their results are constants of the trace, computed once.
-3. Later calls push the dynamic entries' records into the thread's stream (an op that runs
-   at once, such as ``gather``, runs at once) and return new tensors for the outputs. Where
-   an op raises, the call runs plainly instead, so the error is the plain call's.
+3. Later calls push the dynamic entries' records into the thread's stream and return new
+   tensors for the outputs. An op that ran at once when traced (``gather``; an op on small
+   made values) runs at once again. Where an op raises, the call runs plainly instead, so
+   the error is the plain call's.
+
+**Autodiff.** Tensors of ``device.fusion().autodiff()`` are taken too: the trace logs the
+fusion ops the Autodiff decorator issues, forward and backward, so a replayed training step
+(a gradient penalty's second-order one included) skips the graph's Python as well. Leaves
+among the arguments stay leaves (the function may differentiate with respect to them);
+outputs must be untracked: gradients, or detached values.
 
 **What cannot be replayed** (the signature then runs plainly for good; ``EMBER_FUSION_DEBUG=1``
 says why): reading a value a dynamic op made (``to_data``, ``item``, ``bool``: Python
 could branch on it), an op whose output shape depends on values (``argwhere``), seeding
-the generator, ops of another fusion backend, tensors of a non-fusion device among the
-arguments, and outputs other than tensors, plain Python values and tuples, lists and dicts
-of them.
+the generator, ops of another fusion backend, tensors of a non-fusion device (or of an
+autodiff graph, not leaves) among the arguments, a module among the arguments (its
+fields would need keys: capture it, or call ``replay(model)``), a gradient listener
+(data-parallel sync, which hears backward passes), tracked outputs, and outputs other than
+tensors, plain Python values and tuples, lists and dicts of them.
 
 **As with** ``jax.jit``, the function's Python side effects happen only when it runs
 (the first two calls of a signature), and tensors it captures (a closure's, a model's
@@ -63,6 +72,7 @@ from typing import Any
 
 from ember.backend.device import Device
 from ember.backend.rules import AVal
+from ember.backends.autodiff import listener
 from ember.backends.fusion import counters
 from ember.backends.fusion.handle import FusionTensor, Slot
 from ember.backends.fusion.stream import Record, stream_for
@@ -145,7 +155,7 @@ class Replayed:
             return self.fn(*args, **kwargs)
 
     def _trace(self, key: tuple, flat: _Flattened, args: tuple, kwargs: dict) -> Any:
-        tracer = Tracer(flat.backend)
+        tracer = Tracer(flat.backend, flat.outer)
         aliases = tracer.inputs(flat.tensors)
         args, kwargs = flat.rebuild(args, kwargs, aliases)
         tracing.tracer = tracer
@@ -182,13 +192,28 @@ def _debug(message: str) -> None:
 # ------------------------------------------------------------------ arguments
 
 
+def fusion_of(backend: Any) -> Any:
+    """The lazy fusion backend of ``backend`` (itself, or under one Autodiff), else None."""
+    if hasattr(backend, "backward") and hasattr(backend, "from_inner"):  # Autodiff
+        backend = backend.inner
+    if getattr(backend, "lazy", False) is True and hasattr(backend, "executor"):
+        return backend
+    return None
+
+
+def _fusion_prim(t: Tensor, outer: Any) -> FusionTensor:
+    """The FusionTensor of a tensor of backend ``outer`` (unwrapping an Autodiff's)."""
+    return t._prim if type(t._prim) is FusionTensor else outer.inner_primitive(t._prim)
+
+
 class _Flattened:
     """A call's arguments as a signature and its tensors in order; ``reason`` says why the
     call cannot be replayed (then the rest is unset)."""
 
     def __init__(self, args: tuple, kwargs: dict) -> None:
         self.tensors: list[Tensor] = []
-        self.backend: Any = None
+        self.backend: Any = None  # the fusion backend
+        self.outer: Any = None  # the tensors' backend: the fusion one, or an Autodiff over it
         self.reason: str | None = None
         self._first: dict[int, int] = {}  # id(slot) -> first tensor index holding it
         parts: list = []
@@ -205,21 +230,32 @@ class _Flattened:
             return
         kind = type(value)
         if isinstance(value, Tensor):
-            backend = value._device.backend
-            if getattr(backend, "lazy", False) is not True or not hasattr(backend, "executor"):
-                self.reason = f"a tensor is on {value._device}, not on a fusion device"
+            outer = value._device.backend
+            if self.outer is None:
+                self.outer, self.backend = outer, fusion_of(outer)
+                if self.backend is None:
+                    self.reason = f"a tensor is on {value._device}, not on a fusion device"
+                    return
+                if outer is not self.backend and listener.current() is not None:
+                    self.reason = "a gradient listener (data-parallel sync) hears backward passes"
+                    return
+            elif outer is not self.outer:
+                self.reason = f"tensors on two backends ({outer.name}, {self.outer.name})"
                 return
-            if self.backend is None:
-                self.backend = backend
-            elif backend is not self.backend:
-                self.reason = "tensors on two fusion backends"
-                return
-            slot = value._prim.slot
+            tracked = False
+            prim = value._prim
+            if outer is not self.backend:  # Autodiff: a TrackedTensor
+                tracked = prim.node is not None
+                if tracked and not prim.node.is_leaf:
+                    self.reason = "a tensor of an autodiff graph (not a leaf) among the arguments"
+                    return
+                prim = prim.primitive
+            slot = prim.slot
             first = self._first.setdefault(id(slot), len(self.tensors))
             self.tensors.append(value)
             device = slot.device
             parts.append((Tensor, slot.shape, slot.dtype, value._kind, device.place,
-                          device.index, first))  # fmt: skip
+                          device.index, first, tracked))  # fmt: skip
         elif kind is tuple or kind is list:
             parts.append((kind, len(value)))
             for item in value:
@@ -257,12 +293,14 @@ def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = No
 class _Entry:
     """One dynamic op of a trace."""
 
-    __slots__ = ("attrs", "device", "eager", "hold", "multi", "name", "op", "out_refs",
+    __slots__ = ("attrs", "device", "eager", "hold", "multi", "name", "now", "op", "out_refs",
                  "outputs", "refs", "release", "spread")  # fmt: skip
 
-    def __init__(self, op, name, spread, refs, attrs, outputs, out_refs, multi, eager, device):
+    def __init__(self, op, name, spread, refs, attrs, outputs, out_refs, multi, eager, now,
+                 device):  # fmt: skip
         self.op, self.name, self.spread, self.refs, self.attrs = op, name, spread, refs, attrs
         self.outputs, self.out_refs, self.multi, self.eager = outputs, out_refs, multi, eager
+        self.now = now  # ran at once when traced (small made operands): so it does replayed
         self.device = device
         self.hold: tuple[int, ...] = ()  # outputs read by a later entry, or returned
         self.release: tuple[int, ...] = ()  # refs this entry reads last
@@ -271,8 +309,9 @@ class _Entry:
 class Tracer:
     """Logs the ops of one traced call (``Fusion.call`` hands each op here)."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, outer: Any) -> None:
         self.backend = backend
+        self.outer = outer  # the tensors' backend: ``backend``, or an Autodiff over it
         self.refs: dict[Slot, int] = {}
         self.dynamic: list[bool] = []
         self.entries: list[_Entry] = []
@@ -290,15 +329,21 @@ class Tracer:
         a tensor the function also captures (a closure's) stays a constant of the trace."""
         aliases: dict[int, Tensor] = {}
         out = []
+        fusion, outer = self.backend, self.outer
         for t in tensors:
-            slot = t._prim.slot
+            handle = _fusion_prim(t, outer)
+            slot = handle.slot
             alias = aliases.get(id(slot))
             if alias is None:
-                prim = self.backend.unwrap(t._prim)  # runs its stream where it is pending
-                alias = _wrap(self.backend._ready(prim, slot.device), t._device, t._kind)
-                aliases[id(slot)] = alias
-                self.refs[alias._prim.slot] = len(self.dynamic)
+                prim = fusion.unwrap(handle)  # runs its stream where it is pending
+                made = fusion._ready(prim, slot.device)
+                self.refs[made.slot] = len(self.dynamic)
                 self.dynamic.append(True)
+                if outer is not fusion:  # a leaf stays a leaf (a new one: the trace's own)
+                    tracked = t._prim.node is not None
+                    made = outer.from_inner(made)
+                    made = outer.set_require_grad(made, True) if tracked else made
+                alias = aliases[id(slot)] = _wrap(made, t._device, t._kind)
             out.append(alias)
         self.n_inputs = len(self.dynamic)
         return out
@@ -352,7 +397,8 @@ class Tracer:
         self.entries.append(_Entry(
             op, name, spread, tuple(-1 if s is None else self.ref(s) for s in slots), attrs,
             tuple((s.shape, s.dtype, s.device) for s in out_slots), tuple(out_refs),
-            type(out) is tuple, eager, out_slots[0].device if out_slots else None))  # fmt: skip
+            type(out) is tuple, eager, not eager and all(s.prim is not None for s in out_slots),
+            out_slots[0].device if out_slots else None))  # fmt: skip
         return out
 
     @staticmethod
@@ -389,9 +435,14 @@ class Tracer:
     def _template(self, value: Any) -> Any:
         """The output's structure, each tensor as ``(ref, device, kind, tensor)``."""
         if isinstance(value, Tensor):
-            if value._device.backend is not self.backend:
+            backend = value._device.backend
+            if backend is not self.outer and backend is not self.backend:
                 raise _Unreplayable(f"it returns a tensor on {value._device}")
-            r = self.ref(value._prim.slot)
+            r = self.ref(_fusion_prim(value, backend).slot)
+            tracked = backend is not self.backend and value._prim.node is not None
+            if tracked and self.dynamic[r] and r >= self.n_inputs:
+                raise _Unreplayable("it returns a tensor autodiff tracks (its graph is not "
+                                    "replayed: return it detached, or its gradients)")  # fmt: skip
             return _Out(r, value._device, value._kind, None if self.dynamic[r] else value)
         if type(value) is tuple or type(value) is list:
             return type(value)(self._template(v) for v in value)
@@ -424,6 +475,7 @@ class Trace:
 
     def __init__(self, tracer: Tracer, template: Any) -> None:
         self.backend = tracer.backend
+        self.outer = tracer.outer
         self.entries = tracer.entries
         self.n_refs = len(tracer.dynamic)
         self.n_inputs = tracer.n_inputs
@@ -455,8 +507,9 @@ class Trace:
         executor = backend.executor
         values: list[Any] = [None] * self.n_refs
         n = 0
+        outer = self.outer
         for t in tensors:
-            slot = t._prim.slot
+            slot = _fusion_prim(t, outer).slot
             if n < self.n_inputs and slot not in values[:n]:
                 values[n] = slot
                 n += 1
@@ -474,6 +527,15 @@ class Trace:
                     values[r] = outs[k].slot
                     if k in entry.hold:
                         held[r] = outs[k]
+            elif entry.now and _all_made(slots):
+                outputs = tuple([Slot(shape, dtype, dev) for shape, dtype, dev in entry.outputs])
+                for k, r in enumerate(entry.out_refs):
+                    values[r] = outputs[k]
+                call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
+                present = tuple([s for s in slots if s is not None])
+                executor.run_single(Record(entry.op, entry.name, call_args, present, outputs,
+                                           entry.multi))  # fmt: skip
+                counters.add("small_ops")
             else:
                 device = entry.device
                 if stream is None or stream.device is not device:
@@ -501,17 +563,30 @@ class Trace:
             if template.const is not None:
                 return template.const
             r = template.ref
+            outer = self.outer
             if r < self.n_inputs:
-                return next(t for t in tensors if t._prim.slot is values[r])
+                found = next(t for t in tensors if _fusion_prim(t, outer).slot is values[r])
+                if template.device.backend is found._device.backend:
+                    return found
+                return _wrap(_fusion_prim(found, outer), template.device, template.kind)
             handle = held.get(r)
             if handle is None:
                 handle = held[r] = FusionTensor(values[r])
-            return _wrap(handle, template.device, template.kind)
+            backend = template.device.backend
+            prim = handle if backend is self.backend else backend.from_inner(handle)
+            return _wrap(prim, template.device, template.kind)
         if type(template) is tuple or type(template) is list:
             return type(template)(self._outputs(v, values, held, tensors) for v in template)
         if type(template) is dict:
             return {k: self._outputs(v, values, held, tensors) for k, v in template.items()}
         return template
+
+
+def _all_made(slots: list) -> bool:
+    for s in slots:  # noqa: SIM110 - a loop: all() over a generator costs more per op
+        if s is not None and s.prim is None:
+            return False
+    return True
 
 
 def _collect(template: Any, refs: set[int]) -> None:
