@@ -11,8 +11,9 @@ Each row is the median time of one step (the sides' steps alternate, one of each
 ``sum()`` of the output, and
 the backward pass to every parameter and the input, on ``autodiff(ndarray)``,
 ``autodiff(fusion(ndarray))`` (ops recorded lazily, element-wise chains of the forward
-and backward passes run as fused numba kernels; the checking step compiles them) and
-``autodiff(torch)``. Each ember step ends with ``device.sync()``, which runs what a fusion
+and backward passes run as fused numba kernels; the checking step compiles them), the same
+through ``fusion.replay`` (the step's records pushed from a trace, without the Python of
+the layers and of the autodiff graph) and ``autodiff(torch)``. Each ember step ends with ``device.sync()``, which runs what a fusion
 device still holds, so the lazy work is timed. ember's layers load the PyTorch
 modules' weights through the PyTorch adapter, so both sides compute the same numbers.
 Before timing, each ember row's output is checked against PyTorch's, and so is its
@@ -46,6 +47,7 @@ def main() -> None:
 
     import ember
     from ember import Tensor, TensorData
+    from ember.backends.fusion import replay
     from ember.nn import LstmConfig, TransformerEncoderConfig, TransformerEncoderInput
     from ember.record import ImportedRecord
     from ember.record.adapter import PYTORCH
@@ -90,15 +92,21 @@ def main() -> None:
 
         return step
 
-    def ember_step(reference: torch.nn.Module, config, forward, device: ember.Device):
+    def ember_step(reference: torch.nn.Module, config, forward, device: ember.Device,
+                   replayed: bool = False):  # fmt: skip
         state = {k: TensorData(v.detach().cpu().numpy()) for k, v in reference.state_dict().items()}
         model = config().init(device).load_record(ImportedRecord(state, adapter=PYTORCH))
         params = [p.val() for _, p in model.params()]
         x = Tensor.from_data(x_host, device).require_grad()
 
-        def step():
+        def body(x):
             grads = forward(model, x).sum().backward()
-            result = [t.grad(grads) for t in (x, *params)]
+            return [t.grad(grads) for t in (x, *params)]
+
+        run = replay(body) if replayed else body
+
+        def step():
+            result = run(x)
             device.sync()
             return result
 
@@ -126,10 +134,15 @@ def main() -> None:
                 devices = {
                     "ember autodiff(ndarray)": ember.device("ndarray").autodiff(),
                     "ember autodiff(fusion(ndarray))": ember.device("ndarray").fusion().autodiff(),
+                    "ember autodiff(fusion(ndarray)), replayed":
+                        ember.device("ndarray").fusion().autodiff(),
                     **devices,
                 }
             for name, device in devices.items():
-                step, run_forward = ember_step(reference, config, forward, device)
+                step, run_forward = ember_step(reference, config, forward, device,
+                                               replayed=name.endswith("replayed"))  # fmt: skip
+                for _ in range(2 if name.endswith("replayed") else 0):
+                    step()  # the warm-up and the traced call
                 np.testing.assert_allclose(run_forward().to_numpy(), out_ref, rtol=1e-3,
                                            atol=1e-4, err_msg=f"{title}: output on {name}")  # fmt: skip
                 grad = step()[0].to_numpy()
