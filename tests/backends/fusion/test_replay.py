@@ -17,10 +17,13 @@ from ember.backends.fusion.replayed import MAX_TRACES
 from ember.backends.fusion.stream import MAX_RECORDS
 
 
-@pytest.fixture(params=["interpreter", "numba"])
+@pytest.fixture(params=["interpreter", "numba", "torch-numba"])
 def device(request) -> ember.Device:
-    if request.param == "numba":
+    if request.param.endswith("numba"):
         pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    if request.param == "torch-numba":
+        pytest.importorskip("torch", reason="the Torch backend needs torch")
+        return ember.device("torch").fusion(runtime="numba")
     return ember.device("ndarray").fusion(runtime=request.param)
 
 
