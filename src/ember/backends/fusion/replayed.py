@@ -234,7 +234,10 @@ class _Flattened:
             if self.outer is None:
                 self.outer, self.backend = outer, fusion_of(outer)
                 if self.backend is None:
-                    self.reason = f"a tensor is on {value._device}, not on a fusion device"
+                    off = hasattr(outer, "executor") or hasattr(getattr(outer, "inner", None),
+                                                                "executor")  # fmt: skip
+                    self.reason = ("fusion is off (EMBER_FUSION=0)" if off else
+                                   f"a tensor is on {value._device}, not on a fusion device")
                     return
                 if outer is not self.backend and listener.current() is not None:
                     self.reason = "a gradient listener (data-parallel sync) hears backward passes"
