@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ember.backend import host_memory
 from ember.backend.errors import DeviceError
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ def _backend(name: str, **options) -> Backend:
     if factory is None:
         known = ", ".join(sorted(_REGISTRY))
         raise DeviceError(f"unknown backend {name!r}; registered backends: {known}")
+    host_memory.keep_freed_memory()  # once per process (see host_memory.py)
     return factory(**options)
 
 

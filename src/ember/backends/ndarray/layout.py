@@ -30,9 +30,9 @@ def is_transposed(x: np.ndarray) -> bool:
 
 
 def contiguous(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """A C-contiguous copy of ``x`` (``x`` itself when it already is one); a transposed view
-    (:func:`is_transposed`) is copied tile by tile, into ``out`` when given (C-contiguous,
-    ``x``'s shape and dtype).
+    """A C-contiguous copy of ``x`` (``x`` itself when it already is one), into ``out`` when
+    given (C-contiguous, ``x``'s shape and dtype); a transposed view (:func:`is_transposed`)
+    is copied tile by tile.
 
     Example:
         >>> a = np.arange(6.0).reshape(2, 3)
@@ -43,7 +43,10 @@ def contiguous(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if x.flags.c_contiguous:
         return x
     if not is_transposed(x) or min(x.shape[-2:]) < TILE:
-        return np.ascontiguousarray(x)
+        if out is None:
+            return np.ascontiguousarray(x)
+        np.copyto(out, x)
+        return out
     source = x.swapaxes(-1, -2)  # C-contiguous [..., rows, cols]
     rows, cols = source.shape[-2:]
     out = np.empty(x.shape, x.dtype) if out is None else out
