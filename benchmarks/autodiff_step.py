@@ -10,7 +10,9 @@ Models, written functionally on both sides with the same weights:
   cross-entropy loss.
 
 ember runs on autodiff(ndarray), autodiff(torch) and autodiff(fusion(ndarray)) (fused
-numba kernels, ``ember[jit]``; compiled in the untimed warm-up call). The sides' steps
+numba kernels, ``ember[jit]``; compiled in the untimed warm-up call), the last also
+through ``fusion.replay`` (the step as a function of its tensors; the dropout masks are
+drawn anew in each replayed step). The sides' steps
 alternate, one of each per round (``timing.interleaved_seconds``): each row gives the median
 wall time and the calling thread's median CPU time.
 
@@ -45,6 +47,7 @@ def main() -> None:
     import ember
     from ember import Distribution, Tensor, activation
     from ember.backends.autodiff import Autodiff
+    from ember.backends.fusion import replay
     from ember.tensor import module
 
     torch.set_num_threads(args.threads)
@@ -82,14 +85,19 @@ def main() -> None:
         h = activation.relu(dropout(h.matmul(w[4]) + w[5]))
         return cross_entropy(h.matmul(w[6]) + w[7], labels)
 
-    def ember_step(device, model, weights):
+    def ember_step(device, model, weights, replayed=False):
         w = [Tensor.from_data(a, device).require_grad() for a in weights]
         x = Tensor.from_data(images, device)
         labels = Tensor.from_data(targets, device)
 
-        def step():
+        def body(x, labels, w):
             grads = model(x, labels, w).backward()
-            values = [p.grad(grads) for p in w]
+            return [p.grad(grads) for p in w]
+
+        run = replay(body) if replayed else body
+
+        def step():
+            values = run(x, labels, w)
             device.sync()  # a lazy device (fusion) computes them here
             return values
 
@@ -132,6 +140,8 @@ def main() -> None:
     ):
         calls = {"torch autograd": torch_step(torch_model, weights)}
         calls.update({label: ember_step(device, ember_model, weights) for label, device in devices.items()})
+        calls["ember autodiff(fusion(ndarray)), replayed"] = ember_step(
+            ember.device("ndarray").fusion().autodiff(), ember_model, weights, replayed=True)
         times = interleaved_seconds(calls, args.rounds)
         t_ref = times["torch autograd"][0]
         rows = [[label, f"{wall * 1e3:.2f}", f"{wall / t_ref:.2f}x", f"{cpu * 1e3:.2f}"]
