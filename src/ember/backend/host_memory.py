@@ -21,10 +21,9 @@ is; on other C libraries (macOS, musl, Windows) nothing changes.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
-from ember.backend.errors import ConfigError
+from ember.backend.environment import whole_number
 
 __all__ = ["KEEP_MIB_DEFAULT", "MMAP_THRESHOLD", "keep_freed_memory", "keep_mib"]
 
@@ -47,17 +46,8 @@ def keep_mib() -> int:
     Raises:
         ConfigError: the variable is not a whole number of at least 0.
     """
-    text = os.environ.get("EMBER_HOST_KEEP_MIB")
-    if text is None or text.strip() == "":
-        return KEEP_MIB_DEFAULT
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"EMBER_HOST_KEEP_MIB={text!r}: expected a whole number of MiB of at "
-                          "least 0 (0 leaves malloc as it is)")  # fmt: skip
-    return value
+    return whole_number("EMBER_HOST_KEEP_MIB", KEEP_MIB_DEFAULT, "MiB",
+                        "0 leaves malloc as it is")  # fmt: skip
 
 
 def keep_freed_memory() -> bool:

@@ -48,7 +48,8 @@ from typing import Any
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.device import Device
-from ember.backend.errors import ArgumentError, BackendUnavailableError, ConfigError, EmberError
+from ember.backend.environment import whole_number
+from ember.backend.errors import ArgumentError, BackendUnavailableError, EmberError
 from ember.backend.ops import OpDef, primitives
 from ember.backend.rules import AVal
 from ember.backends.fusion import counters
@@ -79,17 +80,7 @@ def small_limit() -> int:
     Raises:
         ConfigError: the variable is not a whole number of at least 0.
     """
-    text = os.environ.get("EMBER_FUSION_SMALL")
-    if text is None or text.strip() == "":
-        return SMALL_DEFAULT
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"EMBER_FUSION_SMALL={text!r}: expected a whole number of elements "
-                          "of at least 0 (0 records every op)")  # fmt: skip
-    return value
+    return whole_number("EMBER_FUSION_SMALL", SMALL_DEFAULT, "elements", "0 records every op")
 
 
 def enabled() -> bool:
