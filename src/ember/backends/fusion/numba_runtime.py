@@ -534,9 +534,8 @@ _NUMPY_DTYPES: dict[DType, np.dtype] = {}  # a launch asks for each input's and 
 def _inputs(block: ir.Block, inputs: list[np.ndarray],
             take: Callable) -> tuple[list[np.ndarray], list[np.ndarray]]:  # fmt: skip
     """The kernel's input arrays, and those of them that are copies (of views that are not
-    C-contiguous) in buffers from ``take``, the pool's, to give back after the launch:
-    fresh memory would cost its page faults on top of the copy (a 3 MiB permuted product
-    output: about 0.6 ms more)."""
+    C-contiguous) in buffers from ``take``, the pool's, to give back after the launch (as
+    the pool's outputs: no fresh pages to fault in)."""
     if len(inputs) != len(block.inputs):
         raise ShapeError(f"numba runtime: {len(inputs)} inputs for a block of {len(block.inputs)}")
     arrays, copies = [], []
