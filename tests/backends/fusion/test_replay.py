@@ -406,3 +406,22 @@ def test_a_gradient_listener_runs_autodiff_steps_plainly(ad_interp):
         for _ in range(3):
             g(Tensor.from_data(_data((3,), 1), ad_interp), w)
     assert counted.runs == 3 and hears.heard >= 3  # every step's backward was heard
+
+
+def test_pending_inputs_keyword_arguments_and_outputs_read_one_by_one(device):
+    def f(x, *, scale):
+        y = (x * scale).exp()
+        return y.sum_dim(1), y * 0.5
+
+    g = replay(f)
+    reset_stats()
+    for seed in range(4):
+        data = _data((64, 256), seed)
+        x = Tensor.from_data(data, device) + 1.0  # pending when the call starts
+        assert x._prim.slot.pending
+        total, half = g(x, scale=0.25)
+        expect = np.exp((data.astype(np.float64) + 1.0) * 0.25)
+        np.testing.assert_allclose(half.to_numpy(), expect * 0.5, rtol=1e-5)  # read first
+        np.testing.assert_allclose(total.to_numpy(), expect.sum(1, keepdims=True), rtol=1e-5)
+    assert stats()["replays"] == 2
+    assert g(x, scale=0.5) is not None and stats()["replays"] == 2  # a new signature
