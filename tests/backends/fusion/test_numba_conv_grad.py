@@ -91,6 +91,19 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("taps", [3, 6])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_both_weight_gradient_loops_on_the_named_shapes(taps, dtype, monkeypatch):
+    """The 6-tap loop (AVX-512 hosts) and the 3-tap one (AVX2) on any host."""
+    monkeypatch.setattr(grad_kernels, "TB", taps)
+    rng = np.random.default_rng(2)
+    for xs, ws, stride, padding, dilation, groups in CASES:
+        x = rng.standard_normal(xs).astype(dtype)
+        w = rng.standard_normal(ws).astype(dtype)
+        options = ConvOptions(stride, padding, dilation, groups)
+        check(x, w, output_grad(x, w, options, rng), options, dtype, which=("weight",))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}p{c[3]}g{c[5]}")
 def test_named_shapes(case, dtype, strided_x_grad):
