@@ -425,3 +425,10 @@ def test_pending_inputs_keyword_arguments_and_outputs_read_one_by_one(device):
         np.testing.assert_allclose(total.to_numpy(), expect.sum(1, keepdims=True), rtol=1e-5)
     assert stats()["replays"] == 2
     assert g(x, scale=0.5) is not None and stats()["replays"] == 2  # a new signature
+
+
+def test_replaying_something_that_is_not_callable_is_an_argument_error():
+    from ember.backend.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="got int"):
+        replay(3)

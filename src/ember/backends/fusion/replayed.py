@@ -71,6 +71,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.backend.device import Device
+from ember.backend.errors import ArgumentError
 from ember.backend.rules import AVal
 from ember.backends.autodiff import listener
 from ember.backends.fusion import counters
@@ -114,7 +115,13 @@ def replay(fn: Callable[..., Any]) -> Replayed:
 
     Returns:
         A callable that computes what ``fn`` computes.
+
+    Raises:
+        ArgumentError: ``fn`` is not callable.
     """
+    if not callable(fn):
+        raise ArgumentError(f"replay: expected a function or module to replay, got "
+                            f"{type(fn).__name__}")  # fmt: skip
     return Replayed(fn)
 
 
