@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 from typing import Self
 
+from ember.backend import effects
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.tensor import DType, Kind, Tensor
@@ -154,6 +155,7 @@ class RunningState(Param):
 
     def update(self, value: Tensor) -> None:
         """Replaces the state (detached: no gradient flows into running statistics)."""
+        effects.note("updates a module's running state in place (batch norm in training)")
         self._value = value.detach()
 
     def set_require_grad(self, flag: bool) -> RunningState:

@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from ember.backend import effects
 from ember.backend.errors import ArgumentError, RecordMismatchError, fmt_shape
 from ember.backends.autodiff.graph import Gradients
 from ember.module import Module, Param, ParamId
@@ -148,6 +149,7 @@ class OptimizerAdaptor(Optimizer):
             ShapeError: a gradient whose shape is not its parameter's.
             RecordMismatchError: loaded state that does not fit its parameter.
         """
+        effects.note("steps an optimizer, whose state changes in place")
         owner = f"{self.optimizer.name}.step"
         lr = _checked_lr(owner, lr)
         if not isinstance(module, Module):

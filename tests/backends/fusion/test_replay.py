@@ -432,3 +432,38 @@ def test_replaying_something_that_is_not_callable_is_an_argument_error():
 
     with pytest.raises(ArgumentError, match="got int"):
         replay(3)
+
+
+def test_in_place_state_changes_run_the_call_plainly(ad_interp, monkeypatch, capsys):
+    """A batch norm in training refreshes its running statistics, an optimizer its state:
+    Python a replay would skip, so such a call never replays."""
+    from ember import nn
+    from ember.optim import SgdConfig
+
+    monkeypatch.setenv("EMBER_FUSION_DEBUG", "1")
+    norm = nn.BatchNormConfig(3).init(ad_interp)
+    counted = Counted(lambda x: norm(x).detach())
+    g = replay(counted)
+    for seed in range(4):
+        g(Tensor.from_data(_data((4, 3, 5), seed) * 3.0 + 2.0, ad_interp))
+    assert counted.runs == 4
+    mean = norm.running_mean.val().to_numpy()
+    expect = np.zeros(3)
+    for seed in range(4):
+        batch = (_data((4, 3, 5), seed) * 3.0 + 2.0).astype(np.float64)
+        expect = expect * 0.9 + batch.mean(axis=(0, 2)) * 0.1
+    np.testing.assert_allclose(mean, expect, rtol=1e-5)  # every call refreshed them
+    assert "running state" in capsys.readouterr().err
+
+    w = Tensor.from_data(_data((3,)), ad_interp).require_grad()
+
+    class Scale(ember.Module):
+        w: ember.Param
+
+    model = Scale(ember.Param(w))
+    optim = SgdConfig().init()
+    stepped = Counted(lambda x: optim.step(0.1, model, (model.w.val() * x).sum().backward()))
+    h = replay(stepped)
+    for _ in range(3):
+        h(Tensor.from_data(_data((3,), 1), ad_interp))
+    assert stepped.runs == 3 and "optimizer" in capsys.readouterr().err

@@ -34,8 +34,10 @@ outputs must be untracked: gradients, or detached values.
 **What cannot be replayed** (the signature then runs plainly for good; ``EMBER_FUSION_DEBUG=1``
 says why): reading a value a dynamic op made (``to_data``, ``item``, ``bool``: Python
 could branch on it), an op whose output shape depends on values (``argwhere``), seeding
-the generator, ops of another fusion backend, tensors of a non-fusion device (or of an
-autodiff graph, not leaves) among the arguments, a module among the arguments (its
+the generator, an in-place change of state outside the op table (a batch norm's running
+statistics in training, an optimizer's step: ``ember.backend.effects``), ops of another
+fusion backend, tensors of a non-fusion device (or of an autodiff graph, not leaves) among
+the arguments, a module among the arguments (its
 fields would need keys: capture it, or call ``replay(model)``), a gradient listener
 (data-parallel sync, which hears backward passes), tracked outputs, and outputs other than
 tensors, plain Python values and tuples, lists and dicts of them.
@@ -70,6 +72,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ember.backend import effects
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.backend.rules import AVal
@@ -167,7 +170,8 @@ class Replayed:
         args, kwargs = flat.rebuild(args, kwargs, aliases)
         tracing.tracer = tracer
         try:
-            out = self.fn(*args, **kwargs)
+            with effects.listening(lambda what: tracer.fail(f"it {what}")):
+                out = self.fn(*args, **kwargs)
         finally:
             tracing.tracer = None
         trace = tracer.finish(out)
