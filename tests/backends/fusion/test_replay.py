@@ -230,7 +230,6 @@ def test_a_long_function_keeps_values_read_after_a_full_stream_runs(interp, retu
 @pytest.mark.parametrize("args, reason", [
     (lambda d: (Tensor.from_data([1.0], ember.device("ndarray")),), "not on a fusion device"),
     (lambda d: (Tensor.from_data([1.0], d), np.ones(2)), "not hashable"),
-    (lambda d: (ember.nn.LinearConfig(1, 1).init(d),), "a module"),
 ])  # fmt: skip
 def test_arguments_a_trace_cannot_key_run_plainly(interp, args, reason, monkeypatch, capsys):
     monkeypatch.setenv("EMBER_FUSION_DEBUG", "1")
@@ -467,3 +466,50 @@ def test_in_place_state_changes_run_the_call_plainly(ad_interp, monkeypatch, cap
     for _ in range(3):
         h(Tensor.from_data(_data((3,), 1), ad_interp))
     assert stepped.runs == 3 and "optimizer" in capsys.readouterr().err
+
+
+def test_a_training_loop_with_the_model_as_an_argument_replays_each_new_model(ad_interp):
+    """The weights change every step (a new module each time): passed as an argument, the
+    module's parameters are inputs of the trace, so replays use this step's weights."""
+    from ember import nn
+
+    def grads_of(model, x, y):
+        loss = ((model(x) - y) * (model(x) - y)).mean()
+        grads = loss.backward()
+        return {path: p.val().grad(grads) for path, p in model.params()}, loss.detach()
+
+    def train(step, model):
+        x = Tensor.from_data(_data((8, 4), 1), ad_interp)
+        y = Tensor.from_data(_data((8, 2), 2), ad_interp)
+        losses = []
+        for _ in range(6):
+            grads, loss = step(model, x, y)
+            losses.append(loss.to_numpy().item())
+            model = model.map(lambda path, p: Tensor.from_inner(
+                p.val().inner() - grads[path] * 0.2, ad_interp))
+        return losses, model
+
+    ember.seed(ad_interp, 0)
+    start = nn.LinearConfig(4, 2).init(ad_interp)
+    g = replay(grads_of)
+    reset_stats()
+    replayed, end = train(g, start)
+    plain, end_plain = train(grads_of, start)
+    assert stats()["replays"] == 4
+    np.testing.assert_allclose(replayed, plain, rtol=1e-5)
+    assert replayed[-1] < replayed[0]
+    np.testing.assert_allclose(end.weight.val().to_numpy(), end_plain.weight.val().to_numpy(),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_a_module_argument_keys_the_trace_by_its_configuration(interp):
+    from ember import nn
+
+    counted = Counted(lambda model, x: model(x))
+    g = replay(counted)
+    x = Tensor.from_data(_data((2, 4)), interp)
+    relu = nn.LinearConfig(4, 3).init(interp)
+    no_bias = nn.LinearConfig(4, 3, bias=False).init(interp)
+    for model in [relu, relu, relu, no_bias, no_bias, no_bias]:
+        np.testing.assert_allclose(g(model, x).to_numpy(), model(x).to_numpy(), rtol=1e-6)
+    assert counted.runs == 4  # two calls a configuration, the third replayed

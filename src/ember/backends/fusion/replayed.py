@@ -25,6 +25,13 @@ value):
    made values) runs at once again. Where an op raises, the call runs plainly instead, so
    the error is the plain call's.
 
+**Modules as arguments.** A module among the arguments contributes its parameters as
+inputs (``params()`` order) and its configuration and constant tensors (by identity) to
+the signature; the traced call gets the module with its parameters' values replaced by the
+trace's inputs. So a training loop that makes a new module every step passes it in, and
+each replay uses that step's weights (a module the function only captures keeps the
+weights it had when traced).
+
 **Autodiff.** Tensors of ``device.fusion().autodiff()`` are taken too: the trace logs the
 fusion ops the Autodiff decorator issues, forward and backward, so a replayed training step
 (a gradient penalty's second-order one included) skips the graph's Python as well. Leaves
@@ -37,8 +44,7 @@ could branch on it), an op whose output shape depends on values (``argwhere``), 
 the generator, an in-place change of state outside the op table (a batch norm's running
 statistics in training, an optimizer's step: ``ember.backend.effects``), ops of another
 fusion backend, tensors of a non-fusion device (or of an autodiff graph, not leaves) among
-the arguments, a module among the arguments (its
-fields would need keys: capture it, or call ``replay(model)``), a gradient listener
+the arguments, a gradient listener
 (data-parallel sync, which hears backward passes), tracked outputs, and outputs other than
 tensors, plain Python values and tuples, lists and dicts of them.
 
@@ -80,6 +86,8 @@ from ember.backends.autodiff import listener
 from ember.backends.fusion import counters
 from ember.backends.fusion.handle import FusionTensor, Slot
 from ember.backends.fusion.stream import Record, stream_for
+from ember.module.module import Module, _items
+from ember.module.param import Param
 from ember.tensor.tensor import Tensor, _wrap
 
 __all__ = ["MAX_TRACES", "Replayed", "replay"]
@@ -227,6 +235,7 @@ class _Flattened:
         self.outer: Any = None  # the tensors' backend: the fusion one, or an Autodiff over it
         self.reason: str | None = None
         self._first: dict[int, int] = {}  # id(slot) -> first tensor index holding it
+        self._module_leaves: dict[int, list] = {}  # id(module) -> [(path, tensor index)]
         parts: list = []
         self._walk((args, kwargs), parts)
         if self.reason is None:
@@ -278,21 +287,56 @@ class _Flattened:
             parts.append((dict, tuple(value)))
             for item in value.values():
                 self._walk(item, parts)
-        elif hasattr(value, "params") and hasattr(value, "map"):
-            self.reason = f"a module ({type(value).__name__}) among the arguments"
+        elif isinstance(value, Module):
+            self._walk_module(value, parts)
         else:
             parts.append((kind, value))
 
+    def _walk_module(self, module: Module, parts: list) -> None:
+        """A module's parameters as inputs (in ``params()`` order), its configuration and
+        constant tensors as part of the signature (the constants by identity: a
+        constant of the trace, which holds them)."""
+        paths = []
+        for path, param in module.params():
+            paths.append((path, type(param), param.require_grad))
+            self._module_leaves.setdefault(id(module), []).append((path, len(self.tensors)))
+            self._walk(param.val(), parts)
+        parts.append((Module, type(module), tuple(paths)))
+        self._walk_config(module, parts)
+
+    def _walk_config(self, value: Any, parts: list) -> None:
+        for name, item in value.fields() if isinstance(value, Module) else _items(value):
+            if isinstance(item, Param):
+                continue
+            if isinstance(item, Tensor):
+                parts.append((name, _fusion_prim(item, self.outer).slot
+                              if item._device.backend is self.outer else id(item)))  # fmt: skip
+            elif isinstance(item, Module | list | tuple | dict):
+                parts.append((name, type(item)))
+                self._walk_config(item, parts)
+            else:
+                parts.append((name, type(item), item))
+
     def rebuild(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[tuple, dict]:
-        """``args`` and ``kwargs`` with their tensors replaced by ``tensors``, in order."""
-        it = iter(tensors)
-        return _swap((args, kwargs), None, lambda t: next(it))
+        """``args`` and ``kwargs`` with their tensors replaced by ``tensors`` (in the order
+        of the walk), modules by modules with their parameters' values replaced."""
+        position = iter(range(len(tensors)))
+
+        def new(value: Any) -> Any:
+            if isinstance(value, Module):
+                leaves = dict(self._module_leaves.get(id(value), ()))
+                for _ in leaves:
+                    next(position)
+                return value.map(lambda path, param: tensors[leaves[path]])
+            return tensors[next(position)]
+
+        return _swap((args, kwargs), None, new)
 
 
 def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = None) -> Any:
     """``value`` with each tensor replaced: by ``new(tensor)``, or where ``by_id`` holds the
     tensor's id by that entry; tuples, lists and dicts rebuilt, anything else kept."""
-    if isinstance(value, Tensor):
+    if isinstance(value, Tensor) or (new is not None and isinstance(value, Module)):
         return new(value) if new is not None else by_id.get(id(value), value)
     if type(value) is tuple or type(value) is list:
         return type(value)(_swap(v, by_id, new) for v in value)
