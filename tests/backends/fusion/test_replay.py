@@ -485,7 +485,7 @@ def test_a_training_loop_with_the_model_as_an_argument_replays_each_new_model(ad
         for _ in range(6):
             grads, loss = step(model, x, y)
             losses.append(loss.to_numpy().item())
-            model = model.map(lambda path, p: Tensor.from_inner(
+            model = model.map(lambda path, p, grads=grads: Tensor.from_inner(
                 p.val().inner() - grads[path] * 0.2, ad_interp))
         return losses, model
 
