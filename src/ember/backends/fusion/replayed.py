@@ -1,9 +1,9 @@
 """Replayed calls: a function traced once per input signature, then re-recorded from its trace.
 
 On a fusion device most of a small model's time is Python: the Tensor API, the op rules
-and the stream's bookkeeping of each op, before any kernel runs (the ONNX encoder of
-``benchmarks/onnx_inference.py`` spends about 5 ms of a 45 ms forward recording its 126
-ops). :func:`replay` wraps a function so that, once its Python has run for a signature of
+and the stream's bookkeeping of each op, before any kernel runs (replaying the ONNX encoder
+of ``benchmarks/onnx_inference.py``, whose forward records 126 ops, saved 3-6 ms of its
+40-65 ms). :func:`replay` wraps a function so that, once its Python has run for a signature of
 its inputs, later calls with that signature push the same records into the stream straight
 from a list, skipping the Python that made them. The records then run as any others do:
 fused, planned from the plan cache, lazily.
