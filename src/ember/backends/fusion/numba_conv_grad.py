@@ -39,7 +39,7 @@ grad[n, o, oh, ow] * x_padded[n, c, oh sh + kh dh, ow sw + kw dw]``, a reduction
 * **Register blocking.** The inner loop adds the products of :data:`OB` gradient rows with
   :data:`TB` taps: per vector of positions 10 loads and 24 FMAs into 24 vector
   accumulators, which are summed (horizontally) once per tile of :data:`TILE` positions.
-  Without AVX-512 (16 vector registers) the loop takes 3 taps, :func:`_weight_blocked3`:
+  Without AVX-512 (16 vector registers) the loop takes 3 taps, :func:`_taps3`:
   7 loads and 12 FMAs (measured on Zen 3, one thread: 2.1-2.4x faster than the 24
   accumulators, which spilled; 1.6-1.9x at two threads).
   Groups of fewer than :data:`OB` output channels (depthwise) run a one-channel variant,
@@ -87,7 +87,7 @@ TB = 6 if VECTOR_BYTES == 64 else 3
 """Taps one inner loop of the weight gradient reads. With AVX-512, ``OB * TB`` = 24 vector
 accumulators (the taps' loads fold into the FMAs); measured on Zen 5, float32, one thread:
 5-15% faster than 4 taps; 8 channels x 3 taps and 6 x 4 were slower. AVX2's 16 registers
-hold 12 accumulators beside the loads (:func:`_weight_blocked3`): 24 spilled, and the
+hold 12 accumulators beside the loads (:func:`_taps3`): 24 spilled, and the
 guide CNN's second-layer weight gradient ran at 27 GFLOP/s on a Zen 3 core."""
 TB_SINGLE = 8
 """Taps per pass of the one-channel (depthwise) weight gradient kernel."""
@@ -349,12 +349,145 @@ def _pack(x, grad, xq, gq, n0, nb, chunk, sh, sw, ph, pw, hq, wq, groups, ogp): 
 
 
 @_jit
-def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, nblk, chunk,
+def _taps6(xq, gq, offs, acc, xbase, row_stride, t0, ob, size,
+           zero):  # fmt: skip  # pragma: no cover - runs compiled
+    """Adds into ``acc`` rows ``ob .. ob + 3`` the sums of 4 gradient rows with each tap over
+    ``size`` positions from ``t0``, 6 taps per inner loop (24 accumulators: AVX-512)."""
+    g0 = gq[(ob + 0) * row_stride + t0 :]
+    g1 = gq[(ob + 1) * row_stride + t0 :]
+    g2 = gq[(ob + 2) * row_stride + t0 :]
+    g3 = gq[(ob + 3) * row_stride + t0 :]
+    for t in range(offs.size // 6):
+        x0 = xq[xbase + offs[6 * t + 0] :]
+        x1 = xq[xbase + offs[6 * t + 1] :]
+        x2 = xq[xbase + offs[6 * t + 2] :]
+        x3 = xq[xbase + offs[6 * t + 3] :]
+        x4 = xq[xbase + offs[6 * t + 4] :]
+        x5 = xq[xbase + offs[6 * t + 5] :]
+        s00 = s01 = s02 = s03 = s04 = s05 = zero
+        s10 = s11 = s12 = s13 = s14 = s15 = zero
+        s20 = s21 = s22 = s23 = s24 = s25 = zero
+        s30 = s31 = s32 = s33 = s34 = s35 = zero
+        for j in range(size):
+            u = np.uintp(j)
+            v0 = x0[u]
+            v1 = x1[u]
+            v2 = x2[u]
+            v3 = x3[u]
+            v4 = x4[u]
+            v5 = x5[u]
+            e0 = g0[u]
+            e1 = g1[u]
+            e2 = g2[u]
+            e3 = g3[u]
+            s00 += e0 * v0
+            s01 += e0 * v1
+            s02 += e0 * v2
+            s03 += e0 * v3
+            s04 += e0 * v4
+            s05 += e0 * v5
+            s10 += e1 * v0
+            s11 += e1 * v1
+            s12 += e1 * v2
+            s13 += e1 * v3
+            s14 += e1 * v4
+            s15 += e1 * v5
+            s20 += e2 * v0
+            s21 += e2 * v1
+            s22 += e2 * v2
+            s23 += e2 * v3
+            s24 += e2 * v4
+            s25 += e2 * v5
+            s30 += e3 * v0
+            s31 += e3 * v1
+            s32 += e3 * v2
+            s33 += e3 * v3
+            s34 += e3 * v4
+            s35 += e3 * v5
+        c0 = 6 * t
+        acc[ob + 0, c0 + 0] += s00
+        acc[ob + 0, c0 + 1] += s01
+        acc[ob + 0, c0 + 2] += s02
+        acc[ob + 0, c0 + 3] += s03
+        acc[ob + 0, c0 + 4] += s04
+        acc[ob + 0, c0 + 5] += s05
+        acc[ob + 1, c0 + 0] += s10
+        acc[ob + 1, c0 + 1] += s11
+        acc[ob + 1, c0 + 2] += s12
+        acc[ob + 1, c0 + 3] += s13
+        acc[ob + 1, c0 + 4] += s14
+        acc[ob + 1, c0 + 5] += s15
+        acc[ob + 2, c0 + 0] += s20
+        acc[ob + 2, c0 + 1] += s21
+        acc[ob + 2, c0 + 2] += s22
+        acc[ob + 2, c0 + 3] += s23
+        acc[ob + 2, c0 + 4] += s24
+        acc[ob + 2, c0 + 5] += s25
+        acc[ob + 3, c0 + 0] += s30
+        acc[ob + 3, c0 + 1] += s31
+        acc[ob + 3, c0 + 2] += s32
+        acc[ob + 3, c0 + 3] += s33
+        acc[ob + 3, c0 + 4] += s34
+        acc[ob + 3, c0 + 5] += s35
+
+
+@_jit
+def _taps3(xq, gq, offs, acc, xbase, row_stride, t0, ob, size,
+           zero):  # fmt: skip  # pragma: no cover - runs compiled
+    """:func:`_taps6` with 3 taps per inner loop (12 accumulators: AVX2)."""
+    g0 = gq[(ob + 0) * row_stride + t0 :]
+    g1 = gq[(ob + 1) * row_stride + t0 :]
+    g2 = gq[(ob + 2) * row_stride + t0 :]
+    g3 = gq[(ob + 3) * row_stride + t0 :]
+    for t in range(offs.size // 3):
+        x0 = xq[xbase + offs[3 * t + 0] :]
+        x1 = xq[xbase + offs[3 * t + 1] :]
+        x2 = xq[xbase + offs[3 * t + 2] :]
+        s00 = s01 = s02 = s10 = s11 = s12 = zero
+        s20 = s21 = s22 = s30 = s31 = s32 = zero
+        for j in range(size):
+            u = np.uintp(j)
+            v0 = x0[u]
+            v1 = x1[u]
+            v2 = x2[u]
+            e0 = g0[u]
+            e1 = g1[u]
+            e2 = g2[u]
+            e3 = g3[u]
+            s00 += e0 * v0
+            s01 += e0 * v1
+            s02 += e0 * v2
+            s10 += e1 * v0
+            s11 += e1 * v1
+            s12 += e1 * v2
+            s20 += e2 * v0
+            s21 += e2 * v1
+            s22 += e2 * v2
+            s30 += e3 * v0
+            s31 += e3 * v1
+            s32 += e3 * v2
+        c0 = 3 * t
+        acc[ob + 0, c0 + 0] += s00
+        acc[ob + 0, c0 + 1] += s01
+        acc[ob + 0, c0 + 2] += s02
+        acc[ob + 1, c0 + 0] += s10
+        acc[ob + 1, c0 + 1] += s11
+        acc[ob + 1, c0 + 2] += s12
+        acc[ob + 2, c0 + 0] += s20
+        acc[ob + 2, c0 + 1] += s21
+        acc[ob + 2, c0 + 2] += s22
+        acc[ob + 3, c0 + 0] += s30
+        acc[ob + 3, c0 + 1] += s31
+        acc[ob + 3, c0 + 2] += s32
+
+
+@_jit
+def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, nblk, chunk, tb,
                     part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Weight gradient by blocks of :data:`OB` channels x :data:`TB` taps (module doc):
     adds into ``partial[part]`` ``[groups * nblk * OB, taps]`` (float64); ``offs`` are the
     taps' offsets in a group's part of the packed input (padded with 0 to a multiple of
-    :data:`TB`)."""
+    ``tb``, the taps of one inner loop: 6, :func:`_taps6`, or 3, :func:`_taps3`)."""
     n_all = x.shape[0]
     c_all = x.shape[1]
     plane = hq * wq
@@ -364,7 +497,6 @@ def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, 
     gq = np.zeros(groups * nblk * 4 * chunk * plane + LANES, x.dtype)
     acc = partial[part]
     zero = gq[gq.size - 1]  # the slack: a zero of the arrays' dtype
-    taps6 = offs.size // 6
     chunks = (n_all + chunk - 1) // chunk
     for k in range(chunks * part // parts, chunks * (part + 1) // parts):
         n0 = k * chunk
@@ -377,154 +509,10 @@ def _weight_blocked(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, 
                 xbase = g * group_stride + t0
                 for blk in range(nblk):
                     ob = (g * nblk + blk) * 4
-                    g0 = gq[(ob + 0) * row_stride + t0 :]
-                    g1 = gq[(ob + 1) * row_stride + t0 :]
-                    g2 = gq[(ob + 2) * row_stride + t0 :]
-                    g3 = gq[(ob + 3) * row_stride + t0 :]
-                    for t in range(taps6):
-                        x0 = xq[xbase + offs[6 * t + 0] :]
-                        x1 = xq[xbase + offs[6 * t + 1] :]
-                        x2 = xq[xbase + offs[6 * t + 2] :]
-                        x3 = xq[xbase + offs[6 * t + 3] :]
-                        x4 = xq[xbase + offs[6 * t + 4] :]
-                        x5 = xq[xbase + offs[6 * t + 5] :]
-                        s00 = s01 = s02 = s03 = s04 = s05 = zero
-                        s10 = s11 = s12 = s13 = s14 = s15 = zero
-                        s20 = s21 = s22 = s23 = s24 = s25 = zero
-                        s30 = s31 = s32 = s33 = s34 = s35 = zero
-                        for j in range(size):
-                            u = np.uintp(j)
-                            v0 = x0[u]
-                            v1 = x1[u]
-                            v2 = x2[u]
-                            v3 = x3[u]
-                            v4 = x4[u]
-                            v5 = x5[u]
-                            e0 = g0[u]
-                            e1 = g1[u]
-                            e2 = g2[u]
-                            e3 = g3[u]
-                            s00 += e0 * v0
-                            s01 += e0 * v1
-                            s02 += e0 * v2
-                            s03 += e0 * v3
-                            s04 += e0 * v4
-                            s05 += e0 * v5
-                            s10 += e1 * v0
-                            s11 += e1 * v1
-                            s12 += e1 * v2
-                            s13 += e1 * v3
-                            s14 += e1 * v4
-                            s15 += e1 * v5
-                            s20 += e2 * v0
-                            s21 += e2 * v1
-                            s22 += e2 * v2
-                            s23 += e2 * v3
-                            s24 += e2 * v4
-                            s25 += e2 * v5
-                            s30 += e3 * v0
-                            s31 += e3 * v1
-                            s32 += e3 * v2
-                            s33 += e3 * v3
-                            s34 += e3 * v4
-                            s35 += e3 * v5
-                        c0 = 6 * t
-                        acc[ob + 0, c0 + 0] += s00
-                        acc[ob + 0, c0 + 1] += s01
-                        acc[ob + 0, c0 + 2] += s02
-                        acc[ob + 0, c0 + 3] += s03
-                        acc[ob + 0, c0 + 4] += s04
-                        acc[ob + 0, c0 + 5] += s05
-                        acc[ob + 1, c0 + 0] += s10
-                        acc[ob + 1, c0 + 1] += s11
-                        acc[ob + 1, c0 + 2] += s12
-                        acc[ob + 1, c0 + 3] += s13
-                        acc[ob + 1, c0 + 4] += s14
-                        acc[ob + 1, c0 + 5] += s15
-                        acc[ob + 2, c0 + 0] += s20
-                        acc[ob + 2, c0 + 1] += s21
-                        acc[ob + 2, c0 + 2] += s22
-                        acc[ob + 2, c0 + 3] += s23
-                        acc[ob + 2, c0 + 4] += s24
-                        acc[ob + 2, c0 + 5] += s25
-                        acc[ob + 3, c0 + 0] += s30
-                        acc[ob + 3, c0 + 1] += s31
-                        acc[ob + 3, c0 + 2] += s32
-                        acc[ob + 3, c0 + 3] += s33
-                        acc[ob + 3, c0 + 4] += s34
-                        acc[ob + 3, c0 + 5] += s35
-
-
-@_jit
-def _weight_blocked3(x, grad, offs, partial, sh, sw, ph, pw, hq, wq, groups, cg, nblk, chunk,
-                     part, parts):  # fmt: skip  # pragma: no cover - runs compiled
-    """:func:`_weight_blocked` with 3 taps per inner loop (12 accumulators: AVX2)."""
-    n_all = x.shape[0]
-    c_all = x.shape[1]
-    plane = hq * wq
-    group_stride = cg * sh * sw * chunk * plane
-    row_stride = chunk * plane
-    xq = np.zeros(c_all * sh * sw * chunk * plane + plane + LANES, x.dtype)
-    gq = np.zeros(groups * nblk * 4 * chunk * plane + LANES, x.dtype)
-    acc = partial[part]
-    zero = gq[gq.size - 1]
-    taps3 = offs.size // 3
-    chunks = (n_all + chunk - 1) // chunk
-    for k in range(chunks * part // parts, chunks * (part + 1) // parts):
-        n0 = k * chunk
-        nb = min(chunk, n_all - n0)
-        _pack(x, grad, xq, gq, n0, nb, chunk, sh, sw, ph, pw, hq, wq, groups, nblk * 4)
-        length = nb * plane
-        for t0 in range(0, length, TILE):
-            size = min(TILE, length - t0)
-            for g in range(groups):
-                xbase = g * group_stride + t0
-                for blk in range(nblk):
-                    ob = (g * nblk + blk) * 4
-                    g0 = gq[(ob + 0) * row_stride + t0 :]
-                    g1 = gq[(ob + 1) * row_stride + t0 :]
-                    g2 = gq[(ob + 2) * row_stride + t0 :]
-                    g3 = gq[(ob + 3) * row_stride + t0 :]
-                    for t in range(taps3):
-                        x0 = xq[xbase + offs[3 * t + 0] :]
-                        x1 = xq[xbase + offs[3 * t + 1] :]
-                        x2 = xq[xbase + offs[3 * t + 2] :]
-                        s00 = s01 = s02 = s10 = s11 = s12 = zero
-                        s20 = s21 = s22 = s30 = s31 = s32 = zero
-                        for j in range(size):
-                            u = np.uintp(j)
-                            v0 = x0[u]
-                            v1 = x1[u]
-                            v2 = x2[u]
-                            e0 = g0[u]
-                            e1 = g1[u]
-                            e2 = g2[u]
-                            e3 = g3[u]
-                            s00 += e0 * v0
-                            s01 += e0 * v1
-                            s02 += e0 * v2
-                            s10 += e1 * v0
-                            s11 += e1 * v1
-                            s12 += e1 * v2
-                            s20 += e2 * v0
-                            s21 += e2 * v1
-                            s22 += e2 * v2
-                            s30 += e3 * v0
-                            s31 += e3 * v1
-                            s32 += e3 * v2
-                        c0 = 3 * t
-                        acc[ob + 0, c0 + 0] += s00
-                        acc[ob + 0, c0 + 1] += s01
-                        acc[ob + 0, c0 + 2] += s02
-                        acc[ob + 1, c0 + 0] += s10
-                        acc[ob + 1, c0 + 1] += s11
-                        acc[ob + 1, c0 + 2] += s12
-                        acc[ob + 2, c0 + 0] += s20
-                        acc[ob + 2, c0 + 1] += s21
-                        acc[ob + 2, c0 + 2] += s22
-                        acc[ob + 3, c0 + 0] += s30
-                        acc[ob + 3, c0 + 1] += s31
-                        acc[ob + 3, c0 + 2] += s32
+                    if tb == 6:
+                        _taps6(xq, gq, offs, acc, xbase, row_stride, t0, ob, size, zero)
+                    else:
+                        _taps3(xq, gq, offs, acc, xbase, row_stride, t0, ob, size, zero)
 
 
 @_jit
@@ -642,7 +630,7 @@ def conv2d_weight_backward(
     if single:
         _run_parts(_weight_single, [x, grad, offs, partial, *geometry, og, chunk], parts)
     else:
-        kernel = _weight_blocked if TB == 6 else _weight_blocked3
-        _run_parts(kernel, [x, grad, offs, partial, *geometry, ogp // OB, chunk], parts)
+        _run_parts(_weight_blocked, [x, grad, offs, partial, *geometry, ogp // OB, chunk, TB],
+                   parts)  # fmt: skip
     total = partial.sum(axis=0).reshape(groups, ogp, offs.size)[:, :og, : cg * kh * kw]
     return total.reshape(o, cg, kh, kw).astype(dtype)
