@@ -180,12 +180,7 @@ class Fusion(Decorator):
         if layout is None:
             layout = _layout(op, name)
         if tracing.tracer is not None and (tracer := active(self)) is not None:
-            return tracer.call(op, name, args, layout)
-        return self.untraced_call(op, name, args, layout)
-
-    def untraced_call(self, op: OpDef, name: str, args: tuple, layout: tuple) -> Any:
-        """Records ``op`` (or runs it at once, see the module doc); ``layout`` is
-        :func:`_layout`'s for ``name``."""
+            return tracer.call(op, name, args, layout)  # which comes back here, untraced
         n, spread, has_device, eager = layout
         if eager or not self.lazy:
             return self._eager(op, name, args)
@@ -236,12 +231,7 @@ class Fusion(Decorator):
             return handles if multi else handles[0]
 
         stream = stream_for(device, self.executor)
-        for s in present:
-            if s.origin is not stream:
-                s.shared = True  # read across streams: never written over (executor)
-                other = s.stream
-                if other is not None:  # a value another thread's stream will make: now
-                    other.flush()
+        stream.reading(present)
         outputs = tuple([Slot(a.shape, a.dtype, device, stream) for a in out_avals])
         # The handles exist before the record is pushed: a push that fills the stream runs
         # it, and a fused block writes only the outputs someone can read.

@@ -437,7 +437,11 @@ class Tracer:
             r = None if s is None else self.refs.get(s)
             if r is not None and self.dynamic[r]:
                 dynamic = True
-        out = backend.untraced_call(op, name, args, layout)
+        tracing.tracer = None  # the op itself runs as in a plain call
+        try:
+            out = backend.call(op, name, args)
+        finally:
+            tracing.tracer = self
         if not dynamic or self.failure is not None:
             return out  # static: a constant, should a dynamic op read it
         if op.name in VALUE_SHAPED or (eager and op.rule is None):
@@ -618,11 +622,7 @@ class Trace:
                 if stream is None or stream.device is not device:
                     stream = stream_for(device, executor)
                 present = tuple([s for s in slots if s is not None])
-                for s in present:
-                    if s.origin is not stream:
-                        s.shared = True
-                        if s.stream is not None and s.stream is not stream:
-                            s.stream.flush()
+                stream.reading(present)
                 outputs = tuple([Slot(shape, dtype, dev, stream)
                                  for shape, dtype, dev in entry.outputs])  # fmt: skip
                 for k, r in enumerate(entry.out_refs):

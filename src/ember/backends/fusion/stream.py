@@ -133,6 +133,17 @@ class Stream:
     def __len__(self) -> int:
         return len(self.records)
 
+    def reading(self, slots: tuple[Slot, ...]) -> None:
+        """Before a record of this stream reads ``slots``: a slot of another stream is
+        marked shared (never written over by the executor), and where that stream has yet
+        to make it (another thread's), it runs now."""
+        for s in slots:
+            if s.origin is not self:
+                s.shared = True
+                other = s.stream
+                if other is not None:
+                    other.flush()
+
 
 def _elements(record: Record) -> int:
     """The most elements of any value ``record`` makes."""
