@@ -362,9 +362,9 @@ class _Entry:
         self.device = device
         self.hold: tuple[int, ...] = ()  # outputs read by a later entry, or returned
         self.release: tuple[int, ...] = ()  # refs this entry reads last
-        # A small op at once whose inner primitive runs it (as Fusion._now does), where no
-        # kernel of the executor's would: the inner backend's bound method.
-        self.direct: Any = None
+        # A small op at once that the inner primitive runs (Fusion._now), where no kernel of
+        # the executor's would.
+        self.direct = False
 
 
 class Tracer:
@@ -565,8 +565,8 @@ class Trace:
             slot.shared = True  # read by streams of any thread that replays the trace
         executor = self.backend.executor
         for entry in self.entries:
-            if entry.now and entry.name not in executor.op_kernels and entry.name != "float_reshape":
-                entry.direct = getattr(self.backend.inner, entry.name)
+            entry.direct = (entry.now and entry.name not in executor.op_kernels
+                            and entry.name != "float_reshape")  # fmt: skip
 
     def run(self, tensors: list[Tensor]) -> Any:
         """Pushes the entries' records for the inputs ``tensors`` (the call's, in the order
@@ -586,8 +586,6 @@ class Trace:
             values[r] = slot
         held: dict[int, FusionTensor] = {}
         stream = None
-        inner = backend.inner
-        small = 0  # ops run at once
         for entry in self.entries:
             refs = entry.refs
             slots = [None if r < 0 else values[r] for r in refs]
@@ -599,16 +597,11 @@ class Trace:
                     if k in entry.hold:
                         held[r] = outs[k]
             elif entry.now and _all_made(slots):
-                small += 1
-                if entry.direct is not None:
-                    prims = [None if s is None else s.prim for s in slots]
-                    out = (entry.direct(prims, *entry.attrs) if entry.spread
-                           else entry.direct(*prims, *entry.attrs))  # fmt: skip
+                if entry.direct:  # as Fusion.call ran it: the inner primitive, at once
+                    out = backend._now(entry.name, slots, entry.spread, entry.attrs, entry.device)
                     outs = out if entry.multi else (out,)
                     for k, r in enumerate(entry.out_refs):
-                        prim = outs[k]
-                        values[r] = Slot(inner.shape(prim), inner.dtype(prim), entry.device,
-                                         prim=prim)  # fmt: skip
+                        values[r] = outs[k].slot
                 else:
                     outputs = tuple([Slot(shape, dtype, dev) for shape, dtype, dev in entry.outputs])
                     for k, r in enumerate(entry.out_refs):
@@ -617,6 +610,7 @@ class Trace:
                     present = tuple([s for s in slots if s is not None])
                     executor.run_single(Record(entry.op, entry.name, call_args, present, outputs,
                                                entry.multi))  # fmt: skip
+                    counters.add("small_ops")
             else:
                 device = entry.device
                 if stream is None or stream.device is not device:
@@ -633,7 +627,6 @@ class Trace:
                 stream.push(Record(entry.op, entry.name, call_args, present, outputs, entry.multi))
             for r in entry.release:
                 held.pop(r, None)
-        counters.add("small_ops", small)
         return self._outputs(self.template, values, held, tensors)
 
     def _outputs(self, template: Any, values: list, held: dict, tensors: list[Tensor]) -> Any:
