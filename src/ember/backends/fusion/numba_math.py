@@ -376,14 +376,16 @@ _I64_MAX, _I64_MIN = np.int64(0x7FFFFFFFFFFFFFFF), np.int64(-0x8000000000000000)
 def order_key_f32(x, nan_key):
     """An int32 ordered as the float32 ``x``; ``nan_key`` for NaN."""
     b = f32_bits(x)
-    k = b ^ _I32_MAX if b < np.int32(0) else b
-    return nan_key if x != x else k
+    # numba widens int32 arithmetic to int64: the casts keep the reduction at 8 lanes (AVX2),
+    # 5x faster than the widened one.
+    k = np.int32(b ^ _I32_MAX) if b < np.int32(0) else b
+    return np.int32(nan_key) if x != x else k
 
 
 @_jit
 def from_order_key_f32(k, nan_key):
     """The float32 of an :func:`order_key_f32` (NaN for ``nan_key``)."""
-    x = f32_from_bits(k ^ _I32_MAX if k < np.int32(0) else k)
+    x = f32_from_bits(np.int32(k ^ _I32_MAX) if k < np.int32(0) else k)
     return _F32(np.nan) if k == nan_key else x
 
 
@@ -392,7 +394,7 @@ def order_key_f64(x, nan_key):
     """An int64 ordered as the float64 ``x``; ``nan_key`` for NaN."""
     b = f64_bits(x)
     k = b ^ _I64_MAX if b < np.int64(0) else b
-    return nan_key if x != x else k
+    return np.int64(nan_key) if x != x else k
 
 
 @_jit

@@ -50,7 +50,7 @@ _BITS = {DType.I64: 64, DType.I32: 32, DType.I16: 16, DType.I8: 8,
          DType.U64: 64, DType.U32: 32, DType.U16: 16, DType.U8: 8}  # fmt: skip
 
 ELEMENTWISE_FLAGS = {"contract"}
-REDUCTION_FLAGS = {"contract", "reassoc"}
+REDUCTION_FLAGS = {"arcp", "contract", "reassoc"}
 
 
 def _flags(flags: set[str]) -> str:
