@@ -593,6 +593,38 @@ def test_non_contiguous_inputs_and_given_outputs(runtime):
         runtime.run(gelu_block(x.shape), [base])
 
 
+def test_broadcast_views_are_read_in_place(runtime):
+    # An expand (stride 0 along a dim) reaches a block as a view; the kernel reads the one
+    # copy it repeats, as it reads a bias, instead of the runtime writing out every repeat
+    rng = np.random.default_rng(8)
+    shape, r = (64, 48), (64, 1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    column = np.broadcast_to(rng.standard_normal(r).astype(np.float32), shape)
+    scalar = np.broadcast_to(np.float32(3.0), shape)
+    product = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)), (
+        I("mul", (0, 1), (), shape, F32), I("sum_dim", (2,), (1,), r, F32)), (3,), axis=1)  # fmt: skip
+    add = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)),
+                   (I("add", (0, 1), (), shape, F32),), (2,))  # fmt: skip
+    def takes(inputs_of_each):  # pool buffers taken by the runs (outputs, input copies)
+        before = runtime.pool.hits + runtime.pool.misses
+        outs = [runtime.run(block, inputs)[0] for block, inputs in inputs_of_each]
+        return runtime.pool.hits + runtime.pool.misses - before, outs
+
+    copied = [np.ascontiguousarray(column), np.ascontiguousarray(scalar)]
+    plain, (summed_copy, _) = takes([(product, [x, copied[0]]), (add, [copied[1], x])])
+    viewed, (summed, added) = takes([(product, [x, column]), (add, [scalar, x])])
+    assert viewed == plain  # the outputs' buffers only: no copy of the views
+    np.testing.assert_array_equal(summed, summed_copy)
+    np.testing.assert_allclose(summed, (x.astype(np.float64) * column).sum(1, keepdims=True),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    np.testing.assert_array_equal(added, x + np.float32(3.0))
+    # Reduced along the repeated dim: each row sums its one value 48 times
+    alone = ir.Block(shape, (ir.Input(shape, F32),), (I("sum_dim", (0,), (1,), r, F32),), (1,),
+                     axis=1)  # fmt: skip
+    (total,) = runtime.run(alone, [column])
+    np.testing.assert_allclose(total, column[:, :1] * 48, rtol=1e-6)
+
+
 def test_output_over_its_own_input(runtime):
     # x * softmax(x): the kernel parks exp(x - max) in its output between the last pass
     # and the final loop, which reads x again; an output that is x itself must not

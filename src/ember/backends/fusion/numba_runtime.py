@@ -204,6 +204,7 @@ class NumbaRuntime:
         size per block dim); returns its outputs, written into ``out`` when given (a None
         entry of ``out`` comes from the pool). An element-wise block may write over an
         input exactly; other overlaps run into fresh buffers first."""
+        block, inputs = _broadcast_views(block, inputs)
         kernel = self.kernel(block)
         arrays, copies = _inputs(block, inputs, self.pool.take)
         try:
@@ -529,6 +530,27 @@ def _numpy_dtype(dtype: DType) -> np.dtype:
 
 
 _NUMPY_DTYPES: dict[DType, np.dtype] = {}  # a launch asks for each input's and output's
+
+
+def _broadcast_views(block: ir.Block, inputs: list) -> tuple[ir.Block, list]:
+    """``block`` and ``inputs`` with each broadcast view among the inputs (an ``expand``:
+    stride 0 along dims of more than one element) handed over as the single copy it
+    repeats, the block's input 1 along those dims: the kernel then reads it as any
+    broadcast input (a bias), where a contiguous copy would write out every repeat first."""
+    specs = None
+    for i, array in enumerate(inputs):
+        if type(array) is not np.ndarray or array.flags.c_contiguous or 0 not in array.strides:
+            continue
+        spec = block.inputs[i]
+        if array.shape != spec.shape:
+            continue  # _inputs names the mismatch
+        one = array[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in array.strides)]
+        if specs is None:
+            specs, inputs = list(block.inputs), list(inputs)
+        specs[i], inputs[i] = ir.Input(one.shape, spec.dtype), one
+    if specs is None:
+        return block, inputs
+    return ir.Block(block.shape, tuple(specs), block.body, block.outputs, block.axis), inputs
 
 
 def _inputs(block: ir.Block, inputs: list[np.ndarray],
