@@ -146,6 +146,29 @@ def test_a_stream_with_nothing_to_fuse_is_not_planned(device):
     np.testing.assert_allclose(got, (np.exp((a @ b).T) @ b).reshape(16) * 2.0, rtol=1e-6)
 
 
+def test_a_product_read_only_transposed_is_computed_transposed(device):
+    # (a @ b)^T + c, as a second-order gradient sums a weight's two terms: the product is
+    # computed as b^T @ a^T, so the sum reads two C-contiguous operands
+    rng = np.random.default_rng(4)
+    a, b, c = (rng.normal(size=s).astype(np.float32) for s in ((6, 3), (3, 5), (5, 6)))
+    x, w, other = (Tensor.from_data(v, device) for v in (a, b, c))
+    reset_stats()
+    transposed = x.matmul(w).transpose()
+    total = transposed + other
+    np.testing.assert_allclose(total.to_numpy(), (a @ b).T + c, rtol=1e-6)
+    assert stats()["transposed_products"] == 1
+    assert transposed._prim.slot.prim.flags.c_contiguous
+    # Read as it is too (or swapped otherwise, or by a handle): the product as usual
+    reset_stats()
+    product = x.matmul(w)
+    both = product.transpose() + other
+    np.testing.assert_allclose((both + product.transpose()).to_numpy(), 2 * (a @ b).T + c,
+                               rtol=1e-6)  # fmt: skip
+    stacked = Tensor.from_data(np.stack([a, a]), device).matmul(w).permute([2, 1, 0])
+    np.testing.assert_allclose(stacked.to_numpy(), np.stack([a @ b] * 2).transpose(2, 1, 0))
+    assert stats()["transposed_products"] == 0
+
+
 def _norm_step(device, n: int, d: int = 6) -> np.ndarray:
     """A layer norm and a softmax over a batch of ``n`` rows (reductions, broadcasts, a
     scalar, several blocks and unfused records)."""

@@ -25,6 +25,7 @@ _FIELDS = (
     "tunings",  # (block kind, size bucket)s timed to choose how they run (autotune.py)
     "in_place",  # block outputs written over an input at its last use
     "op_kernels",  # single ops run by a compiled kernel the tuner chose (op_kernels.py)
+    "transposed_products",  # products computed transposed for a reader that transposes them
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
 )

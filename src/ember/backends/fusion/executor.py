@@ -223,9 +223,16 @@ class Executor:
             return
         segments = self._blocks(records)
         last_read = None  # slot -> the last record that reads it, for in-place writes
+        readers = None  # slot -> the records that read it, for products read transposed
         for start, length, fused in segments:
             if fused is None:
-                self.run_single(records[start])
+                record = records[start]
+                if record.name == "float_matmul":
+                    if readers is None:
+                        readers = _readers(records)
+                    if self._transposed_product(record, records, readers):
+                        continue
+                self.run_single(record)
             elif type(fused) is ConvEpilogue:
                 self._conv_epilogue(fused, records[start : start + length])
             elif type(fused) is MatmulEpilogue:
@@ -234,6 +241,34 @@ class Executor:
                 if last_read is None:
                     last_read = _last_reads(records)
                 self._launch(fused, records[start : start + length], last_read, start + length)
+
+    def _transposed_product(self, record: Record, records: list[Record], readers: dict) -> bool:
+        """Computes the product ``a @ b`` of ``record`` as ``(b^T @ a^T)^T`` where the one
+        record of the stream that reads it swaps its last two dims (a second-order gradient
+        through ``x @ w``: the backward of a transpose applied to a product). The product's
+        slot holds the transposed view of a C-contiguous result, so the reader's transpose
+        gives that result itself, and the ops after it (the sum with the weight's other
+        gradient term) read contiguous memory instead of copying a transposed view (about
+        1 ms for a ``[1024, 512]`` float32 operand on one core here). False where the rule
+        does not apply. The product's values are the same; only its layout differs."""
+        out = record.outputs[0]
+        found = readers.get(out)
+        if found is None or len(found) != 1 or out.readable() or out.shared:
+            return False
+        reader = found[0]
+        rank = len(out.shape)
+        swap = (*range(rank - 2), rank - 1, rank - 2)
+        if reader.name != "float_permute" or tuple(reader.args[1]) != swap:
+            return False
+        lhs, rhs = inner_args(record)
+        inner = self.inner
+        if len(inner.shape(lhs)) != rank or len(inner.shape(rhs)) != rank:
+            return False  # a broadcast batch: the usual product
+        product = inner.float_matmul(inner.float_permute(rhs, swap), inner.float_permute(lhs, swap))
+        set_output(inner, out, inner.float_permute(product, swap), record.name)
+        counters.add("unfused_ops")
+        counters.add("transposed_products")
+        return True
 
     def run_single(self, record: Record) -> None:
         """Runs a record no block holds (or a small op at once): its compiled kernel where
@@ -604,6 +639,15 @@ def _reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
         except AttributeError:
             return None
         return view
+
+
+def _readers(records: list[Record]) -> dict:
+    """Each slot the records read, mapped to the records that read it."""
+    found: dict = {}
+    for record in records:
+        for slot in record.inputs:
+            found.setdefault(slot, []).append(record)
+    return found
 
 
 def _last_reads(records: list[Record]) -> dict:
