@@ -230,7 +230,7 @@ class Executor:
                 if record.name == "float_matmul":
                     if readers is None:
                         readers = _readers(records)
-                    if self._transposed_product(record, records, readers):
+                    if self._transposed_product(record, readers):
                         continue
                 self.run_single(record)
             elif type(fused) is ConvEpilogue:
@@ -242,7 +242,7 @@ class Executor:
                     last_read = _last_reads(records)
                 self._launch(fused, records[start : start + length], last_read, start + length)
 
-    def _transposed_product(self, record: Record, records: list[Record], readers: dict) -> bool:
+    def _transposed_product(self, record: Record, readers: dict) -> bool:
         """Computes the product ``a @ b`` of ``record`` as ``(b^T @ a^T)^T`` where the one
         record of the stream that reads it swaps its last two dims (a second-order gradient
         through ``x @ w``: the backward of a transpose applied to a product). The product's
