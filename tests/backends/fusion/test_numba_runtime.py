@@ -657,6 +657,20 @@ def test_pool_reuses_released_outputs(runtime):
     assert not runtime.release(np.ones((512, 512), np.float32))  # not the pool's
 
 
+def test_large_pooled_buffers_start_on_a_page(runtime):
+    # Rows of 4 KiB then each lie on one page (the prefetcher stops at page ends)
+    from ember.backends.fusion.buffers import BufferPool
+
+    pool = BufferPool()
+    for shape in [(4096, 1024), (17, 1000), (1 << 14,)]:
+        array = pool.take(shape, np.float32)
+        assert array.__array_interface__["data"][0] % 4096 == 0 and array.shape == shape
+        array[...] = 1.0  # the whole array lies in its buffer
+        assert pool.release(array)
+        again = pool.take(shape, np.float32)  # the same buffer, still from the page
+        assert again.__array_interface__["data"][0] == array.__array_interface__["data"][0]
+
+
 def test_thread_counts_agree(runtime):
     x = np.random.default_rng(6).standard_normal((64, 1000)).astype(np.float32)
     one = runtime.run(softmax_block(x.shape, 1), [x], threads=1)[0].copy()
