@@ -56,19 +56,34 @@ def gelu(x):
     return x * 0.5 * ((x / SQRT2).erf() + 1.0)
 
 
-def workloads(device, replayed: bool = False):
-    """``{name: call}`` for the three workloads on ``device``, each running to the end;
-    ``replayed``: each workload's function through ``fusion.replay``."""
+def inputs():
+    """The host arrays every side reads: the GELU's ``[GELU_N]`` and the rows'
+    ``[ROWS, COLS]``."""
     import numpy as np
 
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(GELU_N).astype(np.float32),
+            rng.standard_normal((ROWS, COLS)).astype(np.float32))  # fmt: skip
+
+
+def workloads(device, replayed: bool = False, arrays=None):
+    """``{name: call}`` for the three workloads on ``device``, each running to the end;
+    ``replayed``: each workload's function through ``fusion.replay``. ``arrays`` (from
+    :func:`inputs`, default new ones): on a fusion device the tensors are these arrays
+    themselves, not copies, so that a peer given the same arrays reads the same memory (a
+    row that straddles two pages reads measurably slower than one on a page: where two
+    sides' inputs lay differently, the ratio moved by up to 10% from run to run)."""
     from ember import Tensor
     from ember.backends.fusion import replay
+    from ember.backends.fusion.backend import Fusion
     from ember.nn.norm import LayerNormConfig
     from ember.tensor import activation
 
-    rng = np.random.default_rng(0)
-    x = Tensor.from_data(rng.standard_normal(GELU_N).astype(np.float32), device)
-    rows = Tensor.from_data(rng.standard_normal((ROWS, COLS)).astype(np.float32), device)
+    host_x, host_rows = inputs() if arrays is None else arrays
+    if isinstance(device.backend, Fusion):
+        x, rows = (Tensor.from_primitive(device.backend.wrap(a), device) for a in (host_x, host_rows))
+    else:
+        x, rows = Tensor.from_data(host_x, device), Tensor.from_data(host_rows, device)
     norm = LayerNormConfig(COLS).init(device)
 
     def run(fn, arg):
@@ -234,12 +249,12 @@ def main() -> None:
     cold = _child_first_calls(cache)
     warm = _child_first_calls(cache)
 
+    x, host_rows = arrays = inputs()
     nd, fu = ember.device("ndarray"), ember.device("ndarray").fusion()
-    on_nd, on_fu, on_replay = workloads(nd), workloads(fu), workloads(fu, replayed=True)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(GELU_N).astype(np.float32)
+    on_nd = workloads(nd, arrays=arrays)
+    on_fu, on_replay = workloads(fu, arrays=arrays), workloads(fu, replayed=True, arrays=arrays)
     xt, copy_out = torch.from_numpy(x), np.empty_like(x)
-    rows = torch.from_numpy(rng.standard_normal((ROWS, COLS)).astype(np.float32))
+    rows = torch.from_numpy(host_rows)
     gamma, beta = torch.ones(COLS), torch.zeros(COLS)
     compiled_gelu, compile_note = compile_torch(torch_gelu, xt)
     kernel_runtime, gelu_block = NumbaRuntime(cache=cache), blocks()["gelu"]
