@@ -222,15 +222,14 @@ class Executor:
                 run_record(self.inner, record)
             return
         segments = self._blocks(records)
-        last_read = None  # slot -> the last record that reads it, for in-place writes
-        readers = None  # slot -> the records that read it, for products read transposed
+        readers = None  # slot -> the records that read it: in-place writes, transposed products
         for start, length, fused in segments:
             if fused is None:
                 record = records[start]
                 if record.name == "float_matmul":
                     if readers is None:
                         readers = _readers(records)
-                    if self._transposed_product(record, readers):
+                    if self._transposed_product(record, records, readers):
                         continue
                 self.run_single(record)
             elif type(fused) is ConvEpilogue:
@@ -238,11 +237,11 @@ class Executor:
             elif type(fused) is MatmulEpilogue:
                 self._matmul_epilogue(fused, records[start : start + length])
             else:
-                if last_read is None:
-                    last_read = _last_reads(records)
-                self._launch(fused, records[start : start + length], last_read, start + length)
+                if readers is None:
+                    readers = _readers(records)
+                self._launch(fused, records[start : start + length], readers, start + length)
 
-    def _transposed_product(self, record: Record, readers: dict) -> bool:
+    def _transposed_product(self, record: Record, records: list[Record], readers: dict) -> bool:
         """Computes the product ``a @ b`` of ``record`` as ``(b^T @ a^T)^T`` where the one
         record of the stream that reads it swaps its last two dims (a second-order gradient
         through ``x @ w``: the backward of a transpose applied to a product). The product's
@@ -255,7 +254,7 @@ class Executor:
         found = readers.get(out)
         if found is None or len(found) != 1 or out.readable() or out.shared:
             return False
-        reader = found[0]
+        reader = records[found[0]]
         rank = len(out.shape)
         swap = (*range(rank - 2), rank - 1, rank - 2)
         if reader.name != "float_permute" or tuple(reader.args[1]) != swap:
@@ -443,10 +442,10 @@ class Executor:
                 plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
-    def _launch(self, fused, records: list[Record], last_read: dict | None = None,
+    def _launch(self, fused, records: list[Record], readers: dict | None = None,
                 end: int = 0) -> None:  # fmt: skip
         """Runs a fused block (``records``, which end before record ``end`` of their stream;
-        ``last_read`` maps each slot to the last record of the stream that reads it)."""
+        ``readers`` maps each slot to the records of the stream that read it, by index)."""
         block = fused.block
         n_records = len(records)
         if not block.outputs:
@@ -469,7 +468,7 @@ class Executor:
             return
         out, consumed = None, []
         if recycler is not None and type(how) is not autotune.Pending:
-            out, consumed = self._in_place(fused, last_read or {}, end)
+            out, consumed = self._in_place(fused, readers or {}, end)
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
         try:
@@ -501,7 +500,7 @@ class Executor:
             # buffers of their own, so the outputs stored above stay as they are.
             tuner.tune(how, block, arrays, lambda: run_detached(self.inner, records))
 
-    def _in_place(self, fused, last_read: dict, end: int) -> tuple[list | None, list]:
+    def _in_place(self, fused, readers: dict, end: int) -> tuple[list | None, list]:
         """``(out, consumed)``: for an element-wise float block, output arrays (None where
         the pool gives one) that overwrite inputs at their last use, and the input slots
         they consume; ``(None, [])`` when no input qualifies.
@@ -528,7 +527,7 @@ class Executor:
                 fits = (type(array) is np.ndarray and array.shape == shape
                         and spec.shape == shape and not slot.readable() and not slot.shared
                         and slot not in consumed and _refs(array) == _EXPECTED_REFS
-                        and last_read.get(slot, -1) < end)  # fmt: skip
+                        and readers.get(slot, (-1,))[-1] < end)  # fmt: skip
                 if fits:
                     consumed.append(slot)
                     break
@@ -642,21 +641,13 @@ def _reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def _readers(records: list[Record]) -> dict:
-    """Each slot the records read, mapped to the records that read it."""
+    """Each slot the records read, mapped to the indices of the records that read it, in
+    order (the last is its last use)."""
     found: dict = {}
-    for record in records:
-        for slot in record.inputs:
-            found.setdefault(slot, []).append(record)
-    return found
-
-
-def _last_reads(records: list[Record]) -> dict:
-    """Each slot the records read, mapped to the index of the last record that reads it."""
-    last = {}
     for i, record in enumerate(records):
         for slot in record.inputs:
-            last[slot] = i
-    return last
+            found.setdefault(slot, []).append(i)
+    return found
 
 
 def _bind(templates: tuple, records: list[Record]) -> list | None:
