@@ -6,6 +6,8 @@ blocks (``ir.py``) that a runtime computes in one pass. Plan and state:
 ``docs/fusion_plan.md``.
 """
 
+# First: numba_target widens numba's vectors on import, before any kernel exists.
+from ember.backends.fusion import numba_target  # noqa: F401
 from ember.backends.fusion.backend import Fusion
 from ember.backends.fusion.counters import reset_stats, stats
 from ember.backends.fusion.replayed import replay

@@ -1,0 +1,89 @@
+"""numba's target for ember's kernels: 512-bit vectors where the host has AVX-512.
+
+Each case runs in a fresh interpreter, since numba fixes its target once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+numba = pytest.importorskip("numba", reason="numba is not installed (pip install 'ember[jit]')")
+from llvmlite import binding  # noqa: E402  (numba's own dependency)
+
+AVX512 = bool(binding.get_host_cpu_features().get("avx512f", False))
+
+# A loop that LLVM vectorizes: on an AVX-512 host its machine code shows which registers
+# the vectorizer chose (zmm: 512 bits, ymm: 256).
+_CHILD = """
+import json
+import numpy as np
+import ember.backends.fusion
+from ember.backends.fusion.numba_math import fast_erf_f32
+from ember.backends.fusion.numba_target import widen_vectors
+import numba
+import numba.core.config as config
+
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def erf_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = fast_erf_f32(x[i])
+
+x = np.linspace(-5, 5, 4099, dtype=np.float32)
+out = np.empty_like(x)
+erf_all(x, out)
+asm = erf_all.inspect_asm(erf_all.signatures[0])
+print(json.dumps({"zmm": asm.count("zmm"), "ymm": asm.count("ymm"), "again": widen_vectors(),
+                  "features": config.CPU_FEATURES, "max_err": float(np.abs(out - np.vectorize(
+                      __import__("math").erf)(x.astype(np.float64))).max())}))
+"""
+
+
+def _child(**env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "EMBER_FUSION_VECTOR_BITS")}  # fmt: skip
+    environ.update(env)
+    done = subprocess.run([sys.executable, "-c", _CHILD], env=environ, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_use_the_widest_vectors_the_host_has():
+    got = _child()
+    assert got["max_err"] < 2e-7  # the widened code computes the same erf
+    if not AVX512:
+        assert got["features"] is None and got["zmm"] == 0 and not got["again"]
+        pytest.skip("this host has no AVX-512: only checked that nothing changed")
+    assert got["features"].endswith(",-prefer-256-bit")
+    assert got["again"] is True
+    assert got["zmm"] > 0 and got["zmm"] > got["ymm"], got
+
+
+@pytest.mark.skipif(not AVX512, reason="this host has no AVX-512: no vector width to choose")
+@pytest.mark.parametrize("env", [{"EMBER_FUSION_VECTOR_BITS": "256"},
+                                 {"NUMBA_CPU_FEATURES": "+avx2,+fma,+avx512f,+avx512vl"}])  # fmt: skip
+def test_the_users_choice_of_target_wins(env):
+    got = _child(**env)
+    assert got["again"] is False
+    assert got["features"] == env.get("NUMBA_CPU_FEATURES")
+    if "EMBER_FUSION_VECTOR_BITS" in env:
+        assert got["zmm"] == 0 and got["ymm"] > 0, got  # LLVM's own 256-bit preference
+    assert got["max_err"] < 2e-7
+
+
+def test_a_target_numba_fixed_earlier_is_left_alone():
+    code = ("import numba\n"
+            "numba.njit(lambda x: x)(1)\n"  # numba's codegen exists before ember's import
+            "import numba.core.config as config\n"
+            "from ember.backends.fusion.numba_target import widen_vectors\n"
+            "print(widen_vectors(), config.CPU_FEATURES)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items()
+                                            if not k.startswith("NUMBA_CPU")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "None"]
