@@ -87,3 +87,12 @@ def test_a_target_numba_fixed_earlier_is_left_alone():
                                             if not k.startswith("NUMBA_CPU")})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["False", "None"]
+
+
+def test_tuning_choices_are_kept_per_cpu_model_and_vector_width():
+    from ember.backends.fusion import autotune
+    from ember.backends.fusion.numba_target import target_name
+
+    name = target_name()
+    assert name == binding.get_host_cpu_name() + ("-wide" if AVX512 else "")
+    assert autotune.machine().endswith(f"cpu-{name}")

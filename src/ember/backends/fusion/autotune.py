@@ -18,8 +18,9 @@ threads start to pay is a matter of element count; the kernel of a reduction div
 positions outside the axis among threads, so its axis length changes that point too.
 Coarser buckets would tune fewer times but mix sizes where the winner changes; per-dim
 buckets would time again for every batch size. The runtime's thread limit is part of the
-key too, and the file is one per machine kind (processor architecture and CPU count, in
-its name and checked inside), so a choice made on another machine size never applies.
+key too, and the file is one per machine kind (processor architecture, CPU count, and the
+CPU model and vector width numba compiles for, in its name and checked inside), so a
+choice made on another machine never applies.
 A fused block's key covers the kernel generator's source (the runtime's version); a
 single op's (``op_kernels``: convolutions, pooling, products) covers the sources of those
 kernels (:data:`OP_KERNEL_FILES`), so an edited kernel is timed again rather than left
@@ -46,7 +47,7 @@ with how many tunings made it (``tunings``) and how many of the last ones in a r
 agree or :data:`SETTLED_AFTER` tunings were made (the last one is kept). A settled choice
 is used without timing. Within one process a bucket is tuned once.
 
-**The file** (``autotune-<arch>-<cpus>cpu.json`` in the runtime's cache folder) may be
+**The file** (``autotune-<arch>-<cpus>cpu-<model>.json`` in the runtime's cache folder) may be
 hostile: it is read only when it is a regular file under :data:`MAX_FILE_BYTES`, every
 entry is checked (key form, known candidate, thread count within the key's limit) and a
 bad one is skipped; a file that does not parse is ignored as a whole. Nothing in it is
@@ -215,9 +216,13 @@ def enabled() -> bool:
 
 
 def machine() -> str:
-    """The machine kind choices are made for: processor architecture and CPU count."""
+    """The machine kind choices are made for: processor architecture, CPU count, and the
+    CPU model and vector width numba compiles for (``numba_target.target_name``)."""
+    from ember.backends.fusion.numba_target import target_name
+
     arch = re.sub(r"[^A-Za-z0-9_]", "", platform.machine()) or "cpu"
-    return f"{arch}-{os.cpu_count() or 1}cpu"
+    model = re.sub(r"[^A-Za-z0-9_-]", "", target_name()) or "generic"
+    return f"{arch}-{os.cpu_count() or 1}cpu-{model}"
 
 
 _tuners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["widen_vectors"]
+__all__ = ["target_name", "widen_vectors"]
 
 _NARROW = "-prefer-256-bit"
 
@@ -51,6 +51,21 @@ def widen_vectors() -> bool:
         return False
     config.CPU_FEATURES = f"{features.flatten()},{_NARROW}"
     return True
+
+
+def target_name() -> str:
+    """The CPU model numba compiles for, as LLVM names it, with ``-wide`` where
+    :func:`widen_vectors` took effect (``sapphirerapids-wide``, ``znver3``); ``generic``
+    without numba. Kernels run at other speeds on another model or width, so the tuner's
+    choices (``autotune.machine``) are kept apart by it."""
+    try:
+        import numba.core.config as config
+        from llvmlite import binding
+    except ImportError:
+        return "generic"
+    name = config.CPU_NAME or binding.get_host_cpu_name()
+    wide = config.CPU_FEATURES is not None and config.CPU_FEATURES.endswith(_NARROW)
+    return name + ("-wide" if wide else "")
 
 
 widen_vectors()
