@@ -131,6 +131,34 @@ def test_op_kernel_entry_names_work_and_key():
     np.testing.assert_array_equal(kernel.run([a, b], 1), np.matmul(a, b))
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_stacks_run_as_blas_shares_over_threads(threads):
+    """Above one thread a stack of products runs as NumPy's BLAS on each thread's share of
+    the first batch dim, the BLAS held to one thread meanwhile (restored after)."""
+    from ember.backends.ndarray import parallel
+
+    kernel = op_kernels.NDARRAY_KERNELS["float_matmul"]
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((5, 3, 17, 9)).astype(np.float32)
+    heads = rng.standard_normal((5, 17, 3, 9)).astype(np.float32)
+    b = heads.transpose(0, 2, 3, 1)  # a head-split view, read where it lies: [5, 3, 9, 17]
+    before = parallel.blas_threads()
+    taken = []
+
+    def empty(shape, dtype):
+        taken.append((shape, np.dtype(dtype)))
+        return np.full(shape, np.nan, dtype)  # every element must be written
+
+    got = kernel.run([a, b], threads, empty)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert taken == [((5, 3, 17, 17), np.dtype(np.float32))]
+    assert parallel.blas_threads() == before
+    one = np.ones((1, 3, 4, 64), np.float32)  # a stack of one: the numba GEMM's parts
+    square = np.ones((1, 3, 64, 64), np.float32)
+    np.testing.assert_array_equal(kernel.run([one, square], threads), np.full((1, 3, 4, 64), 64.0))
+
+
 def _encoder_products(device, x, w, q, k):
     """A linear layer's product and attention's scores, as ember's Linear and
     MultiHeadAttention compute them (``x @ w``, ``q @ k^T``)."""

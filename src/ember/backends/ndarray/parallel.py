@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
-__all__ = ["MIN_PARALLEL_WORK", "Claim", "blas_threads", "blocks", "run_blocks"]
+__all__ = ["MIN_PARALLEL_WORK", "Claim", "blas_held_to_one", "blas_threads", "blocks", "run_blocks"]
 
 T = TypeVar("T")
 
@@ -100,7 +100,9 @@ def blas_threads() -> int:
 
 
 @contextlib.contextmanager
-def _blas_held_to_one() -> Iterator[None]:
+def blas_held_to_one() -> Iterator[None]:
+    """NumPy's BLAS runs on one thread inside (process-wide; the last section to end
+    restores the count the first one found)."""
     global _held, _saved
     with _lock:
         if _held == 0:
@@ -195,7 +197,7 @@ def run_blocks(n: int, chunk: int, work: int, body: Callable[[Claim], T]) -> lis
 
     if parts <= 1:
         return [body(claim)]
-    with _blas_held_to_one():
+    with blas_held_to_one():
         pool = _executor(parts - 1)
         futures = [pool.submit(body, claim) for _ in range(parts - 1)]
         try:
