@@ -146,10 +146,14 @@ def light_names() -> list[str]:
     return sorted(p.stem for p in LIGHT_DIR.glob("light_*.onnx")) if LIGHT_DIR.is_dir() else []
 
 
-def run_light(name: str) -> None:
-    """A light model graph (real architectures, constant weights): compared with onnxruntime."""
+def run_light(name: str, output: str | None = None) -> None:
+    """A light model graph (real architectures, constant weights): compared with onnxruntime;
+    ``output`` names a value of the graph to compare instead of the graph's outputs."""
     ort = pytest.importorskip("onnxruntime")
     model = onnx.load(str(LIGHT_DIR / f"{name}.onnx"))
+    if output is not None:
+        del model.graph.output[:]
+        model.graph.output.append(onnx.helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None))
     reason = _why_skip(model)
     if reason is not None:
         pytest.skip(reason)
