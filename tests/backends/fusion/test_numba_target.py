@@ -25,6 +25,7 @@ import numpy as np
 import ember.backends.fusion
 from ember.backends.fusion.numba_math import fast_erf_f32
 from ember.backends.fusion.numba_target import widen_vectors
+from ember.backends.fusion.numba_tile import VECTOR_BYTES
 import numba
 import numba.core.config as config
 
@@ -37,7 +38,7 @@ x = np.linspace(-5, 5, 4099, dtype=np.float32)
 out = np.empty_like(x)
 erf_all(x, out)
 asm = erf_all.inspect_asm(erf_all.signatures[0])
-print(json.dumps({"zmm": asm.count("zmm"), "ymm": asm.count("ymm"), "again": widen_vectors(),
+print(json.dumps({"tile_bytes": VECTOR_BYTES, "zmm": asm.count("zmm"), "ymm": asm.count("ymm"), "again": widen_vectors(),
                   "features": config.CPU_FEATURES, "max_err": float(np.abs(out - np.vectorize(
                       __import__("math").erf)(x.astype(np.float64))).max())}))
 """
@@ -58,10 +59,12 @@ def test_kernels_use_the_widest_vectors_the_host_has():
     assert got["max_err"] < 2e-7  # the widened code computes the same erf
     if not AVX512:
         assert got["features"] is None and got["zmm"] == 0 and not got["again"]
+        assert got["tile_bytes"] == 32
         pytest.skip("this host has no AVX-512: only checked that nothing changed")
     assert got["features"].endswith(",-prefer-256-bit")
     assert got["again"] is True
     assert got["zmm"] > 0 and got["zmm"] > got["ymm"], got
+    assert got["tile_bytes"] == 64  # register tiles sized for 512-bit vectors
 
 
 @pytest.mark.skipif(not AVX512, reason="this host has no AVX-512: no vector width to choose")
@@ -73,6 +76,7 @@ def test_the_users_choice_of_target_wins(env):
     assert got["features"] == env.get("NUMBA_CPU_FEATURES")
     if "EMBER_FUSION_VECTOR_BITS" in env:
         assert got["zmm"] == 0 and got["ymm"] > 0, got  # LLVM's own 256-bit preference
+        assert got["tile_bytes"] == 32  # tiles sized for the registers LLVM will use
     assert got["max_err"] < 2e-7
 
 

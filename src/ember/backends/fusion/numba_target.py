@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["target_name", "widen_vectors"]
+__all__ = ["target_name", "vector_bytes", "widen_vectors"]
 
 _NARROW = "-prefer-256-bit"
 
@@ -51,6 +51,22 @@ def widen_vectors() -> bool:
         return False
     config.CPU_FEATURES = f"{features.flatten()},{_NARROW}"
     return True
+
+
+def vector_bytes() -> int:
+    """Bytes of the vectors ember's register-tiled kernels (products, convolutions) size
+    their tiles for: 64 where the host has AVX-512, unless ``EMBER_FUSION_VECTOR_BITS=256``
+    keeps LLVM at 256 bits, else 32. A tile sized for 512-bit registers that LLVM splits
+    in two needs twice the registers and spills."""
+    if os.environ.get("EMBER_FUSION_VECTOR_BITS") == "256":
+        return 32
+    try:
+        from llvmlite import binding
+
+        features = binding.get_host_cpu_features()
+    except Exception:  # no llvmlite (numba is an optional extra), or a host it cannot query
+        return 32
+    return 64 if features.get("avx512f", False) else 32
 
 
 def target_name() -> str:

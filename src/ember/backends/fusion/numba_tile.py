@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from functools import cache
 
+from ember.backends.fusion.numba_target import vector_bytes
+
 try:  # numba is optional: the kernels that use the tile check numba first
     from llvmlite import ir
     from numba import types
@@ -41,20 +43,9 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 __all__ = ["VECTOR_BYTES", "lanes", "tile_kernel"]
 
 
-def _vector_bytes() -> int:
-    """64 (an AVX-512 register) where the host has AVX-512, else 32 (AVX2's): a vector
-    LLVM must split in two would double the registers a tile needs and spill."""
-    try:
-        from llvmlite import binding
-
-        features = binding.get_host_cpu_features()
-    except Exception:  # pragma: no cover - no llvmlite, or a host it cannot query
-        return 32
-    return 64 if features.get("avx512f", False) else 32
-
-
-VECTOR_BYTES = _vector_bytes()
-"""Bytes of one accumulator vector: an AVX-512 register where the host has one."""
+VECTOR_BYTES = vector_bytes()
+"""Bytes of one accumulator vector: an AVX-512 register where the host has one and LLVM
+may use it (``numba_target.vector_bytes``)."""
 
 
 def lanes(itemsize: int) -> int:
