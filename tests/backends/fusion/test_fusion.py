@@ -56,6 +56,42 @@ def test_an_index_error_raises_at_the_op(device):
     assert str(fused_error.value) == str(eager_error.value)
 
 
+INDEXED_CALLS = {  # op: (its call on x [2, 3] and indices, the indices' shape)
+    "gather": (lambda x, i: x.gather(1, i), (2, 2)),
+    "select": (lambda x, i: x.select(1, i), (2,)),
+    "scatter": (lambda x, i: x.scatter(1, i, x[:, :2] * 0.5), (2, 2)),
+    "select_assign": (lambda x, i: x.select_assign(1, i, x[:, :2] + 1.0), (2,)),
+}
+
+
+@pytest.mark.parametrize("op", list(INDEXED_CALLS))
+def test_indexed_ops_are_recorded_where_their_indices_fit(device, op):
+    """A gather (a cross-entropy's) or scatter (its gradient) by made indices within the dim
+    is recorded like any op; indices that do not fit (negative ones, which NumPy wraps, or
+    pending ones) run the op at once, as before, with the same results as NdArray's."""
+    call, shape = INDEXED_CALLS[op]
+    device = ember.device("ndarray").fusion(runtime="interpreter", small=0)  # records all
+    eager = ember.device("ndarray")
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for index in ([2, 0, 1, 2], [-1, 0, 2, -3]):
+        chosen = np.array(index[: int(np.prod(shape))], np.int64).reshape(shape)
+        want = call(Tensor.from_data(data, eager), Tensor.from_data(chosen, eager)).to_numpy()
+        x = Tensor.from_data(data, device) * 1.0  # pending
+        reset_stats()
+        got = call(x, Tensor.from_data(chosen, device))
+        fits = index[0] >= 0
+        assert _pending(got) == fits
+        assert stats()["eager_ops"] == (0 if fits else 1) + 1  # + from_data, always at once
+        np.testing.assert_array_equal(got.to_numpy(), want)
+    x = Tensor.from_data(data, device)
+    ones = Tensor.from_data(np.zeros(100, np.int64), device) + 1  # over 64: not shape arithmetic
+    pending = ones[: int(np.prod(shape))].reshape(list(shape))
+    assert _pending(pending)
+    reset_stats()
+    got = call(x, pending)
+    assert stats()["eager_ops"] == 1 and not _pending(got)
+
+
 def test_random_draws_keep_the_inner_order_and_rng_state_works(device):
     eager = ember.device("ndarray")
     draws = []

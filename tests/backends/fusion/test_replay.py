@@ -513,3 +513,44 @@ def test_a_module_argument_keys_the_trace_by_its_configuration(interp):
     for model in [relu, relu, relu, no_bias, no_bias, no_bias]:
         np.testing.assert_allclose(g(model, x).to_numpy(), model(x).to_numpy(), rtol=1e-6)
     assert counted.runs == 4  # two calls a configuration, the third replayed
+
+
+def test_a_replayed_gather_checks_each_calls_indices(device):
+    """A cross-entropy's gather by labels is recorded in the trace (its labels fitted when
+    traced); a later call whose labels do not fit raises what a plain call raises (the
+    replayed op runs at once and fails, and the plain call words the error), and the calls
+    after it replay as before."""
+    from ember.backend.errors import EmberIndexError
+
+    def loss(logits, labels):
+        picked = ember.activation.log_softmax(logits * 1.0, 1).gather(1, labels.reshape([-1, 1]))
+        return -picked.mean()
+
+    replayed = Counted(loss)
+    run = replay(replayed)
+    logits = Tensor.from_data(_data((6, 5)), device)
+    rng = np.random.default_rng(4)
+
+    def want(labels):
+        x = _data((6, 5)).astype(np.float64)
+        log = x - x.max(1, keepdims=True)
+        log -= np.log(np.exp(log).sum(1, keepdims=True))
+        return -log[np.arange(6), labels].mean()
+
+    for _ in range(4):
+        labels = rng.integers(0, 5, 6)
+        got = run(logits, Tensor.from_data(labels, device)).to_numpy()
+        np.testing.assert_allclose(got, want(labels), rtol=1e-5)
+    assert replayed.runs == 2  # the warm-up and the traced call; the others replayed
+    bad = np.array([0, 1, 2, 3, 4, 5])
+    with pytest.raises(EmberIndexError) as replayed_error:
+        run(logits, Tensor.from_data(bad, device))
+    with pytest.raises(EmberIndexError) as plain_error:
+        loss(logits, Tensor.from_data(bad, device))
+    assert str(replayed_error.value) == str(plain_error.value)
+    assert replayed.runs == 3  # the replay raised, so the plain call ran to word the error
+    labels = rng.integers(0, 5, 6)
+    np.testing.assert_allclose(run(logits, Tensor.from_data(labels, device)).to_numpy(),
+                               want(labels), rtol=1e-5)  # fmt: skip
+    assert replayed.runs == 3
+

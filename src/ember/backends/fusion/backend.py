@@ -10,10 +10,14 @@ executor hands what runs to the fusers (``explorer.py``) and runs what they leav
 inner backend.
 
 Some ops run at once, after the streams they read from: ops whose output shape depends on
-values (``argwhere``, or any whose rule cannot tell), ops that check indices in their
-kernels (``gather``, ``select``, ``scatter_add``, ``select_assign``, ``embedding``: their
-errors must raise at the op), data movement (``from_data``, ``into_data``,
-``to_device``). Random ops stay in the stream, which runs in order, so the inner
+values (``argwhere``, or any whose rule cannot tell), ``embedding`` (its kernel checks its
+indices: an error must raise at the op), data movement (``from_data``, ``into_data``,
+``to_device``). The other indexed ops (``gather``, ``select``, ``scatter_add``,
+``select_assign``: :data:`INDEXED`) are recorded where their indices are made and all
+within the indexed dim (``handle.indices_fit``, a min and a max over them: a classifier's
+labels), since their kernels cannot fail then; otherwise they run at once too, and the
+inner kernel's error raises at the op. A cross-entropy's ``gather`` and its gradient's
+``scatter_add`` then no longer split a training step's stream in two. Random ops stay in the stream, which runs in order, so the inner
 generator draws in the same order as without fusion.
 
 **Small values run at once.** An op whose operands are all made (none is pending in a
@@ -54,16 +58,17 @@ from ember.backend.ops import OpDef, primitives
 from ember.backend.rules import AVal
 from ember.backends.fusion import counters
 from ember.backends.fusion.executor import Executor, inner_args, runtime_named
-from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.replayed import active, tracing
 from ember.backends.fusion.stream import Record, flush_device, stream_for
 from ember.tensor.dtype import DType
 
 EAGER = frozenset({
-    "from_data", "into_data", "to_device", "argwhere",
-    "gather", "select", "scatter_add", "select_assign", "embedding", "embedding_backward",
+    "from_data", "into_data", "to_device", "argwhere", "embedding", "embedding_backward",
 })  # fmt: skip
 """Ops run at once (see the module docstring)."""
+INDEXED = frozenset({"gather", "select", "scatter_add", "select_assign"})
+"""Ops recorded only where their indices fit (``handle.indices_fit``), else run at once."""
 
 
 SMALL_DEFAULT = 1 << 16
@@ -181,11 +186,13 @@ class Fusion(Decorator):
             layout = _layout(op, name)
         if tracing.tracer is not None and (tracer := active(self)) is not None:
             return tracer.call(op, name, args, layout)  # which comes back here, untraced
-        n, spread, has_device, eager = layout
+        n, spread, has_device, eager, indexed = layout
         if eager or not self.lazy:
             return self._eager(op, name, args)
         operands = args[0] if spread else args[:n]
         slots = [None if t is None else t.slot for t in operands]
+        if indexed and not indices_fit(slots, args[n:]):
+            return self._eager(op, name, args)
         present = tuple([s for s in slots if s is not None])
         if present:
             # Made operands: small ones run at once (without asking the rule for the results'
@@ -361,7 +368,7 @@ for _op, _kind, _name in primitives():
     if _op.composite and not Fusion.forward_composite(_op):
         setattr(Fusion, _name, _small_first(_op, _name))
 
-_layouts: dict[str, tuple[int, bool, bool, bool]] = {}
+_layouts: dict[str, tuple[int, bool, bool, bool, bool]] = {}
 
 
 def _no_trace(backend: Fusion, what: str) -> None:
@@ -379,18 +386,20 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool]:
+def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool, bool]:
     """Primitive ``name``'s argument layout, remembered: its count of tensor operands,
-    whether they come as one list (``cat``), whether an attribute may be a device, and
-    whether the op runs at once."""
+    whether they come as one list (``cat``), whether an attribute may be a device, whether
+    the op runs at once, and whether it does unless its indices fit (:data:`INDEXED`)."""
     n = len(op.inputs)
     layout = _layouts[name] = (
         n,
         n > 0 and op.inputs[0] == "*tensors",
         "device" in op.attrs,
         op.name in EAGER or op.rule is None,
+        op.name in INDEXED,
     )
     return layout
+
 
 
 def _all_made(slots: tuple[Slot, ...]) -> bool:

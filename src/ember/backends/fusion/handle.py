@@ -76,3 +76,18 @@ class FusionTensor:
 
     def __repr__(self) -> str:
         return f"FusionTensor({self.slot!r})"
+
+
+def indices_fit(slots: list, attrs) -> bool:
+    """Whether an indexed op (``backend.INDEXED``) may be recorded: its indices are made and
+    all lie in ``[0, size)`` along its dim, so the inner kernel cannot fail on them.
+    ``slots`` are the op's operands (the indexed value, the indices, maybe the values
+    added), ``attrs[0]`` its dim. Reads the indices (a min and a max; on a GPU, a sync),
+    as running the op at once would."""
+    data, indices = slots[0], slots[1]
+    if data is None or indices is None or indices.prim is None:
+        return False
+    if 0 in indices.shape:
+        return True
+    prim = indices.prim
+    return bool(prim.min() >= 0) and bool(prim.max() < data.shape[attrs[0]])

@@ -84,7 +84,7 @@ from ember.backend.errors import ArgumentError
 from ember.backend.rules import AVal
 from ember.backends.autodiff import listener
 from ember.backends.fusion import counters
-from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.stream import Record, stream_for
 from ember.module.module import Module, _items
 from ember.module.param import Param
@@ -351,15 +351,17 @@ def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = No
 class _Entry:
     """One dynamic op of a trace."""
 
-    __slots__ = ("attrs", "device", "direct", "eager", "hold", "multi", "name", "now", "op",
-                 "out_refs", "outputs", "refs", "release", "spread")  # fmt: skip
+    __slots__ = ("attrs", "device", "direct", "eager", "hold", "indexed", "multi", "name", "now",
+                 "op", "out_refs", "outputs", "refs", "release", "spread")  # fmt: skip
 
     def __init__(self, op, name, spread, refs, attrs, outputs, out_refs, multi, eager, now,
-                 device):  # fmt: skip
+                 device, indexed):  # fmt: skip
         self.op, self.name, self.spread, self.refs, self.attrs = op, name, spread, refs, attrs
         self.outputs, self.out_refs, self.multi, self.eager = outputs, out_refs, multi, eager
         self.now = now  # ran at once when traced (small made operands): so it does replayed
         self.device = device
+        # Runs at once on a call whose indices do not fit (backend.indices_fit), as unreplayed.
+        self.indexed = indexed
         self.hold: tuple[int, ...] = ()  # outputs read by a later entry, or returned
         self.release: tuple[int, ...] = ()  # refs this entry reads last
         # A small op at once that the inner primitive runs (Fusion._now), where no kernel of
@@ -429,7 +431,7 @@ class Tracer:
 
     def call(self, op, name: str, args: tuple, layout: tuple) -> Any:
         backend = self.backend
-        n, spread, _, eager = layout
+        n, spread, _, eager, indexed = layout
         operands = args[0] if spread else args[:n]
         slots = [None if t is None else t.slot for t in operands]
         dynamic = op.name == "random"
@@ -463,7 +465,7 @@ class Tracer:
             op, name, spread, tuple(-1 if s is None else self.ref(s) for s in slots), attrs,
             tuple((s.shape, s.dtype, s.device) for s in out_slots), tuple(out_refs),
             type(out) is tuple, eager, not eager and all(s.prim is not None for s in out_slots),
-            out_slots[0].device if out_slots else None))  # fmt: skip
+            out_slots[0].device if out_slots else None, indexed))  # fmt: skip
         return out
 
     @staticmethod
@@ -589,7 +591,7 @@ class Trace:
         for entry in self.entries:
             refs = entry.refs
             slots = [None if r < 0 else values[r] for r in refs]
-            if entry.eager:
+            if entry.eager or (entry.indexed and not indices_fit(slots, entry.attrs)):
                 out = backend.run_eager(entry.op, entry.name, slots, entry.spread, entry.attrs)
                 outs = out if entry.multi else (out,)
                 for k, r in enumerate(entry.out_refs):
