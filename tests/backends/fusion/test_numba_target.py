@@ -100,3 +100,21 @@ def test_tuning_choices_are_kept_per_cpu_model_and_vector_width():
     name = target_name()
     assert name == binding.get_host_cpu_name() + ("-wide" if AVX512 else "")
     assert autotune.machine().endswith(f"cpu-{name}")
+
+
+@pytest.mark.skipif(not AVX512, reason="this host has no AVX-512: no vector width to choose")
+def test_a_later_reload_of_numbas_config_keeps_the_wide_target():
+    """numba rereads its config when a NUMBA_ variable changes, which resets the features;
+    the target is fixed on ember's import, so kernels compiled after that stay wide."""
+    code = _CHILD.replace("import numba\nimport numba.core.config as config\n", (
+        "import numba\nimport numba.core.config as config\nimport os\n"
+        "os.environ['NUMBA_OPT'] = '3'\nconfig.reload_config()\n"))  # fmt: skip
+    assert "reload_config" in code
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items()
+                                            if not k.startswith("NUMBA_CPU")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["features"] is None  # numba's config was reset ...
+    assert got["zmm"] > got["ymm"] and got["again"] is True  # ... its codegen was not
+

@@ -28,19 +28,23 @@ import os
 __all__ = ["target_name", "vector_bytes", "widen_vectors"]
 
 _NARROW = "-prefer-256-bit"
+_widened = False
 
 
 def widen_vectors() -> bool:
     """Lets LLVM use 512-bit vectors in numba's code where the host has AVX-512 (see the
-    module doc); returns whether numba's target now says so."""
+    module doc); returns whether numba's target now says so. numba's code generator is made
+    here too, so its target is fixed: a later reload of numba's config (any ``NUMBA_``
+    variable set afterwards) would otherwise reset the features before the first compile."""
+    global _widened
+    if _widened:
+        return True
     try:
         import numba.core.config as config
         from llvmlite import binding
         from numba.core.registry import cpu_target
     except ImportError:  # numba is an optional extra
         return False
-    if config.CPU_FEATURES is not None and config.CPU_FEATURES.endswith(_NARROW):
-        return True  # an earlier call
     chosen = any(os.environ.get(name) for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"))
     if chosen or os.environ.get("EMBER_FUSION_VECTOR_BITS") == "256":
         return False
@@ -50,6 +54,8 @@ def widen_vectors() -> bool:
     if not features.get("avx512f", False):
         return False
     config.CPU_FEATURES = f"{features.flatten()},{_NARROW}"
+    cpu_target.target_context  # noqa: B018 - makes the codegen, which reads the features (~2 ms)
+    _widened = True
     return True
 
 
@@ -79,9 +85,7 @@ def target_name() -> str:
         from llvmlite import binding
     except ImportError:
         return "generic"
-    name = config.CPU_NAME or binding.get_host_cpu_name()
-    wide = config.CPU_FEATURES is not None and config.CPU_FEATURES.endswith(_NARROW)
-    return name + ("-wide" if wide else "")
+    return (config.CPU_NAME or binding.get_host_cpu_name()) + ("-wide" if _widened else "")
 
 
 widen_vectors()
