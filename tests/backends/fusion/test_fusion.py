@@ -65,7 +65,7 @@ INDEXED_CALLS = {  # op: (its call on x [2, 3] and indices, the indices' shape)
 
 
 @pytest.mark.parametrize("op", list(INDEXED_CALLS))
-def test_indexed_ops_are_recorded_where_their_indices_fit(device, op):
+def test_indexed_ops_are_recorded_where_their_indices_fit(op):
     """A gather (a cross-entropy's) or scatter (its gradient) by made indices within the dim
     is recorded like any op; indices that do not fit (negative ones, which NumPy wraps, or
     pending ones) run the op at once, as before, with the same results as NdArray's."""

@@ -38,8 +38,8 @@ x = np.linspace(-5, 5, 4099, dtype=np.float32)
 out = np.empty_like(x)
 erf_all(x, out)
 asm = erf_all.inspect_asm(erf_all.signatures[0])
-print(json.dumps({"tile_bytes": VECTOR_BYTES, "zmm": asm.count("zmm"), "ymm": asm.count("ymm"), "again": widen_vectors(),
-                  "features": config.CPU_FEATURES, "max_err": float(np.abs(out - np.vectorize(
+print(json.dumps({"tile_bytes": VECTOR_BYTES, "zmm": asm.count("zmm"), "ymm": asm.count("ymm"),
+                  "again": widen_vectors(), "features": config.CPU_FEATURES, "max_err": float(np.abs(out - np.vectorize(
                       __import__("math").erf)(x.astype(np.float64))).max())}))
 """
 

@@ -17,8 +17,9 @@ indices: an error must raise at the op), data movement (``from_data``, ``into_da
 within the indexed dim (``handle.indices_fit``, a min and a max over them: a classifier's
 labels), since their kernels cannot fail then; otherwise they run at once too, and the
 inner kernel's error raises at the op. A cross-entropy's ``gather`` and its gradient's
-``scatter_add`` then no longer split a training step's stream in two. Random ops stay in the stream, which runs in order, so the inner
-generator draws in the same order as without fusion.
+``scatter_add`` then no longer split a training step's stream in two. Random ops stay in
+the stream, which runs in order, so the inner generator draws in the same order as
+without fusion.
 
 **Small values run at once.** An op whose operands are all made (none is pending in a
 stream) and hold at most ``EMBER_FUSION_SMALL`` elements each (default
@@ -399,7 +400,6 @@ def _layout(op: OpDef, name: str) -> tuple[int, bool, bool, bool, bool]:
         op.name in INDEXED,
     )
     return layout
-
 
 
 def _all_made(slots: tuple[Slot, ...]) -> bool:

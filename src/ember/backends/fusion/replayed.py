@@ -360,7 +360,7 @@ class _Entry:
         self.outputs, self.out_refs, self.multi, self.eager = outputs, out_refs, multi, eager
         self.now = now  # ran at once when traced (small made operands): so it does replayed
         self.device = device
-        # Runs at once on a call whose indices do not fit (backend.indices_fit), as unreplayed.
+        # Runs at once on a call whose indices do not fit (handle.indices_fit), as unreplayed.
         self.indexed = indexed
         self.hold: tuple[int, ...] = ()  # outputs read by a later entry, or returned
         self.release: tuple[int, ...] = ()  # refs this entry reads last

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
-__all__ = ["MIN_PARALLEL_WORK", "Claim", "blas_held_to_one", "blas_threads", "blocks", "run_blocks"]
+__all__ = ["MIN_PARALLEL_WORK", "Claim", "blas_held_to_one", "blas_threads", "blocks",
+           "run_blocks"]
 
 T = TypeVar("T")
 
