@@ -274,3 +274,22 @@ def test_a_missing_extra_is_a_typed_error_naming_it(monkeypatch, tracker, extra,
     with pytest.raises(MissingExtraError, match=rf"pip install 'ember\[{extra}\]'") as error:
         tracker()
     assert error.value.extra == extra and isinstance(error.value, ImportError)
+
+
+def test_two_writers_in_one_second_keep_both_event_files(tmp_path) -> None:
+    """tensorboardX names its files by the second: two runs logging into one folder within
+    it must still write two files, neither over the other."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ember.train.tracker.base import RunInfo
+
+    folders = []
+    for value in (1.0, 2.0):
+        tracker = TensorBoardTracker(log_dir=tmp_path / "tb")
+        tracker.start(RunInfo(artifact_dir=tmp_path, model_name="m"))
+        tracker.log_step("train", {"Loss": value}, int(value))
+        tracker.finish(None, "FINISHED")
+        folders.append(sorted((tmp_path / "tb" / "train").iterdir()))
+    assert len(folders[-1]) == 2
+    events = EventAccumulator(str(tmp_path / "tb" / "train")).Reload()
+    assert sorted((p.step, p.value) for p in events.Scalars("Loss")) == [(1, 1.0), (2, 2.0)]

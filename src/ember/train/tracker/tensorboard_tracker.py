@@ -16,6 +16,7 @@ write; the ``tensorboard`` package to view and to read back).
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,9 +78,13 @@ class TensorBoardTracker(ExperimentTracker):
             if self._run is None or self.log_dir is None:
                 raise RuntimeError("TensorBoardTracker: start(run) was not called")
             first = self._run.first_steps.get(split, 1)
+            # tensorboardX names an event file by the second and the host only: a second
+            # writer in the same folder within that second (a resumed run, another run
+            # writing there) would open the same file and write over the first one's events.
             writer = self._writers[split] = self._tensorboardx.SummaryWriter(
                 str(self.log_dir / split),
                 purge_step=first if first > 1 else None,
                 flush_secs=self.flush_secs,
+                filename_suffix=f".{os.getpid()}.{secrets.token_hex(4)}",
             )
         return writer
