@@ -118,3 +118,27 @@ def test_a_later_reload_of_numbas_config_keeps_the_wide_target():
     assert got["features"] is None  # numba's config was reset ...
     assert got["zmm"] > got["ymm"] and got["again"] is True  # ... its codegen was not
 
+
+@pytest.mark.parametrize("value", ["128", "1024", "wide", "256 bits"])
+def test_a_bad_vector_width_is_a_config_error_naming_it(monkeypatch, value):
+    from ember.backend.errors import ConfigError
+    from ember.backends.fusion import numba_target
+
+    monkeypatch.setenv("EMBER_FUSION_VECTOR_BITS", value)
+    with pytest.raises(ConfigError, match=rf"EMBER_FUSION_VECTOR_BITS='{value}': expected 256"):
+        numba_target.requested_bits()
+    with pytest.raises(ConfigError):
+        numba_target.vector_bytes()
+    for good, bits in (("256", 256), (" 512 ", 512), ("", None)):
+        monkeypatch.setenv("EMBER_FUSION_VECTOR_BITS", good)
+        assert numba_target.requested_bits() == bits
+
+
+def test_a_bad_vector_width_stops_the_fusion_import_with_the_error():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    env["EMBER_FUSION_VECTOR_BITS"] = "128"
+    done = subprocess.run([sys.executable, "-c", "import ember\nember.device('ndarray').fusion()"],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert done.returncode != 0
+    assert "ConfigError: EMBER_FUSION_VECTOR_BITS='128': expected 256" in done.stderr
+

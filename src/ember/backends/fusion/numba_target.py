@@ -29,10 +29,28 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["target_name", "vector_bytes", "widen_vectors"]
+from ember.backend.errors import ConfigError
+
+__all__ = ["requested_bits", "target_name", "vector_bytes", "widen_vectors"]
 
 _NARROW = "-prefer-256-bit"
 _widened = False
+
+
+def requested_bits() -> int | None:
+    """``EMBER_FUSION_VECTOR_BITS``: 256 (LLVM's own choice) or 512 (the default where the
+    host has AVX-512); None when unset or blank.
+
+    Raises:
+        ConfigError: any other value, naming the variable and the value.
+    """
+    text = os.environ.get("EMBER_FUSION_VECTOR_BITS")
+    if text is None or not text.strip():
+        return None
+    if text.strip() not in ("256", "512"):
+        raise ConfigError(f"EMBER_FUSION_VECTOR_BITS={text!r}: expected 256 (LLVM's choice of "
+                          "vector width) or 512 (the widest on an AVX-512 host; the default)")  # fmt: skip
+    return int(text)
 
 
 def widen_vectors() -> bool:
@@ -50,7 +68,7 @@ def widen_vectors() -> bool:
     except ImportError:  # numba is an optional extra
         return False
     chosen = any(os.environ.get(name) for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"))
-    if chosen or os.environ.get("EMBER_FUSION_VECTOR_BITS") == "256":
+    if chosen or requested_bits() == 256:
         return False
     if "_toplevel_target_context" in vars(cpu_target):  # numba's codegen exists already
         return False
@@ -68,7 +86,7 @@ def vector_bytes() -> int:
     their tiles for: 64 where the host has AVX-512, unless ``EMBER_FUSION_VECTOR_BITS=256``
     keeps LLVM at 256 bits, else 32. A tile sized for 512-bit registers that LLVM splits
     in two needs twice the registers and spills."""
-    if os.environ.get("EMBER_FUSION_VECTOR_BITS") == "256":
+    if requested_bits() == 256:
         return 32
     try:
         from llvmlite import binding
