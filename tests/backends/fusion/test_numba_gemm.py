@@ -157,6 +157,9 @@ def test_stacks_run_as_blas_shares_over_threads(threads):
     one = np.ones((1, 3, 4, 64), np.float32)  # a stack of one: the numba GEMM's parts
     square = np.ones((1, 3, 64, 64), np.float32)
     np.testing.assert_array_equal(kernel.run([one, square], threads), np.full((1, 3, 4, 64), 64.0))
+    # The two run different candidates above one thread, so they are tuned apart.
+    assert kernel.key([one, square]) != kernel.key([np.ones((2, 3, 4, 64), np.float32),
+                                                    np.ones((2, 3, 64, 64), np.float32)])  # fmt: skip
 
 
 def _encoder_products(device, x, w, q, k):

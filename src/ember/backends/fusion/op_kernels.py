@@ -138,10 +138,12 @@ def _matmul_supports(args: list) -> bool:
 
 def _matmul_key(args: list) -> tuple:
     """Rank and which operands are transposed or broadcast matter besides size: they change
-    the packing (walked along the other stride) and the batch map."""
+    the packing (walked along the other stride) and the batch map; and whether the first
+    batch dim can be split over threads (:func:`_matmul_run`: a stack runs as shares)."""
     a, b = args
     return ("float_matmul", _dtype_name(a.dtype), a.ndim, b.ndim, a.shape[:-2] == b.shape[:-2],
-            a.strides[-1] > a.strides[-2], b.strides[-1] > b.strides[-2])  # fmt: skip
+            a.strides[-1] > a.strides[-2], b.strides[-1] > b.strides[-2],
+            a.ndim > 2 and a.shape[0] > 1)  # fmt: skip
 
 
 def _matmul_work(args: list) -> int:
