@@ -234,7 +234,7 @@ def gather(x: Tensor, indices: Tensor | int | Sequence[Any], dim: int = 0) -> Te
         consecutive = array.size and (array == np.arange(start, start + array.size)).all()
         if consecutive and start >= 0 and start + array.size <= size:
             # Consecutive constant indices (a split of packed weights or q/k/v): a view,
-            # which a fusion device records lazily instead of running a gather at once.
+            # where a select would copy the rows it picks.
             out = x.narrow(d, start, int(array.size))
             dims = x.shape
             return out.reshape([*dims[:d], *index_shape, *dims[d + 1 :]])
