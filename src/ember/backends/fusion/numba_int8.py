@@ -99,12 +99,9 @@ def has_vnni() -> bool:
         return False
     if numba.config.CPU_NAME not in (None, "host"):
         return False  # a fixed target (NUMBA_CPU_NAME) may lack the instruction
-    try:
-        from llvmlite import binding
+    from ember.backends.fusion.numba_target import host_features
 
-        features = binding.get_host_cpu_features()
-    except Exception:  # pragma: no cover - a host LLVM cannot query
-        return False
+    features = host_features()
     return bool(features.get("avx512vnni", False) and features.get("avx512bw", False))
 
 

@@ -27,14 +27,27 @@ meet the other's machine code.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from ember.backend.errors import ConfigError
 
-__all__ = ["requested_bits", "target_name", "vector_bytes", "widen_vectors"]
+__all__ = ["host_features", "requested_bits", "target_name", "vector_bytes", "widen_vectors"]
 
 _NARROW = "-prefer-256-bit"
 _widened = False
+
+
+@functools.cache
+def host_features() -> dict[str, bool]:
+    """The host CPU's features as LLVM reports them (``{"avx512f": True, ...}``); empty
+    without llvmlite (numba is an optional extra) or on a host LLVM cannot query."""
+    try:
+        from llvmlite import binding
+
+        return dict(binding.get_host_cpu_features())
+    except Exception:
+        return {}
 
 
 def requested_bits() -> int | None:
@@ -72,10 +85,9 @@ def widen_vectors() -> bool:
         return False
     if "_toplevel_target_context" in vars(cpu_target):  # numba's codegen exists already
         return False
-    features = binding.get_host_cpu_features()
-    if not features.get("avx512f", False):
+    if not host_features().get("avx512f", False):
         return False
-    config.CPU_FEATURES = f"{features.flatten()},{_NARROW}"
+    config.CPU_FEATURES = f"{binding.get_host_cpu_features().flatten()},{_NARROW}"
     cpu_target.target_context  # noqa: B018 - makes the codegen, which reads the features (~2 ms)
     _widened = True
     return True
@@ -88,13 +100,7 @@ def vector_bytes() -> int:
     in two needs twice the registers and spills."""
     if requested_bits() == 256:
         return 32
-    try:
-        from llvmlite import binding
-
-        features = binding.get_host_cpu_features()
-    except Exception:  # no llvmlite (numba is an optional extra), or a host it cannot query
-        return 32
-    return 64 if features.get("avx512f", False) else 32
+    return 64 if host_features().get("avx512f", False) else 32
 
 
 def target_name() -> str:

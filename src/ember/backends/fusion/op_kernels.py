@@ -138,12 +138,17 @@ def _matmul_supports(args: list) -> bool:
 
 def _matmul_key(args: list) -> tuple:
     """Rank and which operands are transposed or broadcast matter besides size: they change
-    the packing (walked along the other stride) and the batch map; and whether the first
-    batch dim can be split over threads (:func:`_matmul_run`: a stack runs as shares)."""
+    the packing (walked along the other stride) and the batch map; and whether the stack
+    is shared out over threads (:func:`_splits`)."""
     a, b = args
     return ("float_matmul", _dtype_name(a.dtype), a.ndim, b.ndim, a.shape[:-2] == b.shape[:-2],
-            a.strides[-1] > a.strides[-2], b.strides[-1] > b.strides[-2],
-            a.ndim > 2 and a.shape[0] > 1)  # fmt: skip
+            a.strides[-1] > a.strides[-2], b.strides[-1] > b.strides[-2], _splits(a, b))  # fmt: skip
+
+
+def _splits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a @ b`` is a stack whose first batch dim :func:`_stacked_matmul` can share
+    out over threads (equal batch dims, more than one entry along the first)."""
+    return a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2] and a.shape[0] > 1
 
 
 def _matmul_work(args: list) -> int:
@@ -176,7 +181,7 @@ def _matmul_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndar
     from ember.backends.fusion import numba_gemm
 
     a, b = args
-    if threads > 1 and a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2] and a.shape[0] > 1:
+    if threads > 1 and _splits(a, b):
         return _stacked_matmul(a, b, threads, empty)
     return numba_gemm.matmul(a, b, threads=threads, empty=empty)
 
