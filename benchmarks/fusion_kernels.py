@@ -8,7 +8,10 @@ Run: ``.venv/bin/python benchmarks/fusion_kernels.py [--threads 1 2] [--repeat 7
   not work here), NumPy, and a plain copy into a reused buffer (the memory bound);
 * softmax and layer norm (eps 1e-5, with weight and bias) over ``[4096, 1024]`` float32
   along dim 1, and softmax along dim 0 (a non-last axis): the numba kernel and PyTorch
-  eager.
+  eager;
+* attention ``softmax(q kᵀ / 8) v`` over ``[8, 4, 128, 64]`` (the ONNX encoder's heads):
+  the numba kernel (``numba_attention``), PyTorch's fused
+  ``scaled_dot_product_attention`` (the peer) and its unfused ops.
 
 Each cell is the median seconds of one call; ratios are against the named peer. The
 first-compile and warm-disk-cache times of the kernels come last (the warm start is
@@ -32,6 +35,7 @@ from timing import median_seconds, pin_threads, print_table
 
 GELU_N = 16 * 1024 * 1024
 ROWS, COLS = 4096, 1024
+HEADS = (8, 4, 128, 64)
 
 
 def blocks():
@@ -118,6 +122,7 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from ember.backends.fusion.numba_attention import attention
     from ember.backends.fusion.numba_runtime import NumbaRuntime
     from ember.backends.ndarray.backend import erf as np_erf
 
@@ -141,6 +146,13 @@ def main() -> None:
     beta = rng.standard_normal((1, COLS)).astype(np.float32)
     at, gt, bt = torch.from_numpy(a), torch.from_numpy(gamma[0]), torch.from_numpy(beta[0])
     rows_out = np.empty_like(a)
+    q, k, v = (rng.standard_normal(HEADS).astype(np.float32) for _ in range(3))
+    qt, kt, vt = (torch.from_numpy(h) for h in (q, k, v))
+    heads_out = np.empty_like(q)
+    scale = 1 / math.sqrt(HEADS[3])
+
+    def torch_attention():
+        return torch.softmax((qt * scale) @ kt.transpose(2, 3), 3) @ vt
 
     compiled_gelu, compile_note = compile_torch(torch_gelu, xt)
 
@@ -169,6 +181,13 @@ def main() -> None:
             "layer_norm torch eager": median_seconds(
                 lambda: torch.nn.functional.layer_norm(at, (COLS,), gt, bt, 1e-5), args.repeat
             ),
+            "attention numba": median_seconds(
+                lambda t=threads: attention(q, k, v, scale, out=heads_out, threads=t), args.repeat
+            ),
+            "attention torch sdpa": median_seconds(
+                lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), args.repeat
+            ),
+            "attention torch unfused": median_seconds(torch_attention, args.repeat),
         }
         if compiled_gelu is not None:
             cells["gelu torch.compile"] = median_seconds(lambda: compiled_gelu(xt), args.repeat)
@@ -177,14 +196,18 @@ def main() -> None:
             "softmax numba": cells["softmax torch eager"],
             "layer_norm numba": cells["layer_norm torch eager"],
             "softmax_dim0 numba": cells["softmax_dim0 torch eager"],
+            "attention numba": cells["attention torch sdpa"],
         }
         for name, seconds in cells.items():
             ratio = f"{seconds / peer[name]:.2f}x" if name in peer else ""
             if name == "gelu numba":
                 ratio += f" (copy: {seconds / cells['copy into reused']:.2f}x)"
+            if name == "attention numba":
+                ratio += f" (unfused: {seconds / cells['attention torch unfused']:.2f}x)"
             rows.append([str(threads), name, f"{seconds * 1e3:.2f}", ratio])
     print_table(
-        "fused kernels (ms, median; ratio vs torch.compile for GELU, else torch eager)",
+        "fused kernels (ms, median; ratio vs torch.compile for GELU, scaled_dot_product_attention"
+        " for attention, else torch eager)",
         ["threads", "kernel", "ms", "ratio"],
         rows,
     )

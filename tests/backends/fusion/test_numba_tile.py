@@ -76,13 +76,17 @@ def test_conv_of_several_row_tiles_matches_float64(parts):
     np.testing.assert_array_less(np.abs(got - exact), 2e-6 * (bound + np.abs(b).max()))
 
 
-def test_the_conv_kernels_cache_follows_the_tile_source():
-    """numba_conv's cached machine code inlines the tile: numba_conv.py names the tile
-    source it was compiled with, so an edit of numba_tile.py must touch numba_conv.py too."""
+@pytest.mark.parametrize("user", ["numba_conv", "numba_attention"])
+def test_the_kernels_cache_follows_the_tile_source(user):
+    """A kernel's cached machine code inlines the tile: each file whose kernels use it
+    names the tile source it was compiled with, so an edit of numba_tile.py must touch
+    that file too."""
     import hashlib
+    import importlib
     from pathlib import Path
 
+    module = importlib.import_module(f"ember.backends.fusion.{user}")
     digest = hashlib.sha256(Path(numba_tile.__file__).read_bytes()).hexdigest()[:16]
-    assert digest == numba_conv.TILE_SOURCE_SHA256, (
-        "numba_tile.py changed: set numba_conv.TILE_SOURCE_SHA256 to " + digest
-        + " (that edit also renews numba's cache of the convolution kernels)")
+    assert digest == module.TILE_SOURCE_SHA256, (
+        f"numba_tile.py changed: set {user}.TILE_SOURCE_SHA256 to {digest} (that edit also "
+        "renews numba's cache of its kernels)")  # fmt: skip

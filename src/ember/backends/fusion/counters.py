@@ -3,7 +3,7 @@
 Example:
     >>> from ember.backends.fusion import stats
     >>> sorted(stats())[:3]
-    ['cache_hits', 'eager_ops', 'explorations']
+    ['attentions', 'cache_hits', 'eager_ops']
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ _FIELDS = (
     "in_place",  # block outputs written over an input at its last use
     "op_kernels",  # single ops run by a compiled kernel the tuner chose (op_kernels.py)
     "transposed_products",  # products computed transposed for a reader that transposes them
+    "attentions",  # attention segments run as one kernel (attention.py)
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
 )

@@ -22,6 +22,13 @@ from ember.backend.errors import (
     fmt_shape,
 )
 from ember.backends.fusion import autotune, counters
+from ember.backends.fusion.attention import (
+    Attention,
+    AttentionFuser,
+    AttentionTemplate,
+    attention_arrays,
+    run_attention,
+)
 from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
 from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
 from ember.backends.fusion.explorer import Explorer
@@ -176,6 +183,9 @@ class Executor:
             self.op_kernels = NDARRAY_KERNELS
             # A convolution's activation and residual add, inside its kernel's store.
             fusers.append(ConvEpilogueFuser(self.can_fuse))
+        if self.tuner is not None and not takes_torch(self.runtime):
+            # Scaled dot-product attention, its scores never written.
+            fusers.append(AttentionFuser(self.can_fuse))
         if takes_torch(self.runtime) or gpu_runtime is not None:
             # A matmul's bias, activation and residual add, inside a Triton matmul's store.
             fusers.append(MatmulEpilogueFuser(self.can_fuse_triton))
@@ -236,6 +246,8 @@ class Executor:
                 self._conv_epilogue(fused, records[start : start + length])
             elif type(fused) is MatmulEpilogue:
                 self._matmul_epilogue(fused, records[start : start + length])
+            elif type(fused) is Attention:
+                self._attention(fused, records[start : start + length])
             else:
                 if readers is None:
                     readers = _readers(records)
@@ -314,6 +326,45 @@ class Executor:
                 return
         for record in records:
             self.run_single(record)
+
+    def _attention(self, fused: Attention, records: list[Record]) -> None:
+        """Runs an attention segment (``attention``) as the numba kernel where the tuner
+        chose that over the records one by one (the first run of a bucket is the kernel's,
+        then both are timed); otherwise, where an inner value is read later, or for a case
+        the kernel refuses, record by record. Prologue values read later run their own
+        records first."""
+        arrays = None
+        if not fused.inner_read and self.arrays is not None:
+            arrays = attention_arrays(fused, self.arrays[0])
+        how = None
+        if arrays is not None:
+            q, k, v = arrays[:3]
+            work = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * (q.shape[3] + v.shape[3])
+            key = ("attention", fused.mask is not None, fused.bias is not None,
+                   fused.weights is not None)  # fmt: skip
+            how = self.tuner.lookup_op(key, work)
+        if how is None or how == autotune.UNFUSED:
+            self._unfused(records)
+            return
+        pending = type(how) is autotune.Pending
+        take = self.runtime.pool.take
+        try:
+            results = run_attention(fused, arrays, 1 if pending else how.threads, take)
+        except UnsupportedError:
+            self._unfused(records)
+            return
+        for record in fused.prologue_kept:
+            self.run_single(record)
+        slots = (fused.output,) if fused.weights is None else (fused.output, fused.weights)
+        for slot, array in zip(slots, results, strict=True):
+            set_output(self.inner, slot, self.arrays[1](array), "attention")
+            if self.recycler is not None:
+                slot.recycle = self.recycler
+        counters.add("attentions")
+        counters.add("fused_ops", len(records) - len(fused.prologue_kept))
+        if pending:  # after the kept run: the candidates write into their own buffers
+            self.tuner.tune_with(how, lambda threads: run_attention(fused, arrays, threads, np.empty),
+                                 lambda: run_detached(self.inner, records), "attention")  # fmt: skip
 
     def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:
         """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where
@@ -437,8 +488,8 @@ class Executor:
         if complete:
             self.explorer.remember(key, tuple(templates))
             # Only element-wise templates have a disk form: a stream with a convolution
-            # epilogue is planned anew once per process (about a millisecond).
-            if not any(type(t) in (EpilogueTemplate, MatmulTemplate) for _, _, t in templates):
+            # epilogue or an attention is planned anew once per process (about a millisecond).
+            if not any(type(t) in _NO_DISK_FORM for _, _, t in templates):
                 plans.save(key, self.explorer.cached(key), tuple(templates))
         return segments
 
@@ -617,6 +668,8 @@ class Executor:
         for record in records:
             run_record(self.inner, record)
 
+
+_NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate)
 
 LONE_KERNEL_MIN = 1 << 18
 """Elements, at least, of an element-wise op no block holds that runs as a kernel of its

@@ -66,6 +66,7 @@ _SOURCES = (
     ("backends", "fusion", "ir.py"),
     ("backends", "fusion", "fuser.py"),
     ("backends", "fusion", "elementwise.py"),
+    ("backends", "fusion", "attention.py"),
     ("backends", "fusion", "explorer.py"),
     ("backends", "fusion", "executor.py"),
     ("backends", "fusion", "stream.py"),

@@ -1,0 +1,397 @@
+"""The attention fuser: scaled dot-product attention, from its records to one kernel.
+
+Attention reaches the stream as the records of its parts, whoever wrote it (ember's
+``MultiHeadAttention``, an imported ONNX or PyTorch model):
+
+1. the **prologue**: scalings of the query or key operand (``mul_scalar``,
+   ``div_scalar``, ``mul`` by a one-element tensor) and transposes of their last two
+   dims (``permute``), in any order, each read only by the next step;
+2. the **scores** ``float_matmul(q', k')``, then optionally more scalings, a
+   ``mask_fill`` (the scores where a bool mask is True set to a value) and an ``add`` of
+   a bias (an additive mask), in that order;
+3. the **softmax** over the last dim as the five records every softmax in ember is
+   (``max_dim``, ``sub``, ``exp``, ``sum_dim``, ``div``);
+4. the **context** ``float_matmul(weights, v)``.
+
+This fuser takes such a run of records whole and nothing less (its block is ready only
+at the context product). The executor runs it as :func:`numba_attention.attention`,
+where the tuner chose that over the records one by one: the scores are never written,
+and the heads' strided views are read in place. The weights are written too where they
+are read after the segment (a training step keeps them for the backward pass); a
+prologue value that is read later (the scaled query, kept by autodiff) is computed by
+its own record as well. Any other inner value read later (the scores, the exponentials)
+makes the executor run the records one by one, as it does for whatever the kernel
+refuses; the results are then the unfused ops' exactly.
+
+Only float32 values whose operands are 2- to 4-d qualify (see ``numba_attention``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ember.backends.fusion.fuser import Properties, Status, Taking
+from ember.backends.fusion.handle import Slot
+from ember.backends.fusion.stream import Record
+from ember.tensor.dtype import DType
+
+SCALINGS = ("float_mul_scalar", "float_div_scalar", "float_mul")
+SOFTMAX = ("float_max_dim", "float_sub", "float_exp", "float_sum_dim", "float_div")
+OPS = frozenset((*SCALINGS, *SOFTMAX, "float_permute", "float_matmul", "float_mask_fill",
+                 "float_add"))  # fmt: skip
+"""The primitives the fuser takes."""
+
+# The role of each record of a segment, in order.
+PROLOGUE, SCORES, SCALE, MASK, BIAS = "prologue", "scores", "scale", "mask", "bias"
+MAX, SUB, EXP, SUM, DIV, CONTEXT = "max", "sub", "exp", "sum", "div", "context"
+_AFTER = {SCORES: 0, SCALE: 0, MASK: 1, BIAS: 2}  # order of the steps on the scores
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A product operand traced back through the prologue: ``source`` (made before the
+    segment) times the ``factors`` (numbers, or one-element slots read at run time), with
+    its last two dims swapped ``transposed`` times (odd: swapped)."""
+
+    source: Slot
+    factors: tuple
+    transposed: bool
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A fused segment (see the module doc).
+
+    ``query`` and ``key`` are the scores product's operands (``key`` as it enters the
+    product: ``[..., d, Lk]`` unless transposed), ``value`` the context product's
+    right operand; ``factors`` scale the scores after the product; ``mask`` is
+    ``(slot, fill)`` or None, ``bias`` a slot or None; ``output`` is the context's slot,
+    ``weights`` the softmax's where it is written (read after the segment), else None.
+    ``prologue_kept`` lists the prologue records whose values are read after the segment;
+    ``inner_read`` says an inner value of the scores or softmax is (the executor then runs
+    the records one by one).
+    """
+
+    query: Operand
+    key: Operand
+    value: Slot
+    factors: tuple
+    mask: tuple | None
+    bias: Slot | None
+    output: Slot
+    weights: Slot | None
+    prologue_kept: tuple[Record, ...]
+    inner_read: bool
+
+    def scale(self) -> float:
+        """The product of every factor, read now (one-element slots hold values by now)."""
+        total = 1.0
+        for factor in (*self.query.factors, *self.key.factors, *self.factors):
+            total *= factor if type(factor) is float else _number(factor)
+        return total
+
+
+def _number(slot: Slot) -> float:
+    import numpy as np
+
+    return float(np.asarray(slot.prim).reshape(-1)[0])
+
+
+@dataclass(frozen=True)
+class AttentionTemplate:
+    """An :class:`Attention` without slots: which records' outputs are read later. Streams
+    with the same plan key bind it by matching their records again (cheap: a dozen)."""
+
+    kept: tuple[bool, ...]
+
+    def bind(self, records: list[Record]) -> Attention | None:
+        fuser = AttentionFuser(lambda slot: True)
+        for record in records:
+            fuser.fuse(record)
+        if len(fuser) != len(records) or not fuser.properties().ready:
+            return None
+        return fuser._build(self.kept)
+
+
+class AttentionFuser(Taking):
+    """Takes the records of one scaled dot-product attention (see the module doc).
+
+    Args:
+        can_fuse: whether a slot's values reach the kernel (a NumPy-viewable CPU tensor).
+    """
+
+    name = "attention"
+
+    def __init__(self, can_fuse) -> None:
+        self.can_fuse = can_fuse
+        self.reset()
+
+    def reset(self) -> None:
+        self.records: list[Record] = []
+        self.roles: list[str] = []
+        self._traced: dict[int, Operand] = {}  # prologue output id -> its operand
+        self._operands: tuple[Operand, Operand] | None = None
+        self._factors: list = []
+        self._mask: tuple | None = None
+        self._bias: Slot | None = None
+        self._value: Slot | None = None  # the newest value of the scores chain
+        self._max = self._sum = None
+        self._template: AttentionTemplate | None = None
+        self._status = Status.OPEN
+
+    def properties(self) -> Properties:
+        done = bool(self.roles) and self.roles[-1] == CONTEXT
+        return Properties(score=len(self.records), ready=done)
+
+    def might_take(self, record: Record) -> bool:
+        return not record.multi and record.name in OPS
+
+    def fuse(self, record: Record) -> None:
+        if self._status is Status.CLOSED:
+            return
+        role = self._role(record) if self._fits(record) else None
+        if role is None:
+            self._status = Status.CLOSED
+            return
+        self.records.append(record)
+        self.roles.append(role)
+        if role == CONTEXT:
+            self._status = Status.CLOSED  # the block is whole
+
+    # ------------------------------------------------------------------ matching
+    def _fits(self, record: Record) -> bool:
+        if record.multi or record.name not in OPS or len(record.outputs) != 1:
+            return False
+        out = record.outputs[0]
+        return out.dtype is DType.F32 and self.can_fuse(out)
+
+    def _role(self, record: Record) -> str | None:
+        if self._operands is None:
+            if record.name == "float_matmul":
+                return self._scores(record)
+            return self._prologue(record)
+        step = self.roles[-1]
+        name, out = record.name, record.outputs[0]
+        value = self._value
+        if step in _AFTER:
+            if name == "float_max_dim":
+                if not self._last_dim(record, value):
+                    return None
+                self._max = out
+                return MAX
+            if out.shape != value.shape:
+                return None
+            factor = self._scaling(record, value) if step in (SCORES, SCALE) else None
+            if factor is not None:
+                self._factors.append(factor)
+                self._value = out
+                return SCALE
+            if _AFTER[step] < 1 and name == "float_mask_fill":
+                return self._masked(record, value)
+            if _AFTER[step] < 2 and name == "float_add":
+                return self._biased(record, value)
+            return None
+        if step == MAX and name == "float_sub" and record.inputs == (value, self._max):
+            self._value = out
+            return SUB
+        if step == SUB and name == "float_exp" and record.inputs == (value,):
+            self._value = out
+            return EXP
+        if step == EXP and name == "float_sum_dim" and self._last_dim(record, value):
+            self._sum = out
+            return SUM
+        if step == SUM and name == "float_div" and record.inputs == (value, self._sum):
+            self._value = out
+            return DIV
+        if step == DIV and name == "float_matmul" and record.inputs[0] is value:
+            v = record.inputs[1]
+            fits = len(v.shape) == len(value.shape) and v.shape[-2] == value.shape[-1]
+            if fits and v.dtype is DType.F32 and self.can_fuse(v) and not self._made_here(v):
+                return CONTEXT
+        return None
+
+    def _prologue(self, record: Record) -> str | None:
+        """A scaling or a transpose of a product operand, or None."""
+        x = record.inputs[0]
+        out = record.outputs[0]
+        if x.dtype is not DType.F32 or not 2 <= len(x.shape) <= 4 or not self.can_fuse(x):
+            return None
+        before = self._traced.get(x.id) or Operand(x, (), False)
+        if x.id not in self._traced and self._made_here(x):
+            return None  # a value of this segment other than a prologue output
+        if record.name == "float_permute":
+            rank = len(x.shape)
+            if tuple(record.args[1]) != (*range(rank - 2), rank - 1, rank - 2):
+                return None
+            after = Operand(before.source, before.factors, not before.transposed)
+        else:
+            factor = self._scaling(record, x)
+            if factor is None or out.shape != x.shape:
+                return None
+            after = Operand(before.source, (*before.factors, factor), before.transposed)
+        self._traced.pop(x.id, None)  # each prologue value feeds exactly one next step
+        self._traced[out.id] = after
+        return PROLOGUE
+
+    def _scores(self, record: Record) -> str | None:
+        a, b = record.inputs
+        rank = len(a.shape)
+        if len(b.shape) != rank or not 2 <= rank <= 4 or a.shape[-1] != b.shape[-2]:
+            return None
+        operands = []
+        for slot in (a, b):
+            if slot.dtype is not DType.F32 or not self.can_fuse(slot):
+                return None
+            traced = self._traced.pop(slot.id, None)
+            if traced is None:
+                if self._made_here(slot):
+                    return None
+                traced = Operand(slot, (), False)
+            operands.append(traced)
+        if self._traced:
+            return None  # a prologue value the product does not read
+        self._operands = (operands[0], operands[1])
+        self._value = record.outputs[0]
+        return SCORES
+
+    def _scaling(self, record: Record, x: Slot):
+        """The factor ``record`` multiplies ``x`` by (a number or a one-element slot), or
+        None where it is not such a scaling of ``x``."""
+        name = record.name
+        if name in ("float_mul_scalar", "float_div_scalar"):
+            if record.inputs != (x,) or type(record.args[1]) not in (int, float):
+                return None
+            number = float(record.args[1])
+            if name == "float_mul_scalar":
+                return number
+            return 1.0 / number if number != 0 and math.isfinite(number) else None
+        if name == "float_mul" and len(record.inputs) == 2 and x in record.inputs:
+            other = record.inputs[1] if record.inputs[0] is x else record.inputs[0]
+            if (other is not x and math.prod(other.shape) == 1 and other.dtype is DType.F32
+                    and not self._made_here(other)):  # fmt: skip
+                return other
+        return None
+
+    def _masked(self, record: Record, value: Slot) -> str | None:
+        tensor, mask = record.inputs
+        fill = record.args[2]
+        if tensor is not value or mask.dtype is not DType.BOOL or type(fill) not in (int, float):
+            return None
+        if not _broadcasts(mask.shape, value.shape) or self._made_here(mask):
+            return None
+        self._mask = (mask, float(fill))
+        self._value = record.outputs[0]
+        return MASK
+
+    def _biased(self, record: Record, value: Slot) -> str | None:
+        if len(record.inputs) != 2 or value not in record.inputs:
+            return None
+        bias = record.inputs[1] if record.inputs[0] is value else record.inputs[0]
+        if bias is value or bias.dtype is not DType.F32 or self._made_here(bias):
+            return None
+        if not _broadcasts(bias.shape, value.shape):
+            return None
+        self._bias = bias
+        self._value = record.outputs[0]
+        return BIAS
+
+    def _last_dim(self, record: Record, value: Slot) -> bool:
+        rank = len(value.shape)
+        return record.inputs == (value,) and record.args[1] in (rank - 1, -1)
+
+    def _made_here(self, slot: Slot) -> bool:
+        return any(slot is o for r in self.records for o in r.outputs)
+
+    # ------------------------------------------------------------------ results
+    def finish(self, keep: set[int]) -> Attention:
+        kept = tuple(r.outputs[0].id in keep for r in self.records[:-1]) + (True,)
+        self._template = AttentionTemplate(kept)
+        return self._build(kept)
+
+    def _build(self, kept: tuple[bool, ...]) -> Attention:
+        query, key = self._operands
+        weights = None
+        inner_read = False
+        for record, role, read in zip(self.records, self.roles, kept[:-1]):
+            if role == DIV and read:
+                weights = record.outputs[0]
+            elif role != PROLOGUE and read:
+                inner_read = True
+        prologue_kept = tuple(r for r, role, read in zip(self.records, self.roles, kept)
+                              if role == PROLOGUE and read)  # fmt: skip
+        last = self.records[-1]
+        return Attention(query, key, last.inputs[1], tuple(self._factors), self._mask,
+                         self._bias, last.outputs[0], weights, prologue_kept, inner_read)  # fmt: skip
+
+    def template(self, fused: Attention) -> AttentionTemplate:
+        """``fused`` (this fuser's :meth:`finish`) without slots."""
+        return self._template
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` without growing it."""
+    if len(shape) > len(to):
+        return False
+    return all(s in (1, t) for s, t in zip(shape[::-1], to[::-1]))
+
+
+def attention_arrays(fused: Attention, to_numpy) -> tuple | None:
+    """``(q, k, v, mask, bias)`` of ``fused`` as the kernel reads them: 4-d NumPy views
+    (``k`` keys by rows), None for an absent mask or bias; None where a value is not a
+    float32 (or bool mask) NumPy array."""
+    import numpy as np
+
+    def four(array):
+        return array.reshape((1,) * (4 - array.ndim) + array.shape)
+
+    def operand(op: Operand, key: bool):
+        array = to_numpy(op.source.prim)
+        if type(array) is not np.ndarray or array.dtype != np.float32:
+            return None
+        if op.transposed != key:  # the key enters the product as [..., d, Lk]
+            array = np.swapaxes(array, -1, -2)
+        return four(array)
+
+    q, k = operand(fused.query, False), operand(fused.key, True)
+    v = to_numpy(fused.value.prim)
+    if q is None or k is None or type(v) is not np.ndarray or v.dtype != np.float32:
+        return None
+    mask = bias = None
+    if fused.mask is not None:
+        mask = to_numpy(fused.mask[0].prim)
+        if type(mask) is not np.ndarray or mask.dtype != np.bool_:
+            return None
+        mask = four(mask)
+    if fused.bias is not None:
+        bias = to_numpy(fused.bias.prim)
+        if type(bias) is not np.ndarray or bias.dtype != np.float32:
+            return None
+        bias = four(bias)
+    return q, k, four(v), mask, bias
+
+
+def run_attention(fused: Attention, arrays: tuple, threads: int, take) -> list:
+    """Runs ``fused`` on the numba kernel over ``arrays`` (:func:`attention_arrays`), its
+    outputs from ``take(shape, dtype)``; returns the context and, where they are written,
+    the weights.
+
+    Raises:
+        KernelUnsupported: a case the kernel does not take (the caller runs the records).
+    """
+    import numpy as np
+
+    from ember.backends.fusion import numba_attention
+
+    q, k, v, mask, bias = arrays
+    out = take(fused.output.shape, np.dtype(np.float32))
+    results = [out]
+    weights = None
+    if fused.weights is not None:
+        results.append(take(fused.weights.shape, np.dtype(np.float32)))
+        weights = results[1].reshape(q.shape[:2] + (q.shape[2], k.shape[2]))
+    fill = 0.0 if fused.mask is None else fused.mask[1]
+    numba_attention.attention(q, k, v, fused.scale(), mask=mask, fill=fill, bias=bias,
+                              out=out.reshape(q.shape[:3] + (v.shape[3],)), weights=weights,
+                              threads=threads)  # fmt: skip
+    return results

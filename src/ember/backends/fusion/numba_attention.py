@@ -1,0 +1,326 @@
+"""Scaled dot-product attention as one numba kernel: ``softmax(scale * q kᵀ [masked]) v``.
+
+Unfused, attention is two batched products and a softmax between them: the scores
+``[..., Lq, Lk]`` are written, read back for the softmax, written again as weights and
+read by the second product, and the heads' strided views are copied into contiguous
+operands first. This kernel keeps a block of scores in cache instead and never writes
+them (unless the weights are wanted), as flash attention does.
+
+**The transposed form.** A task is one batch entry and a chunk of up to ``qc`` queries. It
+computes the scores transposed, keys by queries (``sᵀ [keys, queries]``), with the
+register tile of :func:`numba_tile.tile_kernel`: a tile is :data:`OB` keys by spans of
+queries, summed over the head's features, from the queries packed feature-major
+(``qᵀ [d, queries]``, scaled as they are packed) and the keys packed by tiles of ``OB``.
+In that form every step of the softmax is lane-wise over the queries: the running
+maximum, ``exp`` and the sums read whole rows of ``sᵀ``; and ``exp(sᵀ)`` is itself the
+packed operand of the second product, ``oᵀ [dv, queries] = vᵀ exp(sᵀ)``, whose tile is
+``OB`` value features by spans of queries, summed over the keys. No weight is ever
+repacked; the only transposes are the query chunk's (``Lq * d``) and the output's.
+
+**Long rows.** Keys come in blocks of ``kb``; each block updates each query's running
+maximum ``m``, sum ``l`` and output as the online softmax does (the earlier blocks'
+terms are rescaled by ``exp(m_old - m_new)``), and the output is divided by ``l`` at
+the end. Written weights need the final sums, so a call that writes them takes all keys
+in one block.
+
+**What it computes.** Up to float rounding, exactly the unfused ops: a masked score is
+replaced by ``fill`` (``mask_fill`` after the scaling), a bias is added after the
+scaling, the maximum is the row's (a NaN anywhere in a row makes the row NaN, as the
+max-subtract-exp chain does), and ``exp`` is :func:`numba_math.fast_exp_f32`, as in the
+fused softmax. float32 only.
+
+**Arrays.** Every operand is 4-d ``[b0, b1, rows, features]`` of any strides, broadcast
+batch entries included (stride 0); the kernel has one compiled signature (numba's
+``A`` layout, read-only inputs), compiled on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.backends.fusion.numba_source import KernelUnsupported
+from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel
+
+try:  # numba is optional: attention raises KernelUnsupported without it
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+__all__ = ["KernelUnsupported", "attention", "supports"]
+
+# numba's disk cache keys the kernel by this file only, not by numba_tile.py, whose IR it
+# inlines; test_numba_tile.py checks that this names numba_tile.py's digest.
+TILE_SOURCE_SHA256 = "004f3f9c19c895e1"
+
+OB = 8 if VECTOR_BYTES == 64 else 4
+"""Rows (keys, or value features) of one register tile: with :data:`NV` vectors of queries,
+24 accumulators on AVX-512 (12 on AVX2), as the convolution's tile."""
+NV = 3
+LANES = VECTOR_BYTES // 4
+"""float32 lanes of a vector: queries are padded to a multiple of this."""
+SPAN = NV * LANES
+
+KEY_BLOCK = 256
+"""Keys of one block of the online softmax (a block of scores stays in L2)."""
+QUERY_CHUNK = 128
+"""Queries of one task, at most."""
+
+
+def supports(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
+    """Whether :func:`attention` takes these operands: numba present, float32, 4-d, one
+    batch shape (after broadcasting), matching features and key counts, nothing empty."""
+    if numba is None or not all(type(a) is np.ndarray for a in (q, k, v)):
+        return False
+    if not all(a.dtype == np.float32 and a.ndim == 4 for a in (q, k, v)):
+        return False
+    if q.shape[3] != k.shape[3] or k.shape[2] != v.shape[2] or 0 in (*q.shape, *k.shape, *v.shape):
+        return False
+    try:
+        np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    except ValueError:
+        return False
+    return True
+
+
+def _jit(fn):
+    if numba is None:  # pragma: no cover - exercised where numba is missing
+        return fn
+    return numba.njit(nogil=True, cache=True, fastmath={"contract"}, error_model="numpy")(fn)
+
+
+if numba is not None:
+    from ember.backends.fusion.numba_math import fast_exp_f32
+
+    _tile3 = tile_kernel(OB, 3)
+    _tile2 = tile_kernel(OB, 2)
+    _tile1 = tile_kernel(OB, 1)
+
+
+@_jit
+def _spans(xq, offs, wt, wstart, taps, acc, a0, stride, width):  # pragma: no cover - compiled
+    """One tile row: ``OB`` rows by every span of ``width`` lanes (a multiple of LANES)."""
+    for s0 in range(0, width, SPAN):
+        rest = min(SPAN, width - s0) // LANES
+        if rest == 3:
+            _tile3(xq, offs, wt, wstart, s0, taps, acc, a0 + s0, stride)
+        elif rest == 2:
+            _tile2(xq, offs, wt, wstart, s0, taps, acc, a0 + s0, stride)
+        else:
+            _tile1(xq, offs, wt, wstart, s0, taps, acc, a0 + s0, stride)
+
+
+@_jit
+def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
+            parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """Tasks ``part`` of ``parts`` (see the module doc). ``flags``: 1 writes ``weights``
+    (then ``kb`` covers every key), 2 applies ``mask``, 4 adds ``bias``."""
+    u = np.uintp
+    b0n, b1n, lq, d = out.shape[0], out.shape[1], q.shape[2], q.shape[3]
+    lk = k.shape[2]
+    dv = v.shape[3]
+    one = np.float32(1)
+    qcp = (qc + LANES - 1) // LANES * LANES
+    key_tiles = (kb + OB - 1) // OB
+    value_tiles = (dv + OB - 1) // OB
+    # Slack after each tile source and target: a span reads and writes whole vectors.
+    qt = np.zeros(d * qcp + SPAN, np.float32)
+    kp = np.zeros(key_tiles * d * OB, np.float32)
+    st = np.zeros(key_tiles * OB * qcp + SPAN, np.float32)
+    vp = np.zeros(value_tiles * kb * OB, np.float32)
+    block_out = np.zeros(value_tiles * OB * qcp + SPAN, np.float32)
+    acc = np.zeros(value_tiles * OB * qcp + SPAN, np.float32)
+    m = np.empty(qcp, np.float32)
+    m_new = np.empty(qcp, np.float32)
+    alpha = np.empty(qcp, np.float32)
+    total = np.empty(qcp, np.float32)
+    offs_q = np.arange(d) * qcp
+    offs_s = np.arange(kb) * qcp
+    write_weights, masked, biased = flags & 1, flags & 2, flags & 4
+    blocks = (lk + kb - 1) // kb
+    chunks = (lq + qc - 1) // qc
+    tasks = b0n * b1n * chunks
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        b0 = task // (b1n * chunks)
+        b1 = task // chunks % b1n
+        i0 = task % chunks * qc
+        rows = min(qc, lq - i0)
+        width = (rows + LANES - 1) // LANES * LANES
+        qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
+        kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
+        vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
+        for r in range(rows):
+            src = q[qb0, qb1, i0 + r]
+            for c in range(d):
+                qt[u(c * qcp + r)] = src[c] * scale
+        for r in range(width):
+            m[u(r)] = -np.inf
+            total[u(r)] = 0
+        for j0 in range(0, lk, kb):
+            keys = min(kb, lk - j0)
+            for j in range(keys):
+                src = k[kb0, kb1, j0 + j]
+                at = j // OB * d * OB + j % OB
+                for c in range(d):
+                    kp[u(at + c * OB)] = src[c]
+            for t in range((keys + OB - 1) // OB):
+                _spans(qt, offs_q, kp, t * d * OB, d, st, t * OB * qcp, qcp, width)
+            if masked or biased:
+                for r in range(rows):
+                    mrow = mask[min(b0, mask.shape[0] - 1), min(b1, mask.shape[1] - 1),
+                                min(i0 + r, mask.shape[2] - 1)]  # fmt: skip
+                    brow = bias[min(b0, bias.shape[0] - 1), min(b1, bias.shape[1] - 1),
+                                min(i0 + r, bias.shape[2] - 1)]  # fmt: skip
+                    for j in range(keys):
+                        at = u(j * qcp + r)
+                        if masked and mrow[min(j0 + j, mrow.shape[0] - 1)]:
+                            st[at] = fill
+                        if biased:
+                            st[at] += brow[min(j0 + j, brow.shape[0] - 1)]
+            # The running maximum, lane by lane (a NaN is skipped here and poisons the
+            # sums below, as it poisons the unfused softmax).
+            for r in range(width):
+                m_new[u(r)] = m[u(r)]
+            for j in range(keys):
+                row = j * qcp
+                for r in range(width):
+                    x = st[u(row + r)]
+                    m_new[u(r)] = x if x > m_new[u(r)] else m_new[u(r)]
+            for r in range(width):
+                alpha[u(r)] = fast_exp_f32(m[u(r)] - m_new[u(r)])
+                total[u(r)] *= alpha[u(r)]
+                m[u(r)] = m_new[u(r)]
+            for j in range(keys):
+                row = j * qcp
+                for r in range(width):
+                    e = fast_exp_f32(st[u(row + r)] - m_new[u(r)])
+                    st[u(row + r)] = e
+                    total[u(r)] += e
+            for j in range(keys):
+                src = v[vb0, vb1, j0 + j]
+                for c in range(dv):
+                    vp[u(c // OB * keys * OB + j * OB + c % OB)] = src[c]
+            target = acc if blocks == 1 else block_out
+            for t in range(value_tiles):
+                _spans(st, offs_s, vp, t * keys * OB, keys, target, t * OB * qcp, qcp, width)
+            if blocks > 1:
+                for c in range(dv):
+                    row = c * qcp
+                    if j0 == 0:
+                        for r in range(width):
+                            acc[u(row + r)] = block_out[u(row + r)]
+                    else:
+                        for r in range(width):
+                            acc[u(row + r)] = acc[u(row + r)] * alpha[u(r)] + block_out[u(row + r)]
+        for r in range(width):
+            total[u(r)] = one / total[u(r)]
+        for r in range(rows):
+            dst = out[b0, b1, i0 + r]
+            inv = total[u(r)]
+            for c in range(dv):
+                dst[c] = acc[u(c * qcp + r)] * inv
+        if write_weights:  # one block: st holds every key's exp
+            for r in range(rows):
+                dst = weights[b0, b1, i0 + r]
+                inv = total[u(r)]
+                for j in range(lk):
+                    dst[j] = st[u(j * qcp + r)] * inv
+
+
+_compiled = None
+
+
+def _kernel():
+    """The kernel, compiled (or loaded from numba's cache) for its one signature."""
+    global _compiled
+    if _compiled is None:
+        floats = numba.types.Array(numba.types.float32, 4, "A", readonly=True)
+        flags = numba.types.Array(numba.types.boolean, 4, "A", readonly=True)
+        target = numba.types.Array(numba.types.float32, 4, "A")
+        i64, f32 = numba.types.int64, numba.types.float32
+        signature = numba.types.void(floats, floats, floats, target, target, flags, floats, f32,
+                                     f32, i64, i64, i64, i64, i64)  # fmt: skip
+        _attend.compile(signature)
+        _attend.disable_compile()
+        _compiled = _attend
+    return _compiled
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def chunk_sizes(batch: int, lq: int, lk: int, parts: int, whole_rows: bool) -> tuple[int, int]:
+    """``(qc, kb)``: queries per task (enough tasks for ``parts``, at most
+    :data:`QUERY_CHUNK`) and keys per block (every key where the weights are written)."""
+    qc = min(lq, QUERY_CHUNK)
+    while qc > LANES and batch * -(-lq // qc) < 4 * parts:
+        qc = max(LANES, qc // 2)
+    kb = lk if whole_rows else min(lk, KEY_BLOCK)
+    return qc, kb
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
+              mask: np.ndarray | None = None, fill: float = 0.0, bias: np.ndarray | None = None,
+              out: np.ndarray | None = None, weights: np.ndarray | None = None,
+              threads: int | None = None) -> np.ndarray:  # fmt: skip
+    """``softmax(scale * q @ kᵀ, masked, biased) @ v`` over the last dim of the scores.
+
+    Args:
+        q: ``[b0, b1, Lq, d]`` float32, any strides.
+        k: ``[b0, b1, Lk, d]`` (keys by rows: pass ``kᵀ`` swapped back).
+        v: ``[b0, b1, Lk, dv]``.
+        scale: multiplies the scores before the mask and the bias.
+        mask: bool, broadcasting to ``[b0, b1, Lq, Lk]``; True scores become ``fill``.
+        bias: float32, broadcasting to the scores; added after the mask.
+        out: ``[b0, b1, Lq, dv]`` float32 to write (any strides); a new array if None.
+        weights: ``[b0, b1, Lq, Lk]`` float32 to write the softmax into, or None.
+        threads: parts to run (default: every core above a small problem).
+
+    Returns ``out``. Raises :class:`KernelUnsupported` for what :func:`supports` refuses.
+
+    Example:
+        >>> import numpy as np
+        >>> from ember.backends.fusion.numba_attention import attention
+        >>> q = k = v = np.eye(2, dtype=np.float32).reshape(1, 1, 2, 2)
+        >>> attention(q, k, v, 1.0).round(3)[0, 0]
+        array([[0.731, 0.269],
+               [0.269, 0.731]], dtype=float32)
+    """
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    if not supports(q, k, v):
+        raise KernelUnsupported(f"numba attention: q {q.dtype} {q.shape}, k {k.dtype} {k.shape}, "
+                                f"v {v.dtype} {v.shape} are not supported")  # fmt: skip
+    batch = np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    lq, lk, d, dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
+    scores = (*batch, lq, lk)
+    if out is None:
+        out = np.empty((*batch, lq, dv), np.float32)
+    flags = 0
+    dummy = np.zeros((1, 1, 1, 1), np.float32)
+    if weights is not None:
+        flags |= 1
+    if mask is not None:
+        flags |= 2
+        mask = np.broadcast_to(mask, scores)
+    if bias is not None:
+        flags |= 4
+        bias = np.broadcast_to(bias, scores)
+    wanted = [(out, (*batch, lq, dv), np.float32), (weights, scores, np.float32),
+              (mask, scores, np.bool_), (bias, scores, np.float32)]  # fmt: skip
+    for array, shape, dtype in wanted:
+        if array is not None and (array.shape != shape or array.dtype != dtype):
+            raise KernelUnsupported(f"numba attention: {array.dtype} {array.shape} where "
+                                    f"{np.dtype(dtype)} {shape} is needed")  # fmt: skip
+    work = int(np.prod(batch)) * lq * lk * (d + dv)
+    parts = parts_for(work, 1 << 22, threads)
+    qc, kb = chunk_sizes(int(np.prod(batch)), lq, lk, parts, weights is not None)
+    args = [_read_only(q), _read_only(k), _read_only(v), out,
+            dummy if weights is None else weights,
+            _read_only(np.zeros((1, 1, 1, 1), np.bool_) if mask is None else mask),
+            _read_only(dummy if bias is None else bias),
+            np.float32(scale), np.float32(fill), flags, qc, kb]  # fmt: skip
+    _run_parts(_kernel(), args, parts)
+    return out

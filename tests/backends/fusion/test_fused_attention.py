@@ -1,0 +1,242 @@
+"""Fused attention: the numba kernel against NumPy float64, and the attention fuser's segments
+on ``fusion(ndarray)`` against the same records unfused (ember's MultiHeadAttention, an
+imported model's pattern, a training step through autodiff)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Tensor
+from ember.backends.fusion import autotune, reset_stats, stats
+from ember.backends.fusion.autotune import UNFUSED, Choice
+from ember.nn.attention import MhaInput, MultiHeadAttentionConfig, generate_autoregressive_mask
+from ember.tensor.activation import softmax
+
+pytest.importorskip("numba")
+numba_attention = pytest.importorskip("ember.backends.fusion.numba_attention")
+attention = numba_attention.attention
+KernelUnsupported = numba_attention.KernelUnsupported
+
+
+def reference(q, k, v, scale, mask=None, fill=0.0, bias=None):
+    """The unfused ops in float64: context and weights."""
+    s = scale * (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2))
+    if mask is not None:
+        s = np.where(mask, fill, s)
+    if bias is not None:
+        s = s + bias
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    return p @ v.astype(np.float64), p
+
+
+# ---------------------------------------------------------------------------- the kernel
+@pytest.mark.parametrize("seed", range(12))
+def test_the_kernel_equals_float64_attention(seed):
+    """Random sizes (odd ones: partial tiles, spans and key blocks), broadcast batch entries,
+    strided views, masks, biases, weights, one and three parts."""
+    rng = np.random.default_rng(seed)
+    b0, b1 = rng.integers(1, 4, 2)
+    lq, lk = rng.integers(1, 300, 2) if seed % 4 else (131, 517)  # several key blocks
+    d, dv = rng.integers(1, 70, 2)
+    q = rng.standard_normal((b0, b1, lq, d), dtype=np.float32)
+    k = rng.standard_normal((b0, 1 if seed % 3 == 0 else b1, lk, d), dtype=np.float32)
+    v = rng.standard_normal((b0, b1, lk, dv), dtype=np.float32)
+    if seed % 2:  # head views as attention reads them: features not last in memory
+        q = np.ascontiguousarray(q.swapaxes(1, 2)).swapaxes(1, 2)
+        k = np.ascontiguousarray(k.swapaxes(2, 3)).swapaxes(2, 3)
+    mask = rng.random((b0, 1, lq, lk)) < 0.3 if seed % 3 == 1 else None
+    bias = rng.standard_normal((1, b1, 1, lk), dtype=np.float32) if seed % 4 == 2 else None
+    weights = np.empty((b0, b1, lq, lk), np.float32) if seed % 5 < 2 else None
+    out = attention(q, k, v, 0.3, mask=mask, fill=-7.0, bias=bias, weights=weights,
+                    threads=1 + 2 * (seed % 2))  # fmt: skip
+    want, p = reference(q, k, v, 0.3, mask, -7.0, bias)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6 * np.abs(v).max())
+    if weights is not None:
+        np.testing.assert_allclose(weights, p, rtol=1e-5, atol=1e-7)
+
+
+def test_the_kernel_writes_a_strided_output():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, 20, 8), dtype=np.float32) for _ in range(3))
+    buffer = np.full((20, 2, 3, 8), np.nan, np.float32)  # [seq, batch, heads, features]
+    out = buffer.transpose(1, 2, 0, 3)
+    assert attention(q, k, v, 0.5, out=out) is out
+    np.testing.assert_allclose(buffer.transpose(1, 2, 0, 3), reference(q, k, v, 0.5)[0],
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_the_kernel_keeps_the_unfused_nan_rows():
+    """A NaN score makes its row NaN; a row whose every score is -inf is NaN (-inf - -inf),
+    as in the max-subtract-exp softmax."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 1, 5, 4), dtype=np.float32) for _ in range(3))
+    k[0, 0, 3, 1] = np.nan
+    got = attention(q, k, v, 1.0)
+    assert np.isnan(got).all()
+    k[0, 0, 3, 1] = 0.0
+    mask = np.zeros((1, 1, 5, 5), bool)
+    mask[0, 0, 2] = True
+    got = attention(q, k, v, 1.0, mask=mask, fill=-np.inf)
+    with np.errstate(invalid="ignore"):
+        want = reference(q, k, v, 1.0, mask, -np.inf)[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 0, 2]).all() and not np.isnan(got[0, 0, [0, 1, 3, 4]]).any()
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "v"),
+    [
+        ((1, 1, 4, 8), (1, 1, 4, 8), (1, 1, 5, 8)),  # keys and values differ in count
+        ((1, 1, 4, 8), (1, 1, 4, 6), (1, 1, 4, 8)),  # query and key features differ
+        ((2, 1, 4, 8), (3, 1, 4, 8), (1, 1, 4, 8)),  # batches do not broadcast
+        ((1, 1, 0, 8), (1, 1, 4, 8), (1, 1, 4, 8)),  # no queries
+        ((1, 4, 8), (1, 4, 8), (1, 4, 8)),  # not 4-d
+    ],
+)
+def test_the_kernel_refuses_what_it_does_not_compute(q, k, v):
+    arrays = [np.zeros(s, np.float32) for s in (q, k, v)]
+    assert not numba_attention.supports(*arrays)
+    with pytest.raises(KernelUnsupported, match="numba attention"):
+        attention(*arrays, 1.0)
+    doubles = [np.zeros((1, 1, 4, 8)) for _ in range(3)]
+    assert not numba_attention.supports(*doubles)
+    with pytest.raises(KernelUnsupported, match=r"float32 \(1, 1, 4, 5\)"):
+        wrong = np.zeros((1, 1, 4, 5), np.float32)
+        attention(*(a.astype(np.float32) for a in doubles), 1.0, out=wrong)
+
+
+# ---------------------------------------------------------------------------- the fuser
+_MHA = {}
+
+
+def _mha(device, masked: bool, x: np.ndarray):
+    """One layer per width (the same weights on every device) and its input on ``device``."""
+    d_model = x.shape[2]
+    if d_model not in _MHA:
+        _MHA[d_model] = MultiHeadAttentionConfig(d_model, 4).with_dropout(0.0).init(
+            ember.device("ndarray"))  # fmt: skip
+    mha = _MHA[d_model].to_device(device)
+    inp = MhaInput.self_attn(Tensor.from_data(x, device))
+    if masked:
+        inp = inp.with_mask_attn(generate_autoregressive_mask(x.shape[0], x.shape[1], device))
+    return mha, inp
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("read_weights", [False, True])
+def test_multi_head_attention_runs_as_one_kernel(masked, read_weights):
+    x = np.random.default_rng(3).standard_normal((2, 40, 32)).astype(np.float32)
+    mha, inp = _mha(ember.device("ndarray"), masked, x)
+    want = mha(inp)
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    mha_f, inp_f = _mha(fused, masked, x)
+    reset_stats()
+    with autotune.forcing(Choice("fused", 1)):
+        out = mha_f(inp_f)
+        weights = out.weights.to_numpy() if read_weights else None
+        context = out.context.to_numpy()
+    assert stats()["attentions"] == 1
+    np.testing.assert_allclose(context, want.context.to_numpy(), rtol=1e-5, atol=1e-6)
+    if read_weights:
+        np.testing.assert_allclose(weights, want.weights.to_numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_training_step_through_fused_attention_gives_the_same_gradients():
+    """Autodiff keeps the weights and the scaled queries for the backward pass: the kernel
+    writes the weights, the scaling runs as its own record."""
+    x = np.random.default_rng(4).standard_normal((2, 24, 32)).astype(np.float32)
+    grads = []
+    for device in (ember.device("ndarray").autodiff(),
+                   ember.device("ndarray").fusion(runtime="numba").autodiff()):  # fmt: skip
+        mha, inp = _mha(device, True, x)
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            context = mha(inp).context
+            g = (context * context).sum().backward()
+            grads.append([context.to_numpy()] + [
+                p.grad(g).to_numpy() for p in (mha.query.weight.val(), mha.key.weight.val(),
+                                               mha.value.weight.val())])  # fmt: skip
+    assert stats()["attentions"] == 1
+    for got, want in zip(grads[1], grads[0], strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _imported_pattern(q, k, v, scale, bias):
+    """Attention as a PyTorch ONNX export writes it: both operands scaled by a one-element
+    tensor, the key transposed first, an additive mask."""
+    root = scale.sqrt()
+    scores = (q * root).matmul(k.swap_dims(2, 3) * root) + bias
+    return softmax(scores, 3).matmul(v)
+
+
+def test_an_imported_models_attention_runs_as_one_kernel():
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((2, 3, 33, 16)).astype(np.float32) for _ in range(3)]
+    bias = np.where(rng.random((2, 1, 1, 33)) < 0.2, -1e4, 0.0).astype(np.float32)
+    scale = np.array([0.25], np.float32)
+    eager, fused = ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")
+    want = _imported_pattern(*(Tensor.from_data(a, eager) for a in (*arrays, scale, bias)))
+    reset_stats()
+    with autotune.forcing(Choice("fused", 1)):
+        got = _imported_pattern(*(Tensor.from_data(a, fused) for a in (*arrays, scale, bias)))
+        got = got.to_numpy()
+    assert stats()["attentions"] == 1 and stats()["fused_ops"] == 11  # every record
+    np.testing.assert_allclose(got, want.to_numpy(), rtol=1e-5, atol=1e-6)
+    with autotune.forcing(Choice("fused", 1)):  # the same stream again: no fuser runs
+        again = _imported_pattern(*(Tensor.from_data(a, fused) for a in (*arrays, scale, bias)))
+        np.testing.assert_array_equal(again.to_numpy(), got)
+    assert stats()["attentions"] == 2 and stats()["explorations"] == 1
+
+
+def test_where_the_scores_are_read_later_the_records_run_one_by_one():
+    rng = np.random.default_rng(6)
+    arrays = [rng.standard_normal((1, 2, 40, 8)).astype(np.float32) for _ in range(3)]
+    results = []
+    for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
+        q, k, v = (Tensor.from_data(a, device) for a in arrays)
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            scores = (q * 0.5).matmul(k.swap_dims(2, 3))  # held: read after the segment
+            context = softmax(scores, 3).matmul(v)
+            results.append((context.to_numpy(), scores.to_numpy()))
+    assert stats()["attentions"] == 0
+    for got, want in zip(results[1], results[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_where_the_tuner_chose_the_records_they_run_one_by_one():
+    x = np.random.default_rng(7).standard_normal((2, 40, 32)).astype(np.float32)
+    mha, inp = _mha(ember.device("ndarray"), False, x)
+    want = mha(inp).context.to_numpy()
+    mha_f, inp_f = _mha(ember.device("ndarray").fusion(runtime="numba"), False, x)
+    reset_stats()
+    with autotune.forcing(UNFUSED):
+        got = mha_f(inp_f).context.to_numpy()
+    assert stats()["attentions"] == 0
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["softmax over another dim", "no second product",
+                                  "scaled after the mask", "float64"])  # fmt: skip
+def test_what_is_not_attention_is_not_fused(case):
+    rng = np.random.default_rng(8)
+    dtype = np.float64 if case == "float64" else np.float32
+    arrays = [rng.standard_normal((1, 2, 40, 8)).astype(dtype) for _ in range(3)]
+    mask = rng.random((1, 1, 40, 40)) < 0.5
+    results = []
+    for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
+        q, k, v = (Tensor.from_data(a, device) for a in arrays)
+        m = Tensor.from_data(mask, device)
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            scores = q.matmul(k.swap_dims(2, 3))
+            if case == "scaled after the mask":
+                scores = scores.mask_fill(m, -1e4) * 0.5
+            weights = softmax(scores, 2 if case == "softmax over another dim" else 3)
+            out = weights if case == "no second product" else weights.matmul(v)
+            results.append(out.to_numpy())
+    assert stats()["attentions"] == 0
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-7)
