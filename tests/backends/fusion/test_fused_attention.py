@@ -240,3 +240,58 @@ def test_what_is_not_attention_is_not_fused(case):
             results.append(out.to_numpy())
     assert stats()["attentions"] == 0
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-7)
+
+
+def _split_heads(qkv: Tensor, part: int, heads: int) -> Tensor:
+    """An exported model's head split: a slice of the ``[seq, batch, 3 * d]`` projection
+    (a permuted buffer), ``reshape`` to ``[seq, batch * heads, d_k]`` (which copies
+    unfused), ``permute``, ``reshape`` to ``[batch, heads, seq, d_k]``."""
+    seq, batch, width = qkv.shape
+    d = width // 3
+    x = qkv[:, :, part * d : (part + 1) * d]
+    x = x.reshape([seq, batch * heads, d // heads]).permute([1, 0, 2])
+    return x.reshape([batch, heads, seq, d // heads])
+
+
+def _imported_heads(qkv: Tensor, root: Tensor) -> Tensor:
+    q, k, v = (_split_heads(qkv, part, 4) for part in range(3))
+    return softmax((q * root).matmul(k.swap_dims(2, 3) * root), 3).matmul(v)
+
+
+def test_the_heads_are_read_in_place_through_their_layout_steps():
+    rng = np.random.default_rng(9)
+    qkv = rng.standard_normal((3, 48, 96)).astype(np.float32)  # [batch, seq, 3 * d]
+    root = np.array([0.5], np.float32)
+    eager, fused = ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")
+    want = _imported_heads(Tensor.from_data(qkv, eager).permute([1, 0, 2]),
+                           Tensor.from_data(root, eager)).to_numpy()  # fmt: skip
+    reset_stats()
+    with autotune.forcing(Choice("fused", 1)):
+        got = _imported_heads(Tensor.from_data(qkv, fused).permute([1, 0, 2]),
+                              Tensor.from_data(root, fused)).to_numpy()  # fmt: skip
+    counts = stats()
+    assert counts["attentions"] == 1
+    # The segment holds the three head splits (a slice and 3 steps each), the key's
+    # transpose, the two scalings, the products and the softmax: nothing is copied.
+    assert counts["fused_ops"] == 12 + 1 + 2 + 2 + 5 and counts["unfused_ops"] == 1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_where_the_layout_steps_make_no_view_the_prologue_runs_first():
+    rng = np.random.default_rng(10)
+    arrays = [rng.standard_normal((2, 200, 16)).astype(np.float32) for _ in range(3)]
+
+    def heads(x: Tensor) -> Tensor:  # [b, s, d] -> [s, b, d] -> [b, s, d]: no single view
+        return x.permute([1, 0, 2]).reshape([2, 200, 16]).reshape([2, 1, 200, 16])
+
+    def attend(q, k, v):
+        return softmax((heads(q) * 0.25).matmul(heads(k).swap_dims(2, 3)), 3).matmul(heads(v))
+
+    eager, fused = ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")
+    want = attend(*(Tensor.from_data(a, eager) for a in arrays)).to_numpy()
+    reset_stats()
+    with autotune.forcing(Choice("fused", 1)):
+        got = attend(*(Tensor.from_data(a, fused) for a in arrays)).to_numpy()
+    assert stats()["attentions"] == 1
+    assert stats()["fused_ops"] == 7  # the products and the softmax; the heads ran first
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

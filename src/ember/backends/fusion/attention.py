@@ -3,9 +3,10 @@
 Attention reaches the stream as the records of its parts, whoever wrote it (ember's
 ``MultiHeadAttention``, an imported ONNX or PyTorch model):
 
-1. the **prologue**: scalings of the query or key operand (``mul_scalar``,
-   ``div_scalar``, ``mul`` by a one-element tensor) and transposes of their last two
-   dims (``permute``), in any order, each read only by the next step;
+1. the **prologue**: the layout steps that make the heads of the query, key and value
+   operands (``slice``, ``reshape``, ``permute``) and scalings (``mul_scalar``, ``div_scalar``,
+   ``mul`` by a one-element tensor), in any order, each read only by the next step (the
+   value's may come anywhere before its product);
 2. the **scores** ``float_matmul(q', k')``, then optionally more scalings, a
    ``mask_fill`` (the scores where a bool mask is True set to a value) and an ``add`` of
    a bias (an additive mask), in that order;
@@ -16,7 +17,10 @@ Attention reaches the stream as the records of its parts, whoever wrote it (embe
 This fuser takes such a run of records whole and nothing less (its block is ready only
 at the context product). The executor runs it as :func:`numba_attention.attention`,
 where the tuner chose that over the records one by one: the scores are never written,
-and the heads' strided views are read in place. The weights are written too where they
+and the heads are read in place: each operand's layout steps are composed into one
+strided view of its source (``views.compose``), so a reshape NumPy would copy (an
+imported model's head split of a permuted buffer) copies nothing; where no single view
+exists, the prologue's records run first, as they would unfused. The weights are written too where they
 are read after the segment (a training step keeps them for the backward pass); a
 prologue value that is read later (the scaled query, kept by autodiff) is computed by
 its own record as well. Any other inner value read later (the scores, the exponentials)
@@ -37,8 +41,9 @@ from ember.backends.fusion.stream import Record
 from ember.tensor.dtype import DType
 
 SCALINGS = ("float_mul_scalar", "float_div_scalar", "float_mul")
+LAYOUTS = {"float_reshape": "reshape", "float_permute": "permute", "float_slice": "slice"}
 SOFTMAX = ("float_max_dim", "float_sub", "float_exp", "float_sum_dim", "float_div")
-OPS = frozenset((*SCALINGS, *SOFTMAX, "float_permute", "float_matmul", "float_mask_fill",
+OPS = frozenset((*SCALINGS, *LAYOUTS, *SOFTMAX, "float_matmul", "float_mask_fill",
                  "float_add"))  # fmt: skip
 """The primitives the fuser takes."""
 
@@ -51,12 +56,14 @@ _AFTER = {SCORES: 0, SCALE: 0, MASK: 1, BIAS: 2}  # order of the steps on the sc
 @dataclass(frozen=True)
 class Operand:
     """A product operand traced back through the prologue: ``source`` (made before the
-    segment) times the ``factors`` (numbers, or one-element slots read at run time), with
-    its last two dims swapped ``transposed`` times (odd: swapped)."""
+    segment) through the layout steps of ``chain`` (``("reshape", shape)`` or
+    ``("permute", axes)``), times the ``factors`` (numbers, or one-element slots read at
+    run time); ``slot`` is the value the product reads."""
 
     source: Slot
     factors: tuple
-    transposed: bool
+    chain: tuple
+    slot: Slot
 
 
 @dataclass(frozen=True)
@@ -64,19 +71,20 @@ class Attention:
     """A fused segment (see the module doc).
 
     ``query`` and ``key`` are the scores product's operands (``key`` as it enters the
-    product: ``[..., d, Lk]`` unless transposed), ``value`` the context product's
-    right operand; ``factors`` scale the scores after the product; ``mask`` is
-    ``(slot, fill)`` or None, ``bias`` a slot or None; ``output`` is the context's slot,
-    ``weights`` the softmax's where it is written (read after the segment), else None.
-    ``prologue_kept`` lists the prologue records whose values are read after the segment;
+    product: ``[..., d, Lk]``), ``value`` the context product's right operand;
+    ``factors`` scale the scores after the product; ``mask`` is ``(slot, fill)`` or None,
+    ``bias`` a slot or None; ``output`` is the context's slot, ``weights`` the softmax's
+    where it is written (read after the segment), else None. ``prologue`` holds the
+    prologue's records, ``prologue_kept`` those whose values are read after the segment;
     ``inner_read`` says an inner value of the scores or softmax is (the executor then runs
     the records one by one).
     """
 
     query: Operand
     key: Operand
-    value: Slot
+    value: Operand
     factors: tuple
+    prologue: tuple[Record, ...]
     mask: tuple | None
     bias: Slot | None
     output: Slot
@@ -84,10 +92,13 @@ class Attention:
     prologue_kept: tuple[Record, ...]
     inner_read: bool
 
-    def scale(self) -> float:
-        """The product of every factor, read now (one-element slots hold values by now)."""
+    def scale(self, composed: bool) -> float:
+        """The product of the factors, read now (one-element slots hold values by now): of
+        the scores' and, where the operands are ``composed`` from their sources rather
+        than read after the prologue ran, of the query's and the key's too."""
         total = 1.0
-        for factor in (*self.query.factors, *self.key.factors, *self.factors):
+        factors = (*self.query.factors, *self.key.factors) if composed else ()
+        for factor in (*factors, *self.factors):
             total *= factor if type(factor) is float else _number(factor)
         return total
 
@@ -130,12 +141,14 @@ class AttentionFuser(Taking):
     def reset(self) -> None:
         self.records: list[Record] = []
         self.roles: list[str] = []
-        self._traced: dict[int, Operand] = {}  # prologue output id -> its operand
+        self._traced: dict[int, Operand] = {}  # prologue output id -> its operand, so far
         self._operands: tuple[Operand, Operand] | None = None
+        self._value_operand: Operand | None = None
         self._factors: list = []
         self._mask: tuple | None = None
         self._bias: Slot | None = None
         self._value: Slot | None = None  # the newest value of the scores chain
+        self._step: str | None = None  # the newest role on that chain
         self._max = self._sum = None
         self._template: AttentionTemplate | None = None
         self._status = Status.OPEN
@@ -156,6 +169,8 @@ class AttentionFuser(Taking):
             return
         self.records.append(record)
         self.roles.append(role)
+        if role != PROLOGUE:
+            self._step = role
         if role == CONTEXT:
             self._status = Status.CLOSED  # the block is whole
 
@@ -171,9 +186,11 @@ class AttentionFuser(Taking):
             if record.name == "float_matmul":
                 return self._scores(record)
             return self._prologue(record)
-        step = self.roles[-1]
         name, out = record.name, record.outputs[0]
         value = self._value
+        if value not in record.inputs and (name in LAYOUTS or name in SCALINGS):
+            return self._prologue(record)  # the value operand's steps, wherever they come
+        step = self._step
         if step in _AFTER:
             if name == "float_max_dim":
                 if not self._last_dim(record, value):
@@ -206,52 +223,54 @@ class AttentionFuser(Taking):
             return DIV
         if step == DIV and name == "float_matmul" and record.inputs[0] is value:
             v = record.inputs[1]
-            fits = len(v.shape) == len(value.shape) and v.shape[-2] == value.shape[-1]
-            if fits and v.dtype is DType.F32 and self.can_fuse(v) and not self._made_here(v):
+            if len(v.shape) != len(value.shape) or v.shape[-2] != value.shape[-1]:
+                return None
+            self._value_operand = self._operand(v)
+            # Every prologue value is read by a product (the value's steps may come first).
+            if self._value_operand is not None and not self._traced:
                 return CONTEXT
         return None
 
     def _prologue(self, record: Record) -> str | None:
-        """A scaling or a transpose of a product operand, or None."""
+        """A layout step or a scaling of a product operand, or None."""
         x = record.inputs[0]
         out = record.outputs[0]
-        if x.dtype is not DType.F32 or not 2 <= len(x.shape) <= 4 or not self.can_fuse(x):
+        if x.dtype is not DType.F32 or not self.can_fuse(x):
             return None
-        before = self._traced.get(x.id) or Operand(x, (), False)
+        before = self._traced.get(x.id) or Operand(x, (), (), x)
         if x.id not in self._traced and self._made_here(x):
             return None  # a value of this segment other than a prologue output
-        if record.name == "float_permute":
-            rank = len(x.shape)
-            if tuple(record.args[1]) != (*range(rank - 2), rank - 1, rank - 2):
-                return None
-            after = Operand(before.source, before.factors, not before.transposed)
+        if record.name in LAYOUTS:
+            step = (LAYOUTS[record.name], tuple(record.args[1]))
+            after = Operand(before.source, before.factors, (*before.chain, step), out)
         else:
             factor = self._scaling(record, x)
             if factor is None or out.shape != x.shape:
                 return None
-            after = Operand(before.source, (*before.factors, factor), before.transposed)
+            after = Operand(before.source, (*before.factors, factor), before.chain, out)
         self._traced.pop(x.id, None)  # each prologue value feeds exactly one next step
         self._traced[out.id] = after
         return PROLOGUE
+
+    def _operand(self, slot: Slot) -> Operand | None:
+        """What a product reads at ``slot``: a prologue value (taken off the traced ones) or
+        a value made before the segment; None for another value of the segment."""
+        if slot.dtype is not DType.F32 or not self.can_fuse(slot):
+            return None
+        traced = self._traced.pop(slot.id, None)
+        if traced is not None:
+            return traced
+        return None if self._made_here(slot) else Operand(slot, (), (), slot)
 
     def _scores(self, record: Record) -> str | None:
         a, b = record.inputs
         rank = len(a.shape)
         if len(b.shape) != rank or not 2 <= rank <= 4 or a.shape[-1] != b.shape[-2]:
             return None
-        operands = []
-        for slot in (a, b):
-            if slot.dtype is not DType.F32 or not self.can_fuse(slot):
-                return None
-            traced = self._traced.pop(slot.id, None)
-            if traced is None:
-                if self._made_here(slot):
-                    return None
-                traced = Operand(slot, (), False)
-            operands.append(traced)
-        if self._traced:
-            return None  # a prologue value the product does not read
-        self._operands = (operands[0], operands[1])
+        query, key = self._operand(a), self._operand(b)
+        if query is None or key is None:
+            return None
+        self._operands = (query, key)
         self._value = record.outputs[0]
         return SCORES
 
@@ -318,11 +337,12 @@ class AttentionFuser(Taking):
                 weights = record.outputs[0]
             elif role != PROLOGUE and read:
                 inner_read = True
+        prologue = tuple(r for r, role in zip(self.records, self.roles) if role == PROLOGUE)
         prologue_kept = tuple(r for r, role, read in zip(self.records, self.roles, kept)
                               if role == PROLOGUE and read)  # fmt: skip
-        last = self.records[-1]
-        return Attention(query, key, last.inputs[1], tuple(self._factors), self._mask,
-                         self._bias, last.outputs[0], weights, prologue_kept, inner_read)  # fmt: skip
+        return Attention(query, key, self._value_operand, tuple(self._factors), prologue,
+                         self._mask, self._bias, self.records[-1].outputs[0], weights,
+                         prologue_kept, inner_read)  # fmt: skip
 
     def template(self, fused: Attention) -> AttentionTemplate:
         """``fused`` (this fuser's :meth:`finish`) without slots."""
@@ -336,27 +356,31 @@ def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
     return all(s in (1, t) for s, t in zip(shape[::-1], to[::-1]))
 
 
-def attention_arrays(fused: Attention, to_numpy) -> tuple | None:
+def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None:
     """``(q, k, v, mask, bias)`` of ``fused`` as the kernel reads them: 4-d NumPy views
-    (``k`` keys by rows), None for an absent mask or bias; None where a value is not a
-    float32 (or bool mask) NumPy array."""
+    (``k`` keys by rows), None for an absent mask or bias. The operands are the products'
+    own values, or with ``composed`` views of their sources through the prologue's layout
+    steps. None where a value is not a float32 (or bool mask) NumPy array, or where an
+    operand's steps compose to no single view."""
     import numpy as np
+
+    from ember.backends.fusion.views import compose
 
     def four(array):
         return array.reshape((1,) * (4 - array.ndim) + array.shape)
 
-    def operand(op: Operand, key: bool):
-        array = to_numpy(op.source.prim)
+    def operand(op: Operand):
+        array = to_numpy((op.source if composed else op.slot).prim)
         if type(array) is not np.ndarray or array.dtype != np.float32:
             return None
-        if op.transposed != key:  # the key enters the product as [..., d, Lk]
-            array = np.swapaxes(array, -1, -2)
-        return four(array)
+        if composed and op.chain:
+            array = compose(array, list(op.chain))
+        return array
 
-    q, k = operand(fused.query, False), operand(fused.key, True)
-    v = to_numpy(fused.value.prim)
-    if q is None or k is None or type(v) is not np.ndarray or v.dtype != np.float32:
+    q, kt, v = operand(fused.query), operand(fused.key), operand(fused.value)
+    if q is None or kt is None or v is None:
         return None
+    q, k, v = four(q), four(np.swapaxes(kt, -1, -2)), four(v)  # the key enters as [..., d, Lk]
     mask = bias = None
     if fused.mask is not None:
         mask = to_numpy(fused.mask[0].prim)
@@ -368,13 +392,13 @@ def attention_arrays(fused: Attention, to_numpy) -> tuple | None:
         if type(bias) is not np.ndarray or bias.dtype != np.float32:
             return None
         bias = four(bias)
-    return q, k, four(v), mask, bias
+    return q, k, v, mask, bias
 
 
-def run_attention(fused: Attention, arrays: tuple, threads: int, take) -> list:
-    """Runs ``fused`` on the numba kernel over ``arrays`` (:func:`attention_arrays`), its
-    outputs from ``take(shape, dtype)``; returns the context and, where they are written,
-    the weights.
+def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int, take) -> list:
+    """Runs ``fused`` on the numba kernel over ``arrays`` (:func:`attention_arrays`, made
+    ``composed`` or not), its outputs from ``take(shape, dtype)``; returns the context
+    and, where they are written, the weights.
 
     Raises:
         KernelUnsupported: a case the kernel does not take (the caller runs the records).
@@ -391,7 +415,7 @@ def run_attention(fused: Attention, arrays: tuple, threads: int, take) -> list:
         results.append(take(fused.weights.shape, np.dtype(np.float32)))
         weights = results[1].reshape(q.shape[:2] + (q.shape[2], k.shape[2]))
     fill = 0.0 if fused.mask is None else fused.mask[1]
-    numba_attention.attention(q, k, v, fused.scale(), mask=mask, fill=fill, bias=bias,
+    numba_attention.attention(q, k, v, fused.scale(composed), mask=mask, fill=fill, bias=bias,
                               out=out.reshape(q.shape[:3] + (v.shape[3],)), weights=weights,
                               threads=threads)  # fmt: skip
     return results

@@ -331,11 +331,20 @@ class Executor:
         """Runs an attention segment (``attention``) as the numba kernel where the tuner
         chose that over the records one by one (the first run of a bucket is the kernel's,
         then both are timed); otherwise, where an inner value is read later, or for a case
-        the kernel refuses, record by record. Prologue values read later run their own
-        records first."""
-        arrays = None
-        if not fused.inner_read and self.arrays is not None:
-            arrays = attention_arrays(fused, self.arrays[0])
+        the kernel refuses, record by record. The kernel reads each operand as a view of
+        its source through the prologue's layout steps; where a prologue value is read
+        later, or the steps make no single view, the prologue's records run first."""
+        if fused.inner_read or self.arrays is None:
+            self._unfused(records)
+            return
+        to_numpy = self.arrays[0]
+        composed = not fused.prologue_kept
+        arrays = attention_arrays(fused, to_numpy, True) if composed else None
+        if arrays is None:
+            composed = False
+            for record in fused.prologue:
+                self.run_single(record)
+            arrays = attention_arrays(fused, to_numpy, False)
         how = None
         if arrays is not None:
             q, k, v = arrays[:3]
@@ -343,28 +352,31 @@ class Executor:
             key = ("attention", fused.mask is not None, fused.bias is not None,
                    fused.weights is not None)  # fmt: skip
             how = self.tuner.lookup_op(key, work)
+        ran = {id(r) for r in fused.prologue} if not composed else set()
+        rest = [r for r in records if id(r) not in ran]
         if how is None or how == autotune.UNFUSED:
-            self._unfused(records)
+            self._unfused(rest)
             return
         pending = type(how) is autotune.Pending
-        take = self.runtime.pool.take
+
+        def run(threads: int, take) -> list:
+            return run_attention(fused, arrays, composed, threads, take)
+
         try:
-            results = run_attention(fused, arrays, 1 if pending else how.threads, take)
+            results = run(1 if pending else how.threads, self.runtime.pool.take)
         except UnsupportedError:
-            self._unfused(records)
+            self._unfused(rest)
             return
-        for record in fused.prologue_kept:
-            self.run_single(record)
         slots = (fused.output,) if fused.weights is None else (fused.output, fused.weights)
         for slot, array in zip(slots, results, strict=True):
             set_output(self.inner, slot, self.arrays[1](array), "attention")
             if self.recycler is not None:
                 slot.recycle = self.recycler
         counters.add("attentions")
-        counters.add("fused_ops", len(records) - len(fused.prologue_kept))
+        counters.add("fused_ops", len(rest))
         if pending:  # after the kept run: the candidates write into their own buffers
-            self.tuner.tune_with(how, lambda threads: run_attention(fused, arrays, threads, np.empty),
-                                 lambda: run_detached(self.inner, records), "attention")  # fmt: skip
+            self.tuner.tune_with(how, lambda threads: run(threads, np.empty),
+                                 lambda: run_detached(self.inner, rest), "attention")  # fmt: skip
 
     def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:
         """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where
