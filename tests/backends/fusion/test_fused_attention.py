@@ -295,3 +295,20 @@ def test_where_the_layout_steps_make_no_view_the_prologue_runs_first():
     assert stats()["attentions"] == 1
     assert stats()["fused_ops"] == 7  # the products and the softmax; the heads ran first
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_query_broadcast_over_the_batch_runs_as_one_kernel():
+    """One query for every batch entry and head (a learned query, as in attention pooling):
+    the products broadcast it; so does the kernel."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 1, 24, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 3, 300, 16)).astype(np.float32) for _ in range(2))
+    results = []
+    for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
+        qt, kt, vt = (Tensor.from_data(a, device) for a in (q, k, v))
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            weights = softmax((qt * 0.25).matmul(kt.swap_dims(2, 3)), 3)
+            results.append(weights.matmul(vt).to_numpy())
+    assert stats()["attentions"] == 1
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)

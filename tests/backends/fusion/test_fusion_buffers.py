@@ -347,3 +347,35 @@ def test_a_transposed_input_of_a_block_is_read_right(device, pool):
     ta.device.sync()
     got = ((ta + Tensor.from_data(b, device)) * 2.0).to_numpy()
     np.testing.assert_allclose(got, (a.T + b) * 2.0, rtol=1e-6)
+
+
+def test_a_block_of_inputs_permuted_alike_runs_in_their_memory_order(device, pool):
+    """A product's rows in its operand's order ([seq, batch, d] over a [batch, seq, d]
+    buffer) plus a bias: the block reads them where they lie and writes its result laid out
+    the same way, a pooled buffer that goes back when dropped (no copy first)."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(8, 96, 64)).astype(np.float32)
+    b = rng.normal(size=64).astype(np.float32)
+    t = Tensor.from_data(x, device).permute([1, 0, 2])  # [96, 8, 64], a view once made
+    bias = Tensor.from_data(b, device)
+    t.device.sync()
+    y = (t + bias) * 2.0
+    np.testing.assert_array_equal(y.to_numpy(), (x.transpose(1, 0, 2) + b) * np.float32(2.0))
+    made = y._prim.slot.prim
+    assert made.transpose(1, 0, 2).flags.c_contiguous and not made.flags.c_contiguous
+    del y, made
+    assert pool.idle_bytes() >= x.nbytes  # back in the pool once dropped
+    hits = pool.hits
+    z = (t + bias) * 3.0
+    np.testing.assert_array_equal(z.to_numpy(), (x.transpose(1, 0, 2) + b) * np.float32(3.0))
+    assert pool.hits == hits + 1
+
+
+@pytest.mark.parametrize("order", [(1, 0, 2), (2, 0, 1), None])
+def test_the_pool_lends_arrays_laid_out_in_an_order(pool, order):
+    array = pool.take((6, 40, 50), np.float32, order)
+    assert array.shape == (6, 40, 50)
+    assert (array if order is None else array.transpose(order)).flags.c_contiguous
+    array[...] = 1.0  # writable, and each element its own
+    assert array.sum() == array.size
+    assert pool.release(array) and pool.idle_bytes() >= array.nbytes

@@ -366,9 +366,6 @@ def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None
 
     from ember.backends.fusion.views import compose
 
-    def four(array):
-        return array.reshape((1,) * (4 - array.ndim) + array.shape)
-
     def operand(op: Operand):
         array = to_numpy((op.source if composed else op.slot).prim)
         if type(array) is not np.ndarray or array.dtype != np.float32:
@@ -380,25 +377,27 @@ def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None
     q, kt, v = operand(fused.query), operand(fused.key), operand(fused.value)
     if q is None or kt is None or v is None:
         return None
-    q, k, v = four(q), four(np.swapaxes(kt, -1, -2)), four(v)  # the key enters as [..., d, Lk]
+    q, k, v = _four(q), _four(np.swapaxes(kt, -1, -2)), _four(v)  # the key enters as [..., d, Lk]
     mask = bias = None
     if fused.mask is not None:
         mask = to_numpy(fused.mask[0].prim)
         if type(mask) is not np.ndarray or mask.dtype != np.bool_:
             return None
-        mask = four(mask)
+        mask = _four(mask)
     if fused.bias is not None:
         bias = to_numpy(fused.bias.prim)
         if type(bias) is not np.ndarray or bias.dtype != np.float32:
             return None
-        bias = four(bias)
+        bias = _four(bias)
     return q, k, v, mask, bias
 
 
-def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int, take) -> list:
+def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int, take,
+                  order: tuple[int, ...] | None = None) -> list:  # fmt: skip
     """Runs ``fused`` on the numba kernel over ``arrays`` (:func:`attention_arrays`, made
-    ``composed`` or not), its outputs from ``take(shape, dtype)``; returns the context
-    and, where they are written, the weights.
+    ``composed`` or not), its outputs from ``take(shape, dtype)`` (the context from
+    ``take(shape, dtype, order)``, laid out in that order of dims, where ``order`` is
+    given); returns the context and, where they are written, the weights.
 
     Raises:
         KernelUnsupported: a case the kernel does not take (the caller runs the records).
@@ -408,14 +407,19 @@ def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int,
     from ember.backends.fusion import numba_attention
 
     q, k, v, mask, bias = arrays
-    out = take(fused.output.shape, np.dtype(np.float32))
+    f32 = np.dtype(np.float32)
+    out = take(fused.output.shape, f32) if order is None else take(fused.output.shape, f32, order)
     results = [out]
     weights = None
     if fused.weights is not None:
-        results.append(take(fused.weights.shape, np.dtype(np.float32)))
-        weights = results[1].reshape(q.shape[:2] + (q.shape[2], k.shape[2]))
+        results.append(take(fused.weights.shape, f32))
+        weights = _four(results[1])
     fill = 0.0 if fused.mask is None else fused.mask[1]
     numba_attention.attention(q, k, v, fused.scale(composed), mask=mask, fill=fill, bias=bias,
-                              out=out.reshape(q.shape[:3] + (v.shape[3],)), weights=weights,
-                              threads=threads)  # fmt: skip
+                              out=_four(out), weights=weights, threads=threads)  # fmt: skip
     return results
+
+
+def _four(array):
+    """``array`` as 4-d, leading dims of 1 added (a view)."""
+    return array.reshape((1,) * (4 - array.ndim) + array.shape)

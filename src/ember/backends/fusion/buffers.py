@@ -79,13 +79,18 @@ class BufferPool:
         self.hits = 0
         self.misses = 0
 
-    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An uninitialized C-contiguous array of ``shape`` and ``dtype``, pooled memory
-        when a released buffer of its size class is idle."""
+    def take(self, shape: tuple[int, ...], dtype: np.dtype,
+             order: tuple[int, ...] | None = None) -> np.ndarray:  # fmt: skip
+        """An uninitialized array of ``shape`` and ``dtype``, pooled memory when a released
+        buffer of its size class is idle: C-contiguous, or with ``order`` a permutation of
+        the dims, laid out so that ``array.transpose(order)`` is (an element-wise result
+        in the memory order of its permuted inputs)."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        stored = shape if order is None else tuple(shape[d] for d in order)
         if nbytes <= _MIN_CLASS:
-            return np.empty(shape, dtype)
+            array = np.empty(stored, dtype)
+            return array if order is None else array.transpose(np.argsort(order))
         wanted = size_class(nbytes)
         paged = wanted >= _PAGED_MIN
         if paged:
@@ -106,7 +111,9 @@ class BufferPool:
             raw = np.empty(wanted, np.uint8)
         start = -raw.__array_interface__["data"][0] % _PAGE if paged else 0
         # A view of ``raw`` (its base, which release checks) from its first page boundary.
-        array = raw[start : start + nbytes].view(dtype).reshape(shape)
+        array = raw[start : start + nbytes].view(dtype).reshape(stored)
+        if order is not None:
+            array = array.transpose(np.argsort(order))
         key = id(array)
         with self._lock:
             number = next(self._numbers)

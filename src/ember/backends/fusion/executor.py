@@ -247,7 +247,10 @@ class Executor:
             elif type(fused) is MatmulEpilogue:
                 self._matmul_epilogue(fused, records[start : start + length])
             elif type(fused) is Attention:
-                self._attention(fused, records[start : start + length])
+                if readers is None:
+                    readers = _readers(records)
+                self._attention(fused, records[start : start + length],
+                                _permuted_by_reader(fused.output, records, readers))  # fmt: skip
             else:
                 if readers is None:
                     readers = _readers(records)
@@ -327,13 +330,16 @@ class Executor:
         for record in records:
             self.run_single(record)
 
-    def _attention(self, fused: Attention, records: list[Record]) -> None:
+    def _attention(self, fused: Attention, records: list[Record],
+                   order: tuple[int, ...] | None) -> None:  # fmt: skip
         """Runs an attention segment (``attention``) as the numba kernel where the tuner
         chose that over the records one by one (the first run of a bucket is the kernel's,
         then both are timed); otherwise, where an inner value is read later, or for a case
         the kernel refuses, record by record. The kernel reads each operand as a view of
         its source through the prologue's layout steps; where a prologue value is read
-        later, or the steps make no single view, the prologue's records run first."""
+        later, or the steps make no single view, the prologue's records run first. Its
+        output is laid out in ``order`` (the permute of its one reader: the heads merged
+        back are then a view)."""
         if fused.inner_read or self.arrays is None:
             self._unfused(records)
             return
@@ -359,11 +365,11 @@ class Executor:
             return
         pending = type(how) is autotune.Pending
 
-        def run(threads: int, take) -> list:
-            return run_attention(fused, arrays, composed, threads, take)
+        def run(threads: int, take, laid_out=None) -> list:
+            return run_attention(fused, arrays, composed, threads, take, laid_out)
 
         try:
-            results = run(1 if pending else how.threads, self.runtime.pool.take)
+            results = run(1 if pending else how.threads, self.runtime.pool.take, order)
         except UnsupportedError:
             self._unfused(rest)
             return
@@ -703,6 +709,19 @@ def _reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
         except AttributeError:
             return None
         return view
+
+
+def _permuted_by_reader(slot: Slot, records: list[Record], readers: dict) -> tuple | None:
+    """The axes of the one record that reads ``slot``, where it is a permute and the user
+    holds no handle to ``slot`` (a result laid out in that order makes the permute's value
+    C-contiguous); else None."""
+    found = readers.get(slot)
+    if found is None or len(found) != 1 or slot.readable() or slot.shared:
+        return None
+    reader = records[found[0]]
+    if reader.name != "float_permute":
+        return None
+    return tuple(reader.args[1])
 
 
 def _readers(records: list[Record]) -> dict:

@@ -203,8 +203,20 @@ class NumbaRuntime:
         """Computes ``block`` on ``inputs`` (arrays of its inputs' shapes and dtypes, one
         size per block dim); returns its outputs, written into ``out`` when given (a None
         entry of ``out`` comes from the pool). An element-wise block may write over an
-        input exactly; other overlaps run into fresh buffers first."""
+        input exactly; other overlaps run into fresh buffers first. An element-wise block
+        whose full-size inputs are all permuted alike (a product's rows in its operand's
+        order) runs in their memory order, into pooled outputs laid out the same way,
+        rather than copying them first."""
         block, inputs = _broadcast_views(block, inputs)
+        order = _memory_order(block, inputs) if out is None or not any(
+            o is not None for o in out) else None  # fmt: skip
+        if order is not None:
+            outputs = [self.pool.take(block.register_shape(r),
+                                      _numpy_dtype(block.register_dtype(r)), order)
+                       for r in block.outputs]  # fmt: skip
+            self.run(_permuted(block, order), [a.transpose(order) for a in inputs],
+                     [o.transpose(order) for o in outputs], threads)  # fmt: skip
+            return outputs
         kernel = self.kernel(block)
         arrays, copies = _inputs(block, inputs, self.pool.take)
         try:
@@ -530,6 +542,41 @@ def _numpy_dtype(dtype: DType) -> np.dtype:
 
 
 _NUMPY_DTYPES: dict[DType, np.dtype] = {}  # a launch asks for each input's and output's
+
+
+def _memory_order(block: ir.Block, inputs: list) -> tuple[int, ...] | None:
+    """The order of dims in which every full-size input of an element-wise ``block`` is
+    C-contiguous, where they are all permuted alike (none is C-contiguous as it stands);
+    None otherwise, or where an instruction has an attribute tied to dims."""
+    if block.axis is not None or len(block.shape) < 2:
+        return None
+    order = None
+    for array in inputs:
+        if type(array) is not np.ndarray:
+            return None
+        if array.shape != block.shape or array.size <= 1:
+            continue
+        if array.flags.c_contiguous:
+            return None
+        dims = sorted(range(array.ndim - 1), key=lambda d: -array.strides[d]) + [array.ndim - 1]
+        if not array.transpose(dims).flags.c_contiguous or order not in (None, dims):
+            return None
+        order = dims
+    if order is None or any(type(a) in (tuple, list) for i in block.body for a in i.attrs):
+        return None
+    return tuple(order)
+
+
+def _permuted(block: ir.Block, order: tuple[int, ...]) -> ir.Block:
+    """``block`` over its dims in ``order`` (element-wise: no attribute names a dim)."""
+
+    def permute(shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(shape[d] for d in order)
+
+    return ir.Block(permute(block.shape), tuple(ir.Input(permute(i.shape), i.dtype)
+                                                for i in block.inputs),
+                    tuple(ir.Instr(i.op, i.args, i.attrs, permute(i.shape), i.dtype)
+                          for i in block.body), block.outputs)  # fmt: skip
 
 
 def _broadcast_views(block: ir.Block, inputs: list) -> tuple[ir.Block, list]:
