@@ -127,11 +127,14 @@ def _mha(device, masked: bool, x: np.ndarray):
 
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("read_weights", [False, True])
-def test_multi_head_attention_runs_as_one_kernel(masked, read_weights):
+@pytest.mark.parametrize("inner", ["ndarray", "torch"])
+def test_multi_head_attention_runs_as_one_kernel(masked, read_weights, inner):
+    if inner == "torch":
+        pytest.importorskip("torch")
     x = np.random.default_rng(3).standard_normal((2, 40, 32)).astype(np.float32)
     mha, inp = _mha(ember.device("ndarray"), masked, x)
     want = mha(inp)
-    fused = ember.device("ndarray").fusion(runtime="numba")
+    fused = ember.device(inner).fusion(runtime="numba")  # on torch: its CPU tensors' memory
     mha_f, inp_f = _mha(fused, masked, x)
     reset_stats()
     with autotune.forcing(Choice("fused", 1)):
