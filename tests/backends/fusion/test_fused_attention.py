@@ -147,14 +147,16 @@ def test_multi_head_attention_runs_as_one_kernel(masked, read_weights, inner):
         np.testing.assert_allclose(weights, want.weights.to_numpy(), rtol=1e-5, atol=1e-7)
 
 
-def test_a_training_step_through_fused_attention_gives_the_same_gradients():
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked):
     """Autodiff keeps the weights and the scaled queries for the backward pass: the kernel
-    writes the weights, the scaling runs as its own record."""
+    writes the weights, the scaling runs as its own record; the backward pass runs as the
+    gradient kernel."""
     x = np.random.default_rng(4).standard_normal((2, 24, 32)).astype(np.float32)
     grads = []
     for device in (ember.device("ndarray").autodiff(),
                    ember.device("ndarray").fusion(runtime="numba").autodiff()):  # fmt: skip
-        mha, inp = _mha(device, True, x)
+        mha, inp = _mha(device, masked, x)
         reset_stats()
         with autotune.forcing(Choice("fused", 1)):
             context = mha(inp).context
@@ -162,7 +164,7 @@ def test_a_training_step_through_fused_attention_gives_the_same_gradients():
             grads.append([context.to_numpy()] + [
                 p.grad(g).to_numpy() for p in (mha.query.weight.val(), mha.key.weight.val(),
                                                mha.value.weight.val())])  # fmt: skip
-    assert stats()["attentions"] == 1
+    assert stats()["attentions"] == 1 and stats()["attention_grads"] == 1
     for got, want in zip(grads[1], grads[0], strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
 
@@ -315,3 +317,86 @@ def test_a_query_broadcast_over_the_batch_runs_as_one_kernel():
             results.append(weights.matmul(vt).to_numpy())
     assert stats()["attentions"] == 1
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- the gradient
+def grad_reference(q, k, v, weights, d_out, factor=1.0, mask=None):
+    """The gradient records' values in float64: ``(dQ, dK, dV)``."""
+    q, k, v, p, g = (a.astype(np.float64) for a in (q, k, v, weights, d_out))
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = (dp * p - p * (dp * p).sum(-1, keepdims=True)) * factor
+    if mask is not None:
+        ds = np.where(mask, 0.0, ds)
+    return ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ g
+
+
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_gradient_kernel_equals_float64(seed):
+    rng = np.random.default_rng(seed)
+    b0, b1 = (int(n) for n in rng.integers(1, 4, 2))
+    lq, lk = (int(n) for n in rng.integers(1, 200, 2))
+    d, dv = (int(n) for n in rng.integers(1, 70, 2))
+    q = rng.standard_normal((b0, b1, lq, d), dtype=np.float32)
+    k = rng.standard_normal((b0, b1, lk, d), dtype=np.float32)
+    v = rng.standard_normal((b0, b1, lk, dv), dtype=np.float32)
+    if seed % 2:  # head views
+        q = np.ascontiguousarray(q.swapaxes(1, 2)).swapaxes(1, 2)
+        v = np.ascontiguousarray(v.swapaxes(2, 3)).swapaxes(2, 3)
+    weights = _softmax_rows(q @ np.swapaxes(k, -1, -2))
+    d_out = rng.standard_normal((b0, b1, lq, dv), dtype=np.float32)
+    mask = rng.random((b0, 1, lq, lk)) < 0.3 if seed % 3 == 1 else None
+    d_k = np.full((b0, b1, d, lk), np.nan, np.float32).swapaxes(2, 3)  # written through a view
+    got = numba_attention.attention_backward(q, k, v, weights, d_out, factor=0.7, mask=mask,
+                                             d_k=d_k, threads=1 + seed % 2)  # fmt: skip
+    assert got[1] is d_k
+    for g, want in zip(got, grad_reference(q, k, v, weights, d_out, 0.7, mask), strict=True):
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+def test_the_gradient_kernel_refuses_what_it_does_not_compute():
+    q = k = v = d_out = np.zeros((1, 1, 600, 8), np.float32)
+    weights = np.zeros((1, 1, 600, 600), np.float32)  # more scores than it holds in cache
+    assert not numba_attention.supports_backward(q, k, v, weights, d_out)
+    with pytest.raises(KernelUnsupported, match="numba attention backward"):
+        numba_attention.attention_backward(q, k, v, weights, d_out)
+    small = np.zeros((1, 1, 4, 8), np.float32)
+    with pytest.raises(KernelUnsupported, match=r"d_q float32 \(1, 1, 4, 9\)"):
+        numba_attention.attention_backward(small, small, small, np.zeros((1, 1, 4, 4), np.float32),
+                                           small, d_q=np.zeros((1, 1, 4, 9), np.float32))  # fmt: skip
+
+
+def _gradient_records(q, k, v, weights, d_out, hold_ds=False):
+    """The records autodiff writes for attention's backward pass, written by hand."""
+    d_p = d_out.matmul(v.swap_dims(2, 3))
+    d_v = weights.swap_dims(2, 3).matmul(d_out)
+    t = d_p * weights
+    d_s = t - weights * t.sum_dim(3)
+    d_q = d_s.matmul(k) * 0.5
+    d_k = q.swap_dims(2, 3).matmul(d_s).swap_dims(2, 3)
+    return (d_q, d_k, d_v, d_s) if hold_ds else (d_q, d_k, d_v)
+
+
+@pytest.mark.parametrize("hold_ds", [False, True])
+def test_the_gradient_records_run_as_one_kernel(hold_ds):
+    rng = np.random.default_rng(12)
+    q, k, v, d_out = (rng.standard_normal((2, 3, 40, 16)).astype(np.float32) for _ in range(4))
+    weights = _softmax_rows(q @ np.swapaxes(k, -1, -2))
+    results = []
+    for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
+        tensors = [Tensor.from_data(a, device) for a in (q, k, v, weights, d_out)]
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            outs = _gradient_records(*tensors, hold_ds=hold_ds)
+            results.append([o.to_numpy() for o in outs])
+    # A held inner value (the scores' gradient) runs the records one by one, exactly.
+    assert stats()["attention_grads"] == (0 if hold_ds else 1)
+    for got, want in zip(results[1], results[0], strict=True):
+        if hold_ds:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

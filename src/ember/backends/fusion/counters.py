@@ -27,6 +27,7 @@ _FIELDS = (
     "op_kernels",  # single ops run by a compiled kernel the tuner chose (op_kernels.py)
     "transposed_products",  # products computed transposed for a reader that transposes them
     "attentions",  # attention segments run as one kernel (attention.py)
+    "attention_grads",  # attention gradient segments run as one kernel (attention_grad.py)
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
 )

@@ -29,6 +29,13 @@ from ember.backends.fusion.attention import (
     attention_arrays,
     run_attention,
 )
+from ember.backends.fusion.attention_grad import (
+    AttentionGrad,
+    AttentionGradFuser,
+    AttentionGradTemplate,
+    grad_arrays,
+    run_attention_grad,
+)
 from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
 from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
 from ember.backends.fusion.explorer import Explorer
@@ -184,8 +191,8 @@ class Executor:
             # A convolution's activation and residual add, inside its kernel's store.
             fusers.append(ConvEpilogueFuser(self.can_fuse))
         if self.tuner is not None and not takes_torch(self.runtime):
-            # Scaled dot-product attention, its scores never written.
-            fusers.append(AttentionFuser(self.can_fuse))
+            # Scaled dot-product attention and its gradient, the scores never written.
+            fusers += [AttentionFuser(self.can_fuse), AttentionGradFuser(self.can_fuse)]
         if takes_torch(self.runtime) or gpu_runtime is not None:
             # A matmul's bias, activation and residual add, inside a Triton matmul's store.
             fusers.append(MatmulEpilogueFuser(self.can_fuse_triton))
@@ -251,6 +258,8 @@ class Executor:
                     readers = _readers(records)
                 self._attention(fused, records[start : start + length],
                                 _permuted_by_reader(fused.output, records, readers))  # fmt: skip
+            elif type(fused) is AttentionGrad:
+                self._attention_grad(fused, records[start : start + length])
             else:
                 if readers is None:
                     readers = _readers(records)
@@ -383,6 +392,57 @@ class Executor:
         if pending:  # after the kept run: the candidates write into their own buffers
             self.tuner.tune_with(how, lambda threads: run(threads, np.empty),
                                  lambda: run_detached(self.inner, rest), "attention")  # fmt: skip
+
+    def _attention_grad(self, fused: AttentionGrad, records: list[Record]) -> None:
+        """Runs an attention gradient segment (``attention_grad``) as the numba kernel,
+        then its epilogue's records, where the tuner chose that over the records one by one;
+        otherwise record by record (as :meth:`_attention`)."""
+        if fused.inner_read or self.arrays is None:
+            self._unfused(records)
+            return
+        to_numpy = self.arrays[0]
+        composed = not fused.prologue_kept
+        arrays = grad_arrays(fused, to_numpy, True) if composed else None
+        if arrays is None:
+            composed = False
+            for record in fused.prologue:
+                self.run_single(record)
+            arrays = grad_arrays(fused, to_numpy, False)
+        ran = {id(r) for r in fused.prologue} if not composed else set()
+        rest = [r for r in records if id(r) not in ran]
+        how = None
+        if arrays is not None:
+            q, k, v = arrays[:3]
+            work = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * 2 * (q.shape[3] + v.shape[3])
+            how = self.tuner.lookup_op(("attention_grad", fused.mask is not None), work)
+        if how is None or how == autotune.UNFUSED:
+            self._unfused(rest)
+            return
+        pending = type(how) is autotune.Pending
+        try:
+            results = run_attention_grad(fused, arrays, 1 if pending else how.threads,
+                                         self.runtime.pool.take)  # fmt: skip
+        except UnsupportedError:
+            self._unfused(rest)
+            return
+        for slot, array in zip((fused.d_query, fused.d_key, fused.d_value), results, strict=True):
+            set_output(self.inner, slot, self.arrays[1](array), "attention gradient")
+            if self.recycler is not None:
+                slot.recycle = self.recycler
+        for record in fused.epilogue:
+            self.run_single(record)
+        counters.add("attention_grads")
+        counters.add("fused_ops", len(rest) - len(fused.epilogue))
+        if pending:
+            inner_records = [r for r in rest if all(r is not e for e in fused.epilogue)]
+
+            def take_fresh(shape, dtype, order=None):
+                array = np.empty(shape if order is None else tuple(shape[d] for d in order), dtype)
+                return array if order is None else array.transpose(np.argsort(order))
+
+            self.tuner.tune_with(
+                how, lambda threads: run_attention_grad(fused, arrays, threads, take_fresh),
+                lambda: run_detached(self.inner, inner_records), "attention gradient")  # fmt: skip
 
     def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:
         """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where
@@ -687,7 +747,7 @@ class Executor:
             run_record(self.inner, record)
 
 
-_NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate)
+_NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate, AttentionGradTemplate)
 
 LONE_KERNEL_MIN = 1 << 18
 """Elements, at least, of an element-wise op no block holds that runs as a kernel of its

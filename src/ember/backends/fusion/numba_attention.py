@@ -324,3 +324,193 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
             np.float32(scale), np.float32(fill), flags, qc, kb]  # fmt: skip
     _run_parts(_kernel(), args, parts)
     return out
+
+
+# ---------------------------------------------------------------------------- backward
+BACKWARD_MAX_SCORES = 1 << 18
+"""Scores of one batch entry, at most, that the backward kernel takes (``Lq * Lk``): it
+holds a batch entry's whole scores gradient, in both layouts, in cache."""
+
+
+def _row_dot(a, b, at, n):  # pragma: no cover - runs compiled
+    """``sum(a[at:at + n] * b[at:at + n])``, reassociated into vector lanes."""
+    total = a.dtype.type(0)
+    for j in range(n):
+        total += a[np.uintp(at + j)] * b[np.uintp(at + j)]
+    return total
+
+
+if numba is not None:
+    _row_dot = numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"},
+                          error_model="numpy")(_row_dot)  # fmt: skip
+
+
+@_jit
+def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, masked, part,
+                     parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """Batch entries ``part`` of ``parts`` of :func:`attention_backward`."""
+    u = np.uintp
+    b0n, b1n, lq, d = d_q.shape[0], d_q.shape[1], q.shape[2], q.shape[3]
+    lk = k.shape[2]
+    dv = v.shape[3]
+    kbp = (lk + LANES - 1) // LANES * LANES
+    qcp = (lq + LANES - 1) // LANES * LANES
+    q_tiles = (lq + OB - 1) // OB
+    d_tiles = (d + OB - 1) // OB
+    v_tiles = (dv + OB - 1) // OB
+    out_q = np.zeros(dv * q_tiles * OB, np.float32)  # dO by query tiles, feature-major
+    vt = np.zeros(dv * kbp, np.float32)  # vᵀ [dv, keys]
+    dp = np.zeros(q_tiles * OB * kbp, np.float32)  # dP [queries, keys]
+    pp = np.zeros(lq * kbp, np.float32)  # P [queries, keys]
+    ds = np.zeros(lq * kbp, np.float32)  # dS [queries, keys]
+    dst = np.zeros(lk * qcp, np.float32)  # dSᵀ [keys, queries]
+    q_f = np.zeros(d_tiles * lq * OB, np.float32)  # q by feature tiles, query-major
+    out_f = np.zeros(v_tiles * lq * OB, np.float32)  # dO by feature tiles, query-major
+    k_f = np.zeros(d_tiles * lk * OB, np.float32)  # k by feature tiles, key-major
+    dkt = np.zeros(d_tiles * OB * kbp, np.float32)  # dKᵀ [d, keys]
+    dvt = np.zeros(v_tiles * OB * kbp, np.float32)  # dVᵀ [dv, keys]
+    dqt = np.zeros(d_tiles * OB * qcp, np.float32)  # dQᵀ [d, queries]
+    offs_c = np.arange(max(dv, 1)) * kbp
+    offs_r = np.arange(lq) * kbp
+    offs_j = np.arange(lk) * qcp
+    tasks = b0n * b1n
+    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+        b0 = task // b1n
+        b1 = task % b1n
+        qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
+        kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
+        vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
+        for r in range(lq):
+            src = d_out[b0, b1, r]
+            p_row = weights[b0, b1, r]
+            for c in range(dv):
+                x = src[c]
+                out_q[u((r // OB * dv + c) * OB + r % OB)] = x
+                out_f[u((c // OB * lq + r) * OB + c % OB)] = x
+            for j in range(lk):
+                pp[u(r * kbp + j)] = p_row[j]
+            src = q[qb0, qb1, r]
+            for c in range(d):
+                q_f[u((c // OB * lq + r) * OB + c % OB)] = src[c]
+        for j in range(lk):
+            src = v[vb0, vb1, j]
+            for c in range(dv):
+                vt[u(c * kbp + j)] = src[c]
+            src = k[kb0, kb1, j]
+            for c in range(d):
+                k_f[u((c // OB * lk + j) * OB + c % OB)] = src[c]
+        # dP = dO vᵀ, then dS = P (dP - rowsum(dP P)), scaled, masked to 0
+        for t in range(q_tiles):
+            _spans(vt, offs_c, out_q, t * dv * OB, dv, dp, t * OB * kbp, kbp, kbp)
+        for r in range(lq):
+            at = r * kbp
+            total = _row_dot(dp, pp, at, lk)
+            for j in range(lk):
+                ds[u(at + j)] = pp[u(at + j)] * (dp[u(at + j)] - total) * factor
+            if masked:
+                mrow = mask[min(b0, mask.shape[0] - 1), min(b1, mask.shape[1] - 1),
+                            min(r, mask.shape[2] - 1)]  # fmt: skip
+                for j in range(lk):
+                    if mrow[min(j, mrow.shape[0] - 1)]:
+                        ds[u(at + j)] = 0
+        for j0 in range(0, lk, LANES):  # dSᵀ, by square blocks that stay in L1
+            for r0 in range(0, lq, LANES):
+                for j in range(j0, min(j0 + LANES, lk)):
+                    for r in range(r0, min(r0 + LANES, lq)):
+                        dst[u(j * qcp + r)] = ds[u(r * kbp + j)]
+        # dKᵀ = qᵀ dS, dVᵀ = dOᵀ P, dQᵀ = kᵀ dSᵀ: feature rows by key (query) lanes
+        for t in range(d_tiles):
+            _spans(ds, offs_r, q_f, t * lq * OB, lq, dkt, t * OB * kbp, kbp, kbp)
+            _spans(dst, offs_j, k_f, t * lk * OB, lk, dqt, t * OB * qcp, qcp, qcp)
+        for t in range(v_tiles):
+            _spans(pp, offs_r, out_f, t * lq * OB, lq, dvt, t * OB * kbp, kbp, kbp)
+        for j in range(lk):
+            dst_k = d_k[b0, b1, j]
+            for c in range(d):
+                dst_k[c] = dkt[u(c * kbp + j)]
+            dst_v = d_v[b0, b1, j]
+            for c in range(dv):
+                dst_v[c] = dvt[u(c * kbp + j)]
+        for r in range(lq):
+            dst_q = d_q[b0, b1, r]
+            for c in range(d):
+                dst_q[c] = dqt[u(c * qcp + r)]
+
+
+_compiled_backward = None
+
+
+def _backward_kernel():
+    """The backward kernel, compiled (or loaded from numba's cache) for its one signature."""
+    global _compiled_backward
+    if _compiled_backward is None:
+        floats = numba.types.Array(numba.types.float32, 4, "A", readonly=True)
+        rows = numba.types.Array(numba.types.float32, 4, "C", readonly=True)  # the weights
+        flags = numba.types.Array(numba.types.boolean, 4, "A", readonly=True)
+        target = numba.types.Array(numba.types.float32, 4, "A")
+        i64, f32 = numba.types.int64, numba.types.float32
+        signature = numba.types.void(floats, floats, floats, rows, floats, target, target,
+                                     target, flags, f32, i64, i64, i64)  # fmt: skip
+        _attend_backward.compile(signature)
+        _attend_backward.disable_compile()
+        _compiled_backward = _attend_backward
+    return _compiled_backward
+
+
+def supports_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray,
+                      d_out: np.ndarray) -> bool:  # fmt: skip
+    """Whether :func:`attention_backward` takes these: as :func:`supports`, the weights and
+    the output gradient of the full batch and of float32, and at most
+    :data:`BACKWARD_MAX_SCORES` scores per batch entry."""
+    if not supports(q, k, v) or not all(type(a) is np.ndarray for a in (weights, d_out)):
+        return False
+    batch = np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    lq, lk = q.shape[2], k.shape[2]
+    return (weights.shape == (*batch, lq, lk) and d_out.shape == (*batch, lq, v.shape[3])
+            and weights.dtype == d_out.dtype == np.float32 and lq * lk <= BACKWARD_MAX_SCORES)  # fmt: skip
+
+
+def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray,
+                       d_out: np.ndarray, *, factor: float = 1.0, mask: np.ndarray | None = None,
+                       d_q: np.ndarray | None = None, d_k: np.ndarray | None = None,
+                       d_v: np.ndarray | None = None,
+                       threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """The gradients of ``softmax(q @ kᵀ * factor, masked) @ v`` given the softmax
+    ``weights`` and the output's gradient ``d_out``: ``(d_q, d_k, d_v)``, each of its
+    operand's shape (summed over broadcast batch entries by the caller: here every output
+    has the full batch).
+
+    The scores' gradient is ``dS = weights * (dP - rowsum(dP * weights))`` with ``dP =
+    d_out @ vᵀ``, times ``factor``, 0 where ``mask`` is True; then ``d_q = dS @ k``,
+    ``d_k = dSᵀ @ q``, ``d_v = weightsᵀ @ d_out``. A batch entry's scores are held whole in
+    cache (:data:`BACKWARD_MAX_SCORES`), never written out. Outputs may be given (any
+    strides); new arrays otherwise. Raises :class:`KernelUnsupported` for what
+    :func:`supports_backward` refuses.
+    """
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    if not supports_backward(q, k, v, weights, d_out):
+        raise KernelUnsupported("numba attention backward: q, k, v, weights, d_out "
+                                f"{[(a.dtype.name, a.shape) for a in (q, k, v, weights, d_out)]} "
+                                "are not supported")  # fmt: skip
+    batch = weights.shape[:2]
+    lq, lk, d, dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
+    wanted = {"d_q": (batch + (lq, d), d_q), "d_k": (batch + (lk, d), d_k),
+              "d_v": (batch + (lk, dv), d_v)}  # fmt: skip
+    made = []
+    for name, (shape, array) in wanted.items():
+        if array is None:
+            array = np.empty(shape, np.float32)
+        elif array.shape != shape or array.dtype != np.float32:
+            raise KernelUnsupported(f"numba attention backward: {name} {array.dtype} "
+                                    f"{array.shape} where float32 {shape} is needed")  # fmt: skip
+        made.append(array)
+    flags = np.zeros((1, 1, 1, 1), np.bool_) if mask is None else np.broadcast_to(
+        mask, batch + (lq, lk))  # fmt: skip
+    work = int(np.prod(batch)) * lq * lk * (2 * d + 2 * dv)
+    parts = parts_for(work, 1 << 22, threads)
+    weights = np.ascontiguousarray(weights)  # read row by row: a copy only if it is a view
+    args = [_read_only(q), _read_only(k), _read_only(v), _read_only(weights), _read_only(d_out),
+            *made, _read_only(flags), np.float32(factor), int(mask is not None)]  # fmt: skip
+    _run_parts(_backward_kernel(), args, min(parts, int(np.prod(batch))))
+    return made[0], made[1], made[2]

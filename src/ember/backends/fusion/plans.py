@@ -67,6 +67,7 @@ _SOURCES = (
     ("backends", "fusion", "fuser.py"),
     ("backends", "fusion", "elementwise.py"),
     ("backends", "fusion", "attention.py"),
+    ("backends", "fusion", "attention_grad.py"),
     ("backends", "fusion", "explorer.py"),
     ("backends", "fusion", "executor.py"),
     ("backends", "fusion", "stream.py"),

@@ -1,0 +1,366 @@
+"""The attention gradient fuser: the backward pass of scaled dot-product attention as one kernel.
+
+Autodiff writes the gradient of ``softmax(q' k'ᵀ) v`` (``attention.py``'s segment) as the
+backward rules of its parts. Given the output's gradient ``dO`` and the saved weights
+``P``, the records are, in autodiff's order:
+
+1. ``dP = dO @ vᵀ`` and ``dV = Pᵀ @ dO`` (either first; ``vᵀ``, ``Pᵀ`` are ``permute`` views);
+2. the softmax's gradient ``dS = dP * P - P * sum(dP * P)`` (``mul``, ``sum_dim``, ``mul``,
+   ``sub``), then optionally the mask's (``mask_fill(dS, mask, 0)``) and the scalings'
+   (``mul_scalar`` and the like) gradients;
+3. ``dQ' = dS @ k'`` and ``dK'ᵀ = q'ᵀ @ dS`` (either first),
+
+with the layout steps that make each operand (``permute``, ``reshape``, ``slice``: the
+prologue, as in ``attention.py``) anywhere among them, and layout steps and scalings of the
+three gradients after them (the epilogue: the head merges, the scaling of ``dQ'``). This
+fuser takes such a run whole; the executor runs it as
+:func:`numba_attention.attention_backward`, which holds each batch entry's ``dP`` and
+``dS`` in cache instead of writing them, where the tuner chose that over the records,
+and then runs the epilogue's records as they are. A value of steps 1-2 read after the
+segment, or a case the kernel refuses, runs the records one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.backends.fusion.attention import LAYOUTS, SCALINGS, AttentionFuser, Operand
+from ember.backends.fusion.fuser import Properties, Status
+from ember.backends.fusion.handle import Slot
+from ember.backends.fusion.stream import Record
+from ember.tensor.dtype import DType
+
+OPS = frozenset((*SCALINGS, *LAYOUTS, "float_matmul", "float_mul", "float_sum_dim", "float_sub",
+                 "float_mask_fill"))  # fmt: skip
+"""The primitives the fuser takes."""
+
+PROLOGUE, PRODUCT, T, S, W, DS, MASK, SCALE, EPILOGUE = (
+    "prologue", "product", "t", "s", "w", "ds", "mask", "scale", "epilogue")  # fmt: skip
+MAX_RECORDS = 48
+"""Records of one segment, at most (the pattern has about 20)."""
+
+
+@dataclass(frozen=True)
+class AttentionGrad:
+    """A fused segment (see the module doc): the operands ``d_out``, ``value`` (as ``dP``'s
+    product reads it: ``vᵀ``), ``weights``, ``query`` (``dK'ᵀ``'s: ``q'ᵀ``) and ``key``
+    (``dQ'``'s: ``k'``); the scores gradient's ``factors`` and ``mask`` slot; the three
+    gradients' slots ``d_query``, ``d_key`` (``dK'ᵀ``) and ``d_value``; the ``prologue``
+    and ``epilogue`` records; ``prologue_kept`` says a prologue value is read after the
+    segment, ``inner_read`` that a value of steps 1-2 is."""
+
+    d_out: Operand
+    value: Operand
+    weights: Slot
+    query: Operand
+    key: Operand
+    factors: tuple
+    mask: Slot | None
+    d_query: Slot
+    d_key: Slot
+    d_value: Slot
+    prologue: tuple[Record, ...]
+    epilogue: tuple[Record, ...]
+    prologue_kept: bool
+    inner_read: bool
+
+    def scale(self) -> float:
+        from ember.backends.fusion.attention import _number
+
+        total = 1.0
+        for factor in self.factors:
+            total *= factor if type(factor) is float else _number(factor)
+        return total
+
+
+@dataclass(frozen=True)
+class AttentionGradTemplate:
+    """An :class:`AttentionGrad` without slots: which records' outputs are read later."""
+
+    kept: tuple[bool, ...]
+
+    def bind(self, records: list[Record]) -> AttentionGrad | None:
+        fuser = AttentionGradFuser(lambda slot: True)
+        for record in records:
+            fuser.fuse(record)
+        if len(fuser) != len(records) or not fuser.properties().ready:
+            return None
+        return fuser._build(self.kept)
+
+
+class AttentionGradFuser(AttentionFuser):
+    """Takes the records of one attention's backward pass (see the module doc); shares the
+    forward fuser's tracing of operands through their layout steps.
+
+    Args:
+        can_fuse: whether a slot's values reach the kernel (a NumPy-viewable CPU tensor).
+    """
+
+    name = "attention-grad"
+
+    def reset(self) -> None:
+        super().reset()
+        self._products: list[tuple[Record, Operand, Operand]] = []  # before dS is known
+        self._found: dict[str, Record] = {}
+        self._weights: Slot | None = None
+        self._d_out: Operand | None = None
+        self._outputs: set[int] = set()  # ids of the gradients and their epilogue values
+        self._read: set[int] = set()  # ids of the slots the products read
+        self._query = self._key = None
+
+    def properties(self) -> Properties:
+        ready = self._complete() and not self._traced_left()
+        return Properties(score=len(self.records), ready=ready)
+
+    def might_take(self, record: Record) -> bool:
+        return not record.multi and record.name in OPS
+
+    def fuse(self, record: Record) -> None:
+        if self._status is Status.CLOSED:
+            return
+        role = None
+        if len(self.records) < MAX_RECORDS and self._fits(record):
+            role = self._grad_role(record)
+        if role is None:
+            self._status = Status.CLOSED
+            return
+        self.records.append(record)
+        self.roles.append(role)
+
+    def _fits(self, record: Record) -> bool:
+        if record.multi or record.name not in OPS or len(record.outputs) != 1:
+            return False
+        out = record.outputs[0]
+        return out.dtype is DType.F32 and self.can_fuse(out)
+
+    def _complete(self) -> bool:
+        return all(role in self._found for role in ("dp", "dv", "dq", "dk"))
+
+    def _traced_left(self) -> bool:
+        """Whether a prologue value no product reads is left (the pattern is not whole)."""
+        return any(op.slot.id not in self._read for op in self._traced.values())
+
+    def _peek(self, slot: Slot) -> Operand | None:
+        """What a product reads at ``slot`` (a prologue value or one made before the
+        segment), left traced: ``dO`` and ``P`` are read twice."""
+        if slot.dtype is not DType.F32 or not self.can_fuse(slot):
+            return None
+        self._read.add(slot.id)
+        traced = self._traced.get(slot.id)
+        if traced is not None:
+            return traced
+        return None if self._made_here(slot) else Operand(slot, (), (), slot)
+
+    # ------------------------------------------------------------------ matching
+    def _grad_role(self, record: Record) -> str | None:
+        name, out = record.name, record.outputs[0]
+        if self._value is not None and self._value in record.inputs and name != "float_matmul":
+            return self._on_scores_grad(record)
+        if any(s.id in self._outputs for s in record.inputs) or self._complete():
+            epilogue = name in LAYOUTS or (name in SCALINGS and self._scaling(record, record.inputs[0]) is not None)
+            if epilogue and record.inputs[0].id in self._outputs:
+                self._outputs.add(out.id)
+                return EPILOGUE
+            return None
+        if name == "float_matmul":
+            return self._product(record)
+        if name == "float_mul" and "t" not in self._found and self._products:
+            return self._t(record)
+        if "t" in self._found and "ds" not in self._found:
+            return self._softmax_grad(record)
+        if name in LAYOUTS or (name in SCALINGS and "ds" not in self._found):
+            return self._prologue(record)
+        return None
+
+    def _product(self, record: Record) -> str | None:
+        a, b = record.inputs
+        rank = len(a.shape)
+        if len(b.shape) != rank or not 2 <= rank <= 4 or a.shape[:-2] != b.shape[:-2]:
+            return None
+        if self._value is not None:  # dS is known: dQ' = dS @ k', dK'ᵀ = q'ᵀ @ dS, or dV
+            if a is self._value and "dq" not in self._found:
+                key = self._peek(b)
+                if key is None:
+                    return None
+                self._found["dq"], self._key = record, key
+            elif b is self._value and "dk" not in self._found:
+                query = self._peek(a)
+                if query is None:
+                    return None
+                self._found["dk"], self._query = record, query
+            else:
+                return self._value_grad(record, a, b)
+            self._outputs.add(out_id(record))
+            return PRODUCT
+        if len(self._products) == 2:
+            return None
+        lhs, rhs = self._peek(a), self._peek(b)
+        if lhs is None or rhs is None:
+            return None
+        self._products.append((record, lhs, rhs))
+        return PRODUCT
+
+    def _value_grad(self, record: Record, a: Slot, b: Slot) -> str | None:
+        """``dV = Pᵀ @ dO`` after ``dS`` (autodiff may write it there)."""
+        if "dv" in self._found:
+            return None
+        lhs, rhs = self._peek(a), self._peek(b)
+        if lhs is None or rhs is None or not self._is_value_grad(lhs, rhs):
+            return None
+        self._found["dv"] = record
+        self._products.append((record, lhs, rhs))
+        self._outputs.add(out_id(record))
+        return PRODUCT
+
+    def _is_value_grad(self, lhs: Operand, rhs: Operand) -> bool:
+        d_out = self._d_out
+        swapped = lhs.chain and lhs.chain[-1][0] == "permute" and _swaps(lhs.chain[-1][1])
+        return (swapped and lhs.source is self._weights and len(lhs.chain) == 1 and not lhs.factors
+                and d_out is not None and rhs.slot is d_out.slot)  # fmt: skip
+
+    def _t(self, record: Record) -> str | None:
+        """``t = dP * P``: picks ``dP``'s product among those seen and ``dV``'s if seen."""
+        x, y = record.inputs
+        for dp, weights in ((x, y), (y, x)):
+            found = [p for p in self._products if p[0].outputs[0] is dp]
+            if not found or self._made_here(weights) or weights.shape != dp.shape:
+                continue
+            product, d_out, _ = found[0]
+            self._found["dp"], self._weights, self._d_out = product, weights, d_out
+            self._found["t"] = record
+            others = [p for p in self._products if p[0] is not product]
+            if others:
+                other, lhs, rhs = others[0]
+                if not self._is_value_grad(lhs, rhs):
+                    return None
+                self._found["dv"] = other
+                self._outputs.add(out_id(other))
+            return T
+        return None
+
+    def _softmax_grad(self, record: Record) -> str | None:
+        t, weights = self._found["t"].outputs[0], self._weights
+        name, ins = record.name, record.inputs
+        if "s" not in self._found:
+            if name == "float_sum_dim" and ins == (t,) and record.args[1] in (len(t.shape) - 1, -1):
+                self._found["s"] = record
+                return S
+            return None
+        s = self._found["s"].outputs[0]
+        if "w" not in self._found:
+            if name == "float_mul" and set(map(id, ins)) == {id(weights), id(s)}:
+                self._found["w"] = record
+                return W
+            return None
+        if name == "float_sub" and ins == (t, self._found["w"].outputs[0]):
+            self._found["ds"] = record
+            self._value = record.outputs[0]
+            return DS
+        return None
+
+    def _on_scores_grad(self, record: Record) -> str | None:
+        """A step on ``dS`` before its products: the mask's gradient, then scalings."""
+        value, out = self._value, record.outputs[0]
+        if record.name == "float_mask_fill" and self.roles[-1] == DS:
+            mask, fill = record.inputs[1], record.args[2]
+            if (record.inputs[0] is not value or mask.dtype is not DType.BOOL or fill != 0
+                    or self._made_here(mask)):  # fmt: skip
+                return None
+            self._mask = mask
+            self._value = out
+            return MASK
+        factor = self._scaling(record, value)
+        if factor is None or out.shape != value.shape or "dq" in self._found or "dk" in self._found:
+            return None
+        self._factors.append(factor)
+        self._value = out
+        return SCALE
+
+    # ------------------------------------------------------------------ results
+    def finish(self, keep: set[int]) -> AttentionGrad:
+        kept = tuple(r.outputs[0].id in keep for r in self.records)
+        self._template = AttentionGradTemplate(kept)
+        return self._build(kept)
+
+    def _build(self, kept: tuple[bool, ...]) -> AttentionGrad:
+        inner = (T, S, W, DS, MASK, SCALE)
+        inner_read = any(read for role, read in zip(self.roles, kept) if role in inner)
+        dp = self._found["dp"]
+        inner_read = inner_read or any(read for r, read in zip(self.records, kept) if r is dp)
+        prologue = tuple(r for r, role in zip(self.records, self.roles) if role == PROLOGUE)
+        prologue_kept = any(read for role, read in zip(self.roles, kept) if role == PROLOGUE)
+        epilogue = tuple(r for r, role in zip(self.records, self.roles) if role == EPILOGUE)
+        value = next(rhs for p, _, rhs in self._products if p is dp)
+        return AttentionGrad(self._d_out, value, self._weights, self._query, self._key,
+                             tuple(self._factors), self._mask, self._found["dq"].outputs[0],
+                             self._found["dk"].outputs[0], self._found["dv"].outputs[0],
+                             prologue, epilogue, prologue_kept, inner_read)  # fmt: skip
+
+    def template(self, fused: AttentionGrad) -> AttentionGradTemplate:
+        return self._template
+
+
+def out_id(record: Record) -> int:
+    return record.outputs[0].id
+
+
+def _swaps(axes: tuple[int, ...]) -> bool:
+    rank = len(axes)
+    return tuple(axes) == (*range(rank - 2), rank - 1, rank - 2)
+
+
+def grad_arrays(fused: AttentionGrad, to_numpy, composed: bool) -> tuple | None:
+    """``(q, k, v, weights, d_out, mask)`` of ``fused`` as the backward kernel reads them
+    (4-d views; ``k`` and ``v`` keys by rows), or None (see ``attention_arrays``)."""
+    import numpy as np
+
+    from ember.backends.fusion.attention import _four
+    from ember.backends.fusion.views import compose
+
+    def operand(op: Operand):
+        array = to_numpy((op.source if composed else op.slot).prim)
+        if type(array) is not np.ndarray or array.dtype != np.float32:
+            return None
+        if composed and op.chain:
+            array = compose(array, list(op.chain))
+        return array
+
+    qt, k, vt, d_out = (operand(op) for op in (fused.query, fused.key, fused.value, fused.d_out))
+    weights = to_numpy(fused.weights.prim)
+    if any(a is None for a in (qt, k, vt, d_out)) or type(weights) is not np.ndarray:
+        return None
+    if weights.dtype != np.float32:
+        return None
+    q, v = np.swapaxes(qt, -1, -2), np.swapaxes(vt, -1, -2)
+    mask = None
+    if fused.mask is not None:
+        mask = to_numpy(fused.mask.prim)
+        if type(mask) is not np.ndarray or mask.dtype != np.bool_:
+            return None
+        mask = _four(mask)
+    return _four(q), _four(k), _four(v), _four(weights), _four(d_out), mask
+
+
+def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take) -> list:
+    """Runs ``fused`` on the backward kernel; returns ``[dQ', dK'ᵀ, dV]`` as the segment's
+    slots hold them, from ``take(shape, dtype[, order])`` (``dK'ᵀ`` a transposed view of
+    keys-by-rows memory).
+
+    Raises:
+        KernelUnsupported: a case the kernel does not take (the caller runs the records).
+    """
+    import numpy as np
+
+    from ember.backends.fusion import numba_attention
+    from ember.backends.fusion.attention import _four
+
+    q, k, v, weights, d_out, mask = arrays
+    f32 = np.dtype(np.float32)
+    rank = len(fused.d_key.shape)
+    swap = (*range(rank - 2), rank - 1, rank - 2)
+    d_q, d_v = take(fused.d_query.shape, f32), take(fused.d_value.shape, f32)
+    d_kt = take(fused.d_key.shape, f32, swap)
+    numba_attention.attention_backward(
+        q, k, v, weights, d_out, factor=fused.scale(), mask=mask, d_q=_four(d_q),
+        d_k=_four(np.swapaxes(d_kt, -1, -2)), d_v=_four(d_v), threads=threads)  # fmt: skip
+    return [d_q, d_kt, d_v]
