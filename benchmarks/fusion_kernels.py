@@ -11,7 +11,9 @@ Run: ``.venv/bin/python benchmarks/fusion_kernels.py [--threads 1 2] [--repeat 7
   eager;
 * attention ``softmax(q kᵀ / 8) v`` over ``[8, 4, 128, 64]`` (the ONNX encoder's heads):
   the numba kernel (``numba_attention``), PyTorch's fused
-  ``scaled_dot_product_attention`` (the peer) and its unfused ops.
+  ``scaled_dot_product_attention`` (the peer) and its unfused ops; and a training step's
+  part, forward (writing the weights) and backward: the two numba kernels against
+  ``scaled_dot_product_attention`` under autograd.
 
 Each cell is the median seconds of one call; ratios are against the named peer. The
 first-compile and warm-disk-cache times of the kernels come last (the warm start is
@@ -122,7 +124,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from ember.backends.fusion.numba_attention import attention
+    from ember.backends.fusion.numba_attention import attention, attention_backward
     from ember.backends.fusion.numba_runtime import NumbaRuntime
     from ember.backends.ndarray.backend import erf as np_erf
 
@@ -153,6 +155,22 @@ def main() -> None:
 
     def torch_attention():
         return torch.softmax((qt * scale) @ kt.transpose(2, 3), 3) @ vt
+
+    d_heads = rng.standard_normal(HEADS).astype(np.float32)
+    weights = np.empty(HEADS[:3] + (HEADS[2],), np.float32)
+    grads = [np.empty_like(q) for _ in range(3)]
+    tq_g, tk_g, tv_g = (t.clone().requires_grad_() for t in (qt, kt, vt))
+    td = torch.from_numpy(d_heads)
+    q_scaled = q * np.float32(scale)  # what the scores product reads (a step keeps it)
+
+    def numba_step(threads):
+        attention(q, k, v, scale, out=heads_out, weights=weights, threads=threads)
+        attention_backward(q_scaled, k, v, weights, d_heads, d_q=grads[0],
+                           d_k=grads[1], d_v=grads[2], threads=threads)  # fmt: skip
+
+    def torch_step():
+        out = torch.nn.functional.scaled_dot_product_attention(tq_g, tk_g, tv_g)
+        torch.autograd.grad(out, (tq_g, tk_g, tv_g), td)
 
     compiled_gelu, compile_note = compile_torch(torch_gelu, xt)
 
@@ -188,6 +206,10 @@ def main() -> None:
                 lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), args.repeat
             ),
             "attention torch unfused": median_seconds(torch_attention, args.repeat),
+            "attention fwd+bwd numba": median_seconds(
+                lambda t=threads: numba_step(t), args.repeat
+            ),
+            "attention fwd+bwd torch sdpa": median_seconds(torch_step, args.repeat),
         }
         if compiled_gelu is not None:
             cells["gelu torch.compile"] = median_seconds(lambda: compiled_gelu(xt), args.repeat)
@@ -197,6 +219,7 @@ def main() -> None:
             "layer_norm numba": cells["layer_norm torch eager"],
             "softmax_dim0 numba": cells["softmax_dim0 torch eager"],
             "attention numba": cells["attention torch sdpa"],
+            "attention fwd+bwd numba": cells["attention fwd+bwd torch sdpa"],
         }
         for name, seconds in cells.items():
             ratio = f"{seconds / peer[name]:.2f}x" if name in peer else ""

@@ -2,8 +2,8 @@
 
 Example:
     >>> from ember.backends.fusion import stats
-    >>> sorted(stats())[:3]
-    ['attentions', 'cache_hits', 'eager_ops']
+    >>> {"kernels", "fused_ops", "cache_hits"} <= set(stats())
+    True
 """
 
 from __future__ import annotations
