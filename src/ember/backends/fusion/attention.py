@@ -75,7 +75,7 @@ class Attention:
     ``factors`` scale the scores after the product; ``mask`` is ``(slot, fill)`` or None,
     ``bias`` a slot or None; ``output`` is the context's slot, ``weights`` the softmax's
     where it is written (read after the segment), else None. ``prologue`` holds the
-    prologue's records, ``prologue_kept`` those whose values are read after the segment;
+    prologue's records; ``prologue_kept`` says a prologue value is read after the segment;
     ``inner_read`` says an inner value of the scores or softmax is (the executor then runs
     the records one by one).
     """
@@ -89,7 +89,7 @@ class Attention:
     bias: Slot | None
     output: Slot
     weights: Slot | None
-    prologue_kept: tuple[Record, ...]
+    prologue_kept: bool
     inner_read: bool
 
     def scale(self, composed: bool) -> float:
@@ -111,13 +111,15 @@ def _number(slot: Slot) -> float:
 
 @dataclass(frozen=True)
 class AttentionTemplate:
-    """An :class:`Attention` without slots: which records' outputs are read later. Streams
-    with the same plan key bind it by matching their records again (cheap: a dozen)."""
+    """A segment of an attention fuser (``fuser``: this module's, or the gradient's) without
+    slots: which records' outputs are read later. Streams with the same plan key bind it by
+    matching their records again (cheap: a dozen or two)."""
 
     kept: tuple[bool, ...]
+    fuser: type
 
-    def bind(self, records: list[Record]) -> Attention | None:
-        fuser = AttentionFuser(lambda slot: True)
+    def bind(self, records: list[Record]):
+        fuser = self.fuser(lambda slot: True)
         for record in records:
             fuser.fuse(record)
         if len(fuser) != len(records) or not fuser.properties().ready:
@@ -133,6 +135,7 @@ class AttentionFuser(Taking):
     """
 
     name = "attention"
+    ops = OPS
 
     def __init__(self, can_fuse) -> None:
         self.can_fuse = can_fuse
@@ -158,7 +161,7 @@ class AttentionFuser(Taking):
         return Properties(score=len(self.records), ready=done)
 
     def might_take(self, record: Record) -> bool:
-        return not record.multi and record.name in OPS
+        return not record.multi and record.name in self.ops
 
     def fuse(self, record: Record) -> None:
         if self._status is Status.CLOSED:
@@ -176,7 +179,7 @@ class AttentionFuser(Taking):
 
     # ------------------------------------------------------------------ matching
     def _fits(self, record: Record) -> bool:
-        if record.multi or record.name not in OPS or len(record.outputs) != 1:
+        if record.multi or record.name not in self.ops or len(record.outputs) != 1:
             return False
         out = record.outputs[0]
         return out.dtype is DType.F32 and self.can_fuse(out)
@@ -325,7 +328,7 @@ class AttentionFuser(Taking):
     # ------------------------------------------------------------------ results
     def finish(self, keep: set[int]) -> Attention:
         kept = tuple(r.outputs[0].id in keep for r in self.records[:-1]) + (True,)
-        self._template = AttentionTemplate(kept)
+        self._template = AttentionTemplate(kept, AttentionFuser)
         return self._build(kept)
 
     def _build(self, kept: tuple[bool, ...]) -> Attention:
@@ -338,8 +341,7 @@ class AttentionFuser(Taking):
             elif role != PROLOGUE and read:
                 inner_read = True
         prologue = tuple(r for r, role in zip(self.records, self.roles) if role == PROLOGUE)
-        prologue_kept = tuple(r for r, role, read in zip(self.records, self.roles, kept)
-                              if role == PROLOGUE and read)  # fmt: skip
+        prologue_kept = any(read for role, read in zip(self.roles, kept) if role == PROLOGUE)
         return Attention(query, key, self._value_operand, tuple(self._factors), prologue,
                          self._mask, self._bias, self.records[-1].outputs[0], weights,
                          prologue_kept, inner_read)  # fmt: skip
@@ -364,17 +366,7 @@ def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None
     operand's steps compose to no single view."""
     import numpy as np
 
-    from ember.backends.fusion.views import compose
-
-    def operand(op: Operand):
-        array = to_numpy((op.source if composed else op.slot).prim)
-        if type(array) is not np.ndarray or array.dtype != np.float32:
-            return None
-        if composed and op.chain:
-            array = compose(array, list(op.chain))
-        return array
-
-    q, kt, v = operand(fused.query), operand(fused.key), operand(fused.value)
+    q, kt, v = (operand_array(op, to_numpy, composed) for op in (fused.query, fused.key, fused.value))
     if q is None or kt is None or v is None:
         return None
     q, k, v = _four(q), _four(np.swapaxes(kt, -1, -2)), _four(v)  # the key enters as [..., d, Lk]
@@ -390,6 +382,22 @@ def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None
             return None
         bias = _four(bias)
     return q, k, v, mask, bias
+
+
+def operand_array(op: Operand, to_numpy, composed: bool):
+    """The float32 NumPy array a product reads at ``op``: its slot's value, or with
+    ``composed`` a view of its source through its layout steps; None where the value is no
+    such array or the steps compose to no single view."""
+    import numpy as np
+
+    from ember.backends.fusion.views import compose
+
+    array = to_numpy((op.source if composed else op.slot).prim)
+    if type(array) is not np.ndarray or array.dtype != np.float32:
+        return None
+    if composed and op.chain:
+        array = compose(array, list(op.chain))
+    return array
 
 
 def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int, take,

@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.backends.fusion.attention import LAYOUTS, SCALINGS, AttentionFuser, Operand
+from ember.backends.fusion.attention import (
+    LAYOUTS,
+    SCALINGS,
+    AttentionFuser,
+    AttentionTemplate,
+    Operand,
+    operand_array,
+)
 from ember.backends.fusion.fuser import Properties, Status
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
@@ -73,21 +80,6 @@ class AttentionGrad:
         return total
 
 
-@dataclass(frozen=True)
-class AttentionGradTemplate:
-    """An :class:`AttentionGrad` without slots: which records' outputs are read later."""
-
-    kept: tuple[bool, ...]
-
-    def bind(self, records: list[Record]) -> AttentionGrad | None:
-        fuser = AttentionGradFuser(lambda slot: True)
-        for record in records:
-            fuser.fuse(record)
-        if len(fuser) != len(records) or not fuser.properties().ready:
-            return None
-        return fuser._build(self.kept)
-
-
 class AttentionGradFuser(AttentionFuser):
     """Takes the records of one attention's backward pass (see the module doc); shares the
     forward fuser's tracing of operands through their layout steps.
@@ -97,6 +89,7 @@ class AttentionGradFuser(AttentionFuser):
     """
 
     name = "attention-grad"
+    ops = OPS
 
     def reset(self) -> None:
         super().reset()
@@ -112,9 +105,6 @@ class AttentionGradFuser(AttentionFuser):
         ready = self._complete() and not self._traced_left()
         return Properties(score=len(self.records), ready=ready)
 
-    def might_take(self, record: Record) -> bool:
-        return not record.multi and record.name in OPS
-
     def fuse(self, record: Record) -> None:
         if self._status is Status.CLOSED:
             return
@@ -126,12 +116,6 @@ class AttentionGradFuser(AttentionFuser):
             return
         self.records.append(record)
         self.roles.append(role)
-
-    def _fits(self, record: Record) -> bool:
-        if record.multi or record.name not in OPS or len(record.outputs) != 1:
-            return False
-        out = record.outputs[0]
-        return out.dtype is DType.F32 and self.can_fuse(out)
 
     def _complete(self) -> bool:
         return all(role in self._found for role in ("dp", "dv", "dq", "dk"))
@@ -157,8 +141,9 @@ class AttentionGradFuser(AttentionFuser):
         if self._value is not None and self._value in record.inputs and name != "float_matmul":
             return self._on_scores_grad(record)
         if any(s.id in self._outputs for s in record.inputs) or self._complete():
-            epilogue = name in LAYOUTS or (name in SCALINGS and self._scaling(record, record.inputs[0]) is not None)
-            if epilogue and record.inputs[0].id in self._outputs:
+            x = record.inputs[0]
+            steps = name in LAYOUTS or (name in SCALINGS and self._scaling(record, x) is not None)
+            if steps and x.id in self._outputs:  # a layout step or scaling of a gradient
                 self._outputs.add(out.id)
                 return EPILOGUE
             return None
@@ -279,7 +264,7 @@ class AttentionGradFuser(AttentionFuser):
     # ------------------------------------------------------------------ results
     def finish(self, keep: set[int]) -> AttentionGrad:
         kept = tuple(r.outputs[0].id in keep for r in self.records)
-        self._template = AttentionGradTemplate(kept)
+        self._template = AttentionTemplate(kept, AttentionGradFuser)
         return self._build(kept)
 
     def _build(self, kept: tuple[bool, ...]) -> AttentionGrad:
@@ -296,7 +281,7 @@ class AttentionGradFuser(AttentionFuser):
                              self._found["dk"].outputs[0], self._found["dv"].outputs[0],
                              prologue, epilogue, prologue_kept, inner_read)  # fmt: skip
 
-    def template(self, fused: AttentionGrad) -> AttentionGradTemplate:
+    def template(self, fused: AttentionGrad) -> AttentionTemplate:
         return self._template
 
 
@@ -315,17 +300,9 @@ def grad_arrays(fused: AttentionGrad, to_numpy, composed: bool) -> tuple | None:
     import numpy as np
 
     from ember.backends.fusion.attention import _four
-    from ember.backends.fusion.views import compose
 
-    def operand(op: Operand):
-        array = to_numpy((op.source if composed else op.slot).prim)
-        if type(array) is not np.ndarray or array.dtype != np.float32:
-            return None
-        if composed and op.chain:
-            array = compose(array, list(op.chain))
-        return array
-
-    qt, k, vt, d_out = (operand(op) for op in (fused.query, fused.key, fused.value, fused.d_out))
+    qt, k, vt, d_out = (operand_array(op, to_numpy, composed)
+                        for op in (fused.query, fused.key, fused.value, fused.d_out))  # fmt: skip
     weights = to_numpy(fused.weights.prim)
     if any(a is None for a in (qt, k, vt, d_out)) or type(weights) is not np.ndarray:
         return None

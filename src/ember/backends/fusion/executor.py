@@ -32,7 +32,6 @@ from ember.backends.fusion.attention import (
 from ember.backends.fusion.attention_grad import (
     AttentionGrad,
     AttentionGradFuser,
-    AttentionGradTemplate,
     grad_arrays,
     run_attention_grad,
 )
@@ -352,14 +351,7 @@ class Executor:
         if fused.inner_read or self.arrays is None:
             self._unfused(records)
             return
-        to_numpy = self.arrays[0]
-        composed = not fused.prologue_kept
-        arrays = attention_arrays(fused, to_numpy, True) if composed else None
-        if arrays is None:
-            composed = False
-            for record in fused.prologue:
-                self.run_single(record)
-            arrays = attention_arrays(fused, to_numpy, False)
+        arrays, composed, rest = self._attention_operands(fused, records, attention_arrays)
         how = None
         if arrays is not None:
             q, k, v = arrays[:3]
@@ -367,8 +359,6 @@ class Executor:
             key = ("attention", fused.mask is not None, fused.bias is not None,
                    fused.weights is not None)  # fmt: skip
             how = self.tuner.lookup_op(key, work)
-        ran = {id(r) for r in fused.prologue} if not composed else set()
-        rest = [r for r in records if id(r) not in ran]
         if how is None or how == autotune.UNFUSED:
             self._unfused(rest)
             return
@@ -393,6 +383,23 @@ class Executor:
             self.tuner.tune_with(how, lambda threads: run(threads, np.empty),
                                  lambda: run_detached(self.inner, rest), "attention")  # fmt: skip
 
+    def _attention_operands(self, fused, records: list[Record], arrays_of) -> tuple:
+        """``(arrays, composed, rest)`` for an attention segment: its kernel's operands
+        (``arrays_of(fused, to_numpy, composed)``, None where the kernel cannot read them)
+        composed from their sources through the prologue's layout steps, or, where a
+        prologue value is read later or no single view exists, read after the prologue's
+        records ran; ``rest`` are the segment's records that have not run."""
+        to_numpy = self.arrays[0]
+        composed = not fused.prologue_kept
+        arrays = arrays_of(fused, to_numpy, True) if composed else None
+        if arrays is None:
+            composed = False
+            for record in fused.prologue:
+                self.run_single(record)
+            arrays = arrays_of(fused, to_numpy, False)
+        ran = set() if composed else {id(r) for r in fused.prologue}
+        return arrays, composed, [r for r in records if id(r) not in ran]
+
     def _attention_grad(self, fused: AttentionGrad, records: list[Record]) -> None:
         """Runs an attention gradient segment (``attention_grad``) as the numba kernel,
         then its epilogue's records, where the tuner chose that over the records one by one;
@@ -400,16 +407,7 @@ class Executor:
         if fused.inner_read or self.arrays is None:
             self._unfused(records)
             return
-        to_numpy = self.arrays[0]
-        composed = not fused.prologue_kept
-        arrays = grad_arrays(fused, to_numpy, True) if composed else None
-        if arrays is None:
-            composed = False
-            for record in fused.prologue:
-                self.run_single(record)
-            arrays = grad_arrays(fused, to_numpy, False)
-        ran = {id(r) for r in fused.prologue} if not composed else set()
-        rest = [r for r in records if id(r) not in ran]
+        arrays, _, rest = self._attention_operands(fused, records, grad_arrays)
         how = None
         if arrays is not None:
             q, k, v = arrays[:3]
@@ -747,7 +745,7 @@ class Executor:
             run_record(self.inner, record)
 
 
-_NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate, AttentionGradTemplate)
+_NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate)
 
 LONE_KERNEL_MIN = 1 << 18
 """Elements, at least, of an element-wise op no block holds that runs as a kernel of its
