@@ -318,10 +318,12 @@ def grad_arrays(fused: AttentionGrad, to_numpy, composed: bool) -> tuple | None:
     return _four(q), _four(k), _four(v), _four(weights), _four(d_out), mask
 
 
-def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take) -> list:
+def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take,
+                       layouts: list | None = None) -> list:  # fmt: skip
     """Runs ``fused`` on the backward kernel; returns ``[dQ', dK'ᵀ, dV]`` as the segment's
-    slots hold them, from ``take(shape, dtype[, order])`` (``dK'ᵀ`` a transposed view of
-    keys-by-rows memory).
+    slots hold them, from ``take(shape, dtype, order)``, each laid out in the order of
+    ``layouts`` where it names one (``dK'ᵀ`` otherwise a transposed view of keys-by-rows
+    memory).
 
     Raises:
         KernelUnsupported: a case the kernel does not take (the caller runs the records).
@@ -335,8 +337,10 @@ def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take) 
     f32 = np.dtype(np.float32)
     rank = len(fused.d_key.shape)
     swap = (*range(rank - 2), rank - 1, rank - 2)
-    d_q, d_v = take(fused.d_query.shape, f32), take(fused.d_value.shape, f32)
-    d_kt = take(fused.d_key.shape, f32, swap)
+    orders = layouts or [None, None, None]
+    d_q = take(fused.d_query.shape, f32, orders[0])
+    d_kt = take(fused.d_key.shape, f32, orders[1] or swap)
+    d_v = take(fused.d_value.shape, f32, orders[2])
     numba_attention.attention_backward(
         q, k, v, weights, d_out, factor=fused.scale(), mask=mask, d_q=_four(d_q),
         d_k=_four(np.swapaxes(d_kt, -1, -2)), d_v=_four(d_v), threads=threads)  # fmt: skip

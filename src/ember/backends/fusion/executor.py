@@ -256,9 +256,13 @@ class Executor:
                 if readers is None:
                     readers = _readers(records)
                 self._attention(fused, records[start : start + length],
-                                _permuted_by_reader(fused.output, records, readers))  # fmt: skip
+                                _reader_layout(fused.output, records, readers))  # fmt: skip
             elif type(fused) is AttentionGrad:
-                self._attention_grad(fused, records[start : start + length])
+                if readers is None:
+                    readers = _readers(records)
+                layouts = [_reader_layout(s, records, readers)
+                           for s in (fused.d_query, fused.d_key, fused.d_value)]  # fmt: skip
+                self._attention_grad(fused, records[start : start + length], layouts)
             else:
                 if readers is None:
                     readers = _readers(records)
@@ -400,10 +404,12 @@ class Executor:
         ran = set() if composed else {id(r) for r in fused.prologue}
         return arrays, composed, [r for r in records if id(r) not in ran]
 
-    def _attention_grad(self, fused: AttentionGrad, records: list[Record]) -> None:
+    def _attention_grad(self, fused: AttentionGrad, records: list[Record],
+                        layouts: list) -> None:  # fmt: skip
         """Runs an attention gradient segment (``attention_grad``) as the numba kernel,
         then its epilogue's records, where the tuner chose that over the records one by one;
-        otherwise record by record (as :meth:`_attention`)."""
+        otherwise record by record (as :meth:`_attention`). ``layouts`` are the orders to
+        lay the three gradients out in (:func:`_reader_layout`), or None each."""
         if fused.inner_read or self.arrays is None:
             self._unfused(records)
             return
@@ -419,7 +425,7 @@ class Executor:
         pending = type(how) is autotune.Pending
         try:
             results = run_attention_grad(fused, arrays, 1 if pending else how.threads,
-                                         self.runtime.pool.take)  # fmt: skip
+                                         self.runtime.pool.take, layouts)  # fmt: skip
         except UnsupportedError:
             self._unfused(rest)
             return
@@ -769,17 +775,27 @@ def _reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
         return view
 
 
-def _permuted_by_reader(slot: Slot, records: list[Record], readers: dict) -> tuple | None:
-    """The axes of the one record that reads ``slot``, where it is a permute and the user
-    holds no handle to ``slot`` (a result laid out in that order makes the permute's value
-    C-contiguous); else None."""
-    found = readers.get(slot)
-    if found is None or len(found) != 1 or slot.readable() or slot.shared:
-        return None
-    reader = records[found[0]]
-    if reader.name != "float_permute":
-        return None
-    return tuple(reader.args[1])
+def _reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | None:
+    """The order of dims to lay ``slot``'s value out in so that the permutes its readers
+    apply give a C-contiguous value (heads merged back: the reshape after them is then a
+    view), or None. It follows the chain of single readers that are permutes or scalings
+    (which keep their input's layout), while no handle holds a value on it."""
+    order = None
+    while True:
+        found = readers.get(slot)
+        if found is None or len(found) != 1 or slot.readable() or slot.shared:
+            return order
+        reader = records[found[0]]
+        if reader.name == "float_permute":
+            axes = tuple(reader.args[1])
+            order = axes if order is None else tuple(order[a] for a in axes)
+        elif reader.name not in _LAYOUT_KEEPING or len(reader.inputs) != 1:
+            return order
+        slot = reader.outputs[0]
+
+
+_LAYOUT_KEEPING = frozenset({"float_mul_scalar", "float_div_scalar", "float_neg"})
+"""Element-wise ops of one operand whose results keep their input's layout."""
 
 
 def _readers(records: list[Record]) -> dict:
