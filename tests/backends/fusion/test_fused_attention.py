@@ -400,3 +400,33 @@ def test_the_gradient_records_run_as_one_kernel(hold_ds):
             np.testing.assert_array_equal(got, want)
         else:
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_threads_running_attention_at_once_get_what_they_get_alone():
+    import threading
+
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    inputs = [np.random.default_rng(20 + i).standard_normal((2, 40, 32)).astype(np.float32)
+              for i in range(4)]  # fmt: skip
+    mha = _mha(fused, False, inputs[0])[0]
+    reset_stats()
+
+    def attend(x: np.ndarray) -> np.ndarray:
+        return mha(MhaInput.self_attn(Tensor.from_data(x, fused))).context.to_numpy()
+
+    together: list = [None] * len(inputs)
+
+    def run(i: int) -> None:
+        for _ in range(5):
+            together[i] = attend(inputs[i])
+
+    with autotune.forcing(Choice("fused", 2)):  # one choice for every thread (a global)
+        alone = [attend(x) for x in inputs]
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert stats()["attentions"] >= 24
+    for got, want in zip(together, alone, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -36,6 +36,8 @@ batch entries included (stride 0); the kernel has one compiled signature (numba'
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ember.backends.fusion.numba_source import KernelUnsupported
@@ -227,12 +229,15 @@ def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
 
 
 _compiled = None
+_compiling = threading.Lock()  # threads asking for a kernel at once compile it once
 
 
 def _kernel():
     """The kernel, compiled (or loaded from numba's cache) for its one signature."""
     global _compiled
-    if _compiled is None:
+    with _compiling:
+        if _compiled is not None:
+            return _compiled
         floats = numba.types.Array(numba.types.float32, 4, "A", readonly=True)
         flags = numba.types.Array(numba.types.boolean, 4, "A", readonly=True)
         target = numba.types.Array(numba.types.float32, 4, "A")
@@ -242,7 +247,7 @@ def _kernel():
         _attend.compile(signature)
         _attend.disable_compile()
         _compiled = _attend
-    return _compiled
+        return _compiled
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -443,7 +448,9 @@ _compiled_backward = None
 def _backward_kernel():
     """The backward kernel, compiled (or loaded from numba's cache) for its one signature."""
     global _compiled_backward
-    if _compiled_backward is None:
+    with _compiling:
+        if _compiled_backward is not None:
+            return _compiled_backward
         floats = numba.types.Array(numba.types.float32, 4, "A", readonly=True)
         rows = numba.types.Array(numba.types.float32, 4, "C", readonly=True)  # the weights
         flags = numba.types.Array(numba.types.boolean, 4, "A", readonly=True)
@@ -454,7 +461,7 @@ def _backward_kernel():
         _attend_backward.compile(signature)
         _attend_backward.disable_compile()
         _compiled_backward = _attend_backward
-    return _compiled_backward
+        return _compiled_backward
 
 
 def supports_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray,
