@@ -4,9 +4,9 @@ Attention reaches the stream as the records of its parts, whoever wrote it (embe
 ``MultiHeadAttention``, an imported ONNX or PyTorch model):
 
 1. the **prologue**: the layout steps that make the heads of the query, key and value
-   operands (``slice``, ``reshape``, ``permute``) and scalings (``mul_scalar``, ``div_scalar``,
-   ``mul`` by a one-element tensor), in any order, each read only by the next step (the
-   value's may come anywhere before its product);
+   operands (``slice``, ``reshape``, ``permute``) and scalings (``mul_scalar``,
+   ``div_scalar``, ``mul`` by a one-element tensor), in any order, each read only by the
+   next step (the value's may come anywhere before its product);
 2. the **scores** ``float_matmul(q', k')``, then optionally more scalings, a
    ``mask_fill`` (the scores where a bool mask is True set to a value) and an ``add`` of
    a bias (an additive mask), in that order;
@@ -17,15 +17,15 @@ Attention reaches the stream as the records of its parts, whoever wrote it (embe
 This fuser takes such a run of records whole and nothing less (its block is ready only
 at the context product). The executor runs it as :func:`numba_attention.attention`,
 where the tuner chose that over the records one by one: the scores are never written,
-and the heads are read in place: each operand's layout steps are composed into one
+and the heads are read in place. Each operand's layout steps are composed into one
 strided view of its source (``views.compose``), so a reshape NumPy would copy (an
 imported model's head split of a permuted buffer) copies nothing; where no single view
-exists, the prologue's records run first, as they would unfused. The weights are written too where they
-are read after the segment (a training step keeps them for the backward pass); a
-prologue value that is read later (the scaled query, kept by autodiff) is computed by
-its own record as well. Any other inner value read later (the scores, the exponentials)
-makes the executor run the records one by one, as it does for whatever the kernel
-refuses; the results are then the unfused ops' exactly.
+exists, or a prologue value is read after the segment (the scaled query autodiff keeps),
+the prologue's records run first, as they would unfused, and the kernel reads the
+products' own operands. The weights are written too where they are read after the
+segment (a training step keeps them for the backward pass). Any other inner value read
+later (the scores, the exponentials) makes the executor run the records one by one, as
+it does for whatever the kernel refuses; the results are then the unfused ops' exactly.
 
 Only float32 values whose operands are 2- to 4-d qualify (see ``numba_attention``).
 """
@@ -56,8 +56,8 @@ _AFTER = {SCORES: 0, SCALE: 0, MASK: 1, BIAS: 2}  # order of the steps on the sc
 @dataclass(frozen=True)
 class Operand:
     """A product operand traced back through the prologue: ``source`` (made before the
-    segment) through the layout steps of ``chain`` (``("reshape", shape)`` or
-    ``("permute", axes)``), times the ``factors`` (numbers, or one-element slots read at
+    segment) through the layout steps of ``chain`` (``("reshape", shape)``,
+    ``("permute", axes)`` or ``("slice", ranges)``), times the ``factors`` (numbers, or one-element slots read at
     run time); ``slot`` is the value the product reads."""
 
     source: Slot
