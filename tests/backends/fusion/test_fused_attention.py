@@ -231,18 +231,20 @@ def test_what_is_not_attention_is_not_fused(case):
     dtype = np.float64 if case == "float64" else np.float32
     arrays = [rng.standard_normal((1, 2, 40, 8)).astype(dtype) for _ in range(3)]
     mask = rng.random((1, 1, 40, 40)) < 0.5
+
+    def almost_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor) -> Tensor:
+        scores = q.matmul(k.swap_dims(2, 3))
+        if case == "scaled after the mask":
+            scores = scores.mask_fill(m, -1e4) * 0.5
+        weights = softmax(scores, 2 if case == "softmax over another dim" else 3)
+        return weights if case == "no second product" else weights.matmul(v)
+
     results = []
     for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
-        q, k, v = (Tensor.from_data(a, device) for a in arrays)
-        m = Tensor.from_data(mask, device)
+        tensors = [Tensor.from_data(a, device) for a in (*arrays, mask)]
         reset_stats()
-        with autotune.forcing(Choice("fused", 1)):
-            scores = q.matmul(k.swap_dims(2, 3))
-            if case == "scaled after the mask":
-                scores = scores.mask_fill(m, -1e4) * 0.5
-            weights = softmax(scores, 2 if case == "softmax over another dim" else 3)
-            out = weights if case == "no second product" else weights.matmul(v)
-            results.append(out.to_numpy())
+        with autotune.forcing(Choice("fused", 1)):  # no inner value held: only the match decides
+            results.append(almost_attention(*tensors).to_numpy())
     assert stats()["attentions"] == 0
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-7)
 
@@ -430,3 +432,25 @@ def test_threads_running_attention_at_once_get_what_they_get_alone():
     assert stats()["attentions"] >= 24
     for got, want in zip(together, alone, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("divided", ["scores by the scale", "the scale by the scores"])
+def test_scores_divided_by_a_one_element_tensor(divided):
+    """BERT's export divides the scores by ``sqrt(d)`` held as a tensor: a scaling. A
+    tensor divided by the scores is none: not attention."""
+    rng = np.random.default_rng(13)
+    arrays = [rng.standard_normal((2, 3, 40, 16)).astype(np.float32) for _ in range(3)]
+    root = np.array([4.0], np.float32)
+    results = []
+    for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
+        q, k, v, r = (Tensor.from_data(a, device) for a in (*arrays, root))
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            product = q.matmul(k.swap_dims(2, 3))
+            scaled = product / r if divided == "scores by the scale" else r / product
+            del product  # held by no one: the fuser may leave it unwritten
+            out = softmax(scaled, 3).matmul(v)
+            del scaled
+            results.append(out.to_numpy())
+    assert stats()["attentions"] == (1 if divided == "scores by the scale" else 0)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)

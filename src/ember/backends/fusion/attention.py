@@ -5,8 +5,8 @@ Attention reaches the stream as the records of its parts, whoever wrote it (embe
 
 1. the **prologue**: the layout steps that make the heads of the query, key and value
    operands (``slice``, ``reshape``, ``permute``) and scalings (``mul_scalar``,
-   ``div_scalar``, ``mul`` by a one-element tensor), in any order, each read only by the
-   next step (the value's may come anywhere before its product);
+   ``div_scalar``, ``mul`` or ``div`` by a one-element tensor), in any order, each read
+   only by the next step (the value's may come anywhere before its product);
 2. the **scores** ``float_matmul(q', k')``, then optionally more scalings, a
    ``mask_fill`` (the scores where a bool mask is True set to a value) and an ``add`` of
    a bias (an additive mask), in that order;
@@ -40,7 +40,7 @@ from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
 from ember.tensor.dtype import DType
 
-SCALINGS = ("float_mul_scalar", "float_div_scalar", "float_mul")
+SCALINGS = ("float_mul_scalar", "float_div_scalar", "float_mul", "float_div")
 LAYOUTS = {"float_reshape": "reshape", "float_permute": "permute", "float_slice": "slice"}
 SOFTMAX = ("float_max_dim", "float_sub", "float_exp", "float_sum_dim", "float_div")
 OPS = frozenset((*SCALINGS, *LAYOUTS, *SOFTMAX, "float_matmul", "float_mask_fill",
@@ -96,17 +96,23 @@ class Attention:
         """The product of the factors, read now (one-element slots hold values by now): of
         the scores' and, where the operands are ``composed`` from their sources rather
         than read after the prologue ran, of the query's and the key's too."""
-        total = 1.0
         factors = (*self.query.factors, *self.key.factors) if composed else ()
-        for factor in (*factors, *self.factors):
-            total *= factor if type(factor) is float else _number(factor)
-        return total
+        return product_of((*factors, *self.factors))
 
 
-def _number(slot: Slot) -> float:
+def product_of(factors: tuple) -> float:
+    """The product of scaling factors: numbers, one-element slots (their values, read now),
+    and ``(slot, -1)`` for a division by one."""
     import numpy as np
 
-    return float(np.asarray(slot.prim).reshape(-1)[0])
+    total = 1.0
+    for factor in factors:
+        if type(factor) is float:
+            total *= factor
+        else:
+            slot, power = factor if type(factor) is tuple else (factor, 1)
+            total *= float(np.asarray(slot.prim).reshape(-1)[0]) ** power
+    return total
 
 
 @dataclass(frozen=True)
@@ -278,8 +284,8 @@ class AttentionFuser(Taking):
         return SCORES
 
     def _scaling(self, record: Record, x: Slot):
-        """The factor ``record`` multiplies ``x`` by (a number or a one-element slot), or
-        None where it is not such a scaling of ``x``."""
+        """The factor ``record`` multiplies ``x`` by (a number, a one-element slot, or
+        ``(slot, -1)`` dividing by one), or None where it is not such a scaling of ``x``."""
         name = record.name
         if name in ("float_mul_scalar", "float_div_scalar"):
             if record.inputs != (x,) or type(record.args[1]) not in (int, float):
@@ -288,11 +294,13 @@ class AttentionFuser(Taking):
             if name == "float_mul_scalar":
                 return number
             return 1.0 / number if number != 0 and math.isfinite(number) else None
-        if name == "float_mul" and len(record.inputs) == 2 and x in record.inputs:
+        if name in ("float_mul", "float_div") and len(record.inputs) == 2 and x in record.inputs:
             other = record.inputs[1] if record.inputs[0] is x else record.inputs[0]
+            if name == "float_div" and record.inputs[0] is not x:
+                return None  # a number divided by x is no scaling of x
             if (other is not x and math.prod(other.shape) == 1 and other.dtype is DType.F32
                     and not self._made_here(other)):  # fmt: skip
-                return other
+                return other if name == "float_mul" else (other, -1)
         return None
 
     def _masked(self, record: Record, value: Slot) -> str | None:

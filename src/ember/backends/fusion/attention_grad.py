@@ -31,6 +31,7 @@ from ember.backends.fusion.attention import (
     AttentionTemplate,
     Operand,
     operand_array,
+    product_of,
 )
 from ember.backends.fusion.fuser import Properties, Status
 from ember.backends.fusion.handle import Slot
@@ -72,12 +73,7 @@ class AttentionGrad:
     inner_read: bool
 
     def scale(self) -> float:
-        from ember.backends.fusion.attention import _number
-
-        total = 1.0
-        for factor in self.factors:
-            total *= factor if type(factor) is float else _number(factor)
-        return total
+        return product_of(self.factors)
 
 
 class AttentionGradFuser(AttentionFuser):
