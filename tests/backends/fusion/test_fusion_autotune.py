@@ -30,6 +30,7 @@ if not numba_runtime.available():
 RTOL, ATOL = 2e-6, 2e-6  # a few ulp of f32: the kernels' erf/exp approximations
 ROWS, COLS = 320, 256  # 81920 elements: above PARALLEL_MIN, so tuned
 CANDIDATES = [Choice("fused", 1), Choice("fused", 2), UNFUSED]
+_REAL_OTHERS_RUNNING = autotune.others_running  # before the conftest's fixture replaces it
 F32 = DType.F32
 
 
@@ -140,6 +141,34 @@ def test_a_tuning_picks_a_candidate_and_persists_it(runtime, tmp_path):
     one = numba_runtime.NumbaRuntime(cache=runtime.cache, threads=1)
     assert type(Tuner(one, tmp_path).lookup(block)) is Pending
     assert stats()["tunings"] == 2
+
+
+def test_a_tuning_timed_beside_other_processes_is_not_written(runtime, monkeypatch, tmp_path):
+    shape = (ROWS, COLS)
+    x = np.random.default_rng(2).normal(size=shape).astype(np.float32)
+    block = _block(shape)
+    monkeypatch.setattr(autotune, "others_running", lambda: autotune.BUSY_OTHERS)
+    tuner = Tuner(runtime, tmp_path)
+    pending = tuner.lookup(block)
+    runtime.release(runtime.run(block, [x])[0])
+    choice = tuner.tune(pending, block, [x], _unfused(x))
+    assert tuner.lookup(block) == choice  # this process uses it
+    later = Tuner(runtime, tmp_path).lookup(block)  # a new process tunes afresh
+    assert type(later) is Pending and later.earlier is None
+    monkeypatch.setattr(autotune, "others_running", lambda: autotune.BUSY_OTHERS - 1)
+    Tuner(runtime, tmp_path).tune(later, block, [x], _unfused(x))
+    assert Tuner(runtime, tmp_path).lookup(block).earlier is not None  # quiet: written
+
+
+@pytest.mark.skipif(not Path("/proc/loadavg").exists(), reason="no /proc/loadavg (not Linux)")
+def test_others_running_counts_another_process_that_runs():
+    spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # started and running
+        assert max(_REAL_OTHERS_RUNNING() for _ in range(20)) >= 1
+    finally:
+        spinning.kill()
+        spinning.wait()
 
 
 def test_a_choice_settles_when_two_tunings_agree_or_after_three():
@@ -332,7 +361,8 @@ def test_the_interpreter_runtime_is_not_tuned():
 _CHILD = textwrap.dedent("""
     import json, numpy as np, ember
     from ember import Tensor, activation
-    from ember.backends.fusion import stats
+    from ember.backends.fusion import autotune, stats
+    autotune.others_running = lambda: 0  # a quiet machine, whatever runs beside the suite
     x = np.random.default_rng(0).normal(size=(320, 256)).astype(np.float32)
     device = ember.device("ndarray").fusion(runtime="numba")
     y = activation.softmax(activation.gelu(Tensor.from_data(x, device)) * 3.0, 1)
