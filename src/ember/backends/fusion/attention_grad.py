@@ -26,6 +26,9 @@ from dataclasses import dataclass
 
 from ember.backends.fusion.attention import (
     LAYOUTS,
+    MASK,
+    PROLOGUE,
+    SCALE,
     SCALINGS,
     AttentionFuser,
     AttentionTemplate,
@@ -42,8 +45,8 @@ OPS = frozenset((*SCALINGS, *LAYOUTS, "float_matmul", "float_mul", "float_sum_di
                  "float_mask_fill"))  # fmt: skip
 """The primitives the fuser takes."""
 
-PROLOGUE, PRODUCT, T, S, W, DS, MASK, SCALE, EPILOGUE = (
-    "prologue", "product", "t", "s", "w", "ds", "mask", "scale", "epilogue")  # fmt: skip
+# Roles beside the forward fuser's PROLOGUE, MASK and SCALE.
+PRODUCT, T, S, W, DS, EPILOGUE = "product", "t", "s", "w", "ds", "epilogue"
 MAX_RECORDS = 48
 """Records of one segment, at most (the pattern has about 20)."""
 

@@ -344,48 +344,77 @@ class Executor:
 
     def _attention(self, fused: Attention, records: list[Record],
                    order: tuple[int, ...] | None) -> None:  # fmt: skip
-        """Runs an attention segment (``attention``) as the numba kernel where the tuner
-        chose that over the records one by one (the first run of a bucket is the kernel's,
-        then both are timed); otherwise, where an inner value is read later, or for a case
-        the kernel refuses, record by record. The kernel reads each operand as a view of
-        its source through the prologue's layout steps; where a prologue value is read
-        later, or the steps make no single view, the prologue's records run first. Its
-        output is laid out in ``order`` (the permute of its one reader: the heads merged
-        back are then a view)."""
+        """Runs an attention segment (``attention``) as the numba kernel (see
+        :meth:`_attention_segment`), its output laid out in ``order`` (the permute of its
+        one reader: the heads merged back are then a view)."""
+        slots = (fused.output,) if fused.weights is None else (fused.output, fused.weights)
+        key = ("attention", fused.mask is not None, fused.bias is not None,
+               fused.weights is not None)  # fmt: skip
+
+        def run(arrays, composed: bool, threads: int, take, laid_out: bool) -> list:
+            return run_attention(fused, arrays, composed, threads, take,
+                                 order if laid_out else None)  # fmt: skip
+
+        self._attention_segment(fused, records, attention_arrays, key, 1, run, slots,
+                                "attentions", "attention")  # fmt: skip
+
+    def _attention_grad(self, fused: AttentionGrad, records: list[Record],
+                        layouts: list) -> None:  # fmt: skip
+        """Runs an attention gradient segment (``attention_grad``) as the numba kernel, then
+        its epilogue's records (see :meth:`_attention_segment`); ``layouts`` are the orders
+        to lay the three gradients out in (:func:`_reader_layout`), or None each."""
+
+        def run(arrays, composed: bool, threads: int, take, laid_out: bool) -> list:
+            return run_attention_grad(fused, arrays, threads, take,
+                                      layouts if laid_out else None)  # fmt: skip
+
+        self._attention_segment(fused, records, grad_arrays, ("attention_grad",
+                                fused.mask is not None), 2, run,
+                                (fused.d_query, fused.d_key, fused.d_value),
+                                "attention_grads", "attention gradient", fused.epilogue)  # fmt: skip
+
+    def _attention_segment(self, fused, records: list[Record], arrays_of, key: tuple,
+                           passes: int, run, slots: tuple, counter: str, what: str,
+                           epilogue: tuple = ()) -> None:  # fmt: skip
+        """Runs an attention or attention gradient segment as its numba kernel where the
+        tuner chose that over the records one by one (the first run of a bucket is the
+        kernel's, then both are timed), then the ``epilogue``'s records; otherwise, where
+        an inner value is read later, or for a case the kernel refuses, record by record.
+        The kernel reads each operand as a view of its source through the prologue's
+        layout steps (:meth:`_attention_operands`). ``run(arrays, composed, threads, take,
+        laid_out)`` runs the kernel and returns the values of ``slots``; ``passes`` scales
+        the tuner's work measure (the gradient's four products against two)."""
         if fused.inner_read or self.arrays is None:
             self._unfused(records)
             return
-        arrays, composed, rest = self._attention_operands(fused, records, attention_arrays)
+        arrays, composed, rest = self._attention_operands(fused, records, arrays_of)
         how = None
         if arrays is not None:
             q, k, v = arrays[:3]
             work = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * (q.shape[3] + v.shape[3])
-            key = ("attention", fused.mask is not None, fused.bias is not None,
-                   fused.weights is not None)  # fmt: skip
-            how = self.tuner.lookup_op(key, work)
+            how = self.tuner.lookup_op(key, passes * work)
         if how is None or how == autotune.UNFUSED:
             self._unfused(rest)
             return
         pending = type(how) is autotune.Pending
-
-        def run(threads: int, take, laid_out=None) -> list:
-            return run_attention(fused, arrays, composed, threads, take, laid_out)
-
         try:
-            results = run(1 if pending else how.threads, self.runtime.pool.take, order)
+            results = run(arrays, composed, 1 if pending else how.threads,
+                          self.runtime.pool.take, True)  # fmt: skip
         except UnsupportedError:
             self._unfused(rest)
             return
-        slots = (fused.output,) if fused.weights is None else (fused.output, fused.weights)
         for slot, array in zip(slots, results, strict=True):
-            set_output(self.inner, slot, self.arrays[1](array), "attention")
+            set_output(self.inner, slot, self.arrays[1](array), what)
             if self.recycler is not None:
                 slot.recycle = self.recycler
-        counters.add("attentions")
-        counters.add("fused_ops", len(rest))
+        for record in epilogue:
+            self.run_single(record)
+        counters.add(counter)
+        counters.add("fused_ops", len(rest) - len(epilogue))
         if pending:  # after the kept run: the candidates write into their own buffers
-            self.tuner.tune_with(how, lambda threads: run(threads, np.empty),
-                                 lambda: run_detached(self.inner, rest), "attention")  # fmt: skip
+            inner = [r for r in rest if all(r is not e for e in epilogue)]
+            self.tuner.tune_with(how, lambda threads: run(arrays, composed, threads, _fresh, False),
+                                 lambda: run_detached(self.inner, inner), what)  # fmt: skip
 
     def _attention_operands(self, fused, records: list[Record], arrays_of) -> tuple:
         """``(arrays, composed, rest)`` for an attention segment: its kernel's operands
@@ -403,50 +432,6 @@ class Executor:
             arrays = arrays_of(fused, to_numpy, False)
         ran = set() if composed else {id(r) for r in fused.prologue}
         return arrays, composed, [r for r in records if id(r) not in ran]
-
-    def _attention_grad(self, fused: AttentionGrad, records: list[Record],
-                        layouts: list) -> None:  # fmt: skip
-        """Runs an attention gradient segment (``attention_grad``) as the numba kernel,
-        then its epilogue's records, where the tuner chose that over the records one by one;
-        otherwise record by record (as :meth:`_attention`). ``layouts`` are the orders to
-        lay the three gradients out in (:func:`_reader_layout`), or None each."""
-        if fused.inner_read or self.arrays is None:
-            self._unfused(records)
-            return
-        arrays, _, rest = self._attention_operands(fused, records, grad_arrays)
-        how = None
-        if arrays is not None:
-            q, k, v = arrays[:3]
-            work = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * 2 * (q.shape[3] + v.shape[3])
-            how = self.tuner.lookup_op(("attention_grad", fused.mask is not None), work)
-        if how is None or how == autotune.UNFUSED:
-            self._unfused(rest)
-            return
-        pending = type(how) is autotune.Pending
-        try:
-            results = run_attention_grad(fused, arrays, 1 if pending else how.threads,
-                                         self.runtime.pool.take, layouts)  # fmt: skip
-        except UnsupportedError:
-            self._unfused(rest)
-            return
-        for slot, array in zip((fused.d_query, fused.d_key, fused.d_value), results, strict=True):
-            set_output(self.inner, slot, self.arrays[1](array), "attention gradient")
-            if self.recycler is not None:
-                slot.recycle = self.recycler
-        for record in fused.epilogue:
-            self.run_single(record)
-        counters.add("attention_grads")
-        counters.add("fused_ops", len(rest) - len(fused.epilogue))
-        if pending:
-            inner_records = [r for r in rest if all(r is not e for e in fused.epilogue)]
-
-            def take_fresh(shape, dtype, order=None):
-                array = np.empty(shape if order is None else tuple(shape[d] for d in order), dtype)
-                return array if order is None else array.transpose(np.argsort(order))
-
-            self.tuner.tune_with(
-                how, lambda threads: run_attention_grad(fused, arrays, threads, take_fresh),
-                lambda: run_detached(self.inner, inner_records), "attention gradient")  # fmt: skip
 
     def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:
         """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where
@@ -749,6 +734,14 @@ class Executor:
         counters.add("unfused_ops", len(records))
         for record in records:
             run_record(self.inner, record)
+
+
+def _fresh(shape: tuple[int, ...], dtype, order: tuple[int, ...] | None = None) -> np.ndarray:
+    """A new array of ``shape`` laid out in ``order`` (as ``BufferPool.take``): a tuning's
+    candidates write into memory of their own."""
+    if order is None:
+        return np.empty(shape, dtype)
+    return np.empty(tuple(shape[d] for d in order), dtype).transpose(np.argsort(order))
 
 
 _NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate)

@@ -228,26 +228,36 @@ def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
                     dst[j] = st[u(j * qcp + r)] * inv
 
 
-_compiled = None
+_ready: set = set()  # the dispatchers compiled for their one signature
 _compiling = threading.Lock()  # threads asking for a kernel at once compile it once
 
 
-def _kernel():
-    """The kernel, compiled (or loaded from numba's cache) for its one signature."""
-    global _compiled
+def _compiled_once(dispatcher, *args):
+    """``dispatcher`` compiled (or loaded from numba's cache) for the one signature of
+    ``args`` (numba types), then closed to any other: a call of another signature raises
+    instead of compiling slowly."""
     with _compiling:
-        if _compiled is not None:
-            return _compiled
-        floats = numba.types.Array(numba.types.float32, 4, "A", readonly=True)
-        flags = numba.types.Array(numba.types.boolean, 4, "A", readonly=True)
-        target = numba.types.Array(numba.types.float32, 4, "A")
-        i64, f32 = numba.types.int64, numba.types.float32
-        signature = numba.types.void(floats, floats, floats, target, target, flags, floats, f32,
-                                     f32, i64, i64, i64, i64, i64)  # fmt: skip
-        _attend.compile(signature)
-        _attend.disable_compile()
-        _compiled = _attend
-        return _compiled
+        if dispatcher not in _ready:
+            dispatcher.compile(numba.types.void(*args))
+            dispatcher.disable_compile()
+            _ready.add(dispatcher)
+    return dispatcher
+
+
+def _array_types():
+    """The kernels' array types: read-only float32 and bool inputs of any layout, writable
+    float32 outputs."""
+    t = numba.types
+    return (t.Array(t.float32, 4, "A", readonly=True), t.Array(t.boolean, 4, "A", readonly=True),
+            t.Array(t.float32, 4, "A"))  # fmt: skip
+
+
+def _kernel():
+    """The forward kernel, compiled for its one signature."""
+    floats, flags, target = _array_types()
+    i64, f32 = numba.types.int64, numba.types.float32
+    return _compiled_once(_attend, floats, floats, floats, target, target, flags, floats, f32,
+                          f32, i64, i64, i64, i64, i64)  # fmt: skip
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -442,26 +452,14 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, maske
                 dst_q[c] = dqt[u(c * qcp + r)]
 
 
-_compiled_backward = None
-
-
 def _backward_kernel():
-    """The backward kernel, compiled (or loaded from numba's cache) for its one signature."""
-    global _compiled_backward
-    with _compiling:
-        if _compiled_backward is not None:
-            return _compiled_backward
-        floats = numba.types.Array(numba.types.float32, 4, "A", readonly=True)
-        rows = numba.types.Array(numba.types.float32, 4, "C", readonly=True)  # the weights
-        flags = numba.types.Array(numba.types.boolean, 4, "A", readonly=True)
-        target = numba.types.Array(numba.types.float32, 4, "A")
-        i64, f32 = numba.types.int64, numba.types.float32
-        signature = numba.types.void(floats, floats, floats, rows, floats, target, target,
-                                     target, flags, f32, i64, i64, i64)  # fmt: skip
-        _attend_backward.compile(signature)
-        _attend_backward.disable_compile()
-        _compiled_backward = _attend_backward
-        return _compiled_backward
+    """The backward kernel, compiled for its one signature (the weights C-contiguous: read
+    row by row)."""
+    floats, flags, target = _array_types()
+    rows = numba.types.Array(numba.types.float32, 4, "C", readonly=True)
+    i64, f32 = numba.types.int64, numba.types.float32
+    return _compiled_once(_attend_backward, floats, floats, floats, rows, floats, target,
+                          target, target, flags, f32, i64, i64, i64)  # fmt: skip
 
 
 def supports_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray,
