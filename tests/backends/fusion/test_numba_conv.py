@@ -165,3 +165,62 @@ def test_supports_names_what_conv2d_takes():
     assert numba_conv.supports(np.ones((1, 2, 5, 5), np.float64), w)
     assert not numba_conv.supports(np.ones((1, 2, 5, 5), np.float16), w)
     assert not numba_conv.supports(np.ones((2, 5, 5), np.float32), w)
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
+
+
+def test_a_weight_nothing_can_change_is_packed_once():
+    # Loaded records and imported models hold read-only weights: their blocks are packed on
+    # the first call and reused while the weight lives.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 8, 7, 7)).astype(np.float32)
+    w = _read_only(rng.standard_normal((12, 8, 3, 3)).astype(np.float32))
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+    geometry = numba_conv._geometry(x.shape, w.shape, 1, (1, 1), (1, 1), (1, 1), 4)
+    first = numba_conv.packed_weight(w, np.dtype(np.float32), geometry)
+    assert numba_conv.packed_weight(w, np.dtype(np.float32), geometry) is first
+    got = check(x, w, None, options, np.float32)
+    np.testing.assert_array_equal(got, numba_conv.conv2d(x, w.copy(), None, options))
+    key = id(w)
+    assert key in numba_conv._packed
+    del w
+    assert key not in numba_conv._packed  # its death drops the blocks
+
+
+@pytest.mark.parametrize("how", ["writable", "read-only view of a writable array"])
+def test_a_weight_that_can_change_is_packed_on_every_call(how):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    owner = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    w = owner if how == "writable" else _read_only(owner[:])
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+    before = numba_conv.conv2d(x, w, None, options)
+    owner *= -2.0  # changed in place between two calls
+    after = check(x, w, None, options, np.float32)
+    np.testing.assert_allclose(after, -2.0 * before, rtol=1e-6, atol=1e-5)
+    assert id(w) not in numba_conv._packed
+
+
+@pytest.fixture
+def no_packed_weights():
+    numba_conv._packed.clear()
+    numba_conv._packed_bytes = 0
+    yield
+    numba_conv._packed.clear()
+    numba_conv._packed_bytes = 0
+
+
+def test_packed_weights_kept_are_bounded(monkeypatch, no_packed_weights):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    options = ConvOptions((1, 1), (0, 0), (1, 1), 1)
+    weights = [_read_only(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
+               for _ in range(5)]  # fmt: skip
+    monkeypatch.setattr(numba_conv, "PACKED_CACHE_BYTES", 3 * 8 * 36 * 4)  # three layers' blocks
+    for w in weights:
+        check(x, w, None, options, np.float32)
+    assert list(numba_conv._packed) == [id(w) for w in weights[2:]]  # the oldest went first
+    assert numba_conv._packed_bytes == 3 * 8 * 36 * 4

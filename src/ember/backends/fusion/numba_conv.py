@@ -73,6 +73,9 @@ another order than NdArray's GEMM adds them (the results agree to rounding).
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -666,13 +669,66 @@ def conv2d(
             f"numba conv2d: input {fmt_shape(x.shape)} and weight {fmt_shape(weight.shape)} "
             "must both be 4-d"
         )
-    n, c, h, w = x.shape
-    o, cg, kh, kw = weight.shape
-    groups = options.groups
-    (sh, sw), (ph, pw), (dh, dw) = options.stride, options.padding, options.dilation
+    g = _geometry(x.shape, weight.shape, options.groups, tuple(options.stride),
+                  tuple(options.padding), tuple(options.dilation), dtype.itemsize)  # fmt: skip
+    n, o = x.shape[0], weight.shape[0]
+    out = empty((n, o, g.oh, g.ow), dtype)
+    if out.size == 0:
+        return out
+    b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    parts = parts_for(g.macs, PARALLEL_MIN_MACS, threads)
+    if g.single:
+        if epilogue is not None:
+            raise KernelUnsupported(f"numba conv2d: an epilogue needs {OB} or more output "
+                                    f"channels per group, not {o // options.groups}")  # fmt: skip
+        # Fewer than OB channels per group: one pass per channel, no padded channels.
+        wt = np.zeros((o, g.taps), dtype)
+        wt[:, : g.taps_used] = weight.reshape(o, g.taps_used)
+        args = [x, wt.reshape(o, g.taps // g.unroll, g.unroll), g.offs, g.used, b, out]
+        _run_parts(_conv_single, [*args, *g.layout, g.rows_per_tile], parts)
+        return out
+    epilogue_args = (epilogue or Epilogue()).arguments(out)
+    args = [x, packed_weight(weight, dtype, g), g.offs, g.used, b, out, *epilogue_args]
+    _run_parts(_conv_tiled, [*args, *g.layout, g.nblk, g.rows_per_tile, g.span], parts)
+    return out
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """What a convolution's shapes and options decide (:func:`_geometry`)."""
+
+    oh: int
+    ow: int
+    macs: int
+    taps: int  # per output channel, padded to a multiple of ``unroll``
+    taps_used: int  # cg * kh * kw
+    offs: np.ndarray
+    used: np.ndarray
+    layout: tuple  # the kernels' (sh, sw, ph, pw, hq, wq, groups, cg)
+    single: bool  # fewer than OB channels per group: the one-channel kernel
+    unroll: int
+    rows_per_tile: int
+    nblk: int  # the tiled kernel's blocks of TILE_OB channels per group
+    span: int
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(x_shape: tuple, w_shape: tuple, groups: int, stride: tuple, padding: tuple,
+              dilation: tuple, itemsize: int) -> _Geometry:  # fmt: skip
+    """The output size, phased buffer, taps and tiling of a convolution: computed once per
+    shape and options (a model calls the same layers again and again).
+
+    Raises:
+        ShapeError: shapes that do not convolve.
+    """
+    n, c, h, w = x_shape
+    o, cg, kh, kw = w_shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     if groups < 1 or c % groups or o % groups or cg * groups != c:
         raise ShapeError(
-            f"numba conv2d: input {fmt_shape(x.shape)} and weight {fmt_shape(weight.shape)} "
+            f"numba conv2d: input {fmt_shape(x_shape)} and weight {fmt_shape(w_shape)} "
             f"do not fit groups={groups}"
         )
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -682,9 +738,6 @@ def conv2d(
             f"numba conv2d: kernel {kh}x{kw} (dilation {dh}x{dw}) is larger than the padded "
             f"input {h + 2 * ph}x{w + 2 * pw}"
         )
-    out = empty((n, o, oh, ow), dtype)
-    if out.size == 0:
-        return out
     og = o // groups
     hq = oh + dh * (kh - 1) // sh
     wq = ow + dw * (kw - 1) // sw
@@ -693,40 +746,87 @@ def conv2d(
         # the taps reading past a row's end wrap onto them, so fewer columns are computed
         # and dropped (a 16-wide 3x3 layer: 17 columns a row instead of 18).
         wq -= min(pw, dw * (kw - 1))
-    single = 9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL
-    unroll = 1 if og >= OB else single  # the tiled kernel adds one tap per step
+    single = og < OB
+    unroll = (9 if (cg * kh * kw) % 9 == 0 else SINGLE_UNROLL) if single else 1
     offs, used = _tap_layout(cg, kh, kw, sh, sw, dh, dw, hq, wq, unroll)
-    taps = offs.size
-    b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
-    macs = n * o * oh * ow * cg * kh * kw
-    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
-
-    parts = parts_for(macs, PARALLEL_MIN_MACS, threads)
-    geometry = (sh, sw, ph, pw, hq, wq, groups, cg)
-
-    if og < OB:
-        if epilogue is not None:
-            raise KernelUnsupported(f"numba conv2d: an epilogue needs {OB} or more output "
-                                    f"channels per group, not {og}")  # fmt: skip
-        # Fewer than OB channels per group: one pass per channel, no padded channels.
-        wt = np.zeros((o, taps), dtype)
-        wt[:, : cg * kh * kw] = weight.reshape(o, cg * kh * kw)
+    if single:
         rows_per_tile = max(1, min(oh, -(-TILE // wq)))
-        args = [x, wt.reshape(o, taps // single, single), offs, used, b, out]
-        _run_parts(_conv_single, [*args, *geometry, rows_per_tile], parts)
-        return out
-    nblk = -(-og // TILE_OB)
-    # [groups * nblk, taps, TILE_OB] flat: a tap's weights side by side.
-    wt = np.empty((groups, nblk, taps, TILE_OB), dtype)
-    _pack_tiles(np.ascontiguousarray(weight).reshape(groups, og, taps), wt)
-    span = TILE_VECTORS * lanes(dtype.itemsize)
-    # Few row tiles: each rounds up to whole spans (waste), and the sums of a whole plane
-    # (64 channels of 1024 positions: 256 KiB in float32) still sit in L2.
-    ntiles = -(-oh * wq // TILE_POSITIONS)
-    epilogue_args = (epilogue or Epilogue()).arguments(out)
-    args = [x, wt.reshape(-1), offs, used, b, out, *epilogue_args]
-    _run_parts(_conv_tiled, [*args, *geometry, nblk, -(-oh // ntiles), span], parts)
-    return out
+    else:
+        # Few row tiles: each rounds up to whole spans (waste), and the sums of a whole
+        # plane (64 channels of 1024 positions: 256 KiB in float32) still sit in L2.
+        rows_per_tile = -(-oh // -(-oh * wq // TILE_POSITIONS))
+    return _Geometry(
+        oh=oh, ow=ow, macs=n * o * oh * ow * cg * kh * kw, taps=offs.size,
+        taps_used=cg * kh * kw, offs=offs, used=used, layout=(sh, sw, ph, pw, hq, wq, groups, cg),
+        single=single, unroll=unroll, rows_per_tile=rows_per_tile, nblk=-(-og // TILE_OB),
+        span=TILE_VECTORS * lanes(itemsize),
+    )  # fmt: skip
+
+
+PACKED_CACHE_BYTES = 64 << 20
+"""Bytes of packed weights kept for weights that cannot change (:func:`packed_weight`)."""
+
+_packed: OrderedDict[int, tuple[weakref.ref, np.ndarray]] = OrderedDict()
+_packed_bytes = 0
+_packed_lock = threading.Lock()
+
+
+def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarray:
+    """``weight`` as the tiled kernel's blocks ``[groups, nblk, taps, TILE_OB]`` (flat).
+
+    Packed on every call, except for a weight nothing can change: read-only down to the
+    memory it views (``bytes``, or arrays that are all read-only, as loaded records and
+    imported models are), whose blocks are packed once and kept while the weight lives
+    (at most :data:`PACKED_CACHE_BYTES` of them, the oldest dropped first): an inference
+    loop then packs nothing.
+    """
+    if not _immutable(weight):
+        return _pack(weight, dtype, g)
+    key = id(weight)
+    with _packed_lock:
+        found = _packed.get(key)
+        if found is not None and found[0]() is weight and found[1].dtype == dtype:
+            _packed.move_to_end(key)
+            return found[1]
+    wt = _pack(weight, dtype, g)  # writable still: a read-only array compiles anew
+    with _packed_lock:
+        global _packed_bytes
+        old = _packed.pop(key, None)
+        _packed_bytes -= 0 if old is None else old[1].nbytes
+        _packed[key] = (weakref.ref(weight, functools.partial(_forget_packed, key)), wt)
+        _packed_bytes += wt.nbytes
+        while _packed_bytes > PACKED_CACHE_BYTES and _packed:
+            _packed_bytes -= _packed.popitem(last=False)[1][1].nbytes
+    return wt
+
+
+def _forget_packed(key: int, ref: weakref.ref) -> None:
+    global _packed_bytes
+    with _packed_lock:
+        found = _packed.get(key)
+        if found is not None and found[0] is ref:  # not a later weight that reuses the id
+            del _packed[key]
+            _packed_bytes -= found[1].nbytes
+
+
+def _immutable(array: np.ndarray) -> bool:
+    """Whether ``array`` and every array it views are read-only, down to memory that owns
+    itself or to ``bytes``."""
+    base = array
+    while type(base) is np.ndarray:
+        if base.flags.writeable:
+            return False
+        base = base.base
+    if type(base) is memoryview:
+        base = base.obj
+    return base is None or type(base) is bytes
+
+
+def _pack(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarray:
+    groups, taps = g.layout[6], g.taps
+    wt = np.empty((groups, g.nblk, taps, TILE_OB), dtype)
+    _pack_tiles(np.ascontiguousarray(weight).reshape(groups, -1, taps), wt)
+    return wt.reshape(-1)
 
 
 @functools.lru_cache(maxsize=256)
