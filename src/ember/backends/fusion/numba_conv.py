@@ -182,12 +182,16 @@ def pack_phases(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq, fill):  # pragma
 
     Only the phases ``(a, b)`` with ``used[a * sw + b]`` are written: no tap reads the
     others (a 1x1 kernel at stride 2 reads one phase of four). At column stride 2 with
-    both column phases used, one loop splits each source row into the two (pairs of
-    neighbours: a loop that vectorizes), where a loop per phase gathers every other
-    element (30 -> 21 us a sample for a 32-channel 32x32 input, Zen 3)."""
+    both column phases used, one loop splits each padded source row into the two (pairs
+    of neighbours: a loop that vectorizes), where a loop per phase gathers every other
+    element (30 -> 21 us a sample for a 32-channel 32x32 input, Zen 3; 13.7 -> 10.6 us
+    with the row copied into its padding first, this session's Xeon)."""
     h = x.shape[2]
     w = x.shape[3]
     plane = hq * wq
+    # A source row with its padding, for the column split at stride 2 (every column it
+    # reads: 2 wq of them, or the whole row).
+    padded = np.full(max(2 * wq, pw + w), fill, xq.dtype)
     for c in range(cg):
         for a in range(sh):
             if sw == 2 and used[a * 2] and used[a * 2 + 1]:
@@ -200,7 +204,7 @@ def pack_phases(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq, fill):  # pragma
                             xq[np.uintp(start + plane + i * wq + j)] = fill
                     else:
                         _split_row(x[n, c0 + c, row], xq, start + i * wq,
-                                   start + plane + i * wq, w, pw, wq, fill)  # fmt: skip
+                                   start + plane + i * wq, padded, pw, wq)  # fmt: skip
                 continue
             for b in range(sw):
                 if not used[a * sw + b]:
@@ -228,35 +232,16 @@ def pack_phases(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq, fill):  # pragma
 
 
 @_inline
-def _split_row(src, xq, d0, d1, w, pw, wq, fill):  # pragma: no cover - runs compiled
-    """Row ``src`` (padded by ``pw`` on the left) split into its even padded columns at
-    ``xq[d0:]`` and its odd ones at ``xq[d1:]``, ``wq`` each, ``fill`` outside the row."""
-    # Column j of phase b reads src[2 j + b - pw]: valid for j in [lo_b, hi_b).
-    lo0 = min(wq, (pw + 1) // 2)
-    hi0 = max(lo0, min(wq, (w + pw + 1) // 2))
-    lo1 = min(wq, pw // 2)
-    hi1 = max(lo1, min(wq, (w + pw) // 2))
-    lo = max(lo0, lo1)
-    hi = max(lo, min(hi0, hi1))
-    for j in range(lo0):
-        xq[np.uintp(d0 + j)] = fill
-    for j in range(lo1):
-        xq[np.uintp(d1 + j)] = fill
-    for j in range(lo0, lo):
-        xq[np.uintp(d0 + j)] = src[np.uintp(2 * j - pw)]
-    for j in range(lo1, lo):
-        xq[np.uintp(d1 + j)] = src[np.uintp(2 * j + 1 - pw)]
-    for j in range(lo, hi):  # neighbours src[2 j - pw], src[2 j - pw + 1]
-        xq[np.uintp(d0 + j)] = src[np.uintp(2 * j - pw)]
-        xq[np.uintp(d1 + j)] = src[np.uintp(2 * j + 1 - pw)]
-    for j in range(hi, hi0):
-        xq[np.uintp(d0 + j)] = src[np.uintp(2 * j - pw)]
-    for j in range(hi, hi1):
-        xq[np.uintp(d1 + j)] = src[np.uintp(2 * j + 1 - pw)]
-    for j in range(hi0, wq):
-        xq[np.uintp(d0 + j)] = fill
-    for j in range(hi1, wq):
-        xq[np.uintp(d1 + j)] = fill
+def _split_row(src, xq, d0, d1, padded, pw, wq):  # pragma: no cover - runs compiled
+    """Row ``src`` split into its even padded columns at ``xq[d0:]`` and its odd ones at
+    ``xq[d1:]``, ``wq`` each. ``padded`` is the row's scratch, ``fill`` already in its
+    padding (``[0, pw)`` and past ``pw + len(src)``): one copy, then one loop over pairs
+    of neighbours (a loop per stretch of the row between its paddings cost 30% more)."""
+    for j in range(src.shape[0]):
+        padded[np.uintp(pw + j)] = src[np.uintp(j)]
+    for j in range(wq):
+        xq[np.uintp(d0 + j)] = padded[np.uintp(2 * j)]
+        xq[np.uintp(d1 + j)] = padded[np.uintp(2 * j + 1)]
 
 
 @_jit
