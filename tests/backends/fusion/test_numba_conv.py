@@ -7,6 +7,8 @@ order of adding the products can stray.
 
 from __future__ import annotations
 
+import threading
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -224,3 +226,26 @@ def test_packed_weights_kept_are_bounded(monkeypatch, no_packed_weights):
         check(x, w, None, options, np.float32)
     assert list(numba_conv._packed) == [id(w) for w in weights[2:]]  # the oldest went first
     assert numba_conv._packed_bytes == 3 * 8 * 36 * 4
+
+
+def test_a_weight_that_dies_while_the_cache_is_locked_is_forgotten(no_packed_weights):
+    # A weight's weak reference calls back when the weight dies, which may happen inside
+    # packed_weight with the cache's lock held by that same thread (the collector runs
+    # wherever an allocation triggers it): the callback must not wait for that lock.
+    w = _read_only(np.ones((8, 4, 3, 3), np.float32))
+    geometry = numba_conv._geometry((1, 4, 5, 5), w.shape, 1, (1, 1), (0, 0), (1, 1), 4)
+    numba_conv.packed_weight(w, np.dtype(np.float32), geometry)
+    key = id(w)
+    holder = [w]
+    del w
+    done = []
+
+    def drop_while_locked():
+        with numba_conv._packed_lock:
+            holder.clear()  # the weight's last reference: its callback runs here
+            done.append(key not in numba_conv._packed)
+
+    worker = threading.Thread(target=drop_while_locked, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert done == [True], "the weak reference's callback blocked on the cache's lock"

@@ -753,7 +753,9 @@ PACKED_CACHE_BYTES = 64 << 20
 
 _packed: OrderedDict[int, tuple[weakref.ref, np.ndarray]] = OrderedDict()
 _packed_bytes = 0
-_packed_lock = threading.Lock()
+# Reentrant: a weight's weak reference calls back (_forget_packed) when the weight dies,
+# which the garbage collector may make happen inside packed_weight, lock held.
+_packed_lock = threading.RLock()
 
 
 def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarray:
@@ -765,6 +767,7 @@ def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarr
     (at most :data:`PACKED_CACHE_BYTES` of them, the oldest dropped first): an inference
     loop then packs nothing.
     """
+    global _packed_bytes
     if not _immutable(weight):
         return _pack(weight, dtype, g)
     key = id(weight)
@@ -775,7 +778,6 @@ def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarr
             return found[1]
     wt = _pack(weight, dtype, g)  # writable still: a read-only array compiles anew
     with _packed_lock:
-        global _packed_bytes
         old = _packed.pop(key, None)
         _packed_bytes -= 0 if old is None else old[1].nbytes
         _packed[key] = (weakref.ref(weight, functools.partial(_forget_packed, key)), wt)
