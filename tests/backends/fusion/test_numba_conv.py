@@ -183,13 +183,22 @@ def test_a_weight_nothing_can_change_is_packed_once():
     options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
     geometry = numba_conv._geometry(x.shape, w.shape, 1, (1, 1), (1, 1), (1, 1), 4)
     first = numba_conv.packed_weight(w, np.dtype(np.float32), geometry)
-    assert numba_conv.packed_weight(w, np.dtype(np.float32), geometry) is first
+    assert numba_conv.packed_weight(w, np.dtype(np.float32), geometry).base is first.base
     got = check(x, w, None, options, np.float32)
     np.testing.assert_array_equal(got, numba_conv.conv2d(x, w.copy(), None, options))
     key = id(w)
     assert key in numba_conv._packed
     del w
     assert key not in numba_conv._packed  # its death drops the blocks
+
+
+def test_one_read_only_weight_in_two_groupings():
+    # [8, 4, 3, 3] convolves 4 channels at groups=1 and 8 at groups=2: the blocks differ.
+    rng = np.random.default_rng(8)
+    w = _read_only(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
+    for channels, groups in [(4, 1), (8, 2), (4, 1)]:
+        x = rng.standard_normal((2, channels, 6, 6)).astype(np.float32)
+        check(x, w, None, ConvOptions((1, 1), (1, 1), (1, 1), groups), np.float32)
 
 
 @pytest.mark.parametrize("how", ["writable", "read-only view of a writable array"])

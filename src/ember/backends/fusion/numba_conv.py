@@ -759,7 +759,8 @@ _packed_lock = threading.RLock()
 
 
 def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarray:
-    """``weight`` as the tiled kernel's blocks ``[groups, nblk, taps, TILE_OB]`` (flat).
+    """``weight`` as the tiled kernel's blocks ``[groups, nblk, taps, TILE_OB]`` (flat) for
+    the grouping of ``g``.
 
     Packed on every call, except for a weight nothing can change: read-only down to the
     memory it views (``bytes``, or arrays that are all read-only, as loaded records and
@@ -769,13 +770,16 @@ def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarr
     """
     global _packed_bytes
     if not _immutable(weight):
-        return _pack(weight, dtype, g)
+        return _pack(weight, dtype, g).reshape(-1)
     key = id(weight)
+    shape = (g.layout[6], g.nblk, g.taps, TILE_OB)  # one weight may serve several groupings
     with _packed_lock:
         found = _packed.get(key)
-        if found is not None and found[0]() is weight and found[1].dtype == dtype:
-            _packed.move_to_end(key)
-            return found[1]
+        if found is not None and found[0]() is weight:
+            wt = found[1]
+            if wt.dtype == dtype and wt.shape == shape:
+                _packed.move_to_end(key)
+                return wt.reshape(-1)
     wt = _pack(weight, dtype, g)  # writable still: a read-only array compiles anew
     with _packed_lock:
         old = _packed.pop(key, None)
@@ -784,7 +788,7 @@ def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarr
         _packed_bytes += wt.nbytes
         while _packed_bytes > PACKED_CACHE_BYTES and _packed:
             _packed_bytes -= _packed.popitem(last=False)[1][1].nbytes
-    return wt
+    return wt.reshape(-1)
 
 
 def _forget_packed(key: int, ref: weakref.ref) -> None:
@@ -813,7 +817,7 @@ def _pack(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarray:
     groups, taps = g.layout[6], g.taps
     wt = np.empty((groups, g.nblk, taps, TILE_OB), dtype)
     _pack_tiles(np.ascontiguousarray(weight).reshape(groups, -1, taps), wt)
-    return wt.reshape(-1)
+    return wt
 
 
 @functools.lru_cache(maxsize=256)
