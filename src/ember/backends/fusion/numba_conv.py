@@ -35,7 +35,8 @@ output rows):
   loop accumulators in memory); per tap it loads 3 vectors and 8 weights for 24 FMAs and
   stores nothing. Taps are flattened over (input channel, kh, kw); output channels are
   padded to a multiple of :data:`TILE_OB` with zero weights (never written out). Weights
-  are repacked per call as ``[g * blocks, taps, TILE_OB]`` (a few KiB).
+  are packed as ``[g, blocks, taps, TILE_OB]`` on every call, or once for a weight that
+  cannot change (read-only, as an imported model's are: :func:`packed_weight`).
 * **Tiles** are runs of whole rows of about :data:`TILE_POSITIONS` positions, rounded up
   to whole spans of ``TILE_VECTORS`` vectors (the extra positions read the buffer's zeroed
   slack and are dropped). A tile's spans run outside its channel blocks, so a span's input
@@ -185,7 +186,7 @@ def pack_phases(x, xq, used, n, c0, cg, sh, sw, ph, pw, hq, wq, fill):  # pragma
     both column phases used, one loop splits each padded source row into the two (pairs
     of neighbours: a loop that vectorizes), where a loop per phase gathers every other
     element (30 -> 21 us a sample for a 32-channel 32x32 input, Zen 3; 13.7 -> 10.6 us
-    with the row copied into its padding first, this session's Xeon)."""
+    with the row copied into its padding first, an AVX-512 Xeon)."""
     h = x.shape[2]
     w = x.shape[3]
     plane = hq * wq
