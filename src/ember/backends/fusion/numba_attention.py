@@ -98,6 +98,17 @@ if numba is not None:
     _tile1 = tile_kernel(OB, 1)
 
 
+def _tiled(i, j, n):  # pragma: no cover - runs compiled
+    """Where element ``(i, j)`` of an ``[n, m]`` matrix lies when its ``j`` dim goes in tiles
+    of ``OB``, each tile ``[n, OB]`` row-major: the layout the register tile reads its
+    broadcast operand in (``OB`` values side by side per step)."""
+    return (j // OB * n + i) * OB + j % OB
+
+
+if numba is not None:
+    _tiled = numba.njit(inline="always")(_tiled)
+
+
 @_jit
 def _spans(xq, offs, wt, wstart, taps, acc, a0, stride, width):  # pragma: no cover - compiled
     """One tile row: ``OB`` rows by every span of ``width`` lanes (a multiple of LANES)."""
@@ -161,9 +172,8 @@ def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
             keys = min(kb, lk - j0)
             for j in range(keys):
                 src = k[kb0, kb1, j0 + j]
-                at = j // OB * d * OB + j % OB
                 for c in range(d):
-                    kp[u(at + c * OB)] = src[c]
+                    kp[u(_tiled(c, j, d))] = src[c]
             for t in range((keys + OB - 1) // OB):
                 _spans(qt, offs_q, kp, t * d * OB, d, st, t * OB * qcp, qcp, width)
             if masked or biased:
@@ -200,7 +210,7 @@ def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
             for j in range(keys):
                 src = v[vb0, vb1, j0 + j]
                 for c in range(dv):
-                    vp[u(c // OB * keys * OB + j * OB + c % OB)] = src[c]
+                    vp[u(_tiled(j, c, keys))] = src[c]
             target = acc if blocks == 1 else block_out
             for t in range(value_tiles):
                 _spans(st, offs_s, vp, t * keys * OB, keys, target, t * OB * qcp, qcp, width)
@@ -400,20 +410,20 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, maske
             p_row = weights[b0, b1, r]
             for c in range(dv):
                 x = src[c]
-                out_q[u((r // OB * dv + c) * OB + r % OB)] = x
-                out_f[u((c // OB * lq + r) * OB + c % OB)] = x
+                out_q[u(_tiled(c, r, dv))] = x
+                out_f[u(_tiled(r, c, lq))] = x
             for j in range(lk):
                 pp[u(r * kbp + j)] = p_row[j]
             src = q[qb0, qb1, r]
             for c in range(d):
-                q_f[u((c // OB * lq + r) * OB + c % OB)] = src[c]
+                q_f[u(_tiled(r, c, lq))] = src[c]
         for j in range(lk):
             src = v[vb0, vb1, j]
             for c in range(dv):
                 vt[u(c * kbp + j)] = src[c]
             src = k[kb0, kb1, j]
             for c in range(d):
-                k_f[u((c // OB * lk + j) * OB + c % OB)] = src[c]
+                k_f[u(_tiled(j, c, lk))] = src[c]
         # dP = dO vᵀ, then dS = P (dP - rowsum(dP P)), scaled, masked to 0
         for t in range(q_tiles):
             _spans(vt, offs_c, out_q, t * dv * OB, dv, dp, t * OB * kbp, kbp, kbp)
