@@ -554,3 +554,94 @@ def test_a_replayed_gather_checks_each_calls_indices(device):
                                want(labels), rtol=1e-5)  # fmt: skip
     assert replayed.runs == 3
 
+
+
+class KeyCount:
+    """Counts the plan keys the executor computes (``explorer.relativize`` calls)."""
+
+    def __init__(self, monkeypatch) -> None:
+        from ember.backends.fusion import explorer
+
+        self.calls, original = 0, explorer.relativize
+
+        def counted(records):
+            self.calls += 1
+            return original(records)
+
+        monkeypatch.setattr(explorer, "relativize", counted)
+
+
+def _chain(x):
+    shifted = x - x.max_dim(1)
+    return shifted.exp() / shifted.exp().sum_dim(1), (shifted * 0.5).tanh()
+
+
+def _chain64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = x.astype(np.float64)
+    shifted = x - x.max(1, keepdims=True)
+    return np.exp(shifted) / np.exp(shifted).sum(1, keepdims=True), np.tanh(shifted * 0.5)
+
+
+def test_a_replays_flush_keeps_its_plan_without_computing_the_key(device, monkeypatch):
+    g = replay(_chain)
+    keys = KeyCount(monkeypatch)
+    reset_stats()
+    for call in range(6):
+        x = _data((96, 200), call)
+        y, z = g(Tensor.from_data(x, device))
+        want_y, want_z = _chain64(x)
+        np.testing.assert_allclose(y.to_numpy(), want_y, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(z.to_numpy(), want_z, rtol=1e-5, atol=1e-6)
+        if call == 2:
+            first_replay = keys.calls
+    # The warm-up and the trace flush plainly, as does the first replay (its plan found by
+    # key); the three replays after it bind their trace's plan without a key.
+    assert keys.calls == first_replay
+    assert stats()["replays"] == 4 and stats()["explorations"] <= 2
+
+
+def test_a_dropped_output_is_another_plan_of_the_same_trace(interp, monkeypatch):
+    g = replay(_chain)
+    for call in range(3):
+        g(Tensor.from_data(_data((96, 200), call), interp))[0].to_numpy()
+    keys = KeyCount(monkeypatch)
+    for call in range(6):
+        x = _data((96, 200), 10 + call)
+        want_y, want_z = _chain64(x)
+        if call % 2:  # the tanh output dropped before the flush: not written out
+            y = g(Tensor.from_data(x, interp))[0]
+            np.testing.assert_allclose(y.to_numpy(), want_y, rtol=1e-5, atol=1e-7)
+        else:
+            y, z = g(Tensor.from_data(x, interp))
+            np.testing.assert_allclose(z.to_numpy(), want_z, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(y.to_numpy(), want_y, rtol=1e-5, atol=1e-7)
+    assert keys.calls == 1  # the first call of the variant with both outputs held
+
+
+def test_records_pushed_after_a_replay_are_planned_with_it(interp, monkeypatch):
+    g = replay(_chain)
+    for call in range(4):
+        g(Tensor.from_data(_data((96, 200), call), interp))[0].to_numpy()
+    keys = KeyCount(monkeypatch)
+    reset_stats()
+    for call in range(3):
+        x = _data((96, 200), 20 + call)
+        y = g(Tensor.from_data(x, interp))[0] * 2.0
+        np.testing.assert_allclose(y.to_numpy(), _chain64(x)[0] * 2, rtol=1e-5, atol=1e-7)
+    assert keys.calls == 3  # a stream longer than the replay's records: keyed each time
+    assert stats()["kernels"] <= 6  # the doubling fused into the softmax's block
+
+
+def test_cleared_plans_are_explored_again_by_a_replay(interp, monkeypatch):
+    from ember.backends.fusion.explorer import clear_plans
+
+    monkeypatch.setenv("EMBER_FUSION_PLANS", "0")
+    g = replay(_chain)
+    for call in range(4):
+        g(Tensor.from_data(_data((96, 200), call), interp))[0].to_numpy()
+    clear_plans(on_disk=False)
+    reset_stats()
+    x = _data((96, 200), 30)
+    np.testing.assert_allclose(g(Tensor.from_data(x, interp))[0].to_numpy(), _chain64(x)[0],
+                               rtol=1e-5, atol=1e-7)  # fmt: skip
+    assert stats()["explorations"] >= 1

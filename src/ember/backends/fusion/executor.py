@@ -44,7 +44,7 @@ from ember.backends.fusion.matmul_epilogue import (
     MatmulEpilogueFuser,
     MatmulTemplate,
 )
-from ember.backends.fusion.stream import Record
+from ember.backends.fusion.stream import Record, ReplayedRecords
 
 
 def inner_args(record: Record) -> list:
@@ -484,21 +484,43 @@ class Executor:
         runs); otherwise the fusers build each segment of the (cached or explored) plan,
         and their templates are remembered for the key.
         """
+        replayed = type(records) is ReplayedRecords and len(records) == records.count
+        if replayed:
+            # One replay's records: the plan its trace's flushes had, without the key.
+            readable = tuple([o.readable() for r in records for o in r.outputs])
+            found = records.plans.get((records.pushed, readable))
+            if found is not None and found[0] == Explorer.generation():
+                if found[1] is None:
+                    return [(i, 1, None) for i in range(len(records))]
+                segments = _bind(found[1], records)
+                if segments is not None:
+                    counters.add("cache_hits")
+                    return segments
+        generation = Explorer.generation()
         if self.explorer.nothing_to_fuse(records):
-            return [(i, 1, None) for i in range(len(records))]
-        key = self.explorer.key(records)
-        templates = self.explorer.built(key)
-        if templates is not None:
-            segments = _bind(templates, records)
+            templates = None
+            segments = [(i, 1, None) for i in range(len(records))]
+        else:
+            key = self.explorer.key(records)
+            templates = self.explorer.built(key)
+            segments = None if templates is None else _bind(templates, records)
             if segments is not None:
                 counters.add("cache_hits")
-                return segments
-        with self._planning:
-            try:
-                return self._fuse(records, key)
-            finally:
-                for fuser in self.explorer.fusers:
-                    fuser.reset()  # the records (and so the values) they held can go
+            else:
+                with self._planning:
+                    try:
+                        segments = self._fuse(records, key)
+                    finally:
+                        for fuser in self.explorer.fusers:
+                            fuser.reset()  # the records (and so the values) they held can go
+                templates = self.explorer.built(key)
+                if templates is None:
+                    return segments  # a build without templates: planned anew each time
+        if replayed:
+            if len(records.plans) >= MAX_REPLAYED_PLANS:
+                records.plans.clear()
+            records.plans[(records.pushed, readable)] = (generation, templates)
+        return segments
 
     def _fuse(self, records: list[Record], key: tuple) -> list:
         last_read = {}
@@ -745,6 +767,10 @@ def _fresh(shape: tuple[int, ...], dtype, order: tuple[int, ...] | None = None) 
 
 
 _NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate)
+
+MAX_REPLAYED_PLANS = 8
+"""Plans a trace keeps for its replays' flushes (variants: an entry that ran at once, an
+output the caller dropped); more, and it forgets them all."""
 
 LONE_KERNEL_MIN = 1 << 18
 """Elements, at least, of an element-wise op no block holds that runs as a kernel of its

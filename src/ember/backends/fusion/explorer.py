@@ -59,6 +59,7 @@ class Segment:
 _plans: dict[tuple, tuple[Segment, ...]] = {}
 _built: dict[tuple, object] = {}  # plan key -> what a caller built from the plan, size-free
 _plans_lock = threading.Lock()
+_generation = 0  # bumped whenever _built loses entries: a copy kept elsewhere is stale then
 
 
 def clear_plans(on_disk: bool = True) -> None:
@@ -66,9 +67,11 @@ def clear_plans(on_disk: bool = True) -> None:
     this version in the cache folder (see ``plans.py``)."""
     from ember.backends.fusion import plans
 
+    global _generation
     with _plans_lock:
         _plans.clear()
         _built.clear()
+        _generation += 1
     plans.forget(on_disk)
 
 
@@ -150,10 +153,19 @@ class Explorer:
         """Stores, for a plan key, a caller's size-free form of what it built from the plan
         (the executor's block templates), so a later stream with that key skips the fusers.
         It must depend on nothing the key leaves out."""
+        global _generation
         with _plans_lock:
             if len(_built) >= MAX_PLANS:
                 _built.clear()
+                _generation += 1
             _built[key] = value
+
+    @staticmethod
+    def generation() -> int:
+        """A number that changes whenever built values are forgotten (:func:`clear_plans`,
+        the :data:`MAX_PLANS` bound): a copy of one kept with the generation it was read
+        in is still what :meth:`built` gives while the generation is the same."""
+        return _generation
 
     def plan(self, records: list[Record]) -> tuple[Segment, ...]:
         key = (self.names, relativize(records))

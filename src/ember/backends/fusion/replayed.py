@@ -565,6 +565,9 @@ class Trace:
             entry.release = tuple(released.get(i, ()))
         for _, slot in self.consts:
             slot.shared = True  # read by streams of any thread that replays the trace
+        # Flush plans of this trace's replays, by pushed entries and readable outputs
+        # (``executor.Executor._blocks``).
+        self.plans: dict[tuple, tuple] = {}
         executor = self.backend.executor
         for entry in self.entries:
             entry.direct = (entry.now and entry.name not in executor.op_kernels
@@ -588,7 +591,9 @@ class Trace:
             values[r] = slot
         held: dict[int, FusionTensor] = {}
         stream = None
-        for entry in self.entries:
+        first = None  # the first record pushed, and the entries that pushed one
+        pushed: list[int] = []
+        for index, entry in enumerate(self.entries):
             refs = entry.refs
             slots = [None if r < 0 else values[r] for r in refs]
             if entry.eager or (entry.indexed and not indices_fit(slots, entry.attrs)):
@@ -626,9 +631,18 @@ class Trace:
                 for k in entry.hold:  # readable before the push, which may run the stream
                     held[entry.out_refs[k]] = FusionTensor(outputs[k])
                 call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
-                stream.push(Record(entry.op, entry.name, call_args, present, outputs, entry.multi))
+                record = Record(entry.op, entry.name, call_args, present, outputs, entry.multi)
+                if first is None:
+                    first = record
+                pushed.append(index)
+                stream.push(record)
             for r in entry.release:
                 held.pop(r, None)
+        if first is not None and len(pushed) == len(stream):
+            # One stream holds exactly this replay's records: the executor may find their
+            # plan in self.plans (every replay of a trace pushes the same records, except
+            # where an entry ran at once this time and not the last, hence the key).
+            stream.mark_replayed(first, len(pushed), self.plans, tuple(pushed))
         return self._outputs(self.template, values, held, tensors)
 
     def _outputs(self, template: Any, values: list, held: dict, tensors: list[Tensor]) -> Any:

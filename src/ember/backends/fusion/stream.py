@@ -133,6 +133,16 @@ class Stream:
     def __len__(self) -> int:
         return len(self.records)
 
+    def mark_replayed(self, first: Record, count: int, plans: dict, pushed: tuple) -> None:
+        """Marks the pending records as exactly one replay's pushes (``count`` of them from
+        ``first`` on, nothing else), so that the executor may look their plan up in the
+        trace's ``plans`` under ``pushed`` (:class:`ReplayedRecords`); nothing where the
+        stream holds other records too or ran meanwhile."""
+        with self.lock:
+            records = self.records
+            if len(records) == count and records[0] is first:
+                self.records = ReplayedRecords(records, plans, pushed)
+
     def reading(self, slots: tuple[Slot, ...]) -> None:
         """Before a record of this stream reads ``slots``: a slot of another stream is
         marked shared (never written over by the executor), and where that stream has yet
@@ -143,6 +153,19 @@ class Stream:
                 other = s.stream
                 if other is not None:
                     other.flush()
+
+
+class ReplayedRecords(list):
+    """A stream's records that one replay pushed (:meth:`Stream.mark_replayed`): ``plans``
+    is the trace's table of the plans its flushes had, and ``pushed`` which of its entries
+    this replay pushed. Records pushed after the mark make the list longer than ``count``,
+    and the executor then plans as for any stream."""
+
+    def __init__(self, records: list[Record], plans: dict, pushed: tuple) -> None:
+        super().__init__(records)
+        self.count = len(records)
+        self.plans = plans
+        self.pushed = pushed
 
 
 def _elements(record: Record) -> int:
