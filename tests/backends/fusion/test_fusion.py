@@ -266,6 +266,34 @@ def test_a_bound_block_shares_its_templates_kernel_key(device, monkeypatch):
     assert len(keys) >= 6 and all(shared == fresh for shared, fresh in keys)
 
 
+def test_a_bound_block_is_reused_only_for_the_same_sizes_and_scalars(device, monkeypatch):
+    from ember.backends.fusion.interpreter import InterpreterRuntime
+
+    blocks = []
+    run = InterpreterRuntime.run
+    monkeypatch.setattr(InterpreterRuntime, "run",
+                        lambda self, block, *a, **k: (blocks.append(block), run(self, block, *a, **k))[1])  # fmt: skip
+    clear_plans()
+    x = np.array([[0.5, 2.0, 4.0]], np.float32)
+
+    def step(rows: int, scale) -> np.ndarray:
+        t = Tensor.from_data(np.repeat(x, rows, 0), device)
+        return (1.0 / ((t.abs() + 1.0) * scale)).to_numpy()
+
+    calls = [(2, 2.0), (2, 2.0), (2, 2.0), (4, 2.0), (4, 2.0), (4, 3.0), (4, 0.0), (4, -0.0),
+             (4, -0.0), (4, 0.0)]  # fmt: skip
+    for rows, scale in calls:
+        got = step(rows, scale)
+        with np.errstate(divide="ignore"):
+            want = 1.0 / ((np.abs(np.repeat(x, rows, 0)) + 1.0) * np.float32(scale))
+        np.testing.assert_array_equal(got, want)  # -0.0 gives -inf: the scalar's sign kept
+    assert len(blocks) == len(calls)
+    reused = [blocks[i] is blocks[i - 1] for i in range(1, len(calls))]
+    # Explored, then bound: the same sizes and scalars bind the same block again; another
+    # size or scalar (a zero of the other sign too) builds its own.
+    assert reused == [False, True, False, True, False, False, False, True, False]
+
+
 def test_a_template_whose_sizes_disagree_falls_back_to_the_fusers(device):
     clear_plans()
 
