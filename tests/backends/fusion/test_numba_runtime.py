@@ -858,6 +858,27 @@ def test_blocks_of_one_source_share_one_kernel(kernel_cache):
     assert runtime.stats.compiled + runtime.stats.disk_hits == 2
 
 
+def test_a_block_run_again_keeps_its_launch_and_each_runtime_its_own(runtime, kernel_cache,
+                                                                      monkeypatch):  # fmt: skip
+    looked_up = []
+    kernel = nr.NumbaRuntime.kernel
+    monkeypatch.setattr(nr.NumbaRuntime, "kernel",
+                        lambda self, block: (looked_up.append(self), kernel(self, block))[1])  # fmt: skip
+    block = gelu_block((5, 7))
+    other = nr.NumbaRuntime(cache=kernel_cache)
+    for i, rt in enumerate([runtime] * 3 + [other] * 2 + [runtime]):
+        x = np.linspace(-3 + i / 4, 3 - i / 2, 35, dtype=np.float32).reshape(5, 7)
+        (y,) = rt.run(block, [x])
+        np.testing.assert_allclose(y, NdArray().gelu(x), rtol=2e-6, atol=1e-7)
+    # Looked up on a runtime's first run of the block, and again after another's.
+    assert looked_up == [runtime, other, runtime]
+    # A scalar that does not fit its dtype is refused on every run, not only the first.
+    wide = ir.Block((3,), (ir.Input((3,), DType.I8),), (I("add_scalar", (0,), (300,), (3,), DType.I8),), (1,))
+    for _ in range(2):
+        with pytest.raises(KernelUnsupported, match="does not fit"):
+            runtime.run(wide, [np.ones(3, np.int8)])
+
+
 # ---------------------------------------------------------------------- caching
 _CHILD = """
 import json, sys

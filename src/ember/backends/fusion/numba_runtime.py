@@ -217,27 +217,46 @@ class NumbaRuntime:
             self.run(_permuted(block, order), [a.transpose(order) for a in inputs],
                      [o.transpose(order) for o in outputs], threads)  # fmt: skip
             return outputs
-        kernel = self.kernel(block)
         arrays, copies = _inputs(block, inputs, self.pool.take)
         try:
-            return self._run(kernel, block, arrays, out, threads)
+            return self._run(block, arrays, out, threads)
         finally:
             for copy in copies:  # read by the kernel only, which has returned
                 self.pool.release(copy)
 
-    def _run(self, kernel: _Kernel, block: ir.Block, arrays: list[np.ndarray],
-             out: list[np.ndarray] | None, threads: int | None) -> list[np.ndarray]:  # fmt: skip
-        outputs = self._outputs(block, out)
+    def _launch_data(self, block: ir.Block) -> tuple:
+        """``(kernel, outputs' shapes and dtypes, loop sizes, scalar arguments)`` of
+        ``block``, kept on the block: a template binds the same block flush after flush
+        (``elementwise.Template.bind``), so its launch is worked out once.
+
+        Raises:
+            KernelUnsupported: a scalar that does not fit its tensor's dtype.
+        """
+        found = block.__dict__.get("_numba_launch")
+        if found is not None and found[0] is self:
+            self.stats.memory_hits += 1
+            return found[1]
+        kernel = self.kernel(block)
+        wanted = tuple((block.register_shape(r), _numpy_dtype(block.register_dtype(r)))
+                       for r in block.outputs)  # fmt: skip
+        sizes = tuple(math.prod(block.shape[d] for d in dims) for dims in kernel.groups)
+        scalars = tuple(_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes))
+        data = (kernel, wanted, sizes, scalars)
+        object.__setattr__(block, "_numba_launch", (self, data))  # beside the frozen fields
+        return data
+
+    def _run(self, block: ir.Block, arrays: list[np.ndarray], out: list[np.ndarray] | None,
+             threads: int | None) -> list[np.ndarray]:  # fmt: skip
+        kernel, wanted, sizes, scalars = self._launch_data(block)
+        outputs = self._outputs(wanted, out)
         if out is not None and not _writes_safely(block, outputs, arrays):
             # Kernels may store an intermediate in an output and read it back (numba_source
             # ``_stash``): an output over an input would clobber it. Run into fresh buffers.
-            fresh = self._run(kernel, block, arrays, None, threads)
+            fresh = self._run(block, arrays, None, threads)
             for o, f in zip(outputs, fresh):
                 np.copyto(o, f)
                 self.pool.release(f)
             return outputs
-        sizes = [math.prod(block.shape[d] for d in dims) for dims in kernel.groups]
-        scalars = [_scalar(v, d) for v, d in zip(block.scalars(), kernel.scalar_dtypes)]
         err = np.zeros(1, np.int64)
         count = threads
         if count is None:
@@ -278,9 +297,7 @@ class NumbaRuntime:
                 return
             self.stats.compile_seconds += seconds
 
-    def _outputs(self, block: ir.Block, out: list[np.ndarray] | None) -> list[np.ndarray]:
-        wanted = [(block.register_shape(r), _numpy_dtype(block.register_dtype(r)))
-                  for r in block.outputs]  # fmt: skip
+    def _outputs(self, wanted: tuple, out: list[np.ndarray] | None) -> list[np.ndarray]:
         if out is None:
             return [self.pool.take(shape, dtype) for shape, dtype in wanted]
         if len(out) != len(wanted):
