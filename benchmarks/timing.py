@@ -62,8 +62,14 @@ def median_of_runs(fn: Callable[[], object], repeat: int, warm_up: bool = False)
     return statistics.median(samples)
 
 
+LEAD_IN_SECONDS = 0.01
+"""The least time of a side's own untimed calls before each of its timed calls (see
+:func:`interleaved_seconds`)."""
+
+
 def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
-                        lead_in: int = 1) -> dict[str, tuple[float, float]]:  # fmt: skip
+                        lead_in: int = 1,
+                        lead_in_seconds: float = LEAD_IN_SECONDS) -> dict[str, tuple[float, float]]:  # fmt: skip
     """``{name: (median wall seconds, median CPU seconds of the calling thread)}`` per call.
 
     Each function is warmed up once, then the calls alternate, one of each per round in
@@ -75,13 +81,16 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
     read the wall time). Pin threads with ``alternating`` first.
 
     ``lead_in`` untimed calls of a side come before each of its timed calls (default 1),
-    so that each side is timed as it runs alone, after itself: at two threads, PyTorch's
-    OpenMP threads spin for some milliseconds after its call (about 9 ms of CPU time after
-    a convolution, measured) on the core the next side's second thread needs; at any
-    count, a side that leaves the caches cold and memory to give back (NdArray's
-    temporaries) slows whichever side runs next (PyTorch eager's one-thread softmax of
-    [4096, 1024]: 5.8 ms after itself, about 15 ms when half its calls came right after
-    NdArray's).
+    and more until they have lasted ``lead_in_seconds``, so that each side is timed as it
+    runs alone, after itself: at two threads, PyTorch's OpenMP threads spin for some
+    milliseconds after its call (about 9 ms of CPU time after a convolution, 4-8 ms after
+    a softmax of [4096, 1024], measured) on the core the next side's second thread needs,
+    which one lead-in call of a millisecond did not outlast (fusion's softmax at two
+    threads: 2.24 ms timed after PyTorch's call and one lead-in, 1.51 ms with a millisecond
+    more between them); at any count, a side that leaves the caches cold and memory to
+    give back (NdArray's temporaries) slows whichever side runs next (PyTorch eager's
+    one-thread softmax of [4096, 1024]: 5.8 ms after itself, about 15 ms when half its
+    calls came right after NdArray's).
     """
     names = list(fns)
     for name in names:
@@ -91,8 +100,11 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
     order = random.Random(0)
     for _ in range(rounds):
         for name in order.sample(names, len(names)):
-            for _ in range(lead_in):
+            began = time.perf_counter()
+            calls = 0
+            while calls < lead_in or time.perf_counter() - began < lead_in_seconds:
                 fns[name]()
+                calls += 1
             start, start_cpu = time.perf_counter(), time.thread_time()
             fns[name]()
             cpu[name].append(time.thread_time() - start_cpu)
