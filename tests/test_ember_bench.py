@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -270,10 +271,10 @@ def test_interleaved_calls_follow_each_other_side_alike(monkeypatch):
 
     calls: list[str] = []
     sides = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    timing.interleaved_seconds(sides, rounds=4)  # by default each timed call after its own
+    timing.interleaved_seconds(sides, rounds=4, lead_in_seconds=0)  # each after one of its own
     assert all(calls[i] == calls[i + 1] for i in range(3, len(calls), 2)), calls
     calls.clear()
-    times = timing.interleaved_seconds(sides, rounds=300, lead_in=0)
+    times = timing.interleaved_seconds(sides, rounds=300, lead_in=0, lead_in_seconds=0)
     assert set(times) == set("abc") and all(len(t) == 2 for t in times.values())
     timed = calls[3:]
     assert sorted(calls[:3]) == list("abc")
@@ -284,5 +285,31 @@ def test_interleaved_calls_follow_each_other_side_alike(monkeypatch):
             after[(x, y)] += 1
     assert min(after.values()) > 0.6 * max(after.values()), after
     calls.clear()
-    timing.interleaved_seconds(sides, rounds=300, lead_in=0)
+    timing.interleaved_seconds(sides, rounds=300, lead_in=0, lead_in_seconds=0)
     assert calls[3:] == timed  # the same orders in every run
+
+
+def test_each_timed_call_comes_after_its_sides_lead_in_time(monkeypatch):
+    # A side's own untimed calls last at least lead_in_seconds before each timed call:
+    # PyTorch's OpenMP threads spin for milliseconds after its call, past one short call.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import timing
+
+    starts: list[tuple[str, float]] = []
+
+    def side(name: str):
+        starts.append((name, time.perf_counter()))
+        time.sleep(0.001)
+
+    sides = {name: (lambda name=name: side(name)) for name in "ab"}
+    timing.interleaved_seconds(sides, rounds=3, lead_in_seconds=0.006)
+    runs: list[list[float]] = []  # each run of one side's consecutive calls: their starts
+    for i, (name, at) in enumerate(starts[2:], 2):
+        if name == starts[i - 1][0] and i > 2:
+            runs[-1].append(at)
+        else:
+            runs.append([at])
+    # (A side whose timed call ends a round and who leads the next makes one longer run.)
+    assert len(runs) >= 2
+    for run in runs:
+        assert run[-1] - run[0] >= 0.006  # lead-in calls, then the timed call
