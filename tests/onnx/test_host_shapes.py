@@ -324,3 +324,52 @@ def test_generated_host_lines_pass_the_vocabulary_check():
     assert "import os" not in body and "os.system" not in body
     assert re.search(r"^\s+s_import_os_os_system_echo = host\.run\('Shape', \d+, \[x\], \{\}\)$",
                      body, re.M)  # fmt: skip
+
+
+def test_a_host_result_is_kept_and_handed_out_again_read_only(monkeypatch):
+    calls = []
+    rule = host.RULES["Gather"]
+    monkeypatch.setitem(host.RULES, "Gather",
+                        lambda *a: (calls.append(a), rule(*a))[1])  # fmt: skip
+    monkeypatch.setattr(host, "_memo", {})
+    dims = i64(8, 128, 256)
+    first = host.run("Gather", 13, [dims, np.array(1)], {"axis": 0})
+    again = host.run("Gather", 13, [i64(8, 128, 256), np.array(1)], {"axis": 0})
+    assert again is first and int(first) == 128 and len(calls) == 1
+    with pytest.raises(ValueError, match="read-only"):
+        first[...] = 7  # a careless caller cannot change what later calls get
+    # Any other value, dtype, shape, attribute or opset is another result.
+    others = [
+        ([dims, np.array(2)], {"axis": 0}, 13, 256),
+        ([dims, np.array([1])], {"axis": 0}, 13, [128]),
+        ([dims.astype(np.int32), np.array(1)], {"axis": 0}, 13, 128),
+        ([i64(8, 64, 256), np.array(1)], {"axis": 0}, 13, 64),
+        ([dims, np.array(1)], {"axis": 0}, 11, 128),
+        ([dims, np.array(1)], {}, 13, 128),
+    ]
+    for inputs, attrs, opset, want in others:
+        got = host.run("Gather", opset, inputs, attrs)
+        assert got.tolist() == want and got.dtype == inputs[0].dtype
+    assert len(calls) == 1 + len(others)
+
+
+def test_a_shape_is_kept_by_its_tensors_dims_and_errors_are_never_kept(monkeypatch):
+    monkeypatch.setattr(host, "_memo", {})
+    device = ember.device("ndarray")
+    for dims in [(2, 3), (4, 3), (2, 3), (2, 3, 1)]:
+        x = Tensor.from_data(np.zeros(dims, np.float32), device)
+        assert host.run("Shape", 17, [x], {}).tolist() == list(dims)
+        assert host.run("Shape", 17, [x], {"start": 1}).tolist() == list(dims[1:])
+    assert len(host._memo) == 6
+    for _ in range(2):  # raised each time: an error is not a result to keep
+        with pytest.raises(EmberIndexError, match="index 3 is out of range"):
+            host.run("Gather", 13, [i64(8, 128, 256), np.array(3)], {"axis": 0})
+    assert len(host._memo) == 6
+
+
+def test_host_results_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(host, "_memo", {})
+    monkeypatch.setattr(host, "MEMO_ENTRIES", 10)
+    for n in range(25):
+        assert host.run("Add", 14, [i64(n), i64(1)], {}).tolist() == [n + 1]
+        assert len(host._memo) <= 10

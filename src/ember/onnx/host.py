@@ -124,8 +124,26 @@ def size_bound(op: str, sizes: Sequence[int]) -> int:
     return sizes[0]  # Shape (the rank), Slice, (Un)Squeeze, Cast and the unary ops
 
 
+MEMO_ENTRIES = 4096
+"""Host results kept for reuse (:func:`run`); more, and they are all forgotten."""
+
+_memo: dict[tuple, np.ndarray] = {}
+
+
 def run(op: str, opset: int, inputs: list[Any], attrs: dict[str, Any]) -> np.ndarray:
-    """The output of ONNX ``op`` (``opset``) on host ``inputs`` (None for an absent one)."""
+    """The output of ONNX ``op`` (``opset``) on host ``inputs`` (None for an absent one).
+
+    Rules are pure functions of their inputs' values (a ``Shape``'s or ``Size``'s: of its
+    tensor's dims), attributes and opset, and a model computes the same few dozen shape
+    values on every call of a size: each result is kept (read-only) and handed out again
+    for the same op and arguments (a call of a rule costs several microseconds, its key
+    about one).
+    """
+    key = _memo_key(op, opset, inputs, attrs)
+    if key is not None:
+        found = _memo.get(key)
+        if found is not None:
+            return found
     fn = RULES.get(op)
     if fn is None:
         raise ArgumentError(f"no host rule for the ONNX op {op!r}")
@@ -133,7 +151,35 @@ def run(op: str, opset: int, inputs: list[Any], attrs: dict[str, Any]) -> np.nda
     if out.size > MAX_ELEMENTS:
         raise ShapeError(f"{op}: a shape computation made {out.size} elements, more than the "
                          f"{MAX_ELEMENTS} a host value holds")  # fmt: skip
+    if key is None:
+        return out
+    out = out.copy()  # its own memory: a rule may return a view of an input
+    out.flags.writeable = False
+    if len(_memo) >= MEMO_ENTRIES:
+        _memo.clear()
+    _memo[key] = out
     return out
+
+
+def _memo_key(op: str, opset: int, inputs: list[Any], attrs: dict[str, Any]) -> tuple | None:
+    """What a host result depends on, or None where an argument is not plain data."""
+    parts: list[Any] = [op, opset]
+    for value in inputs:
+        if value is None:
+            parts.append(None)
+        elif type(value) is np.ndarray or isinstance(value, np.generic):
+            parts.append((value.dtype.str, value.shape, value.tobytes()))
+        elif op in ("Shape", "Size") and type(getattr(value, "shape", None)) in (tuple, list):
+            parts.append(("dims", tuple(value.shape)))
+        else:
+            return None
+    for name, value in attrs.items():
+        if type(value) is list:
+            value = tuple(value)
+        if type(value) not in (int, tuple):
+            return None
+        parts.append((name, value))
+    return tuple(parts)
 
 
 def array(value: Any, dtype: str) -> np.ndarray:
