@@ -645,3 +645,120 @@ def test_cleared_plans_are_explored_again_by_a_replay(interp, monkeypatch):
     np.testing.assert_allclose(g(Tensor.from_data(x, interp))[0].to_numpy(), _chain64(x)[0],
                                rtol=1e-5, atol=1e-7)  # fmt: skip
     assert stats()["explorations"] >= 1
+
+
+def _norm(x):
+    centered = x - x.mean_dim(1)
+    var = (centered * centered).mean_dim(1)
+    return centered * (var + 1e-5).rsqrt(), var
+
+
+def _norm64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = x.astype(np.float64)
+    centered = x - x.mean(1, keepdims=True)
+    var = (centered * centered).mean(1, keepdims=True)
+    return centered / np.sqrt(var + 1e-5), var
+
+
+def test_an_element_wise_replay_runs_its_blocks_without_records(device, monkeypatch):
+    g = replay(_norm)
+    keys = KeyCount(monkeypatch)
+    for call in range(7):
+        reset_stats()
+        x = _data((64, 300), 40 + call)
+        y, var = g(Tensor.from_data(x, device))
+        want_y, want_var = _norm64(x)
+        np.testing.assert_allclose(y.to_numpy(), want_y, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(var.to_numpy(), want_var, rtol=1e-5, atol=1e-7)
+        counts = stats()
+        # The warm-up, the trace and the first replay run records; that replay's flush
+        # shows the plan, and later calls launch its blocks alone.
+        assert counts["direct_replays"] == (call >= 3), (call, counts)
+        if call >= 3:
+            assert counts["records"] == 0 and counts["flushes"] == 0 and counts["kernels"] >= 1
+    assert keys.calls <= 3  # none for a call without records
+
+
+def test_a_direct_replay_gives_back_its_intermediates_and_returns_made_tensors(monkeypatch):
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion.executor import runtime_named
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+
+    def two_blocks(x):
+        # A reduction along each axis: two blocks, the first one's output read by the second.
+        rows = (x - x.max_dim(1)).exp()
+        return rows / rows.sum_dim(0)
+
+    g = replay(two_blocks)
+    pool = runtime_named("numba").pool
+    for call in range(12):
+        x = _data((128, 256), 60 + call)
+        reset_stats()
+        y = g(Tensor.from_data(x, device))
+        assert y._prim.slot.pending == (call < 3)  # a direct replay's are made at the call
+        rows = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+        np.testing.assert_allclose(y.to_numpy(), rows / rows.sum(0, keepdims=True), rtol=1e-5)
+        if call == 5:
+            misses = pool.misses
+        del y
+    assert stats()["direct_replays"] == 1 and stats()["kernels"] == 2
+    assert pool.misses == misses  # every buffer of the later calls came back to the pool
+
+
+def test_a_pending_input_or_an_unfused_choice_runs_the_records(monkeypatch):
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion import autotune
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    g = replay(_norm)
+    shape = (256, 300)  # large enough for the tuner to decide how its blocks run
+    for call in range(4):
+        y, _held = g(Tensor.from_data(_data(shape, call), device))  # both held, as when traced
+        y.to_numpy()
+    x = _data(shape, 70)
+    pending = Tensor.from_data(x, device) * 1.0  # lazy: made by the stream's records
+    assert pending._prim.slot.pending
+    reset_stats()
+    y, _held = g(pending)
+    np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
+    assert stats()["direct_replays"] == 0 and stats()["replays"] == 1
+    with autotune.forcing(autotune.UNFUSED):  # the tuner's choice: NdArray's ops, one by one
+        reset_stats()
+        y, _held = g(Tensor.from_data(x, device))
+        got = y.to_numpy()
+        assert stats()["direct_replays"] == 0 and stats()["unfused_ops"] > 0
+    np.testing.assert_allclose(got, _norm64(x)[0], rtol=1e-4, atol=1e-5)
+    reset_stats()
+    y, _held = g(Tensor.from_data(x, device))
+    assert stats()["direct_replays"] == 1
+    np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_replay_with_a_product_keeps_running_records(interp):
+    w = Tensor.from_data(_data((32, 16), 3), interp)
+    g = replay(lambda x: ((x @ w) * 2.0).exp())
+    for call in range(6):
+        x = _data((8, 32), 80 + call)
+        reset_stats()
+        got = g(Tensor.from_data(x, interp)).to_numpy()
+        np.testing.assert_allclose(got, np.exp(x.astype(np.float64) @ _data((32, 16), 3) * 2),
+                                   rtol=1e-5)  # fmt: skip
+        assert stats()["direct_replays"] == 0
+
+
+def test_forgotten_plans_make_the_direct_replay_again(interp):
+    from ember.backends.fusion.explorer import clear_plans
+
+    g = replay(_norm)
+    for call in range(5):
+        y, _held = g(Tensor.from_data(_data((64, 300), call), interp))
+        y.to_numpy()
+    clear_plans(on_disk=False)
+    for call in range(3):  # the records run (explored anew), then the blocks alone again
+        x = _data((64, 300), 90 + call)
+        reset_stats()
+        y, _held = g(Tensor.from_data(x, interp))
+        np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
+        assert stats()["direct_replays"] == (call >= 1)
+        assert stats()["explorations"] == (call == 0)

@@ -297,6 +297,7 @@ class Tuner:
         # Kernels of a changed generator may run at other speeds: their choices start over.
         self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
         self._choices: dict[tuple, Choice] = {}  # (key, bucket, thread limit) -> choice
+        self._forgets = 0  # calls of forget(): a choice kept on a block before one is stale
         self._stored: dict[str, Stored] | None = None  # the file's valid entries, once read
         self._lock = threading.Lock()
 
@@ -310,10 +311,19 @@ class Tuner:
             return None
         if _forced is not None:
             return _forced
+        limit = self.thread_limit()
+        # A settled choice is kept on the block (templates bind the same block flush after
+        # flush): no hash of its key a launch.
+        kept = block.__dict__.get("_tuned")
+        if kept is not None and kept[0] is self and kept[1] == limit and kept[2] == self._forgets:
+            return kept[3]
         bucket = f"e{elements.bit_length()}"
         if block.axis is not None:
             bucket += f"r{block.shape[block.axis].bit_length()}"
-        return self._find(block.key(), bucket)
+        found = self._find(block.key(), bucket)
+        if type(found) is Choice:
+            object.__setattr__(block, "_tuned", (self, limit, self._forgets, found))
+        return found
 
     def lookup_op(self, key: tuple, work: int) -> Choice | Pending | None:
         """How a single op with a compiled kernel runs (``op_kernels``): ``key`` is what the
@@ -473,6 +483,7 @@ class Tuner:
         with self._lock:
             self._choices.clear()
             self._stored = None
+            self._forgets += 1
 
     # ------------------------------------------------------------------ the file
     def _read(self) -> dict[str, Stored]:

@@ -96,12 +96,13 @@ class BufferPool:
         if paged:
             wanted += _PAGE  # room to start on a page
         with self._lock:
-            self._drain()
+            if self._forgotten or self._returned:
+                self._drain()
             same = self._by_class.get(wanted)
             if same:
                 key = next(iter(same))
                 del same[key]
-                cls, raw = self._idle.pop(key)
+                cls, raw, start = self._idle.pop(key)
                 self._idle_bytes -= cls
                 self.hits += 1
             else:
@@ -109,7 +110,7 @@ class BufferPool:
                 self.misses += 1
         if raw is None:
             raw = np.empty(wanted, np.uint8)
-        start = -raw.__array_interface__["data"][0] % _PAGE if paged else 0
+            start = -raw.__array_interface__["data"][0] % _PAGE if paged else 0
         # A view of ``raw`` (its base, which release checks) from its first page boundary.
         array = raw[start : start + nbytes].view(dtype).reshape(stored)
         if order is not None:
@@ -121,7 +122,7 @@ class BufferPool:
             # death notice drops the loan (a weak reference's callback: a finalizer costs
             # several times more, a few microseconds a launch).
             notice = weakref.ref(array, functools.partial(self._forget, key, number))
-            self._loans[key] = (raw, number, notice)
+            self._loans[key] = (raw, number, notice, start)
         return array
 
     def _forget(self, key: int, number: int, _notice: weakref.ref) -> None:
@@ -147,10 +148,10 @@ class BufferPool:
             loan = self._loans.get(key)
             if loan is not None and loan[1] == number:  # not a later loan of a reused id
                 del self._loans[key]
-                raw = loan[0]
+                raw, start = loan[0], loan[3]
                 del loan
                 if sys.getrefcount(raw) == 2:  # ``raw`` and the call's argument: no view left
-                    self._keep(raw)
+                    self._keep(raw, start)
         while self._returned:
             self._release(self._returned.popleft())
 
@@ -160,16 +161,17 @@ class BufferPool:
         # of a view at the owner), which tells it from a later array that reuses the id.
         if loan is None or array.base is not loan[0]:
             return False
-        self._keep(loan[0])
+        self._keep(loan[0], loan[3])
         return True
 
-    def _keep(self, raw: np.ndarray) -> None:
-        """Keeps the buffer ``raw`` idle for reuse, the oldest idle ones freed past the budget."""
-        self._idle[id(raw)] = (raw.size, raw)
+    def _keep(self, raw: np.ndarray, start: int) -> None:
+        """Keeps the buffer ``raw`` idle for reuse (its arrays start at byte ``start``), the
+        oldest idle ones freed past the budget."""
+        self._idle[id(raw)] = (raw.size, raw, start)
         self._by_class.setdefault(raw.size, {})[id(raw)] = None
         self._idle_bytes += raw.size
         while self._idle_bytes > self.max_idle_bytes and self._idle:
-            key, (cls, _) = self._idle.popitem(last=False)
+            key, (cls, _, _) = self._idle.popitem(last=False)
             del self._by_class[cls][key]
             self._idle_bytes -= cls
 

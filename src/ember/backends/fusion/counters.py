@@ -30,6 +30,7 @@ _FIELDS = (
     "attention_grads",  # attention gradient segments run as one kernel (attention_grad.py)
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
+    "direct_replays",  # replays whose element-wise blocks ran without records (replayed.py)
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 
@@ -37,6 +38,13 @@ _counts = dict.fromkeys(_FIELDS, 0)
 def add(field: str, n: int = 1) -> None:
     with _lock:
         _counts[field] += n
+
+
+def add_each(**counts: int) -> None:
+    """:func:`add` for several counters under one lock."""
+    with _lock:
+        for field, n in counts.items():
+            _counts[field] += n
 
 
 def stats() -> dict[str, int]:

@@ -238,6 +238,9 @@ class Executor:
                 run_record(self.inner, record)
             return
         segments = self._blocks(records)
+        if type(records) is ReplayedRecords and records.learn is not None \
+                and len(records) == records.count:  # fmt: skip
+            records.learn(records, segments)
         readers = None  # slot -> the records that read it: in-place writes, transposed products
         for start, length, fused in segments:
             if fused is None:

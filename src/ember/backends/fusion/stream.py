@@ -13,7 +13,6 @@ will make runs in that stream (under its lock).
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +70,9 @@ class Stream:
         with self.lock:
             records = self.records
             records.append(record)
-            if len(records) >= MAX_RECORDS:
+            if len(records) == 1:
+                _pending.add(self)
+            elif len(records) >= MAX_RECORDS:
                 self._run()
 
     def flush(self) -> None:
@@ -118,6 +119,7 @@ class Stream:
 
     def _run(self) -> None:
         records, self.records = self.records, []
+        _pending.discard(self)
         self._run_records(records)
 
     def _run_records(self, records: list[Record]) -> None:
@@ -133,15 +135,16 @@ class Stream:
     def __len__(self) -> int:
         return len(self.records)
 
-    def mark_replayed(self, first: Record, count: int, plans: dict, pushed: tuple) -> None:
+    def mark_replayed(self, first: Record, count: int, plans: dict, pushed: tuple,
+                      learn: Callable | None = None) -> None:  # fmt: skip
         """Marks the pending records as exactly one replay's pushes (``count`` of them from
         ``first`` on, nothing else), so that the executor may look their plan up in the
-        trace's ``plans`` under ``pushed`` (:class:`ReplayedRecords`); nothing where the
-        stream holds other records too or ran meanwhile."""
+        trace's ``plans`` under ``pushed`` and show it to ``learn`` (:class:`ReplayedRecords`);
+        nothing where the stream holds other records too or ran meanwhile."""
         with self.lock:
             records = self.records
             if len(records) == count and records[0] is first:
-                self.records = ReplayedRecords(records, plans, pushed)
+                self.records = ReplayedRecords(records, plans, pushed, learn)
 
     def reading(self, slots: tuple[Slot, ...]) -> None:
         """Before a record of this stream reads ``slots``: a slot of another stream is
@@ -158,14 +161,17 @@ class Stream:
 class ReplayedRecords(list):
     """A stream's records that one replay pushed (:meth:`Stream.mark_replayed`): ``plans``
     is the trace's table of the plans its flushes had, and ``pushed`` which of its entries
-    this replay pushed. Records pushed after the mark make the list longer than ``count``,
-    and the executor then plans as for any stream."""
+    this replay pushed; ``learn(records, segments)``, when given, is shown the plan the
+    executor runs them by. Records pushed after the mark make the list longer than
+    ``count``, and the executor then plans as for any stream."""
 
-    def __init__(self, records: list[Record], plans: dict, pushed: tuple) -> None:
+    def __init__(self, records: list[Record], plans: dict, pushed: tuple,
+                 learn: Callable | None = None) -> None:  # fmt: skip
         super().__init__(records)
         self.count = len(records)
         self.plans = plans
         self.pushed = pushed
+        self.learn = learn
 
 
 def _elements(record: Record) -> int:
@@ -180,8 +186,9 @@ def _elements(record: Record) -> int:
 
 
 _local = threading.local()
-_all: weakref.WeakSet[Stream] = weakref.WeakSet()
-_all_lock = threading.Lock()
+# Streams holding records (of any thread): what flush_device runs. Set operations are
+# atomic under the GIL; a stream gets in with its first record and out when it runs.
+_pending: set[Stream] = set()
 
 
 def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream:
@@ -200,8 +207,6 @@ def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream
     stream = streams.get(key)
     if stream is None:
         stream = streams[key] = Stream(device, execute)
-        with _all_lock:
-            _all.add(stream)
         counters.add("streams")
     _local.last = (device, execute, stream)
     return stream
@@ -209,7 +214,7 @@ def stream_for(device: Device, execute: Callable[[list[Record]], Any]) -> Stream
 
 def flush_device(device: Device) -> None:
     """Runs every thread's pending records on the inner ``device``."""
-    with _all_lock:
-        streams = [s for s in _all if s.device == device]
-    for stream in streams:
+    if not _pending:
+        return  # nothing recorded anywhere: a sync after a read, say
+    for stream in [s for s in list(_pending) if s.device == device]:
         stream.flush()
