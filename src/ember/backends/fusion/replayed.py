@@ -603,13 +603,8 @@ class Trace:
         backend = self.backend
         executor = backend.executor
         values: list[Any] = [None] * self.n_refs
-        n = 0
-        outer = self.outer
-        for t in tensors:
-            slot = _fusion_prim(t, outer).slot
-            if n < self.n_inputs and slot not in values[:n]:
-                values[n] = slot
-                n += 1
+        inputs = self._input_slots(tensors)
+        values[: len(inputs)] = inputs
         for r, slot in self.consts:
             values[r] = slot
         held: dict[int, FusionTensor] = {}
@@ -671,6 +666,17 @@ class Trace:
             stream.mark_replayed(first, len(pushed), self.plans, tuple(pushed), learn)
         return self._outputs(self.template, values, held, tensors)
 
+    def _input_slots(self, tensors: list[Tensor]) -> list[Slot]:
+        """The slots of the trace's inputs for the call's ``tensors`` (the signature's
+        order; a tensor passed twice is one input)."""
+        found: list[Slot] = []
+        outer = self.outer
+        for t in tensors:
+            slot = _fusion_prim(t, outer).slot
+            if len(found) < self.n_inputs and slot not in found:
+                found.append(slot)
+        return found
+
     def _learn(self, values: list, records: list[Record], segments: list) -> None:
         """Makes the replay without records (:class:`_Direct`) from a flush of exactly this
         trace's records (``values``: their slots by reference), where every segment of its
@@ -716,15 +722,10 @@ class Trace:
             hows.append(how)
         slots: list[Any] = [None] * self.n_refs
         arrays: list[Any] = [None] * self.n_refs
-        n = 0
-        outer = self.outer
-        for t in tensors:
-            slot = _fusion_prim(t, outer).slot
-            if n < self.n_inputs and slot not in slots[:n]:
-                if slot.prim is None:
-                    return None  # pending: its stream runs first, with the records
-                slots[n], arrays[n] = slot, to_array(slot.prim)
-                n += 1
+        for n, slot in enumerate(self._input_slots(tensors)):
+            if slot.prim is None:
+                return None  # pending: its stream runs first, with the records
+            slots[n], arrays[n] = slot, to_array(slot.prim)
         for r, slot in self.consts:
             slots[r], arrays[r] = slot, to_array(slot.prim)
         try:
