@@ -735,7 +735,7 @@ def test_a_pending_input_or_an_unfused_choice_runs_the_records(monkeypatch):
     np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_a_replay_with_a_product_keeps_running_records(interp):
+def test_a_replay_with_a_product_runs_it_as_a_single_op(interp):
     w = Tensor.from_data(_data((32, 16), 3), interp)
     g = replay(lambda x: ((x @ w) * 2.0).exp())
     for call in range(6):
@@ -744,7 +744,59 @@ def test_a_replay_with_a_product_keeps_running_records(interp):
         got = g(Tensor.from_data(x, interp)).to_numpy()
         np.testing.assert_allclose(got, np.exp(x.astype(np.float64) @ _data((32, 16), 3) * 2),
                                    rtol=1e-5)  # fmt: skip
+        assert stats()["direct_replays"] == (call >= 3)
+
+
+def test_a_product_read_transposed_keeps_running_records(interp):
+    # The executor computes such a product transposed for its reader: the records run.
+    w = Tensor.from_data(_data((32, 16), 3), interp)
+    g = replay(lambda x: ((x @ w).permute([1, 0]) + 1.0).exp())
+    for call in range(5):
+        x = _data((8, 32), 85 + call)
+        reset_stats()
+        got = g(Tensor.from_data(x, interp)).to_numpy()
+        want = np.exp((x.astype(np.float64) @ _data((32, 16), 3)).T + 1)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
         assert stats()["direct_replays"] == 0
+
+
+def test_a_convolutional_forward_replays_its_launches_directly():
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    torch = pytest.importorskip("torch", reason="the reference is torch")
+    from ember.tensor import module as F
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    rng = np.random.default_rng(5)
+    w1, w2, skip = (rng.standard_normal(s).astype(np.float32) * 0.2
+                    for s in [(16, 3, 3, 3), (16, 16, 3, 3), (16, 3, 1, 1)])  # fmt: skip
+    b1 = rng.standard_normal(16).astype(np.float32)
+    fc = rng.standard_normal((16, 10)).astype(np.float32)
+    weights = [Tensor.from_data(a, device) for a in (w1, w2, skip, b1, fc)]
+
+    def forward(x):
+        tw1, tw2, tskip, tb1, tfc = weights
+        h = ember.activation.relu(F.conv2d(x, tw1, tb1, padding=1))
+        h = ember.activation.relu(F.conv2d(h, tw2, padding=1) + F.conv2d(x, tskip))
+        return h.mean_dim(3).mean_dim(2).reshape([x.shape[0], 16]) @ tfc
+
+    def reference(x):
+        t = torch.from_numpy(x)
+        h = torch.relu(torch.nn.functional.conv2d(t, torch.from_numpy(w1), torch.from_numpy(b1),
+                                                  padding=1))  # fmt: skip
+        h = torch.relu(torch.nn.functional.conv2d(h, torch.from_numpy(w2), padding=1)
+                       + torch.nn.functional.conv2d(t, torch.from_numpy(skip)))  # fmt: skip
+        return (h.mean((2, 3)) @ torch.from_numpy(fc)).numpy()
+
+    g = replay(forward)
+    for call in range(6):
+        x = _data((8, 3, 32, 32), 100 + call)
+        reset_stats()
+        got = g(Tensor.from_data(x, device)).to_numpy()
+        np.testing.assert_allclose(got, reference(x), rtol=1e-4, atol=1e-5)
+        counts = stats()
+        assert counts["direct_replays"] == (call >= 3), (call, counts)
+        if call >= 3:
+            assert counts["records"] == 0 and counts["op_kernels"] == 3
 
 
 def test_forgotten_plans_make_the_direct_replay_again(interp):

@@ -24,12 +24,11 @@ value):
    tensors for the outputs. An op that ran at once when traced (``gather``; an op on small
    made values) runs at once again. Where an op raises, the call runs plainly instead, so
    the error is the plain call's.
-4. Where the first replay's flush held exactly the trace's records, fused into element-wise
-   blocks only (a softmax, a layer norm, an activation chain), later calls launch those
-   blocks at once on the input arrays: no record, stream, plan or binding (``_Direct``;
+4. Where the first replay's flush held exactly the trace's records and ran them as
+   element-wise blocks, convolutions and single ops, later calls run those launches at
+   once on the input arrays: no record, stream, plan or binding (``direct.py``;
    ``stats()["direct_replays"]``). The outputs are made when the call returns, so ops that
-   follow no longer fuse with the call's last block. A pending input, a block the tuner has
-   not settled or runs unfused, or forgotten plans run the records instead.
+   follow no longer fuse with the call's last block.
 
 **Modules as arguments.** A module among the arguments contributes its parameters as
 inputs (``params()`` order) and its configuration and constant tensors (by identity) to
@@ -86,12 +85,10 @@ from typing import Any
 
 from ember.backend import effects
 from ember.backend.device import Device
-from ember.backend.errors import ArgumentError, UnsupportedError
+from ember.backend.errors import ArgumentError
 from ember.backend.rules import AVal
 from ember.backends.autodiff import listener
-from ember.backends.fusion import autotune, counters
-from ember.backends.fusion.explorer import Explorer
-from ember.backends.fusion.fuser import Fused
+from ember.backends.fusion import counters, direct
 from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.stream import Record, stream_for
 from ember.module.module import Module, _items
@@ -576,16 +573,16 @@ class Trace:
         # Flush plans of this trace's replays, by pushed entries and readable outputs
         # (``executor.Executor._blocks``).
         self.plans: dict[tuple, tuple] = {}
-        # The replay without records (_Direct): None until a flush shows its plan, False
+        # The replay without records (direct.Program): None until a flush shows it, False
         # where it cannot be one.
-        self.program: _Direct | bool | None = None
-        self._returned = frozenset(r for r in returned if r >= self.n_inputs and tracer.dynamic[r])
+        self.program: direct.Program | bool | None = None
+        self.returned = frozenset(r for r in returned if r >= self.n_inputs and tracer.dynamic[r])
         devices = {entry.device for entry in self.entries}
         self._direct_ok = bool(self.entries) and len(devices) == 1 and not any(
             entry.eager or entry.now or entry.indexed or entry.op.name == "random"
             for entry in self.entries
         )
-        self._specs = {r: spec for entry in self.entries
+        self.specs = {r: spec for entry in self.entries
                        for r, spec in zip(entry.out_refs, entry.outputs)}  # fmt: skip
         executor = self.backend.executor
         for entry in self.entries:
@@ -597,13 +594,13 @@ class Trace:
         of its signature); returns the outputs."""
         counters.add("replays")
         if self.program:
-            out = self._run_direct(self.program, tensors)
+            out = direct.run(self, self.program, tensors)
             if out is not None:
                 return out
         backend = self.backend
         executor = backend.executor
         values: list[Any] = [None] * self.n_refs
-        inputs = self._input_slots(tensors)
+        inputs = self.input_slots(tensors)
         values[: len(inputs)] = inputs
         for r, slot in self.consts:
             values[r] = slot
@@ -666,7 +663,7 @@ class Trace:
             stream.mark_replayed(first, len(pushed), self.plans, tuple(pushed), learn)
         return self._outputs(self.template, values, held, tensors)
 
-    def _input_slots(self, tensors: list[Tensor]) -> list[Slot]:
+    def input_slots(self, tensors: list[Tensor]) -> list[Slot]:
         """The slots of the trace's inputs for the call's ``tensors`` (the signature's
         order; a tensor passed twice is one input)."""
         found: list[Slot] = []
@@ -678,81 +675,12 @@ class Trace:
         return found
 
     def _learn(self, values: list, records: list[Record], segments: list) -> None:
-        """Makes the replay without records (:class:`_Direct`) from a flush of exactly this
-        trace's records (``values``: their slots by reference), where every segment of its
-        plan was an element-wise block and what the caller could read was exactly what the
-        call returns (so the blocks keep exactly the values the call needs)."""
-        ref_of = {id(s): r for r, s in enumerate(values) if s is not None}
-        readable = {ref_of.get(id(o)) for r in records for o in r.outputs if o.readable()}
-        if readable != self._returned or len(records) != len(self.entries):
-            return  # another flush may show it
-        steps = []
-        device = self.entries[0].device
-        can_fuse = self.backend.executor.can_fuse
-        for _, _, fused in segments:
-            if type(fused) is not Fused or not fused.outputs or not can_fuse(fused.outputs[0]) \
-                    or any(s.device.place != device.place for s in fused.inputs):  # fmt: skip
-                self.program = False  # a convolution, an attention, an op no block holds
-                return
-            ins = tuple(ref_of.get(id(s)) for s in fused.inputs)
-            outs = tuple(ref_of.get(id(s)) for s in fused.outputs)
-            if None in ins or None in outs:
-                self.program = False
-                return
-            steps.append((fused.block, ins, outs))
-        if not self._returned <= {r for _, _, outs in steps for r in outs}:
-            self.program = False
-            return
-        self.program = _Direct(Explorer.generation(), tuple(steps), device)
+        if self.program is None:
+            self.program = direct.learn(self, values, records, segments)
 
-    def _run_direct(self, program: _Direct, tensors: list[Tensor]) -> Any:
-        """The call's outputs, computed now by ``program``'s blocks on the input arrays; None
-        where the records must run instead: an input still pending, a block the tuner has
-        not settled or chose to run unfused, plans forgotten since it was made."""
-        if program.generation != Explorer.generation():
-            self.program = None  # learnt again from the next flush
-            return None
-        executor = self.backend.executor
-        runtime, (to_array, from_array), tuner, recycler = executor._route(program.device.place)
-        hows = []
-        for block, _, _ in program.steps:
-            how = None if tuner is None else tuner.lookup(block)
-            if how is not None and (type(how) is not autotune.Choice or how == autotune.UNFUSED):
-                return None  # the records run: the tuner times the block there
-            hows.append(how)
-        slots: list[Any] = [None] * self.n_refs
-        arrays: list[Any] = [None] * self.n_refs
-        for n, slot in enumerate(self._input_slots(tensors)):
-            if slot.prim is None:
-                return None  # pending: its stream runs first, with the records
-            slots[n], arrays[n] = slot, to_array(slot.prim)
-        for r, slot in self.consts:
-            slots[r], arrays[r] = slot, to_array(slot.prim)
-        try:
-            for (block, ins, outs), how in zip(program.steps, hows, strict=True):
-                inputs = [arrays[r].reshape(spec.shape) for r, spec in zip(ins, block.inputs)]
-                if how is None:
-                    results = runtime.run(block, inputs)
-                else:
-                    results = runtime.run(block, inputs, None, how.setting)
-                for r, array in zip(outs, results, strict=True):
-                    arrays[r] = array
-        except UnsupportedError:
-            self.program = False  # the runtime refuses a block: the records run unfused
-            return None
-        counters.add_each(kernels=len(program.steps), fused_ops=len(self.entries),
-                          direct_replays=1)  # fmt: skip
-        # Intermediates go back to the pool as the arrays die (its loans' weak references).
-        for r in self._returned:
-            shape, dtype, device = self._specs[r]
-            array = arrays[r]
-            if array.shape != shape:
-                array = array.reshape(shape)
-            prim = from_array(array)
-            slot = slots[r] = Slot(shape, dtype, device, prim=prim)
-            if prim is array and recycler is not None:
-                slot.recycle = recycler
-        return self._outputs(self.template, slots, {}, tensors)
+    def output_values(self, values: list, tensors: list[Tensor]) -> Any:
+        """The call's outputs, from the slots of its references (``values``)."""
+        return self._outputs(self.template, values, {}, tensors)
 
     def _outputs(self, template: Any, values: list, held: dict, tensors: list[Tensor]) -> Any:
         if type(template) is _Out:
@@ -776,18 +704,6 @@ class Trace:
         if type(template) is dict:
             return {k: self._outputs(v, values, held, tensors) for k, v in template.items()}
         return template
-
-
-class _Direct:
-    """A replay run without records: the element-wise blocks the plan of its trace's flush
-    had, each with the references of its inputs and outputs, launched on the input arrays
-    (no record, stream, plan or binding). ``generation`` is the explorer's when it was
-    made (:meth:`Explorer.generation`): forgotten plans make it again."""
-
-    __slots__ = ("device", "generation", "steps")
-
-    def __init__(self, generation: int, steps: tuple, device: Device) -> None:
-        self.generation, self.steps, self.device = generation, steps, device
 
 
 def _all_made(slots: list) -> bool:
