@@ -111,8 +111,8 @@ class BufferPool:
         if raw is None:
             raw = np.empty(wanted, np.uint8)
             start = -raw.__array_interface__["data"][0] % _PAGE if paged else 0
-        # A view of ``raw`` (its base, which release checks) from its first page boundary.
-        array = raw[start : start + nbytes].view(dtype).reshape(stored)
+        # An array over ``raw`` (its base, which release checks) from its first page boundary.
+        array = np.ndarray(stored, dtype, raw, start)
         if order is not None:
             array = array.transpose(np.argsort(order))
         key = id(array)

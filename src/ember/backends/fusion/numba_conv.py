@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
+from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 
@@ -604,7 +605,7 @@ class Epilogue:
         dtype = out.dtype
         residual = self.residual
         if residual is None:
-            residual = np.empty((0, 0, 0, 0), dtype)
+            residual = _no_residual(dtype)
         elif residual.shape != out.shape or residual.dtype != dtype:
             raise ShapeError(
                 f"numba conv2d: an epilogue residual {fmt_shape(residual.shape)} "
@@ -612,10 +613,22 @@ class Epilogue:
             )
         else:
             residual = np.ascontiguousarray(residual)
-        bounds = np.array([_bound(self.first[0], -np.inf), _bound(self.first[1], np.inf),
-                           _bound(self.second[0], -np.inf), _bound(self.second[1], np.inf)],
-                          dtype)  # fmt: skip
+        # repr tells -0.0 from 0.0 (equal keys otherwise): a bound's sign can show in a result.
+        bounds = _bounds(repr((self.first, self.second)), self.first, self.second, dtype)
         return residual, self.residual is not None, bounds
+
+
+@functools.lru_cache(maxsize=64)
+def _bounds(_: str, first: tuple, second: tuple, dtype: np.dtype) -> np.ndarray:
+    """The kernel's four clamp bounds (infinite where None); kept per epilogue, since a
+    model's layers call with the same few (the kernel never writes them)."""
+    return np.array([_bound(first[0], -np.inf), _bound(first[1], np.inf),
+                     _bound(second[0], -np.inf), _bound(second[1], np.inf)], dtype)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def _no_residual(dtype: np.dtype) -> np.ndarray:
+    return np.empty((0, 0, 0, 0), dtype)
 
 
 def _bound(value: float | None, none: float) -> float:
@@ -662,8 +675,6 @@ def conv2d(
     if out.size == 0:
         return out
     b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
-    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
-
     parts = parts_for(g.macs, PARALLEL_MIN_MACS, threads)
     if g.single:
         if epilogue is not None:
