@@ -258,3 +258,32 @@ def test_a_weight_that_dies_while_the_cache_is_locked_is_forgotten(no_packed_wei
     worker.start()
     worker.join(timeout=30)
     assert done == [True], "the weak reference's callback blocked on the cache's lock"
+
+
+@pytest.mark.parametrize("channels", [16, 2])  # the tiled kernel, and the one-channel one
+def test_a_prepared_launch_runs_again_on_new_inputs(channels):
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((channels, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(channels).astype(np.float32)
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+    x0 = rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    launch = numba_conv.prepare(x0, w, b, options, 1)
+    for seed in range(3):  # new inputs of the prepared shape: each convolved afresh
+        x = np.random.default_rng(seed).standard_normal(x0.shape).astype(np.float32)
+        np.testing.assert_array_equal(numba_conv.run(launch, x),
+                                      numba_conv.conv2d(x, w, b, options, 1))  # fmt: skip
+    with pytest.raises(ShapeError, match=r"input \[2, 4, 8, 9\] float32, prepared for \[2, 4, 9, 9\]"):
+        numba_conv.run(launch, x0[:, :, 1:])
+    with pytest.raises(ShapeError, match="prepared for"):
+        numba_conv.run(launch, x0.astype(np.float64))
+    if channels >= numba_conv.OB:
+        with_relu = numba_conv.prepare(x0, w, b, options, 1, ((0.0, None), (None, None)))
+        residual = rng.standard_normal((2, channels, 9, 9)).astype(np.float32)
+        want = numba_conv.conv2d(x0, w, b, options, 1, epilogue=numba_conv.Epilogue(
+            (0.0, None), residual))  # fmt: skip
+        np.testing.assert_array_equal(numba_conv.run(with_relu, x0, np.empty, residual), want)
+        with pytest.raises(ShapeError, match="residual"):
+            numba_conv.run(with_relu, x0, np.empty, residual[:, :, 1:])
+    else:
+        with pytest.raises(UnsupportedError, match="epilogue needs"):
+            numba_conv.prepare(x0, w, b, options, 1, ((0.0, None), (None, None)))

@@ -814,3 +814,37 @@ def test_forgotten_plans_make_the_direct_replay_again(interp):
         np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
         assert stats()["direct_replays"] == (call >= 1)
         assert stats()["explorations"] == (call == 0)
+
+
+def test_a_direct_convolution_follows_its_weight_argument_and_in_place_changes():
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    torch = pytest.importorskip("torch", reason="the reference is torch")
+    from ember.tensor import module as F
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+
+    def forward(x, w):
+        return ember.activation.relu(F.conv2d(x, w, padding=1))
+
+    def weight(seed, writable):
+        array = np.random.default_rng(seed).standard_normal((16, 3, 3, 3)).astype(np.float32)
+        array.flags.writeable = writable
+        return array, Tensor.from_primitive(device.backend.wrap(array), device)
+
+    g = replay(forward)
+    x = _data((4, 3, 16, 16), 7)
+    fixed, fixed_tensor = weight(0, writable=True)
+    for call in range(8):
+        # Read-only weights (packed once) that are new arrays each call, then one writable
+        # weight changed in place between calls: each call convolves with the weight it has.
+        if call < 4:
+            w, w_tensor = weight(call, writable=False)
+        else:
+            fixed *= -1.0
+            w, w_tensor = fixed, fixed_tensor
+        reset_stats()
+        got = g(Tensor.from_data(x, device), w_tensor).to_numpy()
+        want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w),
+                                                     padding=1)).numpy()  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert stats()["direct_replays"] == (call >= 3), (call, stats())

@@ -79,7 +79,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -595,28 +595,6 @@ class Epilogue:
     residual: np.ndarray | None = None
     second: tuple[float | None, float | None] = (None, None)
 
-    def arguments(self, out: np.ndarray) -> tuple:
-        """The kernel's epilogue arguments for ``out``: residual, whether there is one, and
-        the bounds (infinite where None).
-
-        Raises:
-            ShapeError: a residual of another shape or dtype than ``out``.
-        """
-        dtype = out.dtype
-        residual = self.residual
-        if residual is None:
-            residual = _no_residual(dtype)
-        elif residual.shape != out.shape or residual.dtype != dtype:
-            raise ShapeError(
-                f"numba conv2d: an epilogue residual {fmt_shape(residual.shape)} "
-                f"{residual.dtype} does not match the output {fmt_shape(out.shape)} {dtype}"
-            )
-        else:
-            residual = np.ascontiguousarray(residual)
-        # repr tells -0.0 from 0.0 (equal keys otherwise): a bound's sign can show in a result.
-        bounds = _bounds(repr((self.first, self.second)), self.first, self.second, dtype)
-        return residual, self.residual is not None, bounds
-
 
 @functools.lru_cache(maxsize=64)
 def _bounds(_: str, first: tuple, second: tuple, dtype: np.dtype) -> np.ndarray:
@@ -658,6 +636,41 @@ def conv2d(
     computed as each output is stored (see :class:`Epilogue`); it needs at least
     :data:`OB` output channels per group (:class:`KernelUnsupported` otherwise).
     """
+    epilogue_bounds = None if epilogue is None else (epilogue.first, epilogue.second)
+    launch = prepare(x, weight, bias, options, threads, epilogue_bounds)
+    return run(launch, x, empty, None if epilogue is None else epilogue.residual)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A convolution's kernel call without its input, output and residual (:func:`prepare`),
+    for a caller that runs the same convolution again while its weight cannot change (a
+    direct replay's step: ``direct.py``). ``before`` are the kernel's arguments between
+    the input and the output, ``after`` those after the epilogue's."""
+
+    kernel: Any
+    x_shape: tuple
+    out_shape: tuple
+    dtype: np.dtype
+    before: tuple
+    bounds: np.ndarray | None  # None: the one-channel kernel, which takes no epilogue
+    after: tuple
+    parts: int
+    weight_kept: bool  # the weight's blocks are packed once (it cannot change)
+
+
+def prepare(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, options: ConvOptions,
+            threads: int | None = None,
+            epilogue: tuple | None = None) -> Launch:  # fmt: skip
+    """The :class:`Launch` of :func:`conv2d` for ``x``'s shape and dtype (read, not kept),
+    ``weight`` and ``bias``, with the clamp bounds ``epilogue`` (``(first, second)`` of an
+    :class:`Epilogue`) or none.
+
+    Raises:
+        KernelUnsupported: no numba, a dtype other than float32 / float64, or an epilogue
+            on fewer than :data:`OB` output channels per group.
+        ShapeError: shapes that do not convolve.
+    """
     if numba is None:
         raise KernelUnsupported("numba conv2d: numba is not installed")
     dtype = np.dtype(x.dtype)
@@ -671,11 +684,9 @@ def conv2d(
     g = _geometry(x.shape, weight.shape, options.groups, tuple(options.stride),
                   tuple(options.padding), tuple(options.dilation), dtype.itemsize)  # fmt: skip
     n, o = x.shape[0], weight.shape[0]
-    out = empty((n, o, g.oh, g.ow), dtype)
-    if out.size == 0:
-        return out
     b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
     parts = parts_for(g.macs, PARALLEL_MIN_MACS, threads)
+    shape = (n, o, g.oh, g.ow)
     if g.single:
         if epilogue is not None:
             raise KernelUnsupported(f"numba conv2d: an epilogue needs {OB} or more output "
@@ -683,12 +694,49 @@ def conv2d(
         # Fewer than OB channels per group: one pass per channel, no padded channels.
         wt = np.zeros((o, g.taps), dtype)
         wt[:, : g.taps_used] = weight.reshape(o, g.taps_used)
-        args = [x, wt.reshape(o, g.taps // g.unroll, g.unroll), g.offs, g.used, b, out]
-        _run_parts(_conv_single, [*args, *g.layout, g.rows_per_tile], parts)
+        before = (wt.reshape(o, g.taps // g.unroll, g.unroll), g.offs, g.used, b)
+        return Launch(_conv_single, x.shape, shape, dtype, before, None,
+                      (*g.layout, g.rows_per_tile), parts, False)  # fmt: skip
+    first, second = epilogue or (_NO_BOUNDS, _NO_BOUNDS)
+    # repr tells -0.0 from 0.0 (equal keys otherwise): a bound's sign can show in a result.
+    bounds = _bounds(repr((first, second)), first, second, dtype)
+    before = (packed_weight(weight, dtype, g), g.offs, g.used, b)
+    return Launch(_conv_tiled, x.shape, shape, dtype, before, bounds,
+                  (*g.layout, g.nblk, g.rows_per_tile, g.span), parts, _immutable(weight))  # fmt: skip
+
+
+_NO_BOUNDS = (None, None)
+
+
+def run(launch: Launch, x: np.ndarray, empty: Callable = np.empty,
+        residual: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """``launch`` on ``x`` (of the shape and dtype it was prepared for), adding ``residual``
+    (an array of the output's shape and dtype) in its epilogue; the output comes from
+    ``empty(shape, dtype)``.
+
+    Raises:
+        ShapeError: ``x`` or ``residual`` of another shape or dtype than prepared for.
+    """
+    if x.shape != launch.x_shape or x.dtype != launch.dtype:
+        raise ShapeError(f"numba conv2d: input {fmt_shape(x.shape)} {x.dtype}, prepared for "
+                         f"{fmt_shape(launch.x_shape)} {launch.dtype}")  # fmt: skip
+    out = empty(launch.out_shape, launch.dtype)
+    if out.size == 0:
         return out
-    epilogue_args = (epilogue or Epilogue()).arguments(out)
-    args = [x, packed_weight(weight, dtype, g), g.offs, g.used, b, out, *epilogue_args]
-    _run_parts(_conv_tiled, [*args, *g.layout, g.nblk, g.rows_per_tile, g.span], parts)
+    if launch.bounds is None:  # the one-channel kernel
+        _run_parts(launch.kernel, [x, *launch.before, out, *launch.after], launch.parts)
+        return out
+    if residual is None:
+        res = _no_residual(launch.dtype)
+    elif residual.shape != out.shape or residual.dtype != launch.dtype:
+        raise ShapeError(
+            f"numba conv2d: an epilogue residual {fmt_shape(residual.shape)} "
+            f"{residual.dtype} does not match the output {fmt_shape(out.shape)} {launch.dtype}"
+        )
+    else:
+        res = np.ascontiguousarray(residual)
+    args = [x, *launch.before, out, res, residual is not None, launch.bounds, *launch.after]
+    _run_parts(launch.kernel, args, launch.parts)
     return out
 
 
