@@ -107,9 +107,13 @@ __all__ = [
     "SINGLE_UNROLL",
     "TILE",
     "UNROLL",
+    "Epilogue",
     "KernelUnsupported",
+    "Launch",
     "conv2d",
     "pack_phases",
+    "prepare",
+    "run",
     "supports",
 ]
 
