@@ -309,11 +309,13 @@ def test_threads_replay_one_function_side_by_side(device):
             errors.append(error)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    reset_stats()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors[0]
+    assert stats()["direct_replays"] > 0  # threads launching one program side by side
 
 
 def test_a_module_forward_replays(device):
