@@ -287,3 +287,39 @@ def test_a_prepared_launch_runs_again_on_new_inputs(channels):
     else:
         with pytest.raises(UnsupportedError, match="epilogue needs"):
             numba_conv.prepare(x0, w, b, options, 1, ((0.0, None), (None, None)))
+
+
+def test_a_launch_is_kept_for_weights_nothing_can_change():
+    rng = np.random.default_rng(12)
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+    x = rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float64)  # another dtype: the launch holds a copy
+    numba_conv._launches.clear()
+    want = reference(x, w, b, (1, 1), (1, 1), (1, 1), 1)
+    for _ in range(2):  # writable: prepared on every call, nothing kept
+        np.testing.assert_allclose(numba_conv.conv2d(x, w, b, options, 1), want, rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    assert not numba_conv._launches
+    b += 1.0  # in place: a kept copy of the bias would be stale
+    np.testing.assert_allclose(numba_conv.conv2d(x, w, b, options, 1), want + 1, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    w.flags.writeable = b.flags.writeable = False
+    for _ in range(2):
+        np.testing.assert_allclose(numba_conv.conv2d(x, w, b, options, 1), want + 1, rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    assert len(numba_conv._launches) == 1
+    loose = b.copy()  # a writable bias beside a read-only weight: prepared every call
+    np.testing.assert_allclose(numba_conv.conv2d(x, w, loose, options, 1), want + 1, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    loose += 1.0
+    np.testing.assert_allclose(numba_conv.conv2d(x, w, loose, options, 1), want + 2, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    assert len(numba_conv._launches) == 1
+    ((weight_ref, _, _),) = numba_conv._launches.values()
+    other = w.copy()
+    other.flags.writeable = False
+    del w
+    assert weight_ref() is None  # held weakly: the kept launch does not keep the weight alive
+    np.testing.assert_allclose(numba_conv.conv2d(x, other, b, options, 1), want + 1, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip

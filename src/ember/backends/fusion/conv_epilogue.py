@@ -74,9 +74,12 @@ class EpilogueTemplate:
     kept: tuple[bool, ...]
 
     def bind(self, records: list[Record]) -> ConvEpilogue | None:
-        """The segment for ``records`` (None where they do not fit, which a key match
-        should rule out)."""
+        """The segment for ``records`` (None where they do not fit: the plan key holds no
+        channel counts, so a convolution of too few output channels per group for the
+        kernel's epilogue has the key of one with enough)."""
         if len(records) != len(self.steps) or records[0].name != "conv2d":
+            return None
+        if not _enough_channels(records[0]):
             return None
         first = second = (None, None)
         residual = None
@@ -150,8 +153,7 @@ class ConvEpilogueFuser(Taking):
             return None
         if x.dtype not in _FLOATS or len(x.shape) != 4 or len(weight.shape) != 4:
             return None
-        groups = record.args[3].groups
-        if groups < 1 or weight.shape[0] // groups < numba_conv.OB:
+        if not _enough_channels(record):
             return None
         return CONV
 
@@ -191,6 +193,14 @@ class ConvEpilogueFuser(Taking):
     def template(self, fused: ConvEpilogue) -> EpilogueTemplate:
         """``fused`` (this fuser's :meth:`finish`) without slots or values."""
         return self._template
+
+
+def _enough_channels(conv: Record) -> bool:
+    """Whether a ``conv2d`` record has the output channels per group an epilogue needs."""
+    from ember.backends.fusion import numba_conv
+
+    groups = conv.args[3].groups
+    return groups >= 1 and conv.inputs[1].shape[0] // groups >= numba_conv.OB
 
 
 def _bound(value: object) -> bool:

@@ -44,15 +44,12 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "conv_keys", "device", "generation", "launches", "steps")
+    __slots__ = ("blocks", "conv_keys", "device", "generation", "steps")
 
     def __init__(self, generation: int, steps: tuple, device: Device) -> None:
         self.generation, self.steps, self.device = generation, steps, device
         self.blocks = sum(step[0] == "block" for step in steps)
         self.conv_keys: dict[int, tuple] = {}  # step index -> (tuner key, work), once known
-        # step index -> (weight, bias, threads, numba_conv.Launch) of a weight that cannot
-        # change: the same arrays and thread count launch it again as prepared.
-        self.launches: dict[int, tuple] = {}
 
 
 def learn(trace: Any, values: list, records: list[Record], segments: list) -> Program | bool | None:
@@ -190,8 +187,8 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     from ember.backends.fusion import numba_conv
 
     _, x, weight, bias, options, first, second, residual, _, prefix = step
-    w, b = prims[weight], None if bias is None else prims[bias]
-    args = [to_array(prims[x]), to_array(w), None if b is None else to_array(b), options]
+    args = [to_array(prims[x]), to_array(prims[weight]),
+            None if bias is None else to_array(prims[bias]), options]  # fmt: skip
     kernel = executor.op_kernels["conv2d"]
     known = program.conv_keys.get(i)
     if known is None:
@@ -201,13 +198,7 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     how = executor.tuner.lookup_op(*known)
     if type(how) is not autotune.Choice or how == autotune.UNFUSED:
         return None
-    kept = program.launches.get(i)
-    if kept is not None and kept[0] is w and kept[1] is b and kept[2] == how.threads:
-        launch = kept[3]
-    else:
-        launch = numba_conv.prepare(*args, how.threads, (first, second) if prefix else None)
-        if launch.weight_kept:
-            program.launches[i] = (w, b, how.threads, launch)
+    launch = numba_conv.launch_for(*args, how.threads, (first, second) if prefix else None)
     counters.add_each(op_kernels=1)
     return numba_conv.run(launch, args[0], executor.runtime.pool.take,
                           None if residual is None else to_array(prims[residual]))  # fmt: skip

@@ -111,6 +111,7 @@ __all__ = [
     "KernelUnsupported",
     "Launch",
     "conv2d",
+    "launch_for",
     "pack_phases",
     "prepare",
     "run",
@@ -641,16 +642,43 @@ def conv2d(
     :data:`OB` output channels per group (:class:`KernelUnsupported` otherwise).
     """
     epilogue_bounds = None if epilogue is None else (epilogue.first, epilogue.second)
-    launch = prepare(x, weight, bias, options, threads, epilogue_bounds)
+    launch = launch_for(x, weight, bias, options, threads, epilogue_bounds)
     return run(launch, x, empty, None if epilogue is None else epilogue.residual)
+
+
+MAX_LAUNCHES = 256
+"""Launches :func:`conv2d` keeps for weights that cannot change; more, and it forgets them
+all."""
+
+_launches: dict[tuple, tuple] = {}
+
+
+def launch_for(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+                 options: ConvOptions, threads: int | None,
+                 epilogue: tuple | None) -> Launch:  # fmt: skip
+    """:func:`prepare`'s launch, kept while ``weight`` and ``bias`` cannot change and live
+    (a model's layers call again with the same weights, input shapes and options); weak
+    references tell a live weight or bias from a later array that reuses its id."""
+    if not _immutable(weight) or (bias is not None and not _immutable(bias)):
+        return prepare(x, weight, bias, options, threads, epilogue)
+    # repr tells -0.0 from 0.0 among the bounds (equal keys otherwise).
+    key = (id(weight), id(bias), x.shape, x.dtype, threads, options, repr(epilogue))
+    found = _launches.get(key)
+    if found is not None and found[0]() is weight and (bias is None or found[1]() is bias):
+        return found[2]
+    launch = prepare(x, weight, bias, options, threads, epilogue)
+    if len(_launches) >= MAX_LAUNCHES:
+        _launches.clear()
+    _launches[key] = (weakref.ref(weight), None if bias is None else weakref.ref(bias), launch)
+    return launch
 
 
 @dataclass(frozen=True)
 class Launch:
-    """A convolution's kernel call without its input, output and residual (:func:`prepare`),
-    for a caller that runs the same convolution again while its weight cannot change (a
-    direct replay's step: ``direct.py``). ``before`` are the kernel's arguments between
-    the input and the output, ``after`` those after the epilogue's."""
+    """A convolution's kernel call without its input, output and residual (:func:`prepare`;
+    :func:`launch_for` keeps one while its weight cannot change). ``before`` are the
+    kernel's arguments between the input and the output, ``after`` those after the
+    epilogue's."""
 
     kernel: Any
     x_shape: tuple
@@ -660,7 +688,6 @@ class Launch:
     bounds: np.ndarray | None  # None: the one-channel kernel, which takes no epilogue
     after: tuple
     parts: int
-    weight_kept: bool  # the weight's blocks are packed once (it cannot change)
 
 
 def prepare(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, options: ConvOptions,
@@ -700,13 +727,13 @@ def prepare(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, options:
         wt[:, : g.taps_used] = weight.reshape(o, g.taps_used)
         before = (wt.reshape(o, g.taps // g.unroll, g.unroll), g.offs, g.used, b)
         return Launch(_conv_single, x.shape, shape, dtype, before, None,
-                      (*g.layout, g.rows_per_tile), parts, False)  # fmt: skip
+                      (*g.layout, g.rows_per_tile), parts)  # fmt: skip
     first, second = epilogue or (_NO_BOUNDS, _NO_BOUNDS)
     # repr tells -0.0 from 0.0 (equal keys otherwise): a bound's sign can show in a result.
     bounds = _bounds(repr((first, second)), first, second, dtype)
     before = (packed_weight(weight, dtype, g), g.offs, g.used, b)
     return Launch(_conv_tiled, x.shape, shape, dtype, before, bounds,
-                  (*g.layout, g.nblk, g.rows_per_tile, g.span), parts, _immutable(weight))  # fmt: skip
+                  (*g.layout, g.nblk, g.rows_per_tile, g.span), parts)  # fmt: skip
 
 
 _NO_BOUNDS = (None, None)
