@@ -276,20 +276,26 @@ def test_a_missing_extra_is_a_typed_error_naming_it(monkeypatch, tracker, extra,
     assert error.value.extra == extra and isinstance(error.value, ImportError)
 
 
-def test_two_writers_in_one_second_keep_both_event_files(tmp_path) -> None:
-    """tensorboardX names its files by the second: two runs logging into one folder within
-    it must still write two files, neither over the other."""
+def test_writers_in_one_second_keep_their_event_files_in_order(tmp_path, monkeypatch) -> None:
+    """tensorboardX names its files by the second: runs logging into one folder within it
+    must still write a file each, none over another, named in the order they began."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboardX import event_file_writer
 
     from ember.train.tracker.base import RunInfo
 
-    folders = []
-    for value in (1.0, 2.0):
+    # One second for every file name (TensorBoard reads a folder's files in name order: a
+    # later writer's file, a resumed run's, must sort after the earlier ones).
+    clock = type("Clock", (), {"time": staticmethod(lambda: 1_700_000_000.5)})
+    monkeypatch.setattr(event_file_writer, "time", clock)
+    made = []
+    for value in (1.0, 2.0, 3.0, 4.0, 5.0):
         tracker = TensorBoardTracker(log_dir=tmp_path / "tb")
         tracker.start(RunInfo(artifact_dir=tmp_path, model_name="m"))
         tracker.log_step("train", {"Loss": value}, int(value))
         tracker.finish(None, "FINISHED")
-        folders.append(sorted((tmp_path / "tb" / "train").iterdir()))
-    assert len(folders[-1]) == 2
+        now = set((tmp_path / "tb" / "train").iterdir())
+        made += sorted(now - set(made))
+    assert len(made) == 5 and sorted(made) == made  # name order is creation order
     events = EventAccumulator(str(tmp_path / "tb" / "train")).Reload()
-    assert sorted((p.step, p.value) for p in events.Scalars("Loss")) == [(1, 1.0), (2, 2.0)]
+    assert [(p.step, p.value) for p in events.Scalars("Loss")] == [(n, float(n)) for n in range(1, 6)]

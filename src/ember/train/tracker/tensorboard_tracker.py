@@ -78,13 +78,18 @@ class TensorBoardTracker(ExperimentTracker):
             if self._run is None or self.log_dir is None:
                 raise RuntimeError("TensorBoardTracker: start(run) was not called")
             first = self._run.first_steps.get(split, 1)
+            folder = self.log_dir / split
             # tensorboardX names an event file by the second and the host only: a second
             # writer in the same folder within that second (a resumed run, another run
             # writing there) would open the same file and write over the first one's events.
+            # TensorBoard reads a folder's files in name order, so a resumed run's file must
+            # also sort after the files before it (its purge of the later steps comes after
+            # them): the count of files already there leads the suffix.
+            before = sum(1 for _ in folder.glob("*tfevents*")) if folder.is_dir() else 0
             writer = self._writers[split] = self._tensorboardx.SummaryWriter(
-                str(self.log_dir / split),
+                str(folder),
                 purge_step=first if first > 1 else None,
                 flush_secs=self.flush_secs,
-                filename_suffix=f".{os.getpid()}.{secrets.token_hex(4)}",
+                filename_suffix=f".{before:06d}.{os.getpid()}.{secrets.token_hex(4)}",
             )
         return writer
