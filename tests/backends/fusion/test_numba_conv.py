@@ -321,5 +321,24 @@ def test_a_launch_is_kept_for_weights_nothing_can_change():
     other.flags.writeable = False
     del w
     assert weight_ref() is None  # held weakly: the kept launch does not keep the weight alive
+    assert not numba_conv._launches and numba_conv._launch_bytes == 0  # nor its blocks
     np.testing.assert_allclose(numba_conv.conv2d(x, other, b, options, 1), want + 1, rtol=1e-5,
                                atol=1e-5)  # fmt: skip
+
+
+def test_kept_launches_are_bounded_by_their_weight_blocks(monkeypatch):
+    rng = np.random.default_rng(13)
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    weights = []
+    for _ in range(4):
+        w = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
+        w.flags.writeable = False
+        weights.append(w)
+    numba_conv._launches.clear()
+    numba_conv._launch_bytes = 0
+    one = numba_conv.prepare(x, weights[0], None, options, 1).before[0].nbytes
+    monkeypatch.setattr(numba_conv, "PACKED_CACHE_BYTES", 2 * one)
+    for w in weights:
+        numba_conv.conv2d(x, w, None, options, 1)
+        assert len(numba_conv._launches) <= 2 and numba_conv._launch_bytes <= 2 * one

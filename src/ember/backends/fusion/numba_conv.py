@@ -647,10 +647,11 @@ def conv2d(
 
 
 MAX_LAUNCHES = 256
-"""Launches :func:`conv2d` keeps for weights that cannot change; more, and it forgets them
-all."""
+"""Launches :func:`conv2d` keeps for weights that cannot change; more (or more than
+:data:`PACKED_CACHE_BYTES` of their weight blocks), and it forgets them all."""
 
 _launches: dict[tuple, tuple] = {}
+_launch_bytes = 0
 
 
 def launch_for(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
@@ -666,11 +667,27 @@ def launch_for(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     found = _launches.get(key)
     if found is not None and found[0]() is weight and (bias is None or found[1]() is bias):
         return found[2]
+    global _launch_bytes
     launch = prepare(x, weight, bias, options, threads, epilogue)
-    if len(_launches) >= MAX_LAUNCHES:
-        _launches.clear()
-    _launches[key] = (weakref.ref(weight), None if bias is None else weakref.ref(bias), launch)
+    size = launch.before[0].nbytes
+    with _packed_lock:
+        if len(_launches) >= MAX_LAUNCHES or _launch_bytes + size > PACKED_CACHE_BYTES:
+            _launches.clear()
+            _launch_bytes = 0
+        # Its weight's death drops it, and the blocks it holds.
+        ref = weakref.ref(weight, functools.partial(_forget_launch, key))
+        _launches[key] = (ref, None if bias is None else weakref.ref(bias), launch)
+        _launch_bytes += size
     return launch
+
+
+def _forget_launch(key: tuple, ref: weakref.ref) -> None:
+    global _launch_bytes
+    with _packed_lock:
+        found = _launches.get(key)
+        if found is not None and found[0] is ref:  # not a later weight that reuses the id
+            del _launches[key]
+            _launch_bytes -= found[2].before[0].nbytes
 
 
 @dataclass(frozen=True)
