@@ -289,18 +289,17 @@ def test_a_prepared_launch_runs_again_on_new_inputs(channels):
             numba_conv.prepare(x0, w, b, options, 1, ((0.0, None), (None, None)))
 
 
-def test_a_launch_is_kept_for_weights_nothing_can_change():
+def test_a_launch_is_kept_for_weights_nothing_can_change(no_packed_weights):
     rng = np.random.default_rng(12)
     options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
     x = rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
     w = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float64)  # another dtype: the launch holds a copy
-    numba_conv._launches.clear()
     want = reference(x, w, b, (1, 1), (1, 1), (1, 1), 1)
     for _ in range(2):  # writable: prepared on every call, nothing kept
         np.testing.assert_allclose(numba_conv.conv2d(x, w, b, options, 1), want, rtol=1e-5,
                                    atol=1e-5)  # fmt: skip
-    assert not numba_conv._launches
+    assert not numba_conv._packed
     b += 1.0  # in place: a kept copy of the bias would be stale
     np.testing.assert_allclose(numba_conv.conv2d(x, w, b, options, 1), want + 1, rtol=1e-5,
                                atol=1e-5)  # fmt: skip
@@ -308,25 +307,25 @@ def test_a_launch_is_kept_for_weights_nothing_can_change():
     for _ in range(2):
         np.testing.assert_allclose(numba_conv.conv2d(x, w, b, options, 1), want + 1, rtol=1e-5,
                                    atol=1e-5)  # fmt: skip
-    assert len(numba_conv._launches) == 1
+    assert len(numba_conv._packed[id(w)][2]) == 1
     loose = b.copy()  # a writable bias beside a read-only weight: prepared every call
     np.testing.assert_allclose(numba_conv.conv2d(x, w, loose, options, 1), want + 1, rtol=1e-5,
                                atol=1e-5)  # fmt: skip
     loose += 1.0
     np.testing.assert_allclose(numba_conv.conv2d(x, w, loose, options, 1), want + 2, rtol=1e-5,
                                atol=1e-5)  # fmt: skip
-    assert len(numba_conv._launches) == 1
-    ((weight_ref, _, _),) = numba_conv._launches.values()
+    assert len(numba_conv._packed[id(w)][2]) == 1
+    weight_ref = numba_conv._packed[id(w)][0]
     other = w.copy()
     other.flags.writeable = False
     del w
     assert weight_ref() is None  # held weakly: the kept launch does not keep the weight alive
-    assert not numba_conv._launches and numba_conv._launch_bytes == 0  # nor its blocks
+    assert not numba_conv._packed and numba_conv._packed_bytes == 0  # nor its blocks
     np.testing.assert_allclose(numba_conv.conv2d(x, other, b, options, 1), want + 1, rtol=1e-5,
                                atol=1e-5)  # fmt: skip
 
 
-def test_kept_launches_are_bounded_by_their_weight_blocks(monkeypatch):
+def test_kept_launches_are_bounded_by_their_weight_blocks(monkeypatch, no_packed_weights):
     rng = np.random.default_rng(13)
     options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
     x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
@@ -335,10 +334,9 @@ def test_kept_launches_are_bounded_by_their_weight_blocks(monkeypatch):
         w = rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
         w.flags.writeable = False
         weights.append(w)
-    numba_conv._launches.clear()
-    numba_conv._launch_bytes = 0
     one = numba_conv.prepare(x, weights[0], None, options, 1).before[0].nbytes
     monkeypatch.setattr(numba_conv, "PACKED_CACHE_BYTES", 2 * one)
     for w in weights:
         numba_conv.conv2d(x, w, None, options, 1)
-        assert len(numba_conv._launches) <= 2 and numba_conv._launch_bytes <= 2 * one
+        assert len(numba_conv._packed) <= 2 and numba_conv._packed_bytes <= 2 * one
+        assert len(numba_conv._packed[id(w)][2]) == 1  # its launch kept beside its blocks

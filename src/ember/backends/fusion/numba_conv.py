@@ -646,48 +646,40 @@ def conv2d(
     return run(launch, x, empty, None if epilogue is None else epilogue.residual)
 
 
-MAX_LAUNCHES = 256
-"""Launches :func:`conv2d` keeps for weights that cannot change; more (or more than
-:data:`PACKED_CACHE_BYTES` of their weight blocks), and it forgets them all."""
-
-_launches: dict[tuple, tuple] = {}
-_launch_bytes = 0
+MAX_LAUNCHES = 16
+"""Launches :func:`launch_for` keeps for one weight (input shapes, options, thread counts,
+epilogues); more, and it forgets them all."""
 
 
 def launch_for(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
-                 options: ConvOptions, threads: int | None,
-                 epilogue: tuple | None) -> Launch:  # fmt: skip
+               options: ConvOptions, threads: int | None,
+               epilogue: tuple | None) -> Launch:  # fmt: skip
     """:func:`prepare`'s launch, kept while ``weight`` and ``bias`` cannot change and live
-    (a model's layers call again with the same weights, input shapes and options); weak
-    references tell a live weight or bias from a later array that reuses its id."""
+    (a model's layers call again with the same weights, input shapes and options): beside
+    the weight's packed blocks (:func:`packed_weight`), so it goes with them; a weak
+    reference tells a live bias from a later array that reuses its id."""
     if not _immutable(weight) or (bias is not None and not _immutable(bias)):
         return prepare(x, weight, bias, options, threads, epilogue)
     # repr tells -0.0 from 0.0 among the bounds (equal keys otherwise).
-    key = (id(weight), id(bias), x.shape, x.dtype, threads, options, repr(epilogue))
-    found = _launches.get(key)
-    if found is not None and found[0]() is weight and (bias is None or found[1]() is bias):
-        return found[2]
-    global _launch_bytes
-    launch = prepare(x, weight, bias, options, threads, epilogue)
-    size = launch.before[0].nbytes
-    with _packed_lock:
-        if len(_launches) >= MAX_LAUNCHES or _launch_bytes + size > PACKED_CACHE_BYTES:
-            _launches.clear()
-            _launch_bytes = 0
-        # Its weight's death drops it, and the blocks it holds.
-        ref = weakref.ref(weight, functools.partial(_forget_launch, key))
-        _launches[key] = (ref, None if bias is None else weakref.ref(bias), launch)
-        _launch_bytes += size
+    key = (x.shape, x.dtype, threads, options, repr(epilogue), id(bias))
+    blocks, launches = _kept(weight)
+    found = None if launches is None else launches.get(key)
+    if found is not None and (bias is None or found[0]() is bias):
+        return found[1]
+    launch = prepare(x, weight, bias, options, threads, epilogue)  # packs, keeping the blocks
+    blocks, launches = _kept(weight)
+    if launches is not None and launch.before[0].base is blocks:  # of this grouping
+        if len(launches) >= MAX_LAUNCHES:
+            launches.clear()
+        launches[key] = (None if bias is None else weakref.ref(bias), launch)
     return launch
 
 
-def _forget_launch(key: tuple, ref: weakref.ref) -> None:
-    global _launch_bytes
+def _kept(weight: np.ndarray) -> tuple:
+    """``(packed blocks, launches kept beside them)`` of ``weight``, or ``(None, None)``."""
     with _packed_lock:
-        found = _launches.get(key)
-        if found is not None and found[0] is ref:  # not a later weight that reuses the id
-            del _launches[key]
-            _launch_bytes -= found[2].before[0].nbytes
+        found = _packed.get(id(weight))
+        return found[1:] if found is not None and found[0]() is weight else (None, None)
 
 
 @dataclass(frozen=True)
@@ -859,7 +851,8 @@ def _geometry(x_shape: tuple, w_shape: tuple, groups: int, stride: tuple, paddin
 PACKED_CACHE_BYTES = 64 << 20
 """Bytes of packed weights kept for weights that cannot change (:func:`packed_weight`)."""
 
-_packed: OrderedDict[int, tuple[weakref.ref, np.ndarray]] = OrderedDict()
+# id(weight) -> (weak reference, packed blocks, the launches kept beside them: launch_for)
+_packed: OrderedDict[int, tuple[weakref.ref, np.ndarray, dict]] = OrderedDict()
 _packed_bytes = 0
 # Reentrant: a weight's weak reference calls back (_forget_packed) when the weight dies,
 # which the garbage collector may make happen inside packed_weight, lock held.
@@ -892,7 +885,7 @@ def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarr
     with _packed_lock:
         old = _packed.pop(key, None)
         _packed_bytes -= 0 if old is None else old[1].nbytes
-        _packed[key] = (weakref.ref(weight, functools.partial(_forget_packed, key)), wt)
+        _packed[key] = (weakref.ref(weight, functools.partial(_forget_packed, key)), wt, {})
         _packed_bytes += wt.nbytes
         while _packed_bytes > PACKED_CACHE_BYTES and _packed:
             _packed_bytes -= _packed.popitem(last=False)[1][1].nbytes
