@@ -338,6 +338,29 @@ def test_a_large_lone_element_wise_op_runs_as_a_kernel_of_its_own(device, pool, 
     assert stats()["fused_ops"] == (1 if choice == "fused" else 0)
 
 
+def test_a_lone_kernel_writes_over_an_input_only_at_its_last_use(device, pool):
+    """Two lone ops read a pooled block output nobody holds: the first must leave it for
+    the second (it wrote over it, and the second read a value that was gone: an
+    AttributeError), and the second, its last reader, may write over it."""
+    from ember.backends.fusion import autotune, executor, reset_stats, stats
+
+    rng = np.random.default_rng(7)
+    x, w = rng.normal(size=(512, 256)).astype(np.float32), rng.normal(size=(256, 64)).astype(np.float32)
+    reset_stats()
+    with pytest.MonkeyPatch.context() as patch, autotune.forcing(autotune.Choice("fused", 1)):
+        patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)
+        u = Tensor.from_data(x, device).exp()  # a block of its own: the product below cuts
+        product = u.matmul(Tensor.from_data(w, device))
+        doubled = (u * 2.0).reshape([512, 8, 32])  # lone ops: their readers are layout ops
+        shifted = (u + 1.0).reshape([512, 8, 32])
+        del u
+        np.testing.assert_allclose(doubled.to_numpy(), (np.exp(x) * 2).reshape(512, 8, 32), rtol=1e-5)
+        np.testing.assert_allclose(shifted.to_numpy(), (np.exp(x) + 1).reshape(512, 8, 32), rtol=1e-5)
+        want = np.exp(x.astype(np.float64)) @ w
+        np.testing.assert_allclose(product.to_numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert stats()["in_place"] == 1  # the last reader's
+
+
 def test_a_transposed_input_of_a_block_is_read_right(device, pool):
     """A block reading a transposed view (a gradient through a transpose) gets it made
     contiguous tile by tile: its values are NdArray's."""

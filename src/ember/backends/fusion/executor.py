@@ -245,12 +245,12 @@ class Executor:
         for start, length, fused in segments:
             if fused is None:
                 record = records[start]
-                if record.name == "float_matmul":
-                    if readers is None:
-                        readers = _readers(records)
-                    if self._transposed_product(record, records, readers):
-                        continue
-                self.run_single(record)
+                if readers is None:
+                    readers = _readers(records)
+                if record.name == "float_matmul" and self._transposed_product(
+                        record, records, readers):  # fmt: skip
+                    continue
+                self.run_single(record, readers, start + 1)
             elif type(fused) is ConvEpilogue:
                 self._conv_epilogue(fused, records[start : start + length])
             elif type(fused) is MatmulEpilogue:
@@ -299,12 +299,14 @@ class Executor:
         counters.add("transposed_products")
         return True
 
-    def run_single(self, record: Record) -> None:
+    def run_single(self, record: Record, readers: dict | None = None, end: int = 0) -> None:
         """Runs a record no block holds (or a small op at once): its compiled kernel where
-        the tuner chose one, else the inner op."""
+        the tuner chose one, else the inner op. With ``readers`` (slot -> indices of the
+        stream's records that read it) and ``end`` (the index after the record), an
+        element-wise kernel may write over an input at its last use."""
         if record.name == "float_reshape" and self._pooled_reshape(record):
             return
-        if self._lone_kernel(record):
+        if self._lone_kernel(record, readers, end):
             return
         kernel = self.op_kernels.get(record.name)
         if kernel is None or not self._run_op_kernel(kernel, record):
@@ -610,8 +612,8 @@ class Executor:
             self._unfused(records)
             return
         out, consumed = None, []
-        if recycler is not None and type(how) is not autotune.Pending:
-            out, consumed = self._in_place(fused, readers or {}, end)
+        if recycler is not None and readers is not None and type(how) is not autotune.Pending:
+            out, consumed = self._in_place(fused, readers, end)
         arrays = [to_numpy(s.prim).reshape(i.shape) for s, i in zip(fused.inputs, block.inputs)]
         started = time.perf_counter()
         try:
@@ -715,7 +717,7 @@ class Executor:
                                  lambda: inner_op(*args), record.name)  # fmt: skip
         return True
 
-    def _lone_kernel(self, record: Record) -> bool:
+    def _lone_kernel(self, record: Record, readers: dict | None, end: int) -> bool:
         """Runs a large element-wise op that no block holds (a bias added after a product
         and a reshape, whose readers are layout ops) as a kernel of its own, where the tuner
         chose that over the inner op: on every core, into pooled memory, where NumPy's op
@@ -732,7 +734,7 @@ class Executor:
         fuser.fuse(record)
         if not fuser.records:
             return False
-        self._launch(fuser.finish({out.id}), [record])
+        self._launch(fuser.finish({out.id}), [record], readers, end)
         return out.prim is not None
 
     def _pooled_reshape(self, record: Record) -> bool:
