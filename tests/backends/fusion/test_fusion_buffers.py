@@ -11,6 +11,8 @@ import weakref
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ember
 from ember import Tensor
@@ -359,6 +361,92 @@ def test_a_lone_kernel_writes_over_an_input_only_at_its_last_use(device, pool):
         want = np.exp(x.astype(np.float64)) @ w
         np.testing.assert_allclose(product.to_numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     assert stats()["in_place"] == 1  # the last reader's
+
+
+_ROWS, _COLS = 48, 96  # 18 KiB of f32: pooled, so blocks may write over their inputs
+
+
+def _random_op(values: list, weight: Tensor, bias: Tensor, step: tuple) -> Tensor | None:
+    from ember.tensor import activation
+
+    kind, i, j, scalar = step
+    a, b = values[-1 - i % len(values)], values[-1 - j % len(values)]  # recent ones, mostly
+    if kind == "add":
+        return a + b
+    if kind == "mul":
+        return a * b.tanh()
+    if kind == "affine":
+        return (a * scalar + 0.5).clamp(-4.0, 4.0)
+    if kind == "relu":
+        return activation.relu(a)
+    if kind == "bias":
+        return a + bias
+    if kind == "matmul":  # cuts the blocks: the ops after it may run as lone kernels
+        return a.matmul(weight)
+    if kind == "heads":  # layout ops around an add
+        return (a.reshape([_ROWS, 8, 12]) + 1.0).reshape([_ROWS, _COLS])
+    if kind == "rows":
+        return a - a.sum_dim(-1) * (1.0 / _COLS)
+    a.device.sync()  # "sync": what is recorded so far runs as a stream of its own
+    return None
+
+
+_RANDOM_STEPS = st.lists(
+    st.tuples(st.sampled_from(["add", "mul", "affine", "relu", "bias", "matmul", "matmul", "heads",
+                               "rows", "sync"]),
+              st.integers(0, 3), st.integers(0, 3), st.sampled_from([-1.5, 0.5, 2.0])),
+    min_size=2, max_size=8,
+)  # fmt: skip
+
+
+_KEPT = st.lists(st.booleans(), min_size=11, max_size=11)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(steps=_RANDOM_STEPS, kept=_KEPT, reversed_reads=st.booleans())
+def test_random_graphs_with_dropped_values_equal_ndarray(steps, kept, reversed_reads):
+    """Random chains of element-wise ops, products (after which ops run as lone kernels),
+    layout ops and syncs, of which the caller keeps some values and drops the rest before
+    reading: blocks write over inputs nobody reads any more and the pool lends buffers
+    again, and every kept value still equals NdArray's. The interpreter runtime shares
+    the numba runtime's memory rules and compiles nothing, so it takes many graphs."""
+    _check_random_graph("interpreter", steps, kept, reversed_reads)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)  # each new block compiles
+@given(steps=_RANDOM_STEPS, kept=_KEPT, reversed_reads=st.booleans())
+def test_random_graphs_with_dropped_values_equal_ndarray_on_numba(steps, kept, reversed_reads):
+    _check_random_graph("numba", steps, kept, reversed_reads)
+
+
+def _check_random_graph(runtime: str, steps: list, kept: list, reversed_reads: bool) -> None:
+    from ember.backends.fusion import autotune, executor
+
+    rng = np.random.default_rng(len(steps))
+    host = [rng.normal(size=(_ROWS, _COLS)).astype(np.float32) for _ in range(2)]
+    host_weight = (rng.normal(size=(_COLS, _COLS)) / np.sqrt(_COLS)).astype(np.float32)
+    host_bias = rng.normal(size=_COLS).astype(np.float32)
+    results = {}
+    for name, on in (("ndarray", ember.device("ndarray")),
+                     ("fusion", ember.device("ndarray").fusion(runtime=runtime))):  # fmt: skip
+        values = [Tensor.from_data(h, on) for h in host]
+        weight, bias = Tensor.from_data(host_weight, on), Tensor.from_data(host_bias, on)
+        with pytest.MonkeyPatch.context() as patch, autotune.forcing(autotune.Choice("fused", 1)):
+            patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)
+            for step in steps:
+                made = _random_op(values, weight, bias, step)
+                if made is not None:
+                    values.append(made)
+            chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
+            held = {n: values[n] for n in chosen}
+            made = None
+            del values  # what is not held can be written over and handed out again
+            order = sorted(held, reverse=reversed_reads)
+            results[name] = {n: held[n].to_numpy() for n in order}
+        del held
+    for n, want in results["ndarray"].items():
+        np.testing.assert_allclose(results["fusion"][n], want, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"value {n} of {steps}")  # fmt: skip
 
 
 def test_a_transposed_input_of_a_block_is_read_right(device, pool):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.backend.ops import OPS
+from ember.backends.fusion.buffers import BufferPool
 from ember.backends.fusion.ir import Block
 from ember.backends.ndarray import NdArray
 
@@ -32,20 +33,36 @@ class InterpreterRuntime:
 
     def __init__(self) -> None:
         self.backend = NdArray()
+        # Outputs come from a pool as the numba runtime's do, so the executor's memory
+        # rules (buffers handed back, writes over an input at its last use) run here too.
+        self.pool = BufferPool()
 
     def run(self, block: Block, inputs: list[np.ndarray],
-            out: list[np.ndarray] | None = None) -> list[np.ndarray]:  # fmt: skip
+            out: list[np.ndarray | None] | None = None) -> list[np.ndarray]:  # fmt: skip
         """The block's outputs for ``inputs`` (arrays of the input registers' shapes); written
-        into ``out`` when given (arrays of the output registers' shapes), else fresh."""
+        into ``out`` when given (arrays of the output registers' shapes; a None entry, and
+        every output without ``out``, comes from the pool). Every register is computed
+        before any output is written, so an output may be an input."""
         registers = list(inputs)
         backend = self.backend
         for instr in block.body:
             kind = block.register_dtype(instr.args[0]).kind
             primitive = getattr(backend, OPS[instr.op].primitive(kind))
             registers.append(primitive(*[registers[a] for a in instr.args], *instr.attrs))
-        results = [registers[r] for r in block.outputs]
-        if out is None:
-            return results
-        for target, result in zip(out, results, strict=True):
+        targets = out if out is not None else [None] * len(block.outputs)
+        made = []
+        for r, target in zip(block.outputs, targets, strict=True):
+            result = registers[r]
+            if target is None:
+                target = self.pool.take(block.register_shape(r), result.dtype)
             target[...] = result
-        return out
+            made.append(target)
+        return made
+
+    def release(self, array: np.ndarray) -> bool:
+        """Hands an output of :meth:`run` back to the pool (see :meth:`BufferPool.release`)."""
+        return self.pool.release(array)
+
+    def release_later(self, array: np.ndarray) -> None:
+        """:meth:`release` from a finalizer (see :meth:`BufferPool.release_later`)."""
+        self.pool.release_later(array)
