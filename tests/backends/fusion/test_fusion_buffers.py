@@ -385,6 +385,11 @@ def _random_op(values: list, weight: Tensor, bias: Tensor, step: tuple) -> Tenso
         return a.matmul(weight)
     if kind == "heads":  # layout ops around an add
         return (a.reshape([_ROWS, 8, 12]) + 1.0).reshape([_ROWS, _COLS])
+    if kind == "swap":  # a permuted view's reshape copies (into the pool) and back
+        return a.reshape([_ROWS, 8, 12]).permute([1, 0, 2]).reshape([8, _ROWS * 12]) \
+            .reshape([8, _ROWS, 12]).permute([1, 0, 2]).reshape([_ROWS, _COLS]) * scalar  # fmt: skip
+    if kind == "transposed":  # a product whose one reader swaps it: computed transposed
+        return a.matmul(weight).transpose().transpose() - b
     if kind == "rows":
         return a - a.sum_dim(-1) * (1.0 / _COLS)
     a.device.sync()  # "sync": what is recorded so far runs as a stream of its own
@@ -393,7 +398,7 @@ def _random_op(values: list, weight: Tensor, bias: Tensor, step: tuple) -> Tenso
 
 _RANDOM_STEPS = st.lists(
     st.tuples(st.sampled_from(["add", "mul", "affine", "relu", "bias", "matmul", "matmul", "heads",
-                               "rows", "sync"]),
+                               "swap", "transposed", "rows", "sync"]),
               st.integers(0, 3), st.integers(0, 3), st.sampled_from([-1.5, 0.5, 2.0])),
     min_size=2, max_size=8,
 )  # fmt: skip
@@ -419,34 +424,55 @@ def test_random_graphs_with_dropped_values_equal_ndarray_on_numba(steps, kept, r
     _check_random_graph("numba", steps, kept, reversed_reads)
 
 
-def _check_random_graph(runtime: str, steps: list, kept: list, reversed_reads: bool) -> None:
-    from ember.backends.fusion import autotune, executor
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(steps=_RANDOM_STEPS, kept=_KEPT)
+def test_random_graphs_replayed_equal_ndarray(steps, kept):
+    """The same graphs through ``fusion.replay``, called on new inputs each time: traced,
+    replayed from records, then (where the flush allows) launched directly; every call's
+    values equal NdArray's."""
+    _check_random_graph("interpreter", steps, kept, False, calls=5)
+
+
+def _check_random_graph(runtime: str, steps: list, kept: list, reversed_reads: bool,
+                        calls: int = 0) -> None:  # fmt: skip
+    """Runs the graph of ``steps`` on NdArray and on a fusion device of ``runtime`` (with
+    ``calls``, as a replayed function called that many times on new inputs) and compares
+    the values ``kept`` picks."""
+    from ember.backends.fusion import autotune, executor, replay
 
     rng = np.random.default_rng(len(steps))
-    host = [rng.normal(size=(_ROWS, _COLS)).astype(np.float32) for _ in range(2)]
     host_weight = (rng.normal(size=(_COLS, _COLS)) / np.sqrt(_COLS)).astype(np.float32)
     host_bias = rng.normal(size=_COLS).astype(np.float32)
+    inputs = [[rng.normal(size=(_ROWS, _COLS)).astype(np.float32) for _ in range(2)]
+              for _ in range(max(1, calls))]  # fmt: skip
     results = {}
     for name, on in (("ndarray", ember.device("ndarray")),
                      ("fusion", ember.device("ndarray").fusion(runtime=runtime))):  # fmt: skip
-        values = [Tensor.from_data(h, on) for h in host]
         weight, bias = Tensor.from_data(host_weight, on), Tensor.from_data(host_bias, on)
-        with pytest.MonkeyPatch.context() as patch, autotune.forcing(autotune.Choice("fused", 1)):
-            patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)
+
+        def graph(x: Tensor, y: Tensor, weight: Tensor = weight, bias: Tensor = bias) -> dict:
+            values = [x, y]
             for step in steps:
                 made = _random_op(values, weight, bias, step)
                 if made is not None:
                     values.append(made)
             chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
-            held = {n: values[n] for n in chosen}
-            made = None
-            del values  # what is not held can be written over and handed out again
-            order = sorted(held, reverse=reversed_reads)
-            results[name] = {n: held[n].to_numpy() for n in order}
-        del held
-    for n, want in results["ndarray"].items():
-        np.testing.assert_allclose(results["fusion"][n], want, rtol=1e-4, atol=1e-4,
-                                   err_msg=f"value {n} of {steps}")  # fmt: skip
+            return {n: values[n] for n in chosen}  # the rest is dropped: written over, lent again
+
+        run = replay(graph) if calls and name == "fusion" else graph
+        with pytest.MonkeyPatch.context() as patch, autotune.forcing(autotune.Choice("fused", 1)):
+            patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)
+            patch.setattr(executor, "POOLED_COPY_MIN", 1 << 10)
+            results[name] = []
+            for x, y in inputs:
+                held = run(Tensor.from_data(x, on), Tensor.from_data(y, on))
+                order = sorted(held, reverse=reversed_reads)
+                results[name].append({n: held[n].to_numpy() for n in order})
+                del held
+    for call, (got, wanted) in enumerate(zip(results["fusion"], results["ndarray"], strict=True)):
+        for n, want in wanted.items():
+            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"value {n} of call {call} of {steps}")  # fmt: skip
 
 
 def test_a_transposed_input_of_a_block_is_read_right(device, pool):
