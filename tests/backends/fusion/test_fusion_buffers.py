@@ -433,6 +433,56 @@ def test_random_graphs_replayed_equal_ndarray(steps, kept):
     _check_random_graph("interpreter", steps, kept, False, calls=5)
 
 
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(steps=_RANDOM_STEPS, kept=_KEPT, replayed=st.booleans())
+def test_random_graphs_differentiated_equal_ndarray(steps, kept, replayed):
+    """The gradients of the kept values (each weighted by a fixed probe) with respect to
+    the inputs, the weight and the bias, on ``fusion(...).autodiff()`` (``replayed``: the
+    whole step through ``fusion.replay``, called on new inputs four times): the backward
+    pass records, fuses and writes over its intermediates too, and equals NdArray's."""
+    from ember.backends.fusion import executor, replay
+
+    rng = np.random.default_rng(len(steps))
+    host_weight = (rng.normal(size=(_COLS, _COLS)) / np.sqrt(_COLS)).astype(np.float32)
+    host_bias = rng.normal(size=_COLS).astype(np.float32)
+    probes = [rng.normal(size=(_ROWS, _COLS)).astype(np.float32) for _ in kept]
+    inputs = [[rng.normal(size=(_ROWS, _COLS)).astype(np.float32) for _ in range(2)]
+              for _ in range(4 if replayed else 1)]  # fmt: skip
+    results = {}
+    for name, on in (("ndarray", ember.device("ndarray").autodiff()),
+                     ("fusion", ember.device("ndarray").fusion(runtime="interpreter").autodiff())):  # fmt: skip
+        probed = [Tensor.from_data(p, on) for p in probes]
+
+        def grads_of(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor,
+                     probed: list = probed) -> list:  # fmt: skip
+            values = [x, y]
+            for step in steps:
+                made = _random_op(values, weight, bias, step)
+                if made is not None:
+                    values.append(made)
+            chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
+            loss = sum((values[n] * probed[n]).sum() for n in chosen)
+            del values, made  # their intermediates may be written over
+            grads = loss.backward()
+            return [leaf.grad(grads) for leaf in (x, y, weight, bias)]
+
+        step_fn = replay(grads_of) if replayed and name == "fusion" else grads_of
+        results[name] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)
+            patch.setattr(executor, "POOLED_COPY_MIN", 1 << 10)
+            for x, y in inputs:
+                leaves = [Tensor.from_data(h, on).require_grad() for h in (x, y, host_weight, host_bias)]
+                results[name].append([None if g is None else g.to_numpy() for g in step_fn(*leaves)])
+    for call, (got_all, want_all) in enumerate(zip(results["fusion"], results["ndarray"], strict=True)):
+        for k, (got, want) in enumerate(zip(got_all, want_all, strict=True)):
+            where = f"gradient {k} of call {call} of {steps}"
+            assert (got is None) == (want is None), where
+            if want is not None:
+                np.testing.assert_allclose(got, want, rtol=1e-4,
+                                           atol=1e-4 * max(1.0, np.abs(want).max()), err_msg=where)  # fmt: skip
+
+
 def _check_random_graph(runtime: str, steps: list, kept: list, reversed_reads: bool,
                         calls: int = 0) -> None:  # fmt: skip
     """Runs the graph of ``steps`` on NdArray and on a fusion device of ``runtime`` (with
