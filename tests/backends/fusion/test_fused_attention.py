@@ -169,6 +169,47 @@ def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_replayed_training_step_runs_its_attention_directly(masked):
+    """A training step through the attention (its forward and gradient kernels, the
+    scaled queries kept for the backward pass, the heads merged back) replayed on new
+    inputs: from the fourth call its launches run directly, and every call's gradients
+    equal NdArray's."""
+    from ember.backends.fusion import replay
+
+    rng = np.random.default_rng(6)
+    inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(5)]
+    per_device = []
+    for device in (ember.device("ndarray").autodiff(),
+                   ember.device("ndarray").fusion(runtime="numba").autodiff()):  # fmt: skip
+        mha, _ = _mha(device, masked, inputs[0])
+        params = (mha.query.weight.val(), mha.key.weight.val(), mha.value.weight.val())
+
+        def step(x: Tensor, mha=mha, params=params) -> list:
+            inp = MhaInput.self_attn(x)
+            if masked:
+                inp = inp.with_mask_attn(generate_autoregressive_mask(2, 24, x.device))
+            context = mha(inp).context
+            g = (context * context).sum().backward()
+            return [x.grad(g)] + [p.grad(g) for p in params]
+
+        fused = "fusion" in device.backend.name
+        run = replay(step) if fused else step
+        calls = []
+        with autotune.forcing(Choice("fused", 1)):
+            for call, x in enumerate(inputs):
+                reset_stats()
+                calls.append([g.to_numpy() for g in run(Tensor.from_data(x, device).require_grad())])
+                if fused:
+                    assert stats()["direct_replays"] == (call >= 3), call
+                    assert stats()["attentions"] == stats()["attention_grads"] == 1
+        per_device.append(calls)
+    for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
+        for got, want in zip(got_all, want_all, strict=True):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max(),
+                                       err_msg=f"call {call}")  # fmt: skip
+
+
 def _imported_pattern(q, k, v, scale, bias):
     """Attention as a PyTorch ONNX export writes it: both operands scaled by a one-element
     tensor, the key transposed first, an additive mask."""

@@ -224,7 +224,9 @@ def test_a_long_function_keeps_values_read_after_a_full_stream_runs(interp, retu
         np.testing.assert_allclose(out[0].to_numpy(), expect + data * 2, rtol=1e-5)
         if returns_first:
             np.testing.assert_allclose(out[1].to_numpy(), data * 2)
-    assert stats()["replays"] == 2
+    # The replays push every record before their stream runs: one flush, so the last call
+    # runs its launches directly.
+    assert stats()["replays"] == 2 and stats()["direct_replays"] == 1
 
 
 @pytest.mark.parametrize("args, reason", [
@@ -749,8 +751,9 @@ def test_a_replay_with_a_product_runs_it_as_a_single_op(interp):
         assert stats()["direct_replays"] == (call >= 3)
 
 
-def test_a_product_read_transposed_keeps_running_records(interp):
-    # The executor computes such a product transposed for its reader: the records run.
+def test_a_product_read_transposed_is_computed_transposed_in_a_direct_replay(interp):
+    # The executor computes such a product transposed for its one reader, a swap; the
+    # direct replay does the same.
     w = Tensor.from_data(_data((32, 16), 3), interp)
     g = replay(lambda x: ((x @ w).permute([1, 0]) + 1.0).exp())
     for call in range(5):
@@ -759,7 +762,23 @@ def test_a_product_read_transposed_keeps_running_records(interp):
         got = g(Tensor.from_data(x, interp)).to_numpy()
         want = np.exp((x.astype(np.float64) @ _data((32, 16), 3)).T + 1)
         np.testing.assert_allclose(got, want, rtol=1e-5)
-        assert stats()["direct_replays"] == 0
+        assert stats()["direct_replays"] == (call >= 3)
+        assert stats()["transposed_products"] == 1
+
+
+def test_ops_run_at_once_run_first_in_a_direct_replay():
+    """Small ops on made values run at once when traced (a one-element factor from an
+    input); a direct replay runs them before its launches, on each call's input."""
+    device = ember.device("ndarray").fusion(runtime="interpreter", small=16)
+    g = replay(lambda x, s: (x * (s * 2.0 + 1.0).exp()).tanh())
+    for call in range(5):
+        x, s = _data((64, 256), call), np.array([0.1 * call - 0.2], np.float32)
+        reset_stats()
+        got = g(Tensor.from_data(x, device), Tensor.from_data(s, device)).to_numpy()
+        np.testing.assert_allclose(got, np.tanh(x * np.exp(s.astype(np.float64) * 2 + 1)),
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        assert stats()["direct_replays"] == (call >= 3)
+        assert stats()["small_ops"] == (3 if call < 3 else 0)
 
 
 def test_a_convolutional_forward_replays_its_launches_directly():

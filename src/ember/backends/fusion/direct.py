@@ -4,24 +4,34 @@ A replayed call (``replayed.py``) pushes its trace's records into the stream, an
 stream's flush plans, binds and launches them: Python that a small model pays on every
 call, and pays cold, since each kernel before it streamed its data through the caches (a
 replayed layer norm's call at two threads spent 240 us of Python around a 0.8 ms kernel).
-Where the first replay's flush held exactly the trace's records and ran every segment as
-one of the launches below, :func:`learn` keeps those launches as a :class:`Program`, with
-each value named by its trace reference; later calls :func:`run` it on the input arrays
-at once:
+A replay of up to ``stream.MAX_REPLAY_RECORDS`` records pushes them all before its stream
+runs. Where the first replay's flush held exactly the records it pushed, :func:`learn`
+keeps the flush's launches as a :class:`Program`, with each value named by its trace
+reference; later calls :func:`run` it on the input arrays at once:
 
+* ``op``, first: each entry the replay ran at once (a small op on made values: it reads
+  only inputs, constants and the others' results), by ``Executor.run_single``;
 * ``block``: an element-wise block (``Fused``), launched on the runtime as the executor's
   ``_launch`` does, with the tuner's settled choice;
 * ``conv``: a convolution with its epilogue (``ConvEpilogue``) or alone, launched on the
   numba kernel at the tuner's settled thread count, as ``_conv_epilogue`` and
   ``_run_op_kernel`` do;
+* ``attention``: an attention or attention gradient segment, its template bound to records
+  made for it and run by the executor's own method, in the layout its readers had;
+* ``transposed``: a product whose one reader swaps it, computed transposed as the
+  executor does (``Executor.run_transposed``);
 * ``op``: any other single record, run by ``Executor.run_single`` on made slots (a
   reshape, the mean of a global pooling, a product).
 
-The outputs are made when the call returns, so ops after the call no longer fuse with its
-last block. :func:`run` hands the call back to the records (returns None) where they
-must run: an input still pending, a block the tuner has not settled or runs unfused,
-plans forgotten since the program was made (``Explorer.generation``); where a launch is
-refused or was never the kernel's (too small to time), the program is dropped for good.
+After each step, the values no later step reads and the call does not return are
+dropped, so their buffers go back to the pool for the steps after it. The outputs are
+made when the call returns, so ops after the call no longer fuse with its last block.
+:func:`run` hands the call back to the records (returns None) where they must run: an
+input still pending, a block the tuner has not settled or runs unfused, plans forgotten
+since the program was made (``Explorer.generation``); where a launch is refused or was
+never the kernel's (too small to time), or a template no longer binds, the program is
+dropped for good. A product's epilogue (Triton) and traces with eager, indexed or random
+ops keep the records.
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ from typing import Any
 from ember.backend.device import Device
 from ember.backend.errors import UnsupportedError
 from ember.backends.fusion import autotune, counters
+from ember.backends.fusion.attention import Attention
+from ember.backends.fusion.attention_grad import AttentionGrad
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
+from ember.backends.fusion.executor import read_transposed, reader_layout, readers_of
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
 from ember.backends.fusion.handle import Slot
@@ -44,34 +57,44 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "conv_keys", "device", "generation", "steps")
+    __slots__ = ("blocks", "conv_keys", "device", "drops", "generation", "steps")
 
-    def __init__(self, generation: int, steps: tuple, device: Device) -> None:
-        self.generation, self.steps, self.device = generation, steps, device
+    def __init__(self, generation: int, steps: tuple, device: Device,
+                 drops: tuple[tuple[int, ...], ...]) -> None:  # fmt: skip
+        self.generation, self.steps, self.device, self.drops = generation, steps, device, drops
         self.blocks = sum(step[0] == "block" for step in steps)
         self.conv_keys: dict[int, tuple] = {}  # step index -> (tuner key, work), once known
 
 
-def learn(trace: Any, values: list, records: list[Record], segments: list) -> Program | bool | None:
-    """The program of a flush of exactly ``trace``'s records (``values``: their slots by
-    trace reference) run by ``segments`` (``(start, length, fused)`` each); False where
-    the trace has a segment no step runs, None where this flush cannot show the program
-    (the caller could read other values than the call returns: then the blocks keep other
-    outputs)."""
+def learn(trace: Any, values: list, records: Any, segments: list) -> Program | bool | None:
+    """The program of a flush of exactly the records one replay of ``trace`` pushed
+    (``records``, a ``ReplayedRecords``; ``values``: their slots by trace reference) run by
+    ``segments`` (``(start, length, fused)`` each); False where the trace has a segment no
+    step runs, None where this flush cannot show the program (the caller could read other
+    values than the call returns: then the blocks keep other outputs)."""
     ref_of = {id(s): r for r, s in enumerate(values) if s is not None}
     readable = {ref_of.get(id(o)) for r in records for o in r.outputs if o.readable()}
-    if readable != trace.returned or len(records) != len(trace.entries):
+    pushed = records.pushed
+    if readable != trace.returned or len(records) != len(pushed):
         return None
     executor = trace.backend.executor
-    device = trace.entries[0].device
-    steps: list[tuple] = []
-    made: set[int] = set()
+    entries = trace.entries
+    device = entries[0].device
+    # The entries that ran at once read made values only (inputs, constants, each other's):
+    # they run first.
+    ran = set(pushed)
+    steps: list[tuple] = [("op", i) for i in range(len(entries)) if i not in ran]
+    if any(not entries[i].now for _, i in steps):
+        return False
+    made: set[int] = {r for _, i in steps for r in entries[i].out_refs}
+    readers = readers_of(records)
+    templates = None
 
     def refs(slots) -> tuple | None:
         found = tuple(ref_of.get(id(s)) for s in slots)
         return None if None in found else found
 
-    for start, _, fused in segments:
+    for start, length, fused in segments:
         if type(fused) is Fused:
             ins, outs = refs(fused.inputs), refs(fused.outputs)
             if (ins is None or outs is None or not fused.outputs
@@ -96,23 +119,69 @@ def learn(trace: Any, values: list, records: list[Record], segments: list) -> Pr
             outs = out
         elif fused is None:
             record = records[start]
-            if record.name == "float_matmul" and _read_transposed(record, records):
-                return False  # the executor computes it transposed for that reader
             outs = refs(record.outputs)
             if outs is None:
                 return False
-            steps.append(("op", start))
+            transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
+            steps.append(("transposed" if transposed else "op", pushed[start]))
+        elif type(fused) in (Attention, AttentionGrad):
+            if templates is None:
+                templates = _templates(records)
+            template = templates.get(start)
+            if template is None:
+                return False
+            if type(fused) is Attention:
+                layout = reader_layout(fused.output, records, readers)
+            else:
+                layout = [reader_layout(s, records, readers)
+                          for s in (fused.d_query, fused.d_key, fused.d_value)]  # fmt: skip
+            outs = refs([o for r in records[start : start + length] for o in r.outputs])
+            if outs is None:
+                return False
+            steps.append(("attention", template, pushed[start : start + length], layout))
         else:
-            return False  # an attention or a product's epilogue: the records run
+            return False  # a product's epilogue (Triton): the records run
         made.update(outs)
     if not trace.returned <= made:
         return False
-    return Program(Explorer.generation(), tuple(steps), device)
+    return Program(Explorer.generation(), tuple(steps), device, _drops(trace, steps))
 
 
-def _read_transposed(record: Record, records: list[Record]) -> bool:
-    out = record.outputs[0]
-    return any(r.name == "float_permute" and out in r.inputs for r in records)
+def _templates(records: Any) -> dict:
+    """The templates of the plan the executor bound ``records`` by, by segment start."""
+    readable = tuple([o.readable() for r in records for o in r.outputs])
+    found = records.plans.get((records.pushed, readable))
+    if found is None or found[1] is None:
+        return {}
+    return {start: template for start, _, template in found[1] if template is not None}
+
+
+def _reads(trace: Any, step: tuple) -> set[int]:
+    """The trace references ``step`` reads."""
+    kind = step[0]
+    if kind == "block":
+        return set(step[2])
+    if kind == "conv":
+        return {r for r in (step[1], step[2], step[3], step[7]) if r is not None}
+    if kind == "attention":
+        return {r for i in step[2] for r in trace.entries[i].refs if r >= 0}
+    return {r for r in trace.entries[step[1]].refs if r >= 0}
+
+
+def _drops(trace: Any, steps: list[tuple]) -> tuple[tuple[int, ...], ...]:
+    """For each step, the values made in the call that no later step reads and the call
+    does not return: dropped after it, so that their buffers go back to the pool for the
+    steps after it."""
+    last: dict[int, int] = {}
+    for k, step in enumerate(steps):
+        for r in _reads(trace, step):
+            last[r] = k
+    made_here = {r for entry in trace.entries for r in entry.out_refs}
+    drops: list[list[int]] = [[] for _ in steps]
+    for r, k in last.items():
+        if r in made_here and r not in trace.returned:
+            drops[k].append(r)
+    return tuple(tuple(d) for d in drops)
 
 
 def run(trace: Any, program: Program, tensors: list) -> Any:
@@ -140,6 +209,7 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
     for r, slot in trace.consts:
         slots[r], prims[r] = slot, slot.prim
     specs = trace.specs
+    entries = trace.entries
     try:
         for i, step in enumerate(program.steps):
             kind = step[0]
@@ -164,8 +234,25 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
                     return None
                 prims[step[8]] = prim = from_array(out)
                 pooled[step[8]] = prim is out
+            elif kind == "attention":
+                _, template, indices, layout = step
+                made = [_record(entries[k], slots, prims, specs) for k in indices]
+                fused = template.bind(made)
+                if fused is None:
+                    trace.program = False
+                    return None
+                if type(fused) is Attention:
+                    executor._attention(fused, made, layout)
+                else:
+                    executor._attention_grad(fused, made, layout)
+                _keep(entries, indices, made, slots, prims)
             else:
-                _op(executor, trace.entries[step[1]], slots, prims, specs)
+                record = _record(entries[step[1]], slots, prims, specs)
+                if kind == "op" or not executor.run_transposed(record):
+                    executor.run_single(record)
+                _keep(entries, (step[1],), (record,), slots, prims)
+            for r in program.drops[i]:
+                slots[r] = prims[r] = None  # read by no later step: back to the pool
     except UnsupportedError:
         trace.program = False  # the runtime refuses a launch: the records run, from now on
         return None
@@ -177,7 +264,6 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
             slot = slots[r] = Slot(shape, dtype, device, prim=prims[r])
             if pooled[r] and recycler is not None:
                 slot.recycle = recycler
-    # Intermediates go back to the pool as their arrays die (its loans' weak references).
     return trace.output_values(slots, tensors)
 
 
@@ -204,8 +290,9 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
                           None if residual is None else to_array(prims[residual]))  # fmt: skip
 
 
-def _op(executor: Any, entry: Any, slots: list, prims: list, specs: dict) -> None:
-    """Runs a trace entry as a record on made slots (``Executor.run_single``)."""
+def _record(entry: Any, slots: list, prims: list, specs: dict) -> Record:
+    """A record of trace entry ``entry`` on made slots (made for values that have none
+    yet), its outputs new slots, registered in ``slots``."""
     present = []
     for r in entry.refs:
         if r >= 0 and slots[r] is None:
@@ -216,7 +303,13 @@ def _op(executor: Any, entry: Any, slots: list, prims: list, specs: dict) -> Non
     operands = [None if r < 0 else slots[r] for r in entry.refs]
     call_args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
     outputs = tuple([Slot(shape, dtype, device) for shape, dtype, device in entry.outputs])
-    executor.run_single(Record(entry.op, entry.name, call_args, tuple(present), outputs,
-                               entry.multi))  # fmt: skip
     for r, slot in zip(entry.out_refs, outputs, strict=True):
-        slots[r], prims[r] = slot, slot.prim
+        slots[r] = slot
+    return Record(entry.op, entry.name, call_args, tuple(present), outputs, entry.multi)
+
+
+def _keep(entries: list, indices, records, slots: list, prims: list) -> None:
+    """Takes the values the records of ``entries[indices]`` made into ``prims``."""
+    for k, record in zip(indices, records, strict=True):
+        for r, slot in zip(entries[k].out_refs, record.outputs, strict=True):
+            slots[r], prims[r] = slot, slot.prim

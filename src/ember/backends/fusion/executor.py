@@ -246,7 +246,7 @@ class Executor:
             if fused is None:
                 record = records[start]
                 if readers is None:
-                    readers = _readers(records)
+                    readers = readers_of(records)
                 if record.name == "float_matmul" and self._transposed_product(
                         record, records, readers):  # fmt: skip
                     continue
@@ -257,18 +257,18 @@ class Executor:
                 self._matmul_epilogue(fused, records[start : start + length])
             elif type(fused) is Attention:
                 if readers is None:
-                    readers = _readers(records)
+                    readers = readers_of(records)
                 self._attention(fused, records[start : start + length],
-                                _reader_layout(fused.output, records, readers))  # fmt: skip
+                                reader_layout(fused.output, records, readers))  # fmt: skip
             elif type(fused) is AttentionGrad:
                 if readers is None:
-                    readers = _readers(records)
-                layouts = [_reader_layout(s, records, readers)
+                    readers = readers_of(records)
+                layouts = [reader_layout(s, records, readers)
                            for s in (fused.d_query, fused.d_key, fused.d_value)]  # fmt: skip
                 self._attention_grad(fused, records[start : start + length], layouts)
             else:
                 if readers is None:
-                    readers = _readers(records)
+                    readers = readers_of(records)
                 self._launch(fused, records[start : start + length], readers, start + length)
 
     def _transposed_product(self, record: Record, records: list[Record], readers: dict) -> bool:
@@ -280,19 +280,18 @@ class Executor:
         gradient term) read contiguous memory instead of copying a transposed view (about
         1 ms for a ``[1024, 512]`` float32 operand on one core here). False where the rule
         does not apply. The product's values are the same; only its layout differs."""
+        return read_transposed(record, records, readers) and self.run_transposed(record)
+
+    def run_transposed(self, record: Record) -> bool:
+        """Computes ``record``'s product transposed (see :meth:`_transposed_product`); False
+        for a broadcast batch, which takes the usual product."""
         out = record.outputs[0]
-        found = readers.get(out)
-        if found is None or len(found) != 1 or out.readable() or out.shared:
-            return False
-        reader = records[found[0]]
         rank = len(out.shape)
         swap = (*range(rank - 2), rank - 1, rank - 2)
-        if reader.name != "float_permute" or tuple(reader.args[1]) != swap:
-            return False
         lhs, rhs = inner_args(record)
         inner = self.inner
         if len(inner.shape(lhs)) != rank or len(inner.shape(rhs)) != rank:
-            return False  # a broadcast batch: the usual product
+            return False
         product = inner.float_matmul(inner.float_permute(rhs, swap), inner.float_permute(lhs, swap))
         set_output(inner, out, inner.float_permute(product, swap), record.name)
         counters.add("unfused_ops")
@@ -367,7 +366,7 @@ class Executor:
                         layouts: list) -> None:  # fmt: skip
         """Runs an attention gradient segment (``attention_grad``) as the numba kernel, then
         its epilogue's records (see :meth:`_attention_segment`); ``layouts`` are the orders
-        to lay the three gradients out in (:func:`_reader_layout`), or None each."""
+        to lay the three gradients out in (:func:`reader_layout`), or None each."""
 
         def run(arrays, composed: bool, threads: int, take, laid_out: bool) -> list:
             return run_attention_grad(fused, arrays, threads, take,
@@ -799,7 +798,20 @@ def _reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
         return view
 
 
-def _reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | None:
+def read_transposed(record: Record, records: list[Record], readers: dict) -> bool:
+    """Whether the product ``record`` has one reader, which swaps its last two dims, and no
+    handle or other stream reads it (``Executor._transposed_product``)."""
+    out = record.outputs[0]
+    found = readers.get(out)
+    if found is None or len(found) != 1 or out.readable() or out.shared:
+        return False
+    reader = records[found[0]]
+    rank = len(out.shape)
+    return reader.name == "float_permute" and tuple(reader.args[1]) == (
+        *range(rank - 2), rank - 1, rank - 2)  # fmt: skip
+
+
+def reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | None:
     """The order of dims to lay ``slot``'s value out in so that the permutes its readers
     apply give a C-contiguous value (heads merged back: the reshape after them is then a
     view), or None. It follows the chain of single readers that are permutes or scalings
@@ -822,7 +834,7 @@ _LAYOUT_KEEPING = frozenset({"float_mul_scalar", "float_div_scalar", "float_neg"
 """Element-wise ops of one operand whose results keep their input's layout."""
 
 
-def _readers(records: list[Record]) -> dict:
+def readers_of(records: list[Record]) -> dict:
     """Each slot the records read, mapped to the indices of the records that read it, in
     order (the last is its last use)."""
     found: dict = {}

@@ -24,11 +24,12 @@ value):
    tensors for the outputs. An op that ran at once when traced (``gather``; an op on small
    made values) runs at once again. Where an op raises, the call runs plainly instead, so
    the error is the plain call's.
-4. Where the first replay's flush held exactly the trace's records and ran them as
-   element-wise blocks, convolutions and single ops, later calls run those launches at
-   once on the input arrays: no record, stream, plan or binding (``direct.py``;
-   ``stats()["direct_replays"]``). The outputs are made when the call returns, so ops that
-   follow no longer fuse with the call's last block.
+4. A replay of up to ``stream.MAX_REPLAY_RECORDS`` records pushes them all before its
+   stream runs (one flush). Where that flush held exactly the replay's records and ran
+   them as element-wise blocks, convolutions, attention segments and single ops, later
+   calls run those launches at once on the input arrays: no record, stream, plan or
+   binding (``direct.py``; ``stats()["direct_replays"]``). The outputs are made when the
+   call returns, so ops that follow no longer fuse with the call's last block.
 
 **Modules as arguments.** A module among the arguments contributes its parameters as
 inputs (``params()`` order) and its configuration and constant tensors (by identity) to
@@ -89,6 +90,7 @@ from ember.backend.errors import ArgumentError
 from ember.backend.rules import AVal
 from ember.backends.autodiff import listener
 from ember.backends.fusion import counters, direct
+from ember.backends.fusion import stream as streams
 from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.stream import Record, stream_for
 from ember.module.module import Module, _items
@@ -579,8 +581,7 @@ class Trace:
         self.returned = frozenset(r for r in returned if r >= self.n_inputs and tracer.dynamic[r])
         devices = {entry.device for entry in self.entries}
         self._direct_ok = bool(self.entries) and len(devices) == 1 and not any(
-            entry.eager or entry.now or entry.indexed or entry.op.name == "random"
-            for entry in self.entries
+            entry.eager or entry.indexed or entry.op.name == "random" for entry in self.entries
         )
         self.specs = {r: spec for entry in self.entries
                        for r, spec in zip(entry.out_refs, entry.outputs)}  # fmt: skip
@@ -608,51 +609,60 @@ class Trace:
         stream = None
         first = None  # the first record pushed, and the entries that pushed one
         pushed: list[int] = []
-        for index, entry in enumerate(self.entries):
-            refs = entry.refs
-            slots = [None if r < 0 else values[r] for r in refs]
-            if entry.eager or (entry.indexed and not indices_fit(slots, entry.attrs)):
-                out = backend.run_eager(entry.op, entry.name, slots, entry.spread, entry.attrs)
-                outs = out if entry.multi else (out,)
-                for k, r in enumerate(entry.out_refs):
-                    values[r] = outs[k].slot
-                    if k in entry.hold:
-                        held[r] = outs[k]
-            elif entry.now and _all_made(slots):
-                if entry.direct:  # as Fusion.call ran it: the inner primitive, at once
-                    out = backend._now(entry.name, slots, entry.spread, entry.attrs, entry.device)
+        holding: list = []  # streams told to run only once every record is pushed
+        hold = len(self.entries) <= streams.MAX_REPLAY_RECORDS
+        try:
+            for index, entry in enumerate(self.entries):
+                refs = entry.refs
+                slots = [None if r < 0 else values[r] for r in refs]
+                if entry.eager or (entry.indexed and not indices_fit(slots, entry.attrs)):
+                    out = backend.run_eager(entry.op, entry.name, slots, entry.spread, entry.attrs)
                     outs = out if entry.multi else (out,)
                     for k, r in enumerate(entry.out_refs):
                         values[r] = outs[k].slot
+                        if k in entry.hold:
+                            held[r] = outs[k]
+                elif entry.now and _all_made(slots):
+                    if entry.direct:  # as Fusion.call ran it: the inner primitive, at once
+                        out = backend._now(entry.name, slots, entry.spread, entry.attrs, entry.device)
+                        outs = out if entry.multi else (out,)
+                        for k, r in enumerate(entry.out_refs):
+                            values[r] = outs[k].slot
+                    else:
+                        outputs = tuple([Slot(shape, dtype, dev) for shape, dtype, dev in entry.outputs])
+                        for k, r in enumerate(entry.out_refs):
+                            values[r] = outputs[k]
+                        call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
+                        present = tuple([s for s in slots if s is not None])
+                        executor.run_single(Record(entry.op, entry.name, call_args, present, outputs,
+                                                   entry.multi))  # fmt: skip
+                        counters.add("small_ops")
                 else:
-                    outputs = tuple([Slot(shape, dtype, dev) for shape, dtype, dev in entry.outputs])
+                    device = entry.device
+                    if stream is None or stream.device is not device:
+                        stream = stream_for(device, executor)
+                        if hold and not stream.holding:
+                            stream.holding = True
+                            holding.append(stream)
+                    present = tuple([s for s in slots if s is not None])
+                    stream.reading(present)
+                    outputs = tuple([Slot(shape, dtype, dev, stream)
+                                     for shape, dtype, dev in entry.outputs])  # fmt: skip
                     for k, r in enumerate(entry.out_refs):
                         values[r] = outputs[k]
+                    for k in entry.hold:  # readable before the push, which may run the stream
+                        held[entry.out_refs[k]] = FusionTensor(outputs[k])
                     call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
-                    present = tuple([s for s in slots if s is not None])
-                    executor.run_single(Record(entry.op, entry.name, call_args, present, outputs,
-                                               entry.multi))  # fmt: skip
-                    counters.add("small_ops")
-            else:
-                device = entry.device
-                if stream is None or stream.device is not device:
-                    stream = stream_for(device, executor)
-                present = tuple([s for s in slots if s is not None])
-                stream.reading(present)
-                outputs = tuple([Slot(shape, dtype, dev, stream)
-                                 for shape, dtype, dev in entry.outputs])  # fmt: skip
-                for k, r in enumerate(entry.out_refs):
-                    values[r] = outputs[k]
-                for k in entry.hold:  # readable before the push, which may run the stream
-                    held[entry.out_refs[k]] = FusionTensor(outputs[k])
-                call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
-                record = Record(entry.op, entry.name, call_args, present, outputs, entry.multi)
-                if first is None:
-                    first = record
-                pushed.append(index)
-                stream.push(record)
-            for r in entry.release:
-                held.pop(r, None)
+                    record = Record(entry.op, entry.name, call_args, present, outputs, entry.multi)
+                    if first is None:
+                        first = record
+                    pushed.append(index)
+                    stream.push(record)
+                for r in entry.release:
+                    held.pop(r, None)
+        finally:
+            for held_stream in holding:
+                held_stream.holding = False
         if first is not None and len(pushed) == len(stream):
             # One stream holds exactly this replay's records: the executor may find their
             # plan in self.plans (every replay of a trace pushes the same records, except
@@ -661,6 +671,9 @@ class Trace:
             if self.program is None and self._direct_ok:
                 learn = functools.partial(self._learn, values)
             stream.mark_replayed(first, len(pushed), self.plans, tuple(pushed), learn)
+        for held_stream in holding:
+            if len(held_stream) >= streams.MAX_RECORDS:
+                held_stream.flush()  # as pushing them one by one would have run them
         return self._outputs(self.template, values, held, tensors)
 
     def input_slots(self, tensors: list[Tensor]) -> list[Slot]:

@@ -26,6 +26,11 @@ MAX_RECORDS = 256
 """A stream runs when it holds this many records (bounds memory held by pending inputs and
 the size of what the explorer searches)."""
 
+MAX_REPLAY_RECORDS = 4 * MAX_RECORDS
+"""A replay of at most this many records pushes them all before its stream runs (one flush:
+its plan is kept, and its launches may run directly); a longer one runs every
+:data:`MAX_RECORDS`, as ops pushed one by one do."""
+
 SMALL = 1 << 12
 """Elements: values no larger are arithmetic on the side (shapes, scalars); reading one runs
 only what it needs (:meth:`Stream.flush_for`)."""
@@ -65,6 +70,7 @@ class Stream:
         self.execute = execute
         self.records: list[Record] = []
         self.lock = threading.RLock()
+        self.holding = False  # a replay is pushing its records: run them when it is done
 
     def push(self, record: Record) -> None:
         with self.lock:
@@ -72,7 +78,7 @@ class Stream:
             records.append(record)
             if len(records) == 1:
                 _pending.add(self)
-            elif len(records) >= MAX_RECORDS:
+            elif len(records) >= MAX_RECORDS and not self.holding:
                 self._run()
 
     def flush(self) -> None:
