@@ -30,8 +30,10 @@ made when the call returns, so ops after the call no longer fuse with its last b
 input still pending, a block the tuner has not settled or runs unfused, plans forgotten
 since the program was made (``Explorer.generation``); where a launch is refused or was
 never the kernel's (too small to time), or a template no longer binds, the program is
-dropped for good. A product's epilogue (Triton) and traces with eager, indexed or random
-ops keep the records.
+dropped for good. An indexed op's indices (a classifier's labels: inputs of the call) are
+checked before any step runs, where the records would check them; random ops draw in the
+order the records would. A product's epilogue (Triton) and traces with eager ops keep the
+records.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from ember.backends.fusion.conv_epilogue import ConvEpilogue
 from ember.backends.fusion.executor import read_transposed, reader_layout, readers_of
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
-from ember.backends.fusion.handle import Slot
+from ember.backends.fusion.handle import Slot, indices_fit
 from ember.backends.fusion.stream import Record
 
 _NO_BOUNDS = (None, None)
@@ -57,11 +59,12 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "conv_keys", "device", "drops", "generation", "steps")
+    __slots__ = ("blocks", "conv_keys", "device", "drops", "generation", "indexed", "steps")
 
     def __init__(self, generation: int, steps: tuple, device: Device,
-                 drops: tuple[tuple[int, ...], ...]) -> None:  # fmt: skip
+                 drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.generation, self.steps, self.device, self.drops = generation, steps, device, drops
+        self.indexed = indexed  # entries whose indices each call checks first
         self.blocks = sum(step[0] == "block" for step in steps)
         self.conv_keys: dict[int, tuple] = {}  # step index -> (tuner key, work), once known
 
@@ -144,7 +147,14 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
         made.update(outs)
     if not trace.returned <= made:
         return False
-    return Program(Explorer.generation(), tuple(steps), device, _drops(trace, steps))
+    # An indexed op's indices must be checked before anything runs (a draw of a random op
+    # cannot be taken back): they are to be the call's inputs or constants.
+    indexed = tuple(i for i, entry in enumerate(entries) if entry.indexed)
+    consts = {r for r, _ in trace.consts}
+    if any(entries[i].refs[1] >= trace.n_inputs and entries[i].refs[1] not in consts
+           for i in indexed):  # fmt: skip
+        return False
+    return Program(Explorer.generation(), tuple(steps), device, _drops(trace, steps), indexed)
 
 
 def _templates(records: Any) -> dict:
@@ -210,6 +220,10 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         slots[r], prims[r] = slot, slot.prim
     specs = trace.specs
     entries = trace.entries
+    for k in program.indexed:
+        data, indices = entries[k].refs[:2]
+        if not indices_fit([slots[data] or Slot(*specs[data]), slots[indices]], entries[k].attrs):
+            return None  # the records run: the op raises as a plain call's does
     try:
         for i, step in enumerate(program.steps):
             kind = step[0]

@@ -581,7 +581,7 @@ class Trace:
         self.returned = frozenset(r for r in returned if r >= self.n_inputs and tracer.dynamic[r])
         devices = {entry.device for entry in self.entries}
         self._direct_ok = bool(self.entries) and len(devices) == 1 and not any(
-            entry.eager or entry.indexed or entry.op.name == "random" for entry in self.entries
+            entry.eager for entry in self.entries
         )
         self.specs = {r: spec for entry in self.entries
                        for r, spec in zip(entry.out_refs, entry.outputs)}  # fmt: skip
