@@ -781,36 +781,43 @@ def test_ops_run_at_once_run_first_in_a_direct_replay():
         assert stats()["small_ops"] == (3 if call < 3 else 0)
 
 
-def test_a_classifier_step_with_dropout_and_labels_replays_directly(ad_interp):
+@pytest.mark.parametrize("reshaped", [False, True])
+def test_a_classifier_step_with_dropout_and_labels_replays_directly(reshaped):
     """A classifier's training step: a linear layer, dropout (random draws) and a
-    cross-entropy by labels (a gather of the call's labels, and its gradient's scatter).
+    cross-entropy by labels (a gather of the call's labels, and its gradient's scatter;
+    ``reshaped``: labels reshaped in the step, a small op run at once, as the guide's).
     From the fourth call its launches run directly; each call's gradients equal a plain
     call's after the same seed, and labels out of range raise what a plain call raises."""
     from ember.nn.dropout import DropoutConfig
     from ember.tensor.activation import log_softmax
 
-    w = Tensor.from_data(_data((64, 10), 1) * 0.1, ad_interp).require_grad()
-    dropout = DropoutConfig(0.3).init(ad_interp)
+    device = ember.device("ndarray").fusion(runtime="interpreter",
+                                            small=512 if reshaped else 0).autodiff()  # fmt: skip
+    w = Tensor.from_data(_data((64, 10), 1) * 0.1, device).require_grad()
+    dropout = DropoutConfig(0.3).init(device)
 
     def step(x, labels):
         logp = log_softmax(dropout(x).matmul(w), 1)
-        g = (logp.gather(1, labels).mean() * -1.0).backward()
+        picked = logp.gather(1, labels.reshape([128, 1]) if reshaped else labels)
+        g = (picked.mean() * -1.0).backward()
         return w.grad(g), x.grad(g)
+
+    def labels_of(values: np.ndarray) -> Tensor:
+        return Tensor.from_data(values if reshaped else values[:, None], device)
 
     g = replay(step)
     for call in range(6):
-        x = Tensor.from_data(_data((128, 64), call), ad_interp).require_grad()
-        labels = Tensor.from_data((np.arange(128, dtype=np.int64) * (call + 3) % 10)[:, None],
-                                  ad_interp)  # fmt: skip
-        ember.seed(ad_interp, call)
+        x = Tensor.from_data(_data((128, 64), call), device).require_grad()
+        labels = labels_of(np.arange(128, dtype=np.int64) * (call + 3) % 10)
+        ember.seed(device, call)
         reset_stats()
         got = [t.to_numpy() for t in g(x, labels)]
         assert stats()["direct_replays"] == (call >= 3), call
-        ember.seed(ad_interp, call)
+        ember.seed(device, call)
         want = [t.to_numpy() for t in step(x, labels)]
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-    bad = Tensor.from_data(np.full((128, 1), 10, np.int64), ad_interp)
+    bad = labels_of(np.full(128, 10, np.int64))
     with pytest.raises(Exception) as plain:
         step(x, bad)[0].to_numpy()
     with pytest.raises(type(plain.value)) as replayed:

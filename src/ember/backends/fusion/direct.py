@@ -59,12 +59,16 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "conv_keys", "device", "drops", "generation", "indexed", "steps")
+    __slots__ = ("blocks", "conv_keys", "device", "drops", "first", "generation", "indexed",
+                 "steps")  # fmt: skip
 
     def __init__(self, generation: int, steps: tuple, device: Device,
-                 drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = ()) -> None:  # fmt: skip
+                 drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = (),
+                 first: int = 0) -> None:  # fmt: skip
         self.generation, self.steps, self.device, self.drops = generation, steps, device, drops
-        self.indexed = indexed  # entries whose indices each call checks first
+        # The entries whose indices each call checks after the first ``first`` steps (the
+        # entries run at once), before any other.
+        self.indexed, self.first = indexed, first
         self.blocks = sum(step[0] == "block" for step in steps)
         self.conv_keys: dict[int, tuple] = {}  # step index -> (tuner key, work), once known
 
@@ -89,6 +93,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     steps: list[tuple] = [("op", i) for i in range(len(entries)) if i not in ran]
     if any(not entries[i].now for _, i in steps):
         return False
+    run_first = len(steps)
     made: set[int] = {r for _, i in steps for r in entries[i].out_refs}
     readers = readers_of(records)
     templates = None
@@ -147,14 +152,27 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
         made.update(outs)
     if not trace.returned <= made:
         return False
-    # An indexed op's indices must be checked before anything runs (a draw of a random op
-    # cannot be taken back): they are to be the call's inputs or constants.
-    indexed = tuple(i for i, entry in enumerate(entries) if entry.indexed)
-    consts = {r for r, _ in trace.consts}
-    if any(entries[i].refs[1] >= trace.n_inputs and entries[i].refs[1] not in consts
+    # An indexed op's indices are checked before any launch (a random op's draw cannot be
+    # taken back): they are to be the call's inputs, constants, or results of the entries
+    # run at once, which run first and draw nothing.
+    indexed = tuple(i for i in sorted(ran) if entries[i].indexed)
+    known = {r for r, _ in trace.consts} | {
+        r for _, i in steps[:run_first] for r in entries[i].out_refs}  # fmt: skip
+    if any(entries[i].refs[1] >= trace.n_inputs and entries[i].refs[1] not in known
            for i in indexed):  # fmt: skip
         return False
-    return Program(Explorer.generation(), tuple(steps), device, _drops(trace, steps), indexed)
+    return Program(Explorer.generation(), tuple(steps), device, _drops(trace, steps), indexed,
+                   run_first)  # fmt: skip
+
+
+def _indices_fit(program: Program, entries: list, slots: list, prims: list, specs: dict) -> bool:
+    """Whether every indexed entry's indices lie within its dim (``handle.indices_fit``)."""
+    for k in program.indexed:
+        data, indices = entries[k].refs[:2]
+        index_slot = slots[indices] or Slot(*specs[indices], prim=prims[indices])
+        if not indices_fit([slots[data] or Slot(*specs[data]), index_slot], entries[k].attrs):
+            return False
+    return True
 
 
 def _templates(records: Any) -> dict:
@@ -220,12 +238,10 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         slots[r], prims[r] = slot, slot.prim
     specs = trace.specs
     entries = trace.entries
-    for k in program.indexed:
-        data, indices = entries[k].refs[:2]
-        if not indices_fit([slots[data] or Slot(*specs[data]), slots[indices]], entries[k].attrs):
-            return None  # the records run: the op raises as a plain call's does
     try:
         for i, step in enumerate(program.steps):
+            if i == program.first and not _indices_fit(program, entries, slots, prims, specs):
+                return None  # the records run: the op raises as a plain call's does
             kind = step[0]
             if kind == "block":
                 _, block, ins, outs = step
