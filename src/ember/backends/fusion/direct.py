@@ -30,10 +30,10 @@ made when the call returns, so ops after the call no longer fuse with its last b
 input still pending, a block the tuner has not settled or runs unfused, plans forgotten
 since the program was made (``Explorer.generation``); where a launch is refused or was
 never the kernel's (too small to time), or a template no longer binds, the program is
-dropped for good. An indexed op's indices (a classifier's labels: inputs of the call) are
-checked before any step runs, where the records would check them; random ops draw in the
-order the records would. A product's epilogue (Triton) and traces with eager ops keep the
-records.
+dropped for good. An indexed op's indices (a classifier's labels) are checked after the
+entries run at once and before any other step, where the records would check them; random
+ops draw in the order the records would. A product's epilogue (Triton) and traces with
+eager ops keep the records.
 """
 
 from __future__ import annotations
@@ -169,8 +169,10 @@ def _indices_fit(program: Program, entries: list, slots: list, prims: list, spec
     """Whether every indexed entry's indices lie within its dim (``handle.indices_fit``)."""
     for k in program.indexed:
         data, indices = entries[k].refs[:2]
-        index_slot = slots[indices] or Slot(*specs[indices], prim=prims[indices])
-        if not indices_fit([slots[data] or Slot(*specs[data]), index_slot], entries[k].attrs):
+        data_slot = Slot(*specs[data]) if slots[data] is None else slots[data]
+        index_slot = Slot(*specs[indices], prim=prims[indices]) if slots[indices] is None \
+            else slots[indices]  # fmt: skip
+        if not indices_fit([data_slot, index_slot], entries[k].attrs):
             return False
     return True
 
