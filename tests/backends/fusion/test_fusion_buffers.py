@@ -407,6 +407,20 @@ _RANDOM_STEPS = st.lists(
 _KEPT = st.lists(st.booleans(), min_size=11, max_size=11)
 
 
+def _graph_values(steps: list, kept: list, x: Tensor, y: Tensor, weight: Tensor,
+                  bias: Tensor) -> dict[int, Tensor]:  # fmt: skip
+    """The values of the graph of ``steps`` on ``x`` and ``y`` that ``kept`` picks (the
+    last one where it picks none), by position; the rest are dropped, so their buffers may
+    be written over and lent again."""
+    values = [x, y]
+    for step in steps:
+        made = _random_op(values, weight, bias, step)
+        if made is not None:
+            values.append(made)
+    chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
+    return {n: values[n] for n in chosen}
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(steps=_RANDOM_STEPS, kept=_KEPT, reversed_reads=st.booleans())
 def test_random_graphs_with_dropped_values_equal_ndarray(steps, kept, reversed_reads):
@@ -455,15 +469,8 @@ def test_random_graphs_differentiated_equal_ndarray(steps, kept, replayed):
 
         def grads_of(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor,
                      probed: list = probed) -> list:  # fmt: skip
-            values = [x, y]
-            for step in steps:
-                made = _random_op(values, weight, bias, step)
-                if made is not None:
-                    values.append(made)
-            chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
-            loss = sum((values[n] * probed[n]).sum() for n in chosen)
-            del values, made  # their intermediates may be written over
-            grads = loss.backward()
+            held = _graph_values(steps, kept, x, y, weight, bias)
+            grads = sum((value * probed[n]).sum() for n, value in held.items()).backward()
             return [leaf.grad(grads) for leaf in (x, y, weight, bias)]
 
         step_fn = replay(grads_of) if replayed and name == "fusion" else grads_of
@@ -501,13 +508,7 @@ def _check_random_graph(runtime: str, steps: list, kept: list, reversed_reads: b
         weight, bias = Tensor.from_data(host_weight, on), Tensor.from_data(host_bias, on)
 
         def graph(x: Tensor, y: Tensor, weight: Tensor = weight, bias: Tensor = bias) -> dict:
-            values = [x, y]
-            for step in steps:
-                made = _random_op(values, weight, bias, step)
-                if made is not None:
-                    values.append(made)
-            chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
-            return {n: values[n] for n in chosen}  # the rest is dropped: written over, lent again
+            return _graph_values(steps, kept, x, y, weight, bias)
 
         run = replay(graph) if calls and name == "fusion" else graph
         with pytest.MonkeyPatch.context() as patch, autotune.forcing(autotune.Choice("fused", 1)):
