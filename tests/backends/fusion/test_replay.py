@@ -6,6 +6,7 @@ whose arguments the trace cannot key, runs plainly every time."""
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -823,6 +824,47 @@ def test_a_classifier_step_with_dropout_and_labels_replays_directly(reshaped):
     with pytest.raises(type(plain.value)) as replayed:
         g(x, bad)[0].to_numpy()
     assert str(replayed.value) == str(plain.value)
+
+
+def test_a_direct_replay_drops_each_value_after_its_last_step(monkeypatch):
+    """A chain of 24 products, each with a bias and a ReLU (a block): a direct replay hands
+    each block's output back to the pool after the product that reads it, so at most two
+    pooled buffers are out at once (all 24 are, where nothing is dropped before the call
+    returns)."""
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion.executor import runtime_named
+    from ember.tensor import activation
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    w = Tensor.from_data(_data((256, 256), 1) / 16, device)
+
+    def chain(x):
+        for _ in range(24):
+            x = activation.relu(x.matmul(w) + 0.5)
+        return x
+
+    g = replay(chain)
+    pool = runtime_named("numba").pool
+    take, lent, most = pool.take, [], [0]
+
+    def counting(*args):  # how many of the arrays this call took are alive at once
+        array = take(*args)
+        lent.append(weakref.ref(array))
+        most[0] = max(most[0], sum(ref() is not None for ref in lent))
+        return array
+
+    for call in range(5):
+        x = _data((1024, 256), call)
+        want = x.astype(np.float64)
+        for _ in range(24):
+            want = np.maximum(want @ _data((256, 256), 1).astype(np.float64) / 16 + 0.5, 0)
+        reset_stats()
+        if call == 4:
+            monkeypatch.setattr(pool, "take", counting)
+        got = g(Tensor.from_data(x, device)).to_numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert stats()["direct_replays"] == 1
+    assert len(lent) == 24 and most[0] == 2
 
 
 def test_a_convolutional_forward_replays_its_launches_directly():
