@@ -210,6 +210,49 @@ def test_a_replayed_training_step_runs_its_attention_directly(masked):
                                        err_msg=f"call {call}")  # fmt: skip
 
 
+def test_threads_replay_a_training_step_through_attention_side_by_side():
+    """Three threads replaying one training step through the attention at once (its
+    launches direct after the first calls) each get the gradients of a plain call."""
+    import threading
+
+    from ember.backends.fusion import replay
+
+    device = ember.device("ndarray").fusion(runtime="numba").autodiff()
+    mha, _ = _mha(device, False, np.zeros((2, 24, 32), np.float32))
+    params = (mha.query.weight.val(), mha.value.weight.val())
+
+    def step(x: Tensor) -> list:
+        context = mha(MhaInput.self_attn(x)).context
+        g = (context * context).sum().backward()
+        return [x.grad(g)] + [p.grad(g) for p in params]
+
+    run = replay(step)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(8):
+                x = rng.standard_normal((2, 24, 32)).astype(np.float32)
+                got = [g.to_numpy() for g in run(Tensor.from_data(x, device).require_grad())]
+                want = [g.to_numpy() for g in step(Tensor.from_data(x, device).require_grad())]
+                for a, b in zip(got, want, strict=True):
+                    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-5 * np.abs(b).max())
+        except BaseException as error:  # re-raised below, on the test's thread
+            errors.append(error)
+
+    with autotune.forcing(Choice("fused", 1)):
+        run(Tensor.from_data(np.ones((2, 24, 32), np.float32), device).require_grad())
+        reset_stats()
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert stats()["direct_replays"] > 0 and stats()["attention_grads"] > 0
+
+
 def _imported_pattern(q, k, v, scale, bias):
     """Attention as a PyTorch ONNX export writes it: both operands scaled by a one-element
     tensor, the key transposed first, an additive mask."""

@@ -230,6 +230,29 @@ def test_a_long_function_keeps_values_read_after_a_full_stream_runs(interp, retu
     assert stats()["replays"] == 2 and stats()["direct_replays"] == 1
 
 
+def test_a_replay_longer_than_it_may_hold_runs_its_stream_as_it_fills(interp, monkeypatch):
+    """A trace of more than ``MAX_REPLAY_RECORDS`` records pushes them as ops pushed one by
+    one are: the stream runs each ``MAX_RECORDS`` (no direct launches), and every call
+    still computes the function."""
+    from ember.backends.fusion import stream
+
+    monkeypatch.setattr(stream, "MAX_REPLAY_RECORDS", 64)
+    g = replay(lambda x: _halving(x, MAX_RECORDS))  # 2 * MAX_RECORDS records
+    reset_stats()
+    for seed in range(5):
+        data = _data((64, 256), seed)
+        np.testing.assert_allclose(g(Tensor.from_data(data, interp)).to_numpy(),
+                                   _halving(data.astype(np.float64), MAX_RECORDS), rtol=1e-5)  # fmt: skip
+    assert stats()["replays"] == 3 and stats()["direct_replays"] == 0
+    assert stats()["flushes"] >= 5 * 2
+
+
+def _halving(x, n: int):
+    for _ in range(n):
+        x = x * 0.5 + 1.0
+    return x
+
+
 @pytest.mark.parametrize("args, reason", [
     (lambda d: (Tensor.from_data([1.0], ember.device("ndarray")),), "not on a fusion device"),
     (lambda d: (Tensor.from_data([1.0], d), np.ones(2)), "not hashable"),
