@@ -526,6 +526,25 @@ def _check_random_graph(runtime: str, steps: list, kept: list, reversed_reads: b
                                        err_msg=f"value {n} of call {call} of {steps}")  # fmt: skip
 
 
+def test_the_interpreter_writes_over_an_input_after_reading_every_result():
+    """A block whose first output is written over its input while its second output is
+    that input itself (a cast to its own dtype hands the operand back): the second output
+    keeps the input's values."""
+    from ember.backends.fusion.interpreter import InterpreterRuntime
+    from ember.backends.fusion.ir import Block, Input, Instr
+    from ember.tensor.dtype import DType
+
+    f32 = DType.F32
+    block = Block((4,), (Input((4,), f32),),
+                  (Instr("mul_scalar", (0,), (2.0,), (4,), f32), Instr("cast", (0,), (f32,), (4,), f32)),
+                  outputs=(1, 2))  # fmt: skip
+    x = np.arange(4, dtype=np.float32)
+    doubled, same = InterpreterRuntime().run(block, [x], [x, None])
+    assert doubled is x
+    np.testing.assert_array_equal(doubled, [0.0, 2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(same, [0.0, 1.0, 2.0, 3.0])
+
+
 def test_a_transposed_input_of_a_block_is_read_right(device, pool):
     """A block reading a transposed view (a gradient through a transpose) gets it made
     contiguous tile by tile: its values are NdArray's."""

@@ -41,8 +41,9 @@ class InterpreterRuntime:
             out: list[np.ndarray | None] | None = None) -> list[np.ndarray]:  # fmt: skip
         """The block's outputs for ``inputs`` (arrays of the input registers' shapes); written
         into ``out`` when given (arrays of the output registers' shapes; a None entry, and
-        every output without ``out``, comes from the pool). Every register is computed
-        before any output is written, so an output may be an input."""
+        every output without ``out``, comes from the pool). Every register is computed, and
+        copied where it shares memory with an output, before any output is written, so an
+        output may be an input."""
         registers = list(inputs)
         backend = self.backend
         for instr in block.body:
@@ -50,9 +51,17 @@ class InterpreterRuntime:
             primitive = getattr(backend, OPS[instr.op].primitive(kind))
             registers.append(primitive(*[registers[a] for a in instr.args], *instr.attrs))
         targets = out if out is not None else [None] * len(block.outputs)
-        made = []
-        for r, target in zip(block.outputs, targets, strict=True):
+        given = [t for t in targets if t is not None]
+        results = []
+        for r in block.outputs:
             result = registers[r]
+            # A result that is (a view of) an input written over by another output (an op
+            # that returned its operand itself) is copied before any output is written.
+            if any(np.may_share_memory(result, t) for t in given):
+                result = np.array(result)
+            results.append(result)
+        made = []
+        for r, target, result in zip(block.outputs, targets, results, strict=True):
             if target is None:
                 target = self.pool.take(block.register_shape(r), result.dtype)
             target[...] = result
