@@ -392,13 +392,19 @@ def _random_op(values: list, weight: Tensor, bias: Tensor, step: tuple) -> Tenso
         return a.matmul(weight).transpose().transpose() - b
     if kind == "rows":
         return a - a.sum_dim(-1) * (1.0 / _COLS)
+    if kind == "cols":  # a reduction over the first axis, broadcast back
+        return a * (a.max_dim(0) - a.min_dim(0) + 1.0).recip()
+    if kind == "select":  # a comparison's mask, a fill and a where
+        return a.mask_where(a.greater(b), b).mask_fill(b.greater(scalar), 0.25)
+    if kind == "casts":  # through float64 and back: other dtypes never share a buffer
+        return (a.cast("f64") * scalar).exp().clamp(0.0, 8.0).cast("f32") + b
     a.device.sync()  # "sync": what is recorded so far runs as a stream of its own
     return None
 
 
 _RANDOM_STEPS = st.lists(
     st.tuples(st.sampled_from(["add", "mul", "affine", "relu", "bias", "matmul", "matmul", "heads",
-                               "swap", "transposed", "rows", "sync"]),
+                               "swap", "transposed", "rows", "cols", "select", "casts", "sync"]),
               st.integers(0, 3), st.integers(0, 3), st.sampled_from([-1.5, 0.5, 2.0])),
     min_size=2, max_size=8,
 )  # fmt: skip
