@@ -453,6 +453,12 @@ def test_random_graphs_replayed_equal_ndarray(steps, kept):
     _check_random_graph("interpreter", steps, kept, False, calls=5)
 
 
+@settings(max_examples=6, deadline=None, derandomize=True)  # each new block compiles
+@given(steps=_RANDOM_STEPS, kept=_KEPT)
+def test_random_graphs_replayed_equal_ndarray_on_numba(steps, kept):
+    _check_random_graph("numba", steps, kept, False, calls=5)
+
+
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(steps=_RANDOM_STEPS, kept=_KEPT, replayed=st.booleans())
 def test_random_graphs_differentiated_equal_ndarray(steps, kept, replayed):
@@ -460,7 +466,19 @@ def test_random_graphs_differentiated_equal_ndarray(steps, kept, replayed):
     the inputs, the weight and the bias, on ``fusion(...).autodiff()`` (``replayed``: the
     whole step through ``fusion.replay``, called on new inputs four times): the backward
     pass records, fuses and writes over its intermediates too, and equals NdArray's."""
-    from ember.backends.fusion import executor, replay
+    _check_random_gradients("interpreter", steps, kept, replayed)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)  # each new block compiles
+@given(steps=_RANDOM_STEPS, kept=_KEPT, replayed=st.booleans())
+def test_random_graphs_differentiated_equal_ndarray_on_numba(steps, kept, replayed):
+    _check_random_gradients("numba", steps, kept, replayed)
+
+
+def _check_random_gradients(runtime: str, steps: list, kept: list, replayed: bool) -> None:
+    """Compares the gradients of the graph of ``steps`` (its ``kept`` values, each
+    weighted by a fixed probe) on NdArray and on ``fusion(runtime).autodiff()``."""
+    from ember.backends.fusion import autotune, executor, replay
 
     rng = np.random.default_rng(len(steps))
     host_weight = (rng.normal(size=(_COLS, _COLS)) / np.sqrt(_COLS)).astype(np.float32)
@@ -470,7 +488,7 @@ def test_random_graphs_differentiated_equal_ndarray(steps, kept, replayed):
               for _ in range(4 if replayed else 1)]  # fmt: skip
     results = {}
     for name, on in (("ndarray", ember.device("ndarray").autodiff()),
-                     ("fusion", ember.device("ndarray").fusion(runtime="interpreter").autodiff())):  # fmt: skip
+                     ("fusion", ember.device("ndarray").fusion(runtime=runtime).autodiff())):  # fmt: skip
         probed = [Tensor.from_data(p, on) for p in probes]
 
         def grads_of(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor,
@@ -481,7 +499,7 @@ def test_random_graphs_differentiated_equal_ndarray(steps, kept, replayed):
 
         step_fn = replay(grads_of) if replayed and name == "fusion" else grads_of
         results[name] = []
-        with pytest.MonkeyPatch.context() as patch:
+        with pytest.MonkeyPatch.context() as patch, autotune.forcing(autotune.Choice("fused", 1)):
             patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)
             patch.setattr(executor, "POOLED_COPY_MIN", 1 << 10)
             for x, y in inputs:
