@@ -458,6 +458,25 @@ def test_a_one_group_elementwise_block_is_one_loop_per_part():
     assert generate(rows).count("for ") == 2
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_an_output_summed_in_the_block_is_written_once(runtime, axis):
+    """A gradient and its sum along an axis (a bias's gradient beside its input's): the
+    last pass writes the gradient, and no final loop walks the axis to write it again."""
+    shape = (12, 40)
+    r = tuple(1 if d == axis else n for d, n in enumerate(shape))
+    block = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)), (
+        I("mul", (0, 1), (), shape, F32), I("sum_dim", (2,), (axis,), r, F32)), (2, 3),
+        axis=axis)  # fmt: skip
+    source = generate(block)
+    assert source.count("for k in range") == 1 and source.count("out0[") == 1
+    rng = np.random.default_rng(11)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    product, total = runtime.run(block, [a, b])
+    np.testing.assert_array_equal(product, a * b)
+    np.testing.assert_allclose(total, (a.astype(np.float64) * b).sum(axis, keepdims=True),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
 def test_mean_and_variance_take_one_pass():
     # pass 1: mean and variance (shifted sums); then the normalized output: two walks
     assert generate(layer_norm_block((8, 16))).count("for k in range") == 2

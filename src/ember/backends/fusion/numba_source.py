@@ -653,11 +653,17 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
             else:
                 kw(ind, f"{name(r)} = {_acc_final(instr_of[r], acc(r), block, lay)}")
         outer_stage(p)
+    # An output that holds its own stashed value was written by the last pass: the final
+    # loop leaves it be (a gradient and the sum of it over the batch: one pass fewer).
+    finals = [(o, r) for o, r in finals if stash.get(r) != o]
     if finals:
+        need = closure([r for _, r in finals], frozenset(stash))
+        read = {a for r in need for a in instr_of[r].args} | {r for _, r in finals}
         kw(top, f"for k in range(n{inner}):")
         ind = per_lane(top + 1)
         for e, o in stash.items():
-            kw(ind, f"r{e} = out{o}[{index(f'out{o}', 'k')}]")
+            if e in read:
+                kw(ind, f"r{e} = out{o}[{index(f'out{o}', 'k')}]")
         values(ind, [r for _, r in finals], [f"f{o}" for o, _ in finals], "final", "k",
                frozenset(stash))  # fmt: skip
         for o, _ in finals:
