@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_numba_conv import TOL, reference
 
 import ember
@@ -172,3 +174,78 @@ def test_a_convolution_of_few_channels_is_not_fused(monkeypatch):
         got = activation.relu(module.conv2d(Tensor.from_data(x, fused), Tensor.from_data(w, fused)))
         np.testing.assert_allclose(got.to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-5)
     assert stats()["op_kernels"] == 1 and stats()["unfused_ops"] == 1  # the conv; the relu
+
+
+# ---------------------------------------------------------------------------- random graphs
+_CNN_STEPS = st.lists(
+    st.tuples(st.sampled_from(["conv", "conv", "pointwise", "relu", "residual", "affine", "mean",
+                               "sync"]),
+              st.integers(0, 3), st.integers(0, 3), st.sampled_from([-0.5, 0.5, 2.0])),
+    min_size=2, max_size=8,
+)  # fmt: skip
+
+
+def _cnn_op(values: list, weights: tuple, step: tuple) -> Tensor | None:
+    from ember.tensor import module
+
+    kind, i, j, scalar = step
+    a, b = values[-1 - i % len(values)], values[-1 - j % len(values)]  # recent ones, mostly
+    w3, b3, w1 = weights
+    if kind == "conv":  # its epilogue takes what follows: a bias, a ReLU, a residual
+        return module.conv2d(a, w3, b3, padding=1)
+    if kind == "pointwise":
+        return module.conv2d(a, w1)
+    if kind == "relu":
+        return activation.relu(a)
+    if kind == "residual":
+        return activation.relu(a + b)
+    if kind == "affine":
+        return (a * scalar + 0.25).clamp(-3.0, 3.0)
+    if kind == "mean":  # a global mean over the image, broadcast back
+        return a - a.mean_dim(3).mean_dim(2)
+    a.device.sync()
+    return None
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)  # each new epilogue compiles
+@given(steps=_CNN_STEPS, kept=st.lists(st.booleans(), min_size=10, max_size=10),
+       replayed=st.booleans())  # fmt: skip
+def test_random_convolutional_graphs_with_dropped_values_equal_ndarray(steps, kept, replayed):
+    """Random chains of convolutions (their epilogues taking biases, ReLUs, clamps and
+    residual adds), element-wise ops, global means and syncs, of which the caller keeps
+    some values and drops the rest (``replayed``: through ``fusion.replay`` on new inputs,
+    launched directly from the fourth call): every kept value equals NdArray's."""
+    from ember.backends.fusion import executor, replay
+
+    rng = np.random.default_rng(len(steps))
+    host_weights = ((rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32),
+                    rng.standard_normal(8).astype(np.float32),
+                    (rng.standard_normal((8, 8, 1, 1)) / 3).astype(np.float32))  # fmt: skip
+    inputs = [[rng.standard_normal((2, 8, 10, 10)).astype(np.float32) for _ in range(2)]
+              for _ in range(5 if replayed else 1)]  # fmt: skip
+    results = {}
+    for name, on in (("ndarray", ember.device("ndarray")),
+                     ("fusion", ember.device("ndarray").fusion(runtime="numba"))):  # fmt: skip
+        weights = tuple(Tensor.from_data(w, on) for w in host_weights)
+
+        def graph(x: Tensor, y: Tensor, weights: tuple = weights) -> dict:
+            values = [x, y]
+            for step in steps:
+                made = _cnn_op(values, weights, step)
+                if made is not None:
+                    values.append(made)
+            chosen = [n for n, keep in enumerate(kept[: len(values)]) if keep] or [len(values) - 1]
+            return {n: values[n] for n in chosen}
+
+        run = replay(graph) if replayed and name == "fusion" else graph
+        results[name] = []
+        with pytest.MonkeyPatch.context() as patch, autotune.forcing(Choice("fused", 1)):
+            patch.setattr(executor, "LONE_KERNEL_MIN", 1 << 10)  # lone ops: kernels too
+            for x, y in inputs:
+                held = run(Tensor.from_data(x, on), Tensor.from_data(y, on))
+                results[name].append({n: held[n].to_numpy() for n in sorted(held)})
+                del held
+    for call, (got, wanted) in enumerate(zip(results["fusion"], results["ndarray"], strict=True)):
+        for n, want in wanted.items():
+            np.testing.assert_allclose(got[n], want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()),
+                                       err_msg=f"value {n} of call {call} of {steps}")  # fmt: skip
