@@ -221,7 +221,7 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         trace.program = None  # made again from the next flush
         return None
     executor = trace.backend.executor
-    runtime, (to_array, from_array), tuner, recycler = executor._route(program.device.place)
+    _, _, tuner, recycler = executor._route(program.device.place)
     hows = {}
     for i, step in enumerate(program.steps):
         if step[0] == "block":
@@ -240,51 +240,17 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         slots[r], prims[r] = slot, slot.prim
     specs = trace.specs
     entries = trace.entries
+    made = _Made(trace, program, executor, slots, prims, pooled, hows)
     try:
         for i, step in enumerate(program.steps):
             if i == program.first and not _indices_fit(program, entries, slots, prims, specs):
                 return None  # the records run: the op raises as a plain call's does
-            kind = step[0]
-            if kind == "block":
-                _, block, ins, outs = step
-                arrays = [to_array(prims[r]).reshape(s.shape) for r, s in zip(ins, block.inputs)]
-                how = hows[i]
-                if how is None:
-                    results = runtime.run(block, arrays)
-                else:
-                    results = runtime.run(block, arrays, None, how.setting)
-                for r, array in zip(outs, results, strict=True):
-                    shape = specs[r][0]
-                    if array.shape != shape:
-                        array = array.reshape(shape)
-                    prims[r] = prim = from_array(array)
-                    pooled[r] = prim is array
-            elif kind == "conv":
-                out = _conv(executor, program, i, step, prims, to_array)
-                if out is None:
-                    trace.program = False  # not the kernel's: the records run, from now on
-                    return None
-                prims[step[8]] = prim = from_array(out)
-                pooled[step[8]] = prim is out
-            elif kind == "attention":
-                _, template, indices, layout = step
-                made = [_record(entries[k], slots, prims, specs) for k in indices]
-                fused = template.bind(made)
-                if fused is None:
-                    trace.program = False
-                    return None
-                if type(fused) is Attention:
-                    executor._attention(fused, made, layout)
-                else:
-                    executor._attention_grad(fused, made, layout)
-                _keep(entries, indices, made, slots, prims)
-            else:
-                record = _record(entries[step[1]], slots, prims, specs)
-                if kind == "op" or not executor.run_transposed(record):
-                    executor.run_single(record)
-                _keep(entries, (step[1],), (record,), slots, prims)
+            if not made.run(i, step):
+                return None
+            # Read by no later step: back to the pool (the step's own references died with
+            # its call).
             for r in program.drops[i]:
-                slots[r] = prims[r] = None  # read by no later step: back to the pool
+                slots[r] = prims[r] = None
     except UnsupportedError:
         trace.program = False  # the runtime refuses a launch: the records run, from now on
         return None
@@ -297,6 +263,64 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
             if pooled[r] and recycler is not None:
                 slot.recycle = recycler
     return trace.output_values(slots, tensors)
+
+
+class _Made:
+    """One call's values, by trace reference, and how each step makes its own."""
+
+    __slots__ = ("executor", "from_array", "hows", "pooled", "prims", "program", "runtime",
+                 "slots", "to_array", "trace")  # fmt: skip
+
+    def __init__(self, trace: Any, program: Program, executor: Any, slots: list, prims: list,
+                 pooled: list, hows: dict) -> None:  # fmt: skip
+        self.trace, self.program, self.executor = trace, program, executor
+        self.slots, self.prims, self.pooled, self.hows = slots, prims, pooled, hows
+        self.runtime, (self.to_array, self.from_array), _, _ = executor._route(program.device.place)
+
+    def run(self, i: int, step: tuple) -> bool:
+        """Runs step ``i``; False where the records must run instead (the program is
+        dropped for good where it cannot run again)."""
+        kind, trace, prims, specs = step[0], self.trace, self.prims, self.trace.specs
+        entries, executor, slots = trace.entries, self.executor, self.slots
+        if kind == "block":
+            _, block, ins, outs = step
+            arrays = [self.to_array(prims[r]).reshape(s.shape) for r, s in zip(ins, block.inputs)]
+            how = self.hows[i]
+            if how is None:
+                results = self.runtime.run(block, arrays)
+            else:
+                results = self.runtime.run(block, arrays, None, how.setting)
+            for r, array in zip(outs, results, strict=True):
+                shape = specs[r][0]
+                if array.shape != shape:
+                    array = array.reshape(shape)
+                prims[r] = prim = self.from_array(array)
+                self.pooled[r] = prim is array
+        elif kind == "conv":
+            out = _conv(executor, self.program, i, step, prims, self.to_array)
+            if out is None:
+                trace.program = False  # not the kernel's: the records run, from now on
+                return False
+            prims[step[8]] = prim = self.from_array(out)
+            self.pooled[step[8]] = prim is out
+        elif kind == "attention":
+            _, template, indices, layout = step
+            made = [_record(entries[k], slots, prims, specs) for k in indices]
+            fused = template.bind(made)
+            if fused is None:
+                trace.program = False
+                return False
+            if type(fused) is Attention:
+                executor._attention(fused, made, layout)
+            else:
+                executor._attention_grad(fused, made, layout)
+            _keep(entries, indices, made, slots, prims)
+        else:
+            record = _record(entries[step[1]], slots, prims, specs)
+            if kind == "op" or not executor.run_transposed(record):
+                executor.run_single(record)
+            _keep(entries, (step[1],), (record,), slots, prims)
+        return True
 
 
 def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_array) -> Any:
