@@ -188,3 +188,19 @@ class BufferPool:
             self._idle.clear()
             self._by_class.clear()
             self._idle_bytes = 0
+
+
+class PooledOutputs:
+    """A runtime whose outputs come from its ``pool`` (a :class:`BufferPool`): how the
+    executor hands them back."""
+
+    pool: BufferPool
+
+    def release(self, array: np.ndarray) -> bool:
+        """Hands an output of ``run`` back to the pool (nobody may read it or its views
+        afterwards); see :meth:`BufferPool.release`."""
+        return self.pool.release(array)
+
+    def release_later(self, array: np.ndarray) -> None:
+        """:meth:`release` from a finalizer (no lock taken; see :meth:`BufferPool.release_later`)."""
+        self.pool.release_later(array)

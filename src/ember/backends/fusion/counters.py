@@ -30,7 +30,7 @@ _FIELDS = (
     "attention_grads",  # attention gradient segments run as one kernel (attention_grad.py)
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
-    "direct_replays",  # replays whose element-wise blocks ran without records (replayed.py)
+    "direct_replays",  # replays whose launches ran without records (direct.py)
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 

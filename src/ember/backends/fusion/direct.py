@@ -341,7 +341,7 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     if type(how) is not autotune.Choice or how == autotune.UNFUSED:
         return None
     launch = numba_conv.launch_for(*args, how.threads, (first, second) if prefix else None)
-    counters.add_each(op_kernels=1)
+    counters.add("op_kernels")
     return numba_conv.run(launch, args[0], executor.runtime.pool.take,
                           None if residual is None else to_array(prims[residual]))  # fmt: skip
 
@@ -349,19 +349,15 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
 def _record(entry: Any, slots: list, prims: list, specs: dict) -> Record:
     """A record of trace entry ``entry`` on made slots (made for values that have none
     yet), its outputs new slots, registered in ``slots``."""
-    present = []
     for r in entry.refs:
         if r >= 0 and slots[r] is None:
             shape, dtype, device = specs[r]
             slots[r] = Slot(shape, dtype, device, prim=prims[r])
-        if r >= 0:
-            present.append(slots[r])
     operands = [None if r < 0 else slots[r] for r in entry.refs]
-    call_args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
-    outputs = tuple([Slot(shape, dtype, device) for shape, dtype, device in entry.outputs])
-    for r, slot in zip(entry.out_refs, outputs, strict=True):
+    record = entry.record(operands, tuple([s for s in operands if s is not None]))
+    for r, slot in zip(entry.out_refs, record.outputs, strict=True):
         slots[r] = slot
-    return Record(entry.op, entry.name, call_args, tuple(present), outputs, entry.multi)
+    return record
 
 
 def _keep(entries: list, indices, records, slots: list, prims: list) -> None:

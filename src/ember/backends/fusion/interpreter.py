@@ -21,12 +21,12 @@ from __future__ import annotations
 import numpy as np
 
 from ember.backend.ops import OPS
-from ember.backends.fusion.buffers import BufferPool
+from ember.backends.fusion.buffers import BufferPool, PooledOutputs
 from ember.backends.fusion.ir import Block
 from ember.backends.ndarray import NdArray
 
 
-class InterpreterRuntime:
+class InterpreterRuntime(PooledOutputs):
     """Runs blocks with NdArray's kernels, one instruction at a time."""
 
     name = "interpreter"
@@ -67,11 +67,3 @@ class InterpreterRuntime:
             target[...] = result
             made.append(target)
         return made
-
-    def release(self, array: np.ndarray) -> bool:
-        """Hands an output of :meth:`run` back to the pool (see :meth:`BufferPool.release`)."""
-        return self.pool.release(array)
-
-    def release_later(self, array: np.ndarray) -> None:
-        """:meth:`release` from a finalizer (see :meth:`BufferPool.release_later`)."""
-        self.pool.release_later(array)

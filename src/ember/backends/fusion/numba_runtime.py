@@ -55,7 +55,7 @@ import numpy as np
 from ember.atomic import atomic_write
 from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
 from ember.backends.fusion import ir
-from ember.backends.fusion.buffers import BufferPool
+from ember.backends.fusion.buffers import BufferPool, PooledOutputs
 from ember.backends.fusion.numba_source import KernelUnsupported, scalar_dtypes
 from ember.backends.ndarray import layout
 from ember.tensor.dtype import DType
@@ -131,7 +131,7 @@ class _Kernel:
     ready: bool = False  # whether the first call (compile or disk load) happened
 
 
-class NumbaRuntime:
+class NumbaRuntime(PooledOutputs):
     """Compiles blocks to numba kernels, once per ``Block.key()``, and runs them.
 
     Args:
@@ -312,15 +312,6 @@ class NumbaRuntime:
                     f"of shape {fmt_shape(shape)}, got {array.dtype} {fmt_shape(array.shape)}"
                 )
         return list(out)
-
-    def release(self, array: np.ndarray) -> bool:
-        """Hands an output of :meth:`run` back to the pool (nobody may read it or its views
-        afterwards); see :meth:`BufferPool.release`."""
-        return self.pool.release(array)
-
-    def release_later(self, array: np.ndarray) -> None:
-        """:meth:`release` from a finalizer (no lock taken; see :meth:`BufferPool.release_later`)."""
-        self.pool.release_later(array)
 
 
 _MAX_THREADS = os.cpu_count() or 1

@@ -375,6 +375,13 @@ class _Entry:
         # the executor's would.
         self.direct = False
 
+    def record(self, slots: list, present: tuple, stream: Any = None) -> Record:
+        """This op as a record on its operands' ``slots`` (None where absent; ``present``
+        the others), making new slots (of ``stream``, where it is to be pushed there)."""
+        call_args = [slots, *self.attrs] if self.spread else [*slots, *self.attrs]
+        outputs = tuple([Slot(shape, dtype, device, stream) for shape, dtype, device in self.outputs])
+        return Record(self.op, self.name, call_args, present, outputs, self.multi)
+
 
 class Tracer:
     """Logs the ops of one traced call (``Fusion.call`` hands each op here)."""
@@ -629,40 +636,35 @@ class Trace:
                         for k, r in enumerate(entry.out_refs):
                             values[r] = outs[k].slot
                     else:
-                        outputs = tuple([Slot(shape, dtype, dev) for shape, dtype, dev in entry.outputs])
+                        record = entry.record(slots, tuple([s for s in slots if s is not None]))
                         for k, r in enumerate(entry.out_refs):
-                            values[r] = outputs[k]
-                        call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
-                        present = tuple([s for s in slots if s is not None])
-                        executor.run_single(Record(entry.op, entry.name, call_args, present, outputs,
-                                                   entry.multi))  # fmt: skip
+                            values[r] = record.outputs[k]
+                        executor.run_single(record)
                         counters.add("small_ops")
                 else:
                     device = entry.device
                     if stream is None or stream.device is not device:
                         stream = stream_for(device, executor)
-                        if hold and not stream.holding:
-                            stream.holding = True
+                        if hold and stream.hold():
                             holding.append(stream)
                     present = tuple([s for s in slots if s is not None])
                     stream.reading(present)
-                    outputs = tuple([Slot(shape, dtype, dev, stream)
-                                     for shape, dtype, dev in entry.outputs])  # fmt: skip
+                    record = entry.record(slots, present, stream)
+                    outputs = record.outputs
                     for k, r in enumerate(entry.out_refs):
                         values[r] = outputs[k]
                     for k in entry.hold:  # readable before the push, which may run the stream
                         held[entry.out_refs[k]] = FusionTensor(outputs[k])
-                    call_args = [slots, *entry.attrs] if entry.spread else [*slots, *entry.attrs]
-                    record = Record(entry.op, entry.name, call_args, present, outputs, entry.multi)
                     if first is None:
                         first = record
                     pushed.append(index)
                     stream.push(record)
                 for r in entry.release:
                     held.pop(r, None)
-        finally:
+        except BaseException:
             for held_stream in holding:
-                held_stream.holding = False
+                held_stream.holding = False  # what was pushed runs as pushes one by one run
+            raise
         if first is not None and len(pushed) == len(stream):
             # One stream holds exactly this replay's records: the executor may find their
             # plan in self.plans (every replay of a trace pushes the same records, except
@@ -672,8 +674,7 @@ class Trace:
                 learn = functools.partial(self._learn, values)
             stream.mark_replayed(first, len(pushed), self.plans, tuple(pushed), learn)
         for held_stream in holding:
-            if len(held_stream) >= streams.MAX_RECORDS:
-                held_stream.flush()  # as pushing them one by one would have run them
+            held_stream.release()
         return self._outputs(self.template, values, held, tensors)
 
     def input_slots(self, tensors: list[Tensor]) -> list[Slot]:

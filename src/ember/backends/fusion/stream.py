@@ -70,7 +70,7 @@ class Stream:
         self.execute = execute
         self.records: list[Record] = []
         self.lock = threading.RLock()
-        self.holding = False  # a replay is pushing its records: run them when it is done
+        self.holding = False  # a replay is pushing its records (hold): run them when it is done
 
     def push(self, record: Record) -> None:
         with self.lock:
@@ -79,6 +79,23 @@ class Stream:
             if len(records) == 1:
                 _pending.add(self)
             elif len(records) >= MAX_RECORDS and not self.holding:
+                self._run()
+
+    def hold(self) -> bool:
+        """Holds the records a replay pushes until :meth:`release` (not run at
+        :data:`MAX_RECORDS`); False where the stream is held already."""
+        with self.lock:
+            if self.holding:
+                return False
+            self.holding = True
+            return True
+
+    def release(self) -> None:
+        """Ends a :meth:`hold`: the records run now where they fill the stream, as pushed one
+        by one they would have."""
+        with self.lock:
+            self.holding = False
+            if len(self.records) >= MAX_RECORDS:
                 self._run()
 
     def flush(self) -> None:
