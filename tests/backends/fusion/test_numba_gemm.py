@@ -30,13 +30,29 @@ def _check(a: np.ndarray, b: np.ndarray, threads: int = 1) -> None:
 def test_random_shapes_match_numpy(dtype):
     rng = np.random.default_rng(0)
     for _ in range(12):
-        # Sizes around the tile (4 rows, 32 or 64 columns): edges, single rows, and as few
-        # columns as it takes (a quarter tile, 16 or 8).
+        # Sizes around the tile (12 or 6 rows, 32 or 16 columns): edges, single rows, and as
+        # few columns as it takes (a quarter tile).
         m, k = (int(rng.choice([1, 2, 3, 4, 5, 7, 33, 64, 65, 130])) for _ in range(2))
         n = int(rng.choice([gemm.NR[np.dtype(dtype)] // 4, 17, 33, 64, 65, 130]))
         a = rng.standard_normal((m, k)).astype(dtype)
         b = rng.standard_normal((k, n)).astype(dtype)
         _check(a, b, threads=int(rng.integers(1, 4)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transposed", [False, True], ids=["a by rows", "a by columns"])
+def test_blocks_of_k_add_up_at_every_edge(dtype, transposed):
+    # K longer than a block (``_k_block``: the tiles add later blocks to their sums), rows
+    # and columns past whole tiles (the edge tiles add through their scratch tile), and
+    # ``A`` read by columns where it is a transposed C-contiguous array (a weight's gradient).
+    rng = np.random.default_rng(4)
+    m, k, n = 2 * gemm.MR + 5, 1500, gemm.NR[np.dtype(dtype)] + 7
+    assert gemm._k_block(k, n, np.dtype(dtype).itemsize) < k
+    for batch in ((), (3,)):
+        a = rng.standard_normal((*batch, k, m) if transposed else (*batch, m, k)).astype(dtype)
+        a = a.swapaxes(-1, -2) if transposed else a
+        assert gemm._batched_a(a, m, k)[1] == transposed
+        _check(a, rng.standard_normal((k, n)).astype(dtype), threads=2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

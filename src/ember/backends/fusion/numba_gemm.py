@@ -2,83 +2,77 @@
 
 :func:`matmul` computes what NdArray's ``float_matmul`` computes (``[..., M, K] @ [..., K,
 N]``, batch dims broadcast) for float32 and float64, by the classic packed, register-blocked
-GEMM. NumPy's OpenBLAS is held to AVX2 kernels in some environments
-(``OPENBLAS_CORETYPE=Haswell``); on an AVX-512 CPU this kernel is then faster.
+GEMM:
 
 * **Packing.** ``B`` is copied once per call, from any strides, into column panels of
   ``NR`` columns, ``[K, NR]`` each (zeros past the last column, so every tile runs the
-  same loop), that the inner loop reads contiguously; a broadcast batch entry is packed
-  once. ``A`` is read in place, a tile's :data:`MR` rows side by side (rows past the last
-  one read it again and are never stored); only an ``A`` that is not C-contiguous and
-  writable is copied first. (Packing ``A`` into ``[K, MR]`` blocks as well measured as
-  fast on the linear layers and 15-25% slower on the small batched attention products.)
-* **Register tile.** A tile of ``MR x NR`` outputs lives in registers for the whole sum over
-  ``K``: per ``k`` the loop reads ``NR`` values of ``B`` (``NR / lanes`` vectors), ``MR``
-  values of ``A`` (broadcast) and does ``MR * NR / lanes`` vector FMAs; the outputs are
-  stored once, at the end. With ``4 x 64`` float32 (``4 x 32`` float64) that is 16 of the
-  32 AVX-512 registers of accumulators: 16 FMAs per 4 vector loads (AVX2: ``3 x 32``, 12 of
-  16 registers, see :data:`NR`). (A tile of 6 rows or of
-  48 columns spilled and ran 10x slower; 4 x 32 and 8 x 16 ran 10-25% slower than 4 x 64.)
-* **How numba gets there.** numba has no vector types, so the tile is written as ``MR *
-  NR`` scalar variables and LLVM's SLP vectorizer packs them into vectors. numba turns SLP
-  off by default (``NUMBA_SLP_VECTORIZE``), so the tile kernel is compiled once with it on,
-  under numba's compiler lock (:func:`_tile_kernel`); that scalar source is generated
-  (:func:`_tile_source`) into the fusion cache folder so numba's ``cache=True`` keeps the
-  machine code. Its flags are FMA contraction only: with ``reassoc`` LLVM vectorizes the
-  ``k`` loop as reductions instead (measured 8x slower).
-* **Blocking.** A task is one column panel of one batch entry and a run of row blocks:
-  the panel (``K * NR`` values) stays in cache while the rows of ``A`` stream past it.
-  The shapes this targets (transformer layers, ``K`` up to about 1024) need no blocking
-  of ``K``.
+  same loop); a broadcast batch entry is packed once. ``A`` is packed a strip of
+  :data:`MR` rows at a time, ``[K, MR]``, just before the strip runs against every column
+  panel: the strip stays in L1 for all of them. (The strip outer and the panels inner: on
+  a 2-vCPU AVX-512 Xeon the tile ran at 178 GFLOP/s against 148-162 with the panels outer,
+  where each strip came back from L2 once per panel.)
+* **Register tile.** A tile of ``MR x NR`` outputs lives in registers for the whole sum
+  over a block of ``K``: per step of ``K`` it loads :data:`VECTORS` vectors of ``B`` and
+  broadcasts ``MR`` values of ``A``, for ``MR * VECTORS`` vector FMAs. With AVX-512 that is
+  12 x 2 vectors, 24 of the 32 registers of sums; without it, AVX2's 6 x 2 in 12 of 16.
+  numba has no vector types, so the tile is LLVM IR (:func:`_tile_intrinsic`, as
+  ``numba_tile`` and ``numba_int8`` do): its sums are SSA vectors, and the loop compiles to
+  two loads, ``MR`` broadcasts and ``2 MR`` FMAs per step. Alone, with its operands in
+  cache, it ran at 185-190 GFLOP/s on one thread of that Xeon, whose FMA peak is about 203.
+* **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
+  (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
 
-**Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks;
-:func:`matmul` runs them with ``numba_runtime._run_parts`` (part 0 on the calling thread).
+**Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
+(:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``), so each output is
+computed by one task in the same order at any thread count; :func:`matmul` runs them with
+``numba_runtime._run_parts`` (part 0 on the calling thread).
 
-Measured (Zen 5, one thread, thread time, busy machine; ``benchmarks/bench_matmul_kernels.py``):
-float32 about 210-240 GFLOP/s on the ONNX encoder's linear layers (``[1024, 256] @ [256,
-768]`` and the like), 1.6-1.9x NumPy's Haswell OpenBLAS and 2x torch; 170-200 GFLOP/s on
-its batched attention products (1.5x NumPy); float64 about 100 GFLOP/s (1.5-2x NumPy).
+Measured (``benchmarks/bench_matmul_kernels.py``; a 2-vCPU AVX-512 Xeon, one thread) on the
+``nn_step`` encoder's products (``[2048, 256] @ [256, 1024]`` and the like, forward and
+both gradients): about NumPy's OpenBLAS overall, ahead of it on the forward products,
+behind it on the weight gradients (``K = 2048``); torch's MKL was 10-15% ahead of both.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import math
-import sys
-import threading
 from collections.abc import Callable
 
 import numpy as np
 
-from ember.atomic import atomic_write
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
     import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
 __all__ = ["MR", "NR", "KernelUnsupported", "matmul", "matmul_dequantized", "supports",
            "supports_dequantized"]
 
-MR = 4 if VECTOR_BYTES == 64 else 3
-"""Rows of a register tile."""
-NR = {np.dtype(np.float32): VECTOR_BYTES, np.dtype(np.float64): VECTOR_BYTES // 2}
-"""Columns of a register tile per dtype: four vectors (AVX-512's, or AVX2's where the host
-has no AVX-512: there the 4 x 64 tile needs 32 accumulator registers of 16 and ran at 11-17
-GFLOP/s on Zen 3, the 3 x 32 tile at 40-75, about OpenBLAS's speed; 5 x 16 measured
-32-64, 6 x 16 and 4 x 24 15-30, the SLP vectorizer packing them worse)."""
-ROW_BLOCKS_PER_TASK = 16
-"""Row blocks a task runs against one column panel (64 rows): enough tasks for the parts
-of a single matrix, enough rows to reuse the panel from cache."""
+MR = 12 if VECTOR_BYTES == 64 else 6
+"""Rows of a register tile (broadcast values of ``A`` per step of ``K``)."""
+VECTORS = 2
+"""Vectors of columns of a register tile."""
+NR = {np.dtype(np.float32): VECTORS * VECTOR_BYTES // 4,
+      np.dtype(np.float64): VECTORS * VECTOR_BYTES // 8}  # fmt: skip
+"""Columns of a register tile per dtype."""
+B_BLOCK_BYTES = 1 << 20
+"""Bytes of ``B``'s panels per block of ``K``, at most (L2 holds them beside the strips)."""
+STRIP_BYTES = 24 << 10
+"""Bytes of a packed strip of ``A`` per block of ``K``, at most (L1 holds it beside a
+panel's rows; 12 and 48 KiB measured slower on the weight gradients, ``K = 2048``)."""
+K_BLOCK_MIN = 128
+"""Rows of ``B`` per block of ``K``, at least (the tile's sums load and store once a
+block)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Products of fewer multiply-adds than this run on one thread (as ``numba_conv``)."""
-
-_FLAGS = {"contract"}
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -138,111 +132,192 @@ def _pack(b, bp, part, parts):  # pragma: no cover - runs compiled
                     dst[q, j] = src[np.uintp(q)]
 
 
-def _tile_source(mr: int, nr: int) -> str:
-    """Python source of the tile kernel ``tiles(a, bp, out, a_of, b_of, edge, part,
-    parts)`` for ``mr x nr`` tiles: ``a`` is ``[Ba, M, K]`` (C-contiguous), ``bp`` ``B``'s
-    column panels, ``out`` ``[batch, M, N]``, ``a_of[t]`` / ``b_of[t]`` the operands' batch
-    entries of batch entry ``t``, ``edge`` an ``[mr, nr]`` scratch tile each tile is
-    stored through (its rows and columns inside the matrix are copied out). Rows past
-    ``M`` read row ``M - 1`` again (never stored)."""
-    flags = "{" + ", ".join(repr(f) for f in sorted(_FLAGS)) + "}"
-    cells = [(r, j) for r in range(mr) for j in range(nr)]
-    lines = [
-        "import numba",
-        "import numpy as np",
-        "",
-        "",
-        f"@numba.njit(nogil=True, cache=True, fastmath={flags}, error_model='numpy')",
-        "def tiles(a, bp, out, a_of, b_of, edge, part, parts):",
-        "    m = out.shape[1]",
-        "    n = out.shape[2]",
-        "    k = a.shape[2]",
-        f"    row_blocks = (m + {mr - 1}) // {mr}",
-        "    col_blocks = bp.shape[1]",
-        f"    chunks = (row_blocks + {ROW_BLOCKS_PER_TASK - 1}) // {ROW_BLOCKS_PER_TASK}",
-        "    tasks = out.shape[0] * col_blocks * chunks",
-        "    zero = out.dtype.type(0)",
-        "    for task in range(tasks * part // parts, tasks * (part + 1) // parts):",
-        "        t = task // (col_blocks * chunks)",
-        "        jb = task // chunks % col_blocks",
-        "        chunk = task % chunks",
-        "        bpanel = bp[b_of[t], jb].reshape(-1)",
-        f"        j0 = jb * {nr}",
-        f"        for ib in range(chunk * {ROW_BLOCKS_PER_TASK},"
-        f" min(row_blocks, (chunk + 1) * {ROW_BLOCKS_PER_TASK})):",
-        f"            i0 = ib * {mr}",
-        *(f"            row{r} = a[a_of[t], min(i0 + {r}, m - 1)]" for r in range(mr)),
-        *(f"            c{r}_{j} = zero" for r, j in cells),
-        "            for q in range(k):",
-        f"                pb = np.uintp(q * {nr})",
-        *(f"                a{r} = row{r}[np.uintp(q)]" for r in range(mr)),
-        *(f"                b{j} = bpanel[pb + np.uintp({j})]" for j in range(nr)),
-        *(f"                c{r}_{j} += a{r} * b{j}" for r, j in cells),
-        # Through the scratch tile: one store block (compile time) for whole and edge tiles.
-        *(f"            edge[{r}, {j}] = c{r}_{j}" for r, j in cells),
-        f"            for r in range(min({mr}, m - i0)):",
-        "                src = edge[r]",
-        "                dst = out[t, i0 + r]",
-        f"                for j in range(min({nr}, n - j0)):",
-        "                    dst[np.uintp(j0 + j)] = src[np.uintp(j)]",
-    ]
-    return "\n".join(lines) + "\n"
+def _tile_intrinsic(mr: int, nv: int):
+    """The intrinsic ``tile(a, b, b0, k, c, c0, ldc, accumulate)``: ``c[c0 + o * ldc + j]``
+    (plus its value where ``accumulate``) ``= sum over q < k of a[q * mr + o] * b[b0 + q * nr
+    + j]`` for ``o < mr`` rows and ``j < nr = nv * lanes`` columns, where ``a`` is a packed
+    strip of ``A`` (``[k, mr]``) and ``b`` holds column panels of ``B`` (``[k, nr]`` from
+    ``b0``). The ``mr * nv`` sums are SSA vectors (registers) for the whole loop over ``k``;
+    per ``q`` it loads ``nv`` vectors of ``b`` and broadcasts ``mr`` values of ``a``. All
+    three arrays are 1-d, C-contiguous, of one float dtype; nothing is bounds-checked."""
+
+    @intrinsic
+    def tile(typingctx, a, b, b0, k, c, c0, ldc, accumulate):
+        arrays = (a, b, c)
+        if not all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
+                   for x in arrays):  # fmt: skip
+            return None
+        if len({x.dtype for x in arrays}) != 1 or a.dtype not in (types.float32, types.float64):
+            return None
+        i64 = types.int64
+        sig = types.void(a, b, i64, i64, c, i64, i64, types.boolean)
+
+        def codegen(context, builder, signature, args):
+            a_v, b_v, b0_v, k_v, c_v, c0_v, ldc_v, acc_v = args
+            a_t, b_t, _, _, c_t = signature.args[:5]
+
+            def data(ty, value):
+                return context.make_array(ty)(context, builder, value).data
+
+            aptr, bptr, cptr = data(a_t, a_v), data(b_t, b_v), data(c_t, c_v)
+            fty = context.get_value_type(a_t.dtype)
+            itemsize = context.get_abi_sizeof(fty)
+            width = VECTOR_BYTES // itemsize
+            vty = ir.VectorType(fty, width)
+            vptr = vty.as_pointer()
+            li64, li32 = ir.IntType(64), ir.IntType(32)
+            fma = builder.module.declare_intrinsic(f"llvm.fma.v{width}f{itemsize * 8}", (),
+                                                   ir.FunctionType(vty, [vty] * 3))  # fmt: skip
+            splat = ir.Constant(ir.VectorType(li32, width), None)
+            undef = ir.Constant(vty, ir.Undefined)
+            zero = ir.Constant(vty, None)
+
+            def const(value):
+                return ir.Constant(li64, value)
+
+            def c_vector(o, v):
+                at = builder.add(builder.add(c0_v, builder.mul(ldc_v, const(o))),
+                                 const(v * width))  # fmt: skip
+                return builder.bitcast(builder.gep(cptr, [at], inbounds=True, source_etype=fty),
+                                       vptr)  # fmt: skip
+
+            entry = builder.block
+            load = builder.append_basic_block("tile.load")
+            start = builder.append_basic_block("tile.start")
+            loop = builder.append_basic_block("tile.loop")
+            done = builder.append_basic_block("tile.done")
+            builder.cbranch(acc_v, load, start)
+            builder.position_at_end(load)
+            loaded = [builder.load(c_vector(o, v), align=itemsize, typ=vty)
+                      for o in range(mr) for v in range(nv)]  # fmt: skip
+            builder.branch(start)
+
+            builder.position_at_end(start)
+            firsts = []
+            for value in loaded:
+                phi = builder.phi(vty)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(value, load)
+                firsts.append(phi)
+            builder.cbranch(builder.icmp_signed(">", k_v, const(0)), loop, done)
+
+            builder.position_at_end(loop)
+            q = builder.phi(li64)
+            q.add_incoming(const(0), start)
+            sums = []
+            for first in firsts:
+                phi = builder.phi(vty)
+                phi.add_incoming(first, start)
+                sums.append(phi)
+            row = builder.add(b0_v, builder.mul(q, const(nv * width)))
+            bs = []
+            for v in range(nv):
+                p = builder.gep(bptr, [builder.add(row, const(v * width))], inbounds=True,
+                                source_etype=fty)  # fmt: skip
+                bs.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
+            column = builder.mul(q, const(mr))
+            nexts = []
+            for o in range(mr):
+                p = builder.gep(aptr, [builder.add(column, const(o))], inbounds=True,
+                                source_etype=fty)  # fmt: skip
+                one = builder.insert_element(undef, builder.load(p, typ=fty), ir.Constant(li32, 0))
+                x = builder.shuffle_vector(one, undef, splat)
+                nexts += [builder.call(fma, [bs[v], x, sums[o * nv + v]]) for v in range(nv)]
+            q_next = builder.add(q, const(1))
+            body_end = builder.block
+            q.add_incoming(q_next, body_end)
+            for phi, value in zip(sums, nexts):
+                phi.add_incoming(value, body_end)
+            builder.cbranch(builder.icmp_signed("<", q_next, k_v), loop, done)
+
+            builder.position_at_end(done)
+            finals = []  # every phi first: LLVM wants them at the top of the block
+            for first, value in zip(firsts, nexts):
+                phi = builder.phi(vty)
+                phi.add_incoming(first, start)
+                phi.add_incoming(value, body_end)
+                finals.append(phi)
+            for i, final in enumerate(finals):
+                builder.store(final, c_vector(i // nv, i % nv), align=itemsize)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
 
 
-_tiles: dict[np.dtype, Callable] = {}
-_tiles_lock = threading.Lock()
+_tile = None if numba is None else _tile_intrinsic(MR, VECTORS)
 
 
-def _tile_kernel(dtype: np.dtype) -> Callable:
-    """The tile kernel for ``dtype``, compiled with SLP vectorization on (see the module
-    doc)."""
-    with _tiles_lock:
-        found = _tiles.get(dtype)
-        if found is None:
-            found = _tiles[dtype] = _compile(_tile_module(dtype).tiles, dtype)
-    return found
+@_jit
+def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no cover - compiled
+    """Part ``part`` of ``parts`` of ``out[t] = A[a_of[t]] @ B[b_of[t]]`` for ``A`` given as
+    ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
+    column panels ``bp`` ``[Bb, N / nr, K, nr]`` and ``out`` ``[batch, M, N]`` (see the
+    module doc). A task is one strip of :data:`MR` rows of one batch entry; per block of
+    ``kc`` of ``K`` it packs the strip into ``[kc, MR]`` (rows past ``M`` repeat the last
+    one, never stored) and runs it against every column panel; tiles past an edge go
+    through a scratch tile."""
+    m = out.shape[1]
+    n = out.shape[2]
+    k = a.shape[1] if by_columns else a.shape[2]
+    nr = bp.shape[3]
+    panels = bp.shape[1]
+    strips = (m + MR - 1) // MR
+    tasks = out.shape[0] * strips
+    flat_a = a.reshape(-1)
+    flat_b = bp.reshape(-1)
+    flat_out = out.reshape(-1)
+    strip = np.empty(min(kc, k) * MR, out.dtype)
+    edge = np.empty(MR * nr, out.dtype)
+    row_at = np.empty(MR, np.uintp)
+    for k0 in range(0, k, kc):
+        kk = min(kc, k - k0)
+        later = k0 > 0
+        for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+            t = task // strips
+            i0 = task % strips * MR
+            rows = min(MR, m - i0)
+            base = a_of[t] * m * k
+            if by_columns:  # a strip's MR values of one step of K lie side by side
+                for r in range(MR):
+                    row_at[r] = base + k0 * m + i0 + min(r, rows - 1)
+                for q in range(kk):
+                    step = np.uintp(q * m)
+                    for r in range(MR):
+                        strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + step]
+            else:
+                for r in range(MR):
+                    row_at[r] = base + (i0 + min(r, rows - 1)) * k + k0
+                for q in range(kk):
+                    for r in range(MR):
+                        strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + np.uintp(q)]
+            for jb in range(panels):
+                j0 = jb * nr
+                cols = min(nr, n - j0)
+                b0 = ((b_of[t] * panels + jb) * k + k0) * nr
+                at = (t * m + i0) * n + j0
+                if rows == MR and cols == nr:
+                    _tile(strip, flat_b, b0, kk, flat_out, at, n, later)
+                    continue
+                if later:
+                    for r in range(rows):
+                        for j in range(cols):
+                            edge[r * nr + j] = flat_out[at + r * n + j]
+                _tile(strip, flat_b, b0, kk, edge, 0, nr, later)
+                for r in range(rows):
+                    for j in range(cols):
+                        flat_out[at + r * n + j] = edge[r * nr + j]
 
 
-def _tile_module(dtype: np.dtype):
-    """The module of the tile kernel for ``dtype``: its generated source is written into the
-    fusion cache folder (so numba can cache its machine code beside it) and imported."""
-    from ember.backends.fusion.numba_runtime import cache_dir
-
-    source = _tile_source(MR, NR[dtype])
-    name = f"gemm_{dtype.name}_{hashlib.sha256(source.encode()).hexdigest()[:24]}"
-    module_name = f"ember_fusion_kernels.{name}"  # as numba_runtime names its kernels
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.py"
-    # Rewriting an identical file would change its time stamp and void numba's cache.
-    if not path.exists() or path.read_bytes() != source.encode():
-        atomic_write(path, source.encode())
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[module_name] = module
-    return module
-
-
-def _compile(tiles: Callable, dtype: np.dtype) -> Callable:
-    """Compiles (or loads from numba's cache) the one signature of ``tiles`` that
-    :func:`matmul` calls (all arrays C-contiguous and writable), with SLP vectorization on;
-    no other signature is compiled after it."""
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:  # no other compilation sees the flag
-        saved = numba.config.SLP_VECTORIZE
-        numba.config.SLP_VECTORIZE = 1
-        try:
-            a, out, index = np.zeros((1, 1, 1), dtype), np.zeros((1, 1, 1), dtype), np.zeros(1, int)
-            panels, edge = np.zeros((1, 1, 1, NR[dtype]), dtype), np.zeros((MR, NR[dtype]), dtype)
-            tiles(a, panels, out, index, index, edge, 0, 1)
-        finally:
-            numba.config.SLP_VECTORIZE = saved
-    tiles.disable_compile()  # a call of another signature raises instead of compiling slowly
-    return tiles
+def _k_block(k: int, n: int, itemsize: int) -> int:
+    """Rows of ``B`` per block of ``K``: its column panels stay in L2 (about
+    :data:`B_BLOCK_BYTES`) while every strip of ``A`` runs against them, and a packed strip
+    in L1 (:data:`STRIP_BYTES`) while it runs against every panel."""
+    nr = NR[np.dtype(f"f{itemsize}")]
+    columns = -(-n // nr) * nr
+    fits = min(B_BLOCK_BYTES // (columns * itemsize), STRIP_BYTES // (MR * itemsize))
+    return min(k, max(K_BLOCK_MIN, fits))
 
 
 def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
@@ -266,42 +341,41 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)
-    a3 = _batched_rows(a, m, k)
+    a3, by_columns = _batched_a(a, m, k)
     b3 = b.reshape(-1, k, n)
     bp = _scratch("b", (b3.shape[0], -(-n // nr), k, nr), dtype)
-    return _multiply(a3, bp, (_pack, [b3, bp]), (*batch, m, n), a_of, b_of, threads, empty)
+    return _multiply(a3, by_columns, bp, (_pack, [b3, bp]), (*batch, m, n), a_of, b_of,
+                     threads, empty)  # fmt: skip
 
 
-def _batched_rows(a: np.ndarray, m: int, k: int) -> np.ndarray:
-    """``a`` as ``[batch, m, k]``, C-contiguous, writable and aligned (copied into scratch
-    where it is not): the tile kernel has one compiled signature (~5-10 s each), and
-    read-only or unaligned arrays are types of their own to numba."""
-    a3 = a.reshape(-1, m, k)
+def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:
+    """``(array, by_columns)``: ``a`` as ``[batch, m, k]`` or, where it is a transposed
+    C-contiguous array (a weight's gradient reads ``dY``ᵀ), as that array ``[batch, k, m]``
+    with ``by_columns`` True; C-contiguous, writable and aligned (copied into scratch where it
+    is not: read-only or unaligned arrays are types of their own to numba, each compiled)."""
+    by_columns = a.ndim >= 2 and m > 1 and np.swapaxes(a, -1, -2).flags.c_contiguous
+    a3 = np.swapaxes(a, -1, -2).reshape(-1, k, m) if by_columns else a.reshape(-1, m, k)
     if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
-        a3 = _scratch("a", a3.shape, a.dtype)
-        np.copyto(a3, a.reshape(-1, m, k))
-    return a3
+        copy = _scratch("a", a3.shape, a.dtype)
+        np.copyto(copy, a3)
+        a3 = copy
+    return a3, by_columns
 
 
-def _multiply(a3: np.ndarray, bp: np.ndarray, pack: tuple, shape: tuple[int, ...],
-              a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
+def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple,
+              shape: tuple[int, ...], a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
               empty: Callable) -> np.ndarray:  # fmt: skip
     """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments) and the
-    tile kernel over ``a3``; returns the output of ``shape``."""
+    tile kernel over ``a3`` (:func:`_batched_a`); returns the output of ``shape``."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
-    dtype = a3.dtype
-    m, k, n, nr = shape[-2], a3.shape[2], shape[-1], bp.shape[3]
-    out = empty(shape, dtype)
+    m, n = shape[-2:]
+    k = a3.shape[1] if by_columns else a3.shape[2]
+    out = empty(shape, a3.dtype)
     parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
-    tiles = _tile_kernel(dtype)
     _run_parts(pack[0], pack[1], parts)
-    if parts == 1:
-        _run_parts(tiles, [a3, bp, out.reshape(-1, m, n), a_of, b_of, np.empty((MR, nr), dtype)],
-                   1)  # fmt: skip
-    else:
-        _run_parts(_tiles_with_own_edge, [tiles, a3, bp, out.reshape(-1, m, n), a_of, b_of],
-                   parts)  # fmt: skip
+    kc = _k_block(k, n, a3.dtype.itemsize)
+    _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc], parts)
     return out
 
 
@@ -346,12 +420,13 @@ def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
         _run_parts(_gemv_dequantized, [a2, values, scales, zero_points, out.reshape(rows, n)],
                    parts)  # fmt: skip
         return out
-    a3 = _batched_rows(a, m, k)
+    a3, by_columns = _batched_a(a, m, k)
     bp = _scratch("b", (1, -(-n // nr), k, nr), a.dtype)
     a_of = np.arange(a3.shape[0], dtype=np.int64)
     b_of = np.zeros(a3.shape[0], dtype=np.int64)
     pack = (_pack_dequantized, [values, scales, zero_points, bp])
-    return _multiply(a3, bp, pack, (*a.shape[:-1], n), a_of, b_of, threads, empty)
+    return _multiply(a3, by_columns, bp, pack, (*a.shape[:-1], n), a_of, b_of, threads,
+                     empty)  # fmt: skip
 
 
 @_jit
@@ -430,11 +505,6 @@ def _gemv_dequantized(a, q, scales, zps, out, part, parts):  # pragma: no cover 
         for i in range(m):
             for j in range(cols):
                 out[i, j0 + j] = total[i, j]
-
-
-def _tiles_with_own_edge(tiles, a, bp, out, a_of, b_of, part, parts) -> None:
-    """Runs part ``part`` of the tile kernel with a scratch edge tile of its own."""
-    tiles(a, bp, out, a_of, b_of, np.empty((MR, bp.shape[3]), out.dtype), part, parts)
 
 
 def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
