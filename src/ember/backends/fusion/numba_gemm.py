@@ -27,10 +27,11 @@ GEMM:
 computed by one task in the same order at any thread count; :func:`matmul` runs them with
 ``numba_runtime._run_parts`` (part 0 on the calling thread).
 
-Measured (``benchmarks/bench_matmul_kernels.py``; a 2-vCPU AVX-512 Xeon, one thread) on the
-``nn_step`` encoder's products (``[2048, 256] @ [256, 1024]`` and the like, forward and
-both gradients): about NumPy's OpenBLAS overall, ahead of it on the forward products,
-behind it on the weight gradients (``K = 2048``); torch's MKL was 10-15% ahead of both.
+Measured (a 2-vCPU AVX-512 Xeon, one thread, each beside NumPy and torch in one run) on the
+``nn_step`` encoder's products (``[2048, 256] @ [256, 1024]`` and the like, forward and both
+gradients): 131-150 GFLOP/s on the forward and input-gradient products (NumPy's OpenBLAS
+131-143), 109-115 on the weight gradients (``K = 2048``; OpenBLAS 129-137); torch's MKL
+was 10-20% ahead of both. ``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
 """
 
 from __future__ import annotations
