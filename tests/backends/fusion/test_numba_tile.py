@@ -76,7 +76,7 @@ def test_conv_of_several_row_tiles_matches_float64(parts):
     np.testing.assert_array_less(np.abs(got - exact), 2e-6 * (bound + np.abs(b).max()))
 
 
-@pytest.mark.parametrize("user", ["numba_conv", "numba_attention"])
+@pytest.mark.parametrize("user", ["numba_conv", "numba_attention", "numba_gemm"])
 def test_the_kernels_cache_follows_the_tile_source(user):
     """A kernel's cached machine code inlines the tile: each file whose kernels use it
     names the tile source it was compiled with, so an edit of numba_tile.py must touch

@@ -15,9 +15,11 @@ GEMM:
   over a block of ``K``: per step of ``K`` it loads :data:`VECTORS` vectors of ``B`` and
   broadcasts ``MR`` values of ``A``, for ``MR * VECTORS`` vector FMAs. With AVX-512 that is
   12 x 2 vectors, 24 of the 32 registers of sums; without it, AVX2's 6 x 2 in 12 of 16.
-  numba has no vector types, so the tile is LLVM IR (:func:`_tile_intrinsic`, as
-  ``numba_tile`` and ``numba_int8`` do): its sums are SSA vectors, and the loop compiles to
-  two loads, ``MR`` broadcasts and ``2 MR`` FMAs per step. Alone, with its operands in
+  numba has no vector types, so the tile is the convolutions' LLVM IR tile
+  (``numba_tile.tile_kernel``: a strip's ``MR`` rows are its output channels, a panel's
+  columns its positions, and later blocks of ``K`` add to the sums): its sums are SSA
+  vectors, and the loop compiles to two loads, ``MR`` broadcasts and ``2 MR`` FMAs per
+  step. Alone, with its operands in
   cache, it ran at 185-190 GFLOP/s on one thread of that Xeon, whose FMA peak is about 203.
 * **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
   (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
@@ -29,9 +31,10 @@ computed by one task in the same order at any thread count; :func:`matmul` runs 
 
 Measured (a 2-vCPU AVX-512 Xeon, one thread, each beside NumPy and torch in one run) on the
 ``nn_step`` encoder's products (``[2048, 256] @ [256, 1024]`` and the like, forward and both
-gradients): 131-150 GFLOP/s on the forward and input-gradient products (NumPy's OpenBLAS
-131-143), 109-115 on the weight gradients (``K = 2048``; OpenBLAS 129-137); torch's MKL
-was 10-20% ahead of both. ``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
+gradients): 118-150 GFLOP/s on the forward and input-gradient products (NumPy's OpenBLAS
+131-150), 88-115 on the weight gradients (``K = 2048``; OpenBLAS 120-137); 0.89-0.97x
+OpenBLAS over all nine; torch's MKL was 10-20% ahead of both.
+``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
 """
 
 from __future__ import annotations
@@ -43,14 +46,11 @@ from collections.abc import Callable
 import numpy as np
 
 from ember.backends.fusion.numba_source import KernelUnsupported
-from ember.backends.fusion.numba_tile import VECTOR_BYTES
+from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
     import numba
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
@@ -74,6 +74,10 @@ K_BLOCK_MIN = 128
 block)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Products of fewer multiply-adds than this run on one thread (as ``numba_conv``)."""
+
+# numba caches a kernel by its own file, so the tile it inlines must be named here (see
+# numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
+TILE_SOURCE_SHA256 = "04d39cb57a2c8f2c"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -133,121 +137,7 @@ def _pack(b, bp, part, parts):  # pragma: no cover - runs compiled
                     dst[q, j] = src[np.uintp(q)]
 
 
-def _tile_intrinsic(mr: int, nv: int):
-    """The intrinsic ``tile(a, b, b0, k, c, c0, ldc, accumulate)``: ``c[c0 + o * ldc + j]``
-    (plus its value where ``accumulate``) ``= sum over q < k of a[q * mr + o] * b[b0 + q * nr
-    + j]`` for ``o < mr`` rows and ``j < nr = nv * lanes`` columns, where ``a`` is a packed
-    strip of ``A`` (``[k, mr]``) and ``b`` holds column panels of ``B`` (``[k, nr]`` from
-    ``b0``). The ``mr * nv`` sums are SSA vectors (registers) for the whole loop over ``k``;
-    per ``q`` it loads ``nv`` vectors of ``b`` and broadcasts ``mr`` values of ``a``. All
-    three arrays are 1-d, C-contiguous, of one float dtype; nothing is bounds-checked."""
-
-    @intrinsic
-    def tile(typingctx, a, b, b0, k, c, c0, ldc, accumulate):
-        arrays = (a, b, c)
-        if not all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
-                   for x in arrays):  # fmt: skip
-            return None
-        if len({x.dtype for x in arrays}) != 1 or a.dtype not in (types.float32, types.float64):
-            return None
-        i64 = types.int64
-        sig = types.void(a, b, i64, i64, c, i64, i64, types.boolean)
-
-        def codegen(context, builder, signature, args):
-            a_v, b_v, b0_v, k_v, c_v, c0_v, ldc_v, acc_v = args
-            a_t, b_t, _, _, c_t = signature.args[:5]
-
-            def data(ty, value):
-                return context.make_array(ty)(context, builder, value).data
-
-            aptr, bptr, cptr = data(a_t, a_v), data(b_t, b_v), data(c_t, c_v)
-            fty = context.get_value_type(a_t.dtype)
-            itemsize = context.get_abi_sizeof(fty)
-            width = VECTOR_BYTES // itemsize
-            vty = ir.VectorType(fty, width)
-            vptr = vty.as_pointer()
-            li64, li32 = ir.IntType(64), ir.IntType(32)
-            fma = builder.module.declare_intrinsic(f"llvm.fma.v{width}f{itemsize * 8}", (),
-                                                   ir.FunctionType(vty, [vty] * 3))  # fmt: skip
-            splat = ir.Constant(ir.VectorType(li32, width), None)
-            undef = ir.Constant(vty, ir.Undefined)
-            zero = ir.Constant(vty, None)
-
-            def const(value):
-                return ir.Constant(li64, value)
-
-            def c_vector(o, v):
-                at = builder.add(builder.add(c0_v, builder.mul(ldc_v, const(o))),
-                                 const(v * width))  # fmt: skip
-                return builder.bitcast(builder.gep(cptr, [at], inbounds=True, source_etype=fty),
-                                       vptr)  # fmt: skip
-
-            entry = builder.block
-            load = builder.append_basic_block("tile.load")
-            start = builder.append_basic_block("tile.start")
-            loop = builder.append_basic_block("tile.loop")
-            done = builder.append_basic_block("tile.done")
-            builder.cbranch(acc_v, load, start)
-            builder.position_at_end(load)
-            loaded = [builder.load(c_vector(o, v), align=itemsize, typ=vty)
-                      for o in range(mr) for v in range(nv)]  # fmt: skip
-            builder.branch(start)
-
-            builder.position_at_end(start)
-            firsts = []
-            for value in loaded:
-                phi = builder.phi(vty)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(value, load)
-                firsts.append(phi)
-            builder.cbranch(builder.icmp_signed(">", k_v, const(0)), loop, done)
-
-            builder.position_at_end(loop)
-            q = builder.phi(li64)
-            q.add_incoming(const(0), start)
-            sums = []
-            for first in firsts:
-                phi = builder.phi(vty)
-                phi.add_incoming(first, start)
-                sums.append(phi)
-            row = builder.add(b0_v, builder.mul(q, const(nv * width)))
-            bs = []
-            for v in range(nv):
-                p = builder.gep(bptr, [builder.add(row, const(v * width))], inbounds=True,
-                                source_etype=fty)  # fmt: skip
-                bs.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
-            column = builder.mul(q, const(mr))
-            nexts = []
-            for o in range(mr):
-                p = builder.gep(aptr, [builder.add(column, const(o))], inbounds=True,
-                                source_etype=fty)  # fmt: skip
-                one = builder.insert_element(undef, builder.load(p, typ=fty), ir.Constant(li32, 0))
-                x = builder.shuffle_vector(one, undef, splat)
-                nexts += [builder.call(fma, [bs[v], x, sums[o * nv + v]]) for v in range(nv)]
-            q_next = builder.add(q, const(1))
-            body_end = builder.block
-            q.add_incoming(q_next, body_end)
-            for phi, value in zip(sums, nexts):
-                phi.add_incoming(value, body_end)
-            builder.cbranch(builder.icmp_signed("<", q_next, k_v), loop, done)
-
-            builder.position_at_end(done)
-            finals = []  # every phi first: LLVM wants them at the top of the block
-            for first, value in zip(firsts, nexts):
-                phi = builder.phi(vty)
-                phi.add_incoming(first, start)
-                phi.add_incoming(value, body_end)
-                finals.append(phi)
-            for i, final in enumerate(finals):
-                builder.store(final, c_vector(i // nv, i % nv), align=itemsize)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile
-
-
-_tile = None if numba is None else _tile_intrinsic(MR, VECTORS)
+_tile = None if numba is None else tile_kernel(MR, VECTORS, accumulating=True, strided=True)
 
 
 @_jit
@@ -299,13 +189,13 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no c
                 b0 = ((b_of[t] * panels + jb) * k + k0) * nr
                 at = (t * m + i0) * n + j0
                 if rows == MR and cols == nr:
-                    _tile(strip, flat_b, b0, kk, flat_out, at, n, later)
+                    _tile(flat_b, nr, strip, 0, b0, kk, flat_out, at, n, later)
                     continue
                 if later:
                     for r in range(rows):
                         for j in range(cols):
                             edge[r * nr + j] = flat_out[at + r * n + j]
-                _tile(strip, flat_b, b0, kk, edge, 0, nr, later)
+                _tile(flat_b, nr, strip, 0, b0, kk, edge, 0, nr, later)
                 for r in range(rows):
                     for j in range(cols):
                         flat_out[at + r * n + j] = edge[r * nr + j]

@@ -54,112 +54,147 @@ def lanes(itemsize: int) -> int:
 
 
 @cache
-def tile_kernel(ob: int, nv: int):
+def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = False):
     """The intrinsic ``tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)`` for ``ob`` output
-    channels by ``nv`` vectors of positions (see the module doc)."""
+    channels by ``nv`` vectors of positions (see the module doc). Two variants serve a
+    matrix product's packed panels (``numba_gemm``): ``strided`` takes for ``offs`` an int64
+    step, tap ``t`` reading ``xq`` from ``t * offs + q0`` (no load per tap), and
+    ``accumulating`` adds a last argument ``add`` (a bool): where true, the sums start from
+    ``acc``'s values instead of zero (a product's later blocks of ``K`` add to the earlier
+    ones')."""
     if intrinsic is None:  # pragma: no cover - exercised where numba is missing
         raise ImportError("numba is not installed")
 
-    @intrinsic
-    def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride):
+    def signature_of(xq, offs, wt, acc):
         arrays = (xq, wt, acc)
         if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
-                   for a in (*arrays, offs)):  # fmt: skip
+                   for a in (arrays if strided else (*arrays, offs))):  # fmt: skip
             return None
         if len({a.dtype for a in arrays}) != 1 or arrays[0].dtype not in (
             types.float32,
             types.float64,
         ):
             return None
-        if offs.dtype != types.int64:
+        if (offs if strided else offs.dtype) != types.int64:
             return None
-        sig = types.void(xq, offs, wt, types.int64, types.int64, types.int64, acc, types.int64,
-                         types.int64)  # fmt: skip
+        extra = (types.boolean,) if accumulating else ()
+        return types.void(xq, offs, wt, types.int64, types.int64, types.int64, acc, types.int64,
+                          types.int64, *extra)  # fmt: skip
 
-        def codegen(context, builder, signature, args):
-            xq_v, offs_v, wt_v, wstart_v, q0_v, taps_v, acc_v, a0_v, stride_v = args
-            xq_t, offs_t, wt_t, _, _, _, acc_t, _, _ = signature.args
+    def codegen(context, builder, signature, args):
+        xq_v, offs_v, wt_v, wstart_v, q0_v, taps_v, acc_v, a0_v, stride_v = args[:9]
+        xq_t, offs_t, wt_t, _, _, _, acc_t, _, _ = signature.args[:9]
 
-            def data(ty, value):
-                return context.make_array(ty)(context, builder, value).data
+        def data(ty, value):
+            return context.make_array(ty)(context, builder, value).data
 
-            xptr, optr, wptr, aptr = (
-                data(xq_t, xq_v), data(offs_t, offs_v), data(wt_t, wt_v), data(acc_t, acc_v)
-            )  # fmt: skip
-            fty = context.get_value_type(xq_t.dtype)
-            itemsize = context.get_abi_sizeof(fty)
-            width = lanes(itemsize)
-            vty = ir.VectorType(fty, width)
-            vptr = vty.as_pointer()
-            i64 = ir.IntType(64)
-            i32 = ir.IntType(32)
-            zero = ir.Constant(vty, None)
-            splat_mask = ir.Constant(ir.VectorType(i32, width), None)
-            suffix = f"v{width}f{itemsize * 8}"  # llvm.fma.v16f32: one vector FMA
-            fma = builder.module.declare_intrinsic(
-                f"llvm.fma.{suffix}", (), ir.FunctionType(vty, [vty] * 3)
-            )
+        xptr, wptr, aptr = data(xq_t, xq_v), data(wt_t, wt_v), data(acc_t, acc_v)
+        optr = None if strided else data(offs_t, offs_v)
+        fty = context.get_value_type(xq_t.dtype)
+        itemsize = context.get_abi_sizeof(fty)
+        width = lanes(itemsize)
+        vty = ir.VectorType(fty, width)
+        vptr = vty.as_pointer()
+        i64 = ir.IntType(64)
+        i32 = ir.IntType(32)
+        zero = ir.Constant(vty, None)
+        splat_mask = ir.Constant(ir.VectorType(i32, width), None)
+        suffix = f"v{width}f{itemsize * 8}"  # llvm.fma.v16f32: one vector FMA
+        fma = builder.module.declare_intrinsic(
+            f"llvm.fma.{suffix}", (), ir.FunctionType(vty, [vty] * 3)
+        )
 
-            def const(value):
-                return ir.Constant(i64, value)
+        def const(value):
+            return ir.Constant(i64, value)
 
-            entry = builder.block
-            loop = builder.append_basic_block("tile.loop")
-            done = builder.append_basic_block("tile.done")
-            builder.cbranch(builder.icmp_signed(">", taps_v, const(0)), loop, done)
+        def acc_vector(o, v):
+            at = builder.add(builder.add(a0_v, builder.mul(stride_v, const(o))), const(v * width))
+            p = builder.gep(aptr, [at], inbounds=True, source_etype=fty)
+            return builder.bitcast(p, vptr)
 
-            builder.position_at_end(loop)
-            t = builder.phi(i64, "t")
-            t.add_incoming(const(0), entry)
-            accs = []
-            for o in range(ob):
-                row = []
-                for v in range(nv):
-                    phi = builder.phi(vty, f"acc{o}_{v}")
-                    phi.add_incoming(zero, entry)
-                    row.append(phi)
-                accs.append(row)
-            off = builder.load(builder.gep(optr, [t], inbounds=True, source_etype=i64), typ=i64)
-            base = builder.add(off, q0_v)
-            xs = []
+        cells = [(o, v) for o in range(ob) for v in range(nv)]
+        start = builder.block
+        firsts = {cell: zero for cell in cells}
+        if accumulating:  # the sums start from acc's values where ``add``
+            load = builder.append_basic_block("tile.load")
+            begin = builder.append_basic_block("tile.begin")
+            builder.cbranch(args[9], load, begin)
+            builder.position_at_end(load)
+            loaded = {(o, v): builder.load(acc_vector(o, v), align=itemsize, typ=vty)
+                      for o, v in cells}  # fmt: skip
+            builder.branch(begin)
+            builder.position_at_end(begin)
+            for cell in cells:
+                phi = builder.phi(vty)
+                phi.add_incoming(zero, start)
+                phi.add_incoming(loaded[cell], load)
+                firsts[cell] = phi
+            start = begin
+        loop = builder.append_basic_block("tile.loop")
+        done = builder.append_basic_block("tile.done")
+        builder.cbranch(builder.icmp_signed(">", taps_v, const(0)), loop, done)
+
+        builder.position_at_end(loop)
+        t = builder.phi(i64, "t")
+        t.add_incoming(const(0), start)
+        accs = []
+        for o in range(ob):
+            row = []
             for v in range(nv):
-                p = builder.gep(xptr, [builder.add(base, const(v * width))], inbounds=True,
-                                source_etype=fty)  # fmt: skip
-                xs.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
-            wbase = builder.add(wstart_v, builder.mul(t, const(ob)))
-            sums = []
-            for o in range(ob):
-                p = builder.gep(wptr, [builder.add(wbase, const(o))], inbounds=True,
-                                source_etype=fty)  # fmt: skip
-                w = builder.load(p, typ=fty)
-                one = builder.insert_element(ir.Constant(vty, ir.Undefined), w, ir.Constant(i32, 0))
-                wv = builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), splat_mask)
-                sums.append([builder.call(fma, [xs[v], wv, accs[o][v]]) for v in range(nv)])
-            t_next = builder.add(t, const(1))
-            body_end = builder.block
-            t.add_incoming(t_next, body_end)
-            for o in range(ob):
-                for v in range(nv):
-                    accs[o][v].add_incoming(sums[o][v], body_end)
-            builder.cbranch(builder.icmp_signed("<", t_next, taps_v), loop, done)
+                phi = builder.phi(vty, f"acc{o}_{v}")
+                phi.add_incoming(firsts[o, v], start)
+                row.append(phi)
+            accs.append(row)
+        if strided:
+            off = builder.mul(t, offs_v)
+        else:
+            off = builder.load(builder.gep(optr, [t], inbounds=True, source_etype=i64), typ=i64)
+        base = builder.add(off, q0_v)
+        xs = []
+        for v in range(nv):
+            p = builder.gep(xptr, [builder.add(base, const(v * width))], inbounds=True,
+                            source_etype=fty)  # fmt: skip
+            xs.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
+        wbase = builder.add(wstart_v, builder.mul(t, const(ob)))
+        sums = []
+        for o in range(ob):
+            p = builder.gep(wptr, [builder.add(wbase, const(o))], inbounds=True,
+                            source_etype=fty)  # fmt: skip
+            w = builder.load(p, typ=fty)
+            one = builder.insert_element(ir.Constant(vty, ir.Undefined), w, ir.Constant(i32, 0))
+            wv = builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), splat_mask)
+            sums.append([builder.call(fma, [xs[v], wv, accs[o][v]]) for v in range(nv)])
+        t_next = builder.add(t, const(1))
+        body_end = builder.block
+        t.add_incoming(t_next, body_end)
+        for o in range(ob):
+            for v in range(nv):
+                accs[o][v].add_incoming(sums[o][v], body_end)
+        builder.cbranch(builder.icmp_signed("<", t_next, taps_v), loop, done)
 
-            builder.position_at_end(done)
-            finals = []  # every phi first: LLVM wants them at the top of the block
-            for o in range(ob):
-                for v in range(nv):
-                    final = builder.phi(vty)
-                    final.add_incoming(zero, entry)
-                    final.add_incoming(sums[o][v], body_end)
-                    finals.append(final)
-            for o in range(ob):
-                for v in range(nv):
-                    final = finals[o * nv + v]
-                    at = builder.add(builder.add(a0_v, builder.mul(stride_v, const(o))),
-                                     const(v * width))  # fmt: skip
-                    p = builder.gep(aptr, [at], inbounds=True, source_etype=fty)
-                    builder.store(final, builder.bitcast(p, vptr), align=itemsize)
-            return context.get_dummy_value()
+        builder.position_at_end(done)
+        finals = []  # every phi first: LLVM wants them at the top of the block
+        for o, v in cells:
+            final = builder.phi(vty)
+            final.add_incoming(firsts[o, v], start)
+            final.add_incoming(sums[o][v], body_end)
+            finals.append(final)
+        for (o, v), final in zip(cells, finals):
+            builder.store(final, acc_vector(o, v), align=itemsize)
+        return context.get_dummy_value()
 
-        return sig, codegen
+    if accumulating:
+
+        @intrinsic
+        def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride, add):
+            sig = signature_of(xq, offs, wt, acc)
+            return None if sig is None or add != types.boolean else (sig, codegen)
+
+    else:
+
+        @intrinsic
+        def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride):
+            sig = signature_of(xq, offs, wt, acc)
+            return None if sig is None else (sig, codegen)
 
     return tile
