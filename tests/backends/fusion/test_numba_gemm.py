@@ -85,13 +85,33 @@ def test_batch_dims_broadcast_like_numpy(dtype):
         _check(rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype), 2)
 
 
-def test_parts_split_the_tasks_without_changing_a_bit():
+@pytest.mark.parametrize(("m", "k", "n"), [(150, 70, 200), (150, 1300, 200), (300, 1300, 90)],
+                         ids=["one block", "blocks by panels", "blocks by strips"])  # fmt: skip
+def test_parts_split_the_tasks_without_changing_a_bit(m, k, n):
+    # Several blocks of K run in the kernel that packs B a block at a time, its parts taking
+    # a share of the panels (n >= m) or of the strips (n < m).
     rng = np.random.default_rng(3)
-    a = rng.standard_normal((2, 150, 70)).astype(np.float32)
-    b = rng.standard_normal((70, 200)).astype(np.float32)
+    a = rng.standard_normal((2, m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
     one = gemm.matmul(a, b, threads=1)
+    _check(a, b)
     for threads in (2, 3, 7):
         np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [48, 700], ids=["one block", "blocks"])
+def test_transposed_rows_of_b_pack_by_whole_vectors(dtype, k):
+    # B as a transposed C-contiguous array (a weight's Wᵀ, attention's kᵀ), batched and not,
+    # with whole panels (transposed in registers) and an edge panel, K past whole vectors.
+    rng = np.random.default_rng(6)
+    n = 2 * gemm.NR[np.dtype(dtype)] + 5
+    keys = rng.standard_normal((2, n, k + 3)).astype(dtype)
+    queries = rng.standard_normal((2, 40, k + 3)).astype(dtype)
+    _check(queries, keys.swapaxes(1, 2), threads=2)
+    weight = rng.standard_normal((n, k)).astype(dtype)
+    weight.flags.writeable = False  # as an imported model's
+    _check(rng.standard_normal((29, k)).astype(dtype), weight.T)
 
 
 def test_inputs_are_not_written_and_output_comes_from_empty():

@@ -76,6 +76,31 @@ def test_conv_of_several_row_tiles_matches_float64(parts):
     np.testing.assert_array_less(np.abs(got - exact), 2e-6 * (bound + np.abs(b).max()))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [None, 1, 3, 6, 12])
+def test_transpose_writes_rows_as_columns_and_nothing_past_its_slack(dtype, rows):
+    transpose = numba_tile.transpose_kernel(rows)
+
+    @numba.njit
+    def run(src, s0, step, dst, d0, dstep):
+        transpose(src, s0, step, dst, d0, dstep)
+
+    width = numba_tile.lanes(np.dtype(dtype).itemsize)
+    count = width if rows is None else rows
+    vectors = count <= width  # else (float64 strips of 12) element by element
+    rng = np.random.default_rng(5)
+    s0, step, d0 = 3, width + 9, 5
+    dstep = count + 2  # columns apart: the slack of one store lands in the next column
+    src = rng.standard_normal(s0 + count * step + width).astype(dtype)
+    dst = np.full(d0 + width * dstep + width, -7.0, dtype)
+    run(src, s0, step, dst, d0, dstep)
+    block = np.stack([src[s0 + r * step : s0 + r * step + width] for r in range(count)])
+    for q in range(width):  # exact: a copy
+        np.testing.assert_array_equal(dst[d0 + q * dstep : d0 + q * dstep + count], block[:, q])
+    written_to = d0 + (width - 1) * dstep + (width if vectors else count)
+    assert (dst[:d0] == -7.0).all() and (dst[written_to:] == -7.0).all()
+
+
 @pytest.mark.parametrize("user", ["numba_conv", "numba_attention", "numba_gemm"])
 def test_the_kernels_cache_follows_the_tile_source(user):
     """A kernel's cached machine code inlines the tile: each file whose kernels use it

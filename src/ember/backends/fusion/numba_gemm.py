@@ -46,7 +46,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ember.backends.fusion.numba_source import KernelUnsupported
-from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel
+from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel, transpose_kernel
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
@@ -77,7 +77,7 @@ PARALLEL_MIN_MACS = 1 << 24
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "04d39cb57a2c8f2c"
+TILE_SOURCE_SHA256 = "7cdcfe306471fb89"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -108,36 +108,118 @@ def _jit(fn):
 
 
 @_jit
-def _pack(b, bp, part, parts):  # pragma: no cover - runs compiled
-    """Packs ``b`` ``[Bb, K, N]`` into column panels ``bp`` ``[Bb, N / nr, K, nr]`` (zeros
-    past the last column). A task is one panel; it walks ``b`` along its smaller stride:
-    rows (a copy that vectorizes) or, for a transposed ``b``, columns."""
+def _pack_panels(b, rows_of_b, t, k0, kk, p0, p1, nr, flat, at):  # pragma: no cover - compiled
+    """Packs rows ``k0 : k0 + kk`` of column panels ``p0 : p1`` of ``b[t]`` (``b`` ``[Bb, K,
+    N]``) into ``flat`` from ``at``, each panel ``[kk, nr]`` (zeros past the last column). It
+    walks ``b`` along its smaller stride: rows (a copy that vectorizes) or, for a transposed
+    ``b``, columns: where ``rows_of_b`` is not empty it is that ``b``'s memory, ``[Bb, N,
+    K]`` flat, and whole vectors of columns are transposed in registers."""
     k = b.shape[1]
     n = b.shape[2]
+    width = VECTOR_BYTES // flat.itemsize
+    for p in range(p0, p1):
+        j0 = p * nr
+        cols = min(nr, n - j0)
+        base = at + (p - p0) * kk * nr
+        if cols < nr:
+            for q in range(kk):
+                for j in range(cols, nr):
+                    flat[base + q * nr + j] = 0
+        if b.strides[2] <= b.strides[1]:
+            for q in range(kk):
+                src = b[t, k0 + q]
+                row = np.uintp(base + q * nr)
+                for j in range(cols):
+                    flat[row + np.uintp(j)] = src[np.uintp(j0 + j)]
+            continue
+        done = 0
+        if rows_of_b.size and cols == nr:
+            src0 = (t * n + j0) * k + k0
+            while done + width <= kk:
+                for half in range(0, nr, width):
+                    _transpose(rows_of_b, src0 + half * k + done, k, flat,
+                               base + done * nr + half, nr)  # fmt: skip
+                done += width
+        for j in range(cols):
+            src = b[t, :, j0 + j]
+            for q in range(done, kk):
+                flat[np.uintp(base + q * nr + j)] = src[np.uintp(k0 + q)]
+
+
+@_jit
+def _pack(b, rows_of_b, bp, part, parts):  # pragma: no cover - runs compiled
+    """Packs all of ``b`` ``[Bb, K, N]`` into column panels ``bp`` ``[Bb, N / nr, K, nr]``
+    (:func:`_pack_panels`); a task is one panel."""
+    k = b.shape[1]
     nr = bp.shape[3]
     blocks = bp.shape[1]
     tasks = bp.shape[0] * blocks
+    flat = bp.reshape(-1)
     for task in range(tasks * part // parts, tasks * (part + 1) // parts):
-        t = task // blocks
-        j0 = task % blocks * nr
-        cols = min(nr, n - j0)
-        dst = bp[t, task % blocks]
-        if cols < nr:
-            dst[:, cols:] = 0
-        if b.strides[2] <= b.strides[1]:
-            for q in range(k):
-                src = b[t, q]
-                row = dst[q]
-                for j in range(cols):
-                    row[np.uintp(j)] = src[np.uintp(j0 + j)]
-        else:
-            for j in range(cols):
-                src = b[t, :, j0 + j]
-                for q in range(k):
-                    dst[q, j] = src[np.uintp(q)]
+        p = task % blocks
+        _pack_panels(b, rows_of_b, task // blocks, 0, k, p, p + 1, nr, flat, task * k * nr)
 
 
 _tile = None if numba is None else tile_kernel(MR, VECTORS, accumulating=True, strided=True)
+_transpose = None if numba is None else transpose_kernel()
+_transpose_strip = None if numba is None else transpose_kernel(MR)
+
+
+@_jit
+def _pack_strip(flat_a, by_columns, base, m, k, i0, rows, k0, kk, strip, row_at):  # pragma: no cover
+    """Packs rows ``i0 : i0 + rows`` of ``A`` (from ``base`` of ``flat_a``: ``[M, K]``, or
+    its transpose ``[K, M]`` where ``by_columns``), columns ``k0 : k0 + kk``, into ``strip``
+    ``[kk, MR]`` (rows past ``rows`` repeat the last one, never stored)."""
+    if by_columns and rows == MR:  # a strip's MR values of one step of K lie side by side
+        for q in range(kk):
+            src = np.uintp(base + (k0 + q) * m + i0)
+            at = np.uintp(q * MR)
+            for r in range(MR):
+                strip[at + np.uintp(r)] = flat_a[src + np.uintp(r)]
+        return
+    if by_columns:
+        for r in range(MR):
+            row_at[r] = base + k0 * m + i0 + min(r, rows - 1)
+        for q in range(kk):
+            step = np.uintp(q * m)
+            for r in range(MR):
+                strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + step]
+        return
+    done = 0
+    if rows == MR:  # whole vectors of K transposed in registers
+        width = VECTOR_BYTES // strip.itemsize
+        while done + width <= kk:
+            _transpose_strip(flat_a, base + i0 * k + k0 + done, k, strip, done * MR, MR)
+            done += width
+    for r in range(MR):
+        row_at[r] = base + (i0 + min(r, rows - 1)) * k + k0
+    for q in range(done, kk):
+        for r in range(MR):
+            strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + np.uintp(q)]
+
+
+@_jit
+def _run_strip(strip, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, out_at, n,
+               later, edge):  # fmt: skip  # pragma: no cover - runs compiled
+    """Runs a packed strip of ``rows`` rows against column panels ``p0 : p1`` (panel ``p`` at
+    ``b_at + (p - p0) * panel_step`` of ``flat_b``), into the output rows from ``out_at``
+    (adding to them where ``later``); tiles past an edge go through the scratch ``edge``."""
+    for jb in range(p0, p1):
+        j0 = jb * nr
+        cols = min(nr, n - j0)
+        b0 = b_at + (jb - p0) * panel_step
+        at = out_at + j0
+        if rows == MR and cols == nr:
+            _tile(flat_b, nr, strip, 0, b0, kk, flat_out, at, n, later)
+            continue
+        if later:
+            for r in range(rows):
+                for j in range(cols):
+                    edge[r * nr + j] = flat_out[at + r * n + j]
+        _tile(flat_b, nr, strip, 0, b0, kk, edge, 0, nr, later)
+        for r in range(rows):
+            for j in range(cols):
+                flat_out[at + r * n + j] = edge[r * nr + j]
 
 
 @_jit
@@ -146,9 +228,7 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no c
     ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
     column panels ``bp`` ``[Bb, N / nr, K, nr]`` and ``out`` ``[batch, M, N]`` (see the
     module doc). A task is one strip of :data:`MR` rows of one batch entry; per block of
-    ``kc`` of ``K`` it packs the strip into ``[kc, MR]`` (rows past ``M`` repeat the last
-    one, never stored) and runs it against every column panel; tiles past an edge go
-    through a scratch tile."""
+    ``kc`` of ``K`` it packs the strip and runs it against every column panel."""
     m = out.shape[1]
     n = out.shape[2]
     k = a.shape[1] if by_columns else a.shape[2]
@@ -159,46 +239,57 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no c
     flat_a = a.reshape(-1)
     flat_b = bp.reshape(-1)
     flat_out = out.reshape(-1)
-    strip = np.empty(min(kc, k) * MR, out.dtype)
+    width = VECTOR_BYTES // out.itemsize
+    strip = np.empty(min(kc, k) * MR + width, out.dtype)  # slack: a vector's last store
     edge = np.empty(MR * nr, out.dtype)
     row_at = np.empty(MR, np.uintp)
     for k0 in range(0, k, kc):
         kk = min(kc, k - k0)
-        later = k0 > 0
         for task in range(tasks * part // parts, tasks * (part + 1) // parts):
             t = task // strips
             i0 = task % strips * MR
             rows = min(MR, m - i0)
-            base = a_of[t] * m * k
-            if by_columns:  # a strip's MR values of one step of K lie side by side
-                for r in range(MR):
-                    row_at[r] = base + k0 * m + i0 + min(r, rows - 1)
-                for q in range(kk):
-                    step = np.uintp(q * m)
-                    for r in range(MR):
-                        strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + step]
-            else:
-                for r in range(MR):
-                    row_at[r] = base + (i0 + min(r, rows - 1)) * k + k0
-                for q in range(kk):
-                    for r in range(MR):
-                        strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + np.uintp(q)]
-            for jb in range(panels):
-                j0 = jb * nr
-                cols = min(nr, n - j0)
-                b0 = ((b_of[t] * panels + jb) * k + k0) * nr
-                at = (t * m + i0) * n + j0
-                if rows == MR and cols == nr:
-                    _tile(flat_b, nr, strip, 0, b0, kk, flat_out, at, n, later)
-                    continue
-                if later:
-                    for r in range(rows):
-                        for j in range(cols):
-                            edge[r * nr + j] = flat_out[at + r * n + j]
-                _tile(flat_b, nr, strip, 0, b0, kk, edge, 0, nr, later)
-                for r in range(rows):
-                    for j in range(cols):
-                        flat_out[at + r * n + j] = edge[r * nr + j]
+            _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at)
+            _run_strip(strip, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
+                       panels, nr, flat_out, (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
+
+
+@_jit
+def _blocks(a, by_columns, b, rows_of_b, bufs, out, a_of, b_of, kc, nr, by_panels, part,
+            parts):  # fmt: skip  # pragma: no cover - runs compiled
+    """:func:`_tiles` for a product of several blocks of ``K``, with ``B`` packed a block at a
+    time (into this part's ``bufs[part]``, where the block stays in L2) instead of all of it
+    first (a weight gradient's 8 MB ``B`` came back from memory for every block). A part
+    takes a share of the column panels and every strip of ``A`` where ``by_panels``, else a
+    share of the strips and every panel (so each part packs the smaller operand whole)."""
+    m = out.shape[1]
+    n = out.shape[2]
+    k = b.shape[1]
+    panels = (n + nr - 1) // nr
+    strips = (m + MR - 1) // MR
+    p0, p1, s0, s1 = 0, panels, 0, strips
+    if by_panels:
+        p0, p1 = panels * part // parts, panels * (part + 1) // parts
+    else:
+        s0, s1 = strips * part // parts, strips * (part + 1) // parts
+    buf = bufs[part]
+    flat_a = a.reshape(-1)
+    flat_out = out.reshape(-1)
+    width = VECTOR_BYTES // out.itemsize
+    strip = np.empty(min(kc, k) * MR + width, out.dtype)  # slack: a vector's last store
+    edge = np.empty(MR * nr, out.dtype)
+    row_at = np.empty(MR, np.uintp)
+    for t in range(out.shape[0]):
+        for k0 in range(0, k, kc):
+            kk = min(kc, k - k0)
+            _pack_panels(b, rows_of_b, b_of[t], k0, kk, p0, p1, nr, buf, 0)
+            for s in range(s0, s1):
+                i0 = s * MR
+                rows = min(MR, m - i0)
+                _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip,
+                            row_at)  # fmt: skip
+                _run_strip(strip, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
+                           (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
@@ -221,6 +312,8 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
     :class:`KernelUnsupported` for what :func:`supports` refuses.
     """
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
     if not supports(a, b):
         raise KernelUnsupported(
             f"numba matmul: {a.dtype} {a.shape} @ {b.dtype} {b.shape} is not supported"
@@ -234,9 +327,25 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     b_of = _batch_map(b.shape[:-2], batch)
     a3, by_columns = _batched_a(a, m, k)
     b3 = b.reshape(-1, k, n)
-    bp = _scratch("b", (b3.shape[0], -(-n // nr), k, nr), dtype)
-    return _multiply(a3, by_columns, bp, (_pack, [b3, bp]), (*batch, m, n), a_of, b_of,
-                     threads, empty)  # fmt: skip
+    rows_of_b = np.swapaxes(b3, 1, 2)  # a transposed b (a weight's Wᵀ): its rows, flat
+    rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[dtype]
+    panels = -(-n // nr)
+    kc = _k_block(k, n, dtype.itemsize)
+    parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
+    by_panels = n >= m  # each part packs all of the smaller operand
+    if kc < k and (panels if by_panels else -(-m // MR)) >= parts:
+        out = empty((*batch, m, n), dtype)
+        shared = -(-panels // parts) if by_panels else panels
+        bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
+        _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, out.reshape(-1, m, n), a_of,
+                             b_of, kc, nr, by_panels], parts)  # fmt: skip
+        return out
+    bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
+    return _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
+                     b_of, threads, empty)  # fmt: skip
+
+
+_NO_ROWS = {dtype: np.empty(0, dtype) for dtype in NR}
 
 
 def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:

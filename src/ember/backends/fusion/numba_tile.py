@@ -25,6 +25,11 @@ numba's disk cache (``cache=True``) keys a kernel by its own source file only, s
 kernels that use the tile would keep their old machine code after a change here:
 ``numba_conv.TILE_SOURCE_SHA256`` names this file's digest, and a test fails until it is
 updated (which edits ``numba_conv.py`` and so renews their cache).
+
+:func:`transpose_kernel` is the copy that feeds the tile: it writes a block of rows as
+columns (a strip of a matrix product's left operand, packed so that each step of ``K``
+reads its ``ob`` values side by side), with vector loads, a network of shuffles and vector
+stores, where a loop of scalars spent most of its time on one element at a time.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ try:  # numba is optional: the kernels that use the tile check numba first
 except ImportError:  # pragma: no cover - exercised where numba is missing
     intrinsic = None
 
-__all__ = ["VECTOR_BYTES", "lanes", "tile_kernel"]
+__all__ = ["VECTOR_BYTES", "lanes", "tile_kernel", "transpose_kernel"]
 
 
 VECTOR_BYTES = vector_bytes()
@@ -198,3 +203,75 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
             return None if sig is None else (sig, codegen)
 
     return tile
+
+
+@cache
+def transpose_kernel(rows: int | None = None):
+    """The intrinsic ``transpose(src, s0, step, dst, d0, dstep)``: ``dst[d0 + q * dstep + r] =
+    src[s0 + r * step + q]`` for ``r < rows`` and ``q < lanes`` (a vector's elements of the
+    arrays' dtype; ``rows`` None: ``lanes`` too). ``rows`` vectors of ``src`` (rows ``step``
+    apart) are loaded, transposed in registers by halving blocks (``log2(lanes)`` rounds of
+    two-vector shuffles, each swapping the off-diagonal blocks of its pairs of rows) and
+    stored as ``lanes`` vectors in order of ``q``. Each store writes a whole vector: with
+    ``rows < lanes`` its last ``lanes - rows`` elements land past the column (the next
+    store, ``dstep >= rows`` later, overwrites them; the last one needs that many elements
+    of slack after it). Where ``rows`` exceeds ``lanes`` (float64 strips of 12 rows), the
+    copy is element by element. Arrays 1-d, C-contiguous, of one float dtype; nothing is
+    bounds-checked."""
+    if intrinsic is None:  # pragma: no cover - exercised where numba is missing
+        raise ImportError("numba is not installed")
+
+    def codegen(context, builder, signature, args):
+        src_v, s0_v, step_v, dst_v, d0_v, dstep_v = args
+        src_t, dst_t = signature.args[0], signature.args[3]
+        sptr = context.make_array(src_t)(context, builder, src_v).data
+        dptr = context.make_array(dst_t)(context, builder, dst_v).data
+        fty = context.get_value_type(src_t.dtype)
+        itemsize = context.get_abi_sizeof(fty)
+        width = lanes(itemsize)
+        count = width if rows is None else rows
+        vty = ir.VectorType(fty, width)
+        mask_ty = ir.VectorType(ir.IntType(32), width)
+        i64 = ir.IntType(64)
+
+        def at(ptr, base, scale, index):
+            offset = builder.add(base, builder.mul(scale, ir.Constant(i64, index)))
+            return builder.gep(ptr, [offset], inbounds=True, source_etype=fty)
+
+        if count > width:
+            for r in range(count):
+                for q in range(width):
+                    x = builder.load(builder.gep(at(sptr, s0_v, step_v, r), [ir.Constant(i64, q)],
+                                                 inbounds=True, source_etype=fty), typ=fty)  # fmt: skip
+                    builder.store(x, builder.gep(at(dptr, d0_v, dstep_v, q), [ir.Constant(i64, r)],
+                                                 inbounds=True, source_etype=fty))  # fmt: skip
+            return context.get_dummy_value()
+        vptr = vty.as_pointer()
+        vectors = [builder.load(builder.bitcast(at(sptr, s0_v, step_v, r), vptr), align=itemsize,
+                                typ=vty) if r < count else ir.Constant(vty, ir.Undefined)
+                   for r in range(width)]  # fmt: skip
+        half = width // 2
+        while half:  # rows i and i + half trade the blocks off the diagonal of their pair
+            low = [lane if not lane & half else width + lane - half for lane in range(width)]
+            high = [lane + half if not lane & half else width + lane for lane in range(width)]
+            for i in (i for i in range(width) if not i & half):
+                a, b = vectors[i], vectors[i + half]
+                vectors[i] = builder.shuffle_vector(a, b, ir.Constant(mask_ty, low))
+                vectors[i + half] = builder.shuffle_vector(a, b, ir.Constant(mask_ty, high))
+            half //= 2
+        for q in range(width):
+            builder.store(vectors[q], builder.bitcast(at(dptr, d0_v, dstep_v, q), vptr),
+                          align=itemsize)  # fmt: skip
+        return context.get_dummy_value()
+
+    @intrinsic
+    def transpose(typingctx, src, s0, step, dst, d0, dstep):
+        arrays = (src, dst)
+        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
+            return None
+        if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+            return None
+        i64 = types.int64
+        return types.void(src, i64, i64, dst, i64, i64), codegen
+
+    return transpose
