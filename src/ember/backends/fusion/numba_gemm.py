@@ -4,13 +4,15 @@
 N]``, batch dims broadcast) for float32 and float64, by the classic packed, register-blocked
 GEMM:
 
-* **Packing.** ``B`` is copied once per call, from any strides, into column panels of
-  ``NR`` columns, ``[K, NR]`` each (zeros past the last column, so every tile runs the
-  same loop); a broadcast batch entry is packed once. ``A`` is packed a strip of
+* **Packing.** ``B`` is copied into column panels of ``NR`` columns, ``[K, NR]`` each
+  (zeros past the last column, so every tile runs the same loop); ``A`` a strip of
   :data:`MR` rows at a time, ``[K, MR]``, just before the strip runs against every column
   panel: the strip stays in L1 for all of them. (The strip outer and the panels inner: on
   a 2-vCPU AVX-512 Xeon the tile ran at 178 GFLOP/s against 148-162 with the panels outer,
-  where each strip came back from L2 once per panel.)
+  where each strip came back from L2 once per panel.) Where a copy turns rows into
+  columns (a strip of a row-major ``A``; the panels of a transposed ``B``, a weight's
+  ``Wᵀ``), whole vectors are transposed in registers (``numba_tile.transpose_kernel``):
+  element by element, packing ``A`` took 9-19% of a product.
 * **Register tile.** A tile of ``MR x NR`` outputs lives in registers for the whole sum
   over a block of ``K``: per step of ``K`` it loads :data:`VECTORS` vectors of ``B`` and
   broadcasts ``MR`` values of ``A``, for ``MR * VECTORS`` vector FMAs. With AVX-512 that is
@@ -23,18 +25,23 @@ GEMM:
   cache, it ran at 185-190 GFLOP/s on one thread of that Xeon, whose FMA peak is about 203.
 * **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
   (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
+  A product of one block packs all of ``B`` first (:func:`_pack`, then :func:`_tiles`); one
+  of several packs ``B`` a block at a time, just before the strips run against it
+  (:func:`_blocks`), so the block is still in L2.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
-(:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``), so each output is
-computed by one task in the same order at any thread count; :func:`matmul` runs them with
-``numba_runtime._run_parts`` (part 0 on the calling thread).
+(:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``; :func:`_blocks`: the
+panels where ``N >= M``, else the strips, so each part packs whole only the smaller
+operand), so each output is computed by one task in the same order at any thread count;
+:func:`matmul` runs them with ``numba_runtime._run_parts`` (part 0 on the calling thread).
 
-Measured (a 2-vCPU AVX-512 Xeon, one thread, each beside NumPy and torch in one run) on the
+Measured (a 2-vCPU AVX-512 Xeon, in one process beside NumPy's OpenBLAS) on the
 ``nn_step`` encoder's products (``[2048, 256] @ [256, 1024]`` and the like, forward and both
-gradients): 118-150 GFLOP/s on the forward and input-gradient products (NumPy's OpenBLAS
-131-150), 88-115 on the weight gradients (``K = 2048``; OpenBLAS 120-137); 0.89-0.97x
-OpenBLAS over all nine; torch's MKL was 10-20% ahead of both.
-``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
+gradients): forward and input-gradient products 131-164 GFLOP/s at one thread (OpenBLAS
+136-159), weight gradients (``K = 2048``) 104-125 (OpenBLAS 128-145); over all sixteen
+shapes 0.95-0.97x OpenBLAS's speed at one thread and 1.02-1.03x at two (the kernel before
+these packings: 0.89-0.92x and 0.91-0.93x); torch's MKL was 10-20% ahead of both at one
+thread. ``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
 """
 
 from __future__ import annotations
