@@ -230,6 +230,15 @@ def _run_strip(strip, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, 
 
 
 @_jit
+def _strip_scratch(out, kc, k, nr):  # pragma: no cover - runs compiled
+    """A task's scratch: a packed strip (with a vector of slack after it, for the
+    transposing copy's last store), an edge tile and the strip's row offsets."""
+    width = VECTOR_BYTES // out.itemsize
+    return (np.empty(min(kc, k) * MR + width, out.dtype), np.empty(MR * nr, out.dtype),
+            np.empty(MR, np.uintp))  # fmt: skip
+
+
+@_jit
 def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no cover - compiled
     """Part ``part`` of ``parts`` of ``out[t] = A[a_of[t]] @ B[b_of[t]]`` for ``A`` given as
     ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
@@ -246,10 +255,7 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no c
     flat_a = a.reshape(-1)
     flat_b = bp.reshape(-1)
     flat_out = out.reshape(-1)
-    width = VECTOR_BYTES // out.itemsize
-    strip = np.empty(min(kc, k) * MR + width, out.dtype)  # slack: a vector's last store
-    edge = np.empty(MR * nr, out.dtype)
-    row_at = np.empty(MR, np.uintp)
+    strip, edge, row_at = _strip_scratch(out, kc, k, nr)
     for k0 in range(0, k, kc):
         kk = min(kc, k - k0)
         for task in range(tasks * part // parts, tasks * (part + 1) // parts):
@@ -282,10 +288,7 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, out, a_of, b_of, kc, nr, by_panel
     buf = bufs[part]
     flat_a = a.reshape(-1)
     flat_out = out.reshape(-1)
-    width = VECTOR_BYTES // out.itemsize
-    strip = np.empty(min(kc, k) * MR + width, out.dtype)  # slack: a vector's last store
-    edge = np.empty(MR * nr, out.dtype)
-    row_at = np.empty(MR, np.uintp)
+    strip, edge, row_at = _strip_scratch(out, kc, k, nr)
     for t in range(out.shape[0]):
         for k0 in range(0, k, kc):
             kk = min(kc, k - k0)
