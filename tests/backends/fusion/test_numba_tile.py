@@ -101,6 +101,22 @@ def test_transpose_writes_rows_as_columns_and_nothing_past_its_slack(dtype, rows
     assert (dst[:d0] == -7.0).all() and (dst[written_to:] == -7.0).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_copy_moves_one_vector_and_nothing_else(dtype):
+    copy = numba_tile.vector_copy()
+
+    @numba.njit
+    def run(src, s0, dst, d0):
+        copy(src, s0, dst, d0)
+
+    width = numba_tile.lanes(np.dtype(dtype).itemsize)
+    src = np.arange(3 * width, dtype=dtype)
+    dst = np.full(3 * width, -7.0, dtype)
+    run(src, 5, dst, 3)  # neither offset on a vector boundary
+    np.testing.assert_array_equal(dst[3 : 3 + width], src[5 : 5 + width])
+    assert (dst[:3] == -7.0).all() and (dst[3 + width :] == -7.0).all()
+
+
 @pytest.mark.parametrize("user", ["numba_conv", "numba_attention", "numba_gemm"])
 def test_the_kernels_cache_follows_the_tile_source(user):
     """A kernel's cached machine code inlines the tile: each file whose kernels use it

@@ -53,7 +53,12 @@ from collections.abc import Callable
 import numpy as np
 
 from ember.backends.fusion.numba_source import KernelUnsupported
-from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel, transpose_kernel
+from ember.backends.fusion.numba_tile import (
+    VECTOR_BYTES,
+    tile_kernel,
+    transpose_kernel,
+    vector_copy,
+)
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
@@ -73,9 +78,9 @@ NR = {np.dtype(np.float32): VECTORS * VECTOR_BYTES // 4,
 """Columns of a register tile per dtype."""
 B_BLOCK_BYTES = 1 << 20
 """Bytes of ``B``'s panels per block of ``K``, at most (L2 holds them beside the strips)."""
-STRIP_BYTES = 24 << 10
+STRIP_BYTES = 12 << 10
 """Bytes of a packed strip of ``A`` per block of ``K``, at most (L1 holds it beside a
-panel's rows; 12 and 48 KiB measured slower on the weight gradients, ``K = 2048``)."""
+panel's rows; over the encoder's products 24 KiB measured 2-3% slower, 9 KiB no faster)."""
 K_BLOCK_MIN = 128
 """Rows of ``B`` per block of ``K``, at least (the tile's sums load and store once a
 block)."""
@@ -84,7 +89,7 @@ PARALLEL_MIN_MACS = 1 << 24
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "7cdcfe306471fb89"
+TILE_SOURCE_SHA256 = "fdc3fdcd0fa84cf6"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -170,6 +175,7 @@ def _pack(b, rows_of_b, bp, part, parts):  # pragma: no cover - runs compiled
 _tile = None if numba is None else tile_kernel(MR, VECTORS, accumulating=True, strided=True)
 _transpose = None if numba is None else transpose_kernel()
 _transpose_strip = None if numba is None else transpose_kernel(MR)
+_copy = None if numba is None else vector_copy()
 
 
 @_jit
@@ -206,9 +212,31 @@ def _pack_strip(flat_a, by_columns, base, m, k, i0, rows, k0, kk, strip, row_at)
 
 
 @_jit
-def _run_strip(strip, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, out_at, n,
-               later, edge):  # fmt: skip  # pragma: no cover - runs compiled
-    """Runs a packed strip of ``rows`` rows against column panels ``p0 : p1`` (panel ``p`` at
+def _pack_columns(flat_a, base, m, s0, s1, k0, kk, apack, stride):  # pragma: no cover - compiled
+    """Packs strips ``s0 : s1`` of a transposed ``A`` (``[K, M]`` from ``base`` of
+    ``flat_a``), columns ``k0 : k0 + kk`` of ``A``, into ``apack`` (strip ``s`` at ``(s -
+    s0) * stride``, ``[kk, MR]``, then a vector of slack), walking ``A``'s memory row by
+    row: a strip at a time read 48 bytes from each of ``kk`` rows 1-4 KB apart, which no
+    prefetcher follows. A step's ``MR`` values go as one vector (its last elements land in
+    the next step's place, or in the slack)."""
+    width = VECTOR_BYTES // apack.itemsize
+    for q in range(kk):
+        row = base + (k0 + q) * m
+        for s in range(s0, s1):
+            i0 = s * MR
+            at = (s - s0) * stride + q * MR
+            if width >= MR and i0 + width <= m:
+                _copy(flat_a, row + i0, apack, at)
+                continue
+            for r in range(MR):  # rows past M repeat the last one (never stored)
+                apack[np.uintp(at + r)] = flat_a[row + min(i0 + r, m - 1)]
+
+
+@_jit
+def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, out_at,
+               n, later, edge):  # fmt: skip  # pragma: no cover - runs compiled
+    """Runs a packed strip of ``rows`` rows (from ``strip_at`` of ``strip``) against column
+    panels ``p0 : p1`` (panel ``p`` at
     ``b_at + (p - p0) * panel_step`` of ``flat_b``), into the output rows from ``out_at``
     (adding to them where ``later``); tiles past an edge go through the scratch ``edge``."""
     for jb in range(p0, p1):
@@ -217,13 +245,13 @@ def _run_strip(strip, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, 
         b0 = b_at + (jb - p0) * panel_step
         at = out_at + j0
         if rows == MR and cols == nr:
-            _tile(flat_b, nr, strip, 0, b0, kk, flat_out, at, n, later)
+            _tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later)
             continue
         if later:
             for r in range(rows):
                 for j in range(cols):
                     edge[r * nr + j] = flat_out[at + r * n + j]
-        _tile(flat_b, nr, strip, 0, b0, kk, edge, 0, nr, later)
+        _tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later)
         for r in range(rows):
             for j in range(cols):
                 flat_out[at + r * n + j] = edge[r * nr + j]
@@ -263,12 +291,12 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, part, parts):  # pragma: no c
             i0 = task % strips * MR
             rows = min(MR, m - i0)
             _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at)
-            _run_strip(strip, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
+            _run_strip(strip, 0, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
                        panels, nr, flat_out, (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
 
 
 @_jit
-def _blocks(a, by_columns, b, rows_of_b, bufs, out, a_of, b_of, kc, nr, by_panels, part,
+def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, by_panels, part,
             parts):  # fmt: skip  # pragma: no cover - runs compiled
     """:func:`_tiles` for a product of several blocks of ``K``, with ``B`` packed a block at a
     time (into this part's ``bufs[part]``, where the block stays in L2) instead of all of it
@@ -286,6 +314,8 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, out, a_of, b_of, kc, nr, by_panel
     else:
         s0, s1 = strips * part // parts, strips * (part + 1) // parts
     buf = bufs[part]
+    abuf = abufs[part]  # a transposed A's strips, each [kc, MR] and a vector of slack
+    stride = kc * MR + VECTOR_BYTES // out.itemsize
     flat_a = a.reshape(-1)
     flat_out = out.reshape(-1)
     strip, edge, row_at = _strip_scratch(out, kc, k, nr)
@@ -293,12 +323,18 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, out, a_of, b_of, kc, nr, by_panel
         for k0 in range(0, k, kc):
             kk = min(kc, k - k0)
             _pack_panels(b, rows_of_b, b_of[t], k0, kk, p0, p1, nr, buf, 0)
+            if by_columns:
+                _pack_columns(flat_a, a_of[t] * m * k, m, s0, s1, k0, kk, abuf, stride)
             for s in range(s0, s1):
                 i0 = s * MR
                 rows = min(MR, m - i0)
+                if by_columns:
+                    _run_strip(abuf, (s - s0) * stride, kk, rows, buf, 0, kk * nr, p0, p1, nr,
+                               flat_out, (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
+                    continue
                 _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip,
                             row_at)  # fmt: skip
-                _run_strip(strip, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
+                _run_strip(strip, 0, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
                            (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
 
 
@@ -347,8 +383,11 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
         bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
-        _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, out.reshape(-1, m, n), a_of,
-                             b_of, kc, nr, by_panels], parts)  # fmt: skip
+        strips = -(-m // MR) if by_panels else -(-m // (MR * parts))
+        slack = VECTOR_BYTES // dtype.itemsize
+        abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
+        _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
+                             a_of, b_of, kc, nr, by_panels], parts)  # fmt: skip
         return out
     bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
     return _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,

@@ -29,7 +29,8 @@ updated (which edits ``numba_conv.py`` and so renews their cache).
 :func:`transpose_kernel` is the copy that feeds the tile: it writes a block of rows as
 columns (a strip of a matrix product's left operand, packed so that each step of ``K``
 reads its ``ob`` values side by side), with vector loads, a network of shuffles and vector
-stores, where a loop of scalars spent most of its time on one element at a time.
+stores, where a loop of scalars spent most of its time on one element at a time;
+:func:`vector_copy` moves one vector where a short copy is all a packing loop does.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ try:  # numba is optional: the kernels that use the tile check numba first
 except ImportError:  # pragma: no cover - exercised where numba is missing
     intrinsic = None
 
-__all__ = ["VECTOR_BYTES", "lanes", "tile_kernel", "transpose_kernel"]
+__all__ = ["VECTOR_BYTES", "lanes", "tile_kernel", "transpose_kernel", "vector_copy"]
 
 
 VECTOR_BYTES = vector_bytes()
@@ -275,3 +276,39 @@ def transpose_kernel(rows: int | None = None):
         return types.void(src, i64, i64, dst, i64, i64), codegen
 
     return transpose
+
+
+@cache
+def vector_copy():
+    """The intrinsic ``copy(src, s0, dst, d0)``: ``dst[d0 : d0 + lanes] = src[s0 : s0 +
+    lanes]`` as one vector load and one store (a short copy numba leaves element by element
+    where it cannot tell the arrays apart). Arrays 1-d, C-contiguous, of one float dtype;
+    nothing is bounds-checked."""
+    if intrinsic is None:  # pragma: no cover - exercised where numba is missing
+        raise ImportError("numba is not installed")
+
+    def codegen(context, builder, signature, args):
+        src_v, s0_v, dst_v, d0_v = args
+        src_t, dst_t = signature.args[0], signature.args[2]
+        fty = context.get_value_type(src_t.dtype)
+        itemsize = context.get_abi_sizeof(fty)
+        vptr = ir.VectorType(fty, lanes(itemsize)).as_pointer()
+
+        def at(array_t, array_v, offset):
+            data = context.make_array(array_t)(context, builder, array_v).data
+            return builder.bitcast(builder.gep(data, [offset], inbounds=True, source_etype=fty), vptr)
+
+        value = builder.load(at(src_t, src_v, s0_v), align=itemsize, typ=vptr.pointee)
+        builder.store(value, at(dst_t, dst_v, d0_v), align=itemsize)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def copy(typingctx, src, s0, dst, d0):
+        arrays = (src, dst)
+        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
+            return None
+        if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+            return None
+        return types.void(src, types.int64, dst, types.int64), codegen
+
+    return copy
