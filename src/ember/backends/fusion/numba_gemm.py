@@ -12,7 +12,10 @@ GEMM:
   where each strip came back from L2 once per panel.) Where a copy turns rows into
   columns (a strip of a row-major ``A``; the panels of a transposed ``B``, a weight's
   ``Wᵀ``), whole vectors are transposed in registers (``numba_tile.transpose_kernel``):
-  element by element, packing ``A`` took 9-19% of a product.
+  element by element, packing ``A`` took 9-19% of a product. A transposed ``A`` (a weight
+  gradient's ``dYᵀ``) already holds a step's ``MR`` values side by side; with several
+  blocks of ``K`` its strips are packed a block at a time, walking its rows (a strip at a
+  time read 48 bytes from rows 1-4 KB apart, which no prefetcher follows).
 * **Register tile.** A tile of ``MR x NR`` outputs lives in registers for the whole sum
   over a block of ``K``: per step of ``K`` it loads :data:`VECTORS` vectors of ``B`` and
   broadcasts ``MR`` values of ``A``, for ``MR * VECTORS`` vector FMAs. With AVX-512 that is
@@ -37,11 +40,10 @@ operand), so each output is computed by one task in the same order at any thread
 
 Measured (a 2-vCPU AVX-512 Xeon, in one process beside NumPy's OpenBLAS) on the
 ``nn_step`` encoder's products (``[2048, 256] @ [256, 1024]`` and the like, forward and both
-gradients): forward and input-gradient products 131-164 GFLOP/s at one thread (OpenBLAS
-136-159), weight gradients (``K = 2048``) 104-125 (OpenBLAS 128-145); over all sixteen
-shapes 0.95-0.97x OpenBLAS's speed at one thread and 1.02-1.03x at two (the kernel before
-these packings: 0.89-0.92x and 0.91-0.93x); torch's MKL was 10-20% ahead of both at one
-thread. ``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
+gradients): forward and input-gradient products 143-157 GFLOP/s at one thread (OpenBLAS
+140-156), weight gradients (``K = 2048``) 120-133 (OpenBLAS 134-148); over all of them
+0.96-1.01x OpenBLAS's speed at one thread and 1.01-1.03x at two (the kernel before these
+packings: 0.89-0.92x and 0.91-0.94x); torch's MKL was 10-20% ahead of both at one thread. ``benchmarks/bench_matmul_kernels.py`` times it on other shapes.
 """
 
 from __future__ import annotations
