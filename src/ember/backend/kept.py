@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Kept"]
+__all__ = ["Kept", "immutable", "owner"]
 
 
 def _none() -> None:
@@ -63,3 +63,30 @@ class Kept:
         with self._lock:
             self.entries[key] = (refs, made)
         return made
+
+
+def immutable(array) -> bool:
+    """Whether a NumPy ``array`` and every array it views are read-only, down to memory that
+    owns itself or to ``bytes`` (loaded records and imported models are): nothing can change
+    its values, so a form made of them may be kept (:class:`Kept`)."""
+    import numpy as np
+
+    base = array
+    while type(base) is np.ndarray:
+        if base.flags.writeable:
+            return False
+        base = base.base
+    if type(base) is memoryview:
+        base = base.obj
+    return base is None or type(base) is bytes
+
+
+def owner(array):
+    """The last NumPy array of the chain ``array`` views (the one that owns its memory, or
+    views ``bytes``): an object that lives as long as the memory, for :class:`Kept` keys
+    that name a view (``Wᵀ`` made anew on each call) by its owner and geometry."""
+    import numpy as np
+
+    while type(array.base) is np.ndarray:
+        array = array.base
+    return array

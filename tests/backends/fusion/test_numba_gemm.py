@@ -39,9 +39,18 @@ def test_random_shapes_match_numpy(dtype):
         _check(a, b, threads=int(rng.integers(1, 4)))
 
 
+@pytest.fixture(params=["B packed whole", "B packed by blocks"])
+def b_blocks(request, monkeypatch):
+    """Runs a test with the default budget for B's panels, and with one small enough that
+    its products pack B a block at a time (``_blocks``)."""
+    if request.param == "B packed by blocks":
+        monkeypatch.setattr(gemm, "B_BLOCK_BYTES", 1 << 16)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transposed", [False, True], ids=["a by rows", "a by columns"])
-def test_blocks_of_k_add_up_at_every_edge(dtype, transposed):
+def test_blocks_of_k_add_up_at_every_edge(dtype, transposed, b_blocks):
     # K longer than a block (``_k_block``: the tiles add later blocks to their sums), rows
     # and columns past whole tiles (the edge tiles add through their scratch tile), and
     # ``A`` read by columns where it is a transposed C-contiguous array (a weight's gradient).
@@ -87,7 +96,7 @@ def test_batch_dims_broadcast_like_numpy(dtype):
 
 @pytest.mark.parametrize(("m", "k", "n"), [(150, 70, 200), (150, 1300, 200), (300, 1300, 90)],
                          ids=["one block", "blocks by panels", "blocks by strips"])  # fmt: skip
-def test_parts_split_the_tasks_without_changing_a_bit(m, k, n):
+def test_parts_split_the_tasks_without_changing_a_bit(m, k, n, b_blocks):
     # Several blocks of K run in the kernel that packs B a block at a time, its parts taking
     # a share of the panels (n >= m) or of the strips (n < m).
     rng = np.random.default_rng(3)
@@ -101,7 +110,7 @@ def test_parts_split_the_tasks_without_changing_a_bit(m, k, n):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", [48, 700], ids=["one block", "blocks"])
-def test_transposed_rows_of_b_pack_by_whole_vectors(dtype, k):
+def test_transposed_rows_of_b_pack_by_whole_vectors(dtype, k, b_blocks):
     # B as a transposed C-contiguous array (a weight's Wᵀ, attention's kᵀ), batched and not,
     # with whole panels (transposed in registers) and an edge panel, K past whole vectors.
     rng = np.random.default_rng(6)
@@ -222,3 +231,40 @@ def test_fusion_device_runs_the_numba_matmul():
     for a, e in zip(got, want):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
     assert stats()["op_kernels"] == 2
+
+
+def test_panels_of_a_constant_b_are_packed_once_per_view_and_dropped_with_it():
+    # An imported model's weight is read-only down to its memory: its panels are kept, one
+    # entry per view of it (W and Wᵀ), and go when the weight does.
+    import gc
+
+    gemm._kept.entries.clear()
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((70, 90)).astype(np.float32)
+    weight.flags.writeable = False
+    x = rng.standard_normal((33, 70)).astype(np.float32)
+    y = rng.standard_normal((33, 90)).astype(np.float32)
+    for _ in range(2):
+        _check(x, weight)
+        _check(y, weight.T)  # a new view object each call, the same entry
+    assert len(gemm._kept.entries) == 2
+    _check(x, rng.standard_normal((70, 90)).astype(np.float32))  # writable: packed per call
+    assert len(gemm._kept.entries) == 2
+    del weight
+    gc.collect()
+    other = rng.standard_normal((70, 90)).astype(np.float32)
+    other.flags.writeable = False
+    _check(x, other)  # the next call drops the dead weight's entries
+    assert len(gemm._kept.entries) == 1
+
+
+def test_a_kept_b_is_read_as_it_is_now_not_as_a_writable_owner_was():
+    # A read-only view of a writable array can change under it: never kept.
+    rng = np.random.default_rng(8)
+    weight = rng.standard_normal((40, 50)).astype(np.float32)
+    view = weight.view()
+    view.flags.writeable = False
+    x = rng.standard_normal((20, 40)).astype(np.float32)
+    _check(x, view)
+    weight *= 2
+    _check(x, view)

@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
+from ember.backend.kept import immutable
 from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
@@ -658,7 +659,7 @@ def launch_for(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     (a model's layers call again with the same weights, input shapes and options): beside
     the weight's packed blocks (:func:`packed_weight`), so it goes with them; a weak
     reference tells a live bias from a later array that reuses its id."""
-    if not _immutable(weight) or (bias is not None and not _immutable(bias)):
+    if not immutable(weight) or (bias is not None and not immutable(bias)):
         return prepare(x, weight, bias, options, threads, epilogue)
     # repr tells -0.0 from 0.0 among the bounds (equal keys otherwise).
     key = (x.shape, x.dtype, threads, options, repr(epilogue), id(bias))
@@ -870,7 +871,7 @@ def packed_weight(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarr
     loop then packs nothing.
     """
     global _packed_bytes
-    if not _immutable(weight):
+    if not immutable(weight):
         return _pack(weight, dtype, g).reshape(-1)
     key = id(weight)
     shape = (g.layout[6], g.nblk, g.taps, TILE_OB)  # one weight may serve several groupings
@@ -899,19 +900,6 @@ def _forget_packed(key: int, ref: weakref.ref) -> None:
         if found is not None and found[0] is ref:  # not a later weight that reuses the id
             del _packed[key]
             _packed_bytes -= found[1].nbytes
-
-
-def _immutable(array: np.ndarray) -> bool:
-    """Whether ``array`` and every array it views are read-only, down to memory that owns
-    itself or to ``bytes``."""
-    base = array
-    while type(base) is np.ndarray:
-        if base.flags.writeable:
-            return False
-        base = base.base
-    if type(base) is memoryview:
-        base = base.obj
-    return base is None or type(base) is bytes
 
 
 def _pack(weight: np.ndarray, dtype: np.dtype, g: _Geometry) -> np.ndarray:

@@ -28,9 +28,10 @@ GEMM:
   cache, it ran at 185-190 GFLOP/s on one thread of that Xeon, whose FMA peak is about 203.
 * **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
   (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
-  A product of one block packs all of ``B`` first (:func:`_pack`, then :func:`_tiles`); one
-  of several packs ``B`` a block at a time, just before the strips run against it
-  (:func:`_blocks`), so the block is still in L2.
+  Where all of ``B``'s panels fit in that much, they are packed first (:func:`_pack`, then
+  :func:`_tiles`); a larger ``B`` (a weight gradient's activations) is packed a block at a
+  time, just before the strips run against it (:func:`_blocks`), so the block is still in
+  L2. A ``B`` nothing can change (an imported model's weight) keeps its panels.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
 (:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``; :func:`_blocks`: the
@@ -54,6 +55,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ember.backend.kept import Kept, immutable, owner
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import (
     VECTOR_BYTES,
@@ -380,8 +382,15 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     panels = -(-n // nr)
     kc = _k_block(k, n, dtype.itemsize)
     parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
+    if immutable(b):  # a constant (an imported model's weight): its panels are packed once
+        base = owner(b)
+        view = (b.__array_interface__["data"][0] - base.__array_interface__["data"][0],
+                b.shape, b.strides, dtype.str)  # fmt: skip
+        bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
+        return _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty)
     by_panels = n >= m  # each part packs all of the smaller operand
-    if kc < k and (panels if by_panels else -(-m // MR)) >= parts:
+    whole = b3.shape[0] * panels * k * nr * dtype.itemsize  # bytes of B's panels, all of K
+    if whole > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
         bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
@@ -413,18 +422,36 @@ def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:
     return a3, by_columns
 
 
-def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple,
+_kept = Kept()
+"""The column panels of ``B`` operands nothing can change, per owner array and view."""
+
+
+def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
+                   parts: int) -> np.ndarray:  # fmt: skip
+    """``b3``'s column panels in an array of their own (:func:`_pack`), to keep."""
+    from ember.backends.fusion.numba_runtime import _run_parts
+
+    k, n = b3.shape[1:]
+    nr = NR[b3.dtype]
+    bp = np.empty((b3.shape[0], -(-n // nr), k, nr), b3.dtype)
+    _run_parts(_pack, [b3, rows_of_b, bp], parts)
+    return bp
+
+
+def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | None,
               shape: tuple[int, ...], a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
               empty: Callable) -> np.ndarray:  # fmt: skip
-    """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments) and the
-    tile kernel over ``a3`` (:func:`_batched_a`); returns the output of ``shape``."""
+    """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments; None:
+    ``bp`` is filled) and the tile kernel over ``a3`` (:func:`_batched_a`); returns the
+    output of ``shape``."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     m, n = shape[-2:]
     k = a3.shape[1] if by_columns else a3.shape[2]
     out = empty(shape, a3.dtype)
     parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
-    _run_parts(pack[0], pack[1], parts)
+    if pack is not None:
+        _run_parts(pack[0], pack[1], parts)
     kc = _k_block(k, n, a3.dtype.itemsize)
     _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc], parts)
     return out
