@@ -176,6 +176,27 @@ def test_op_kernel_entry_names_work_and_key():
     np.testing.assert_array_equal(kernel.run([a, b], 1), np.matmul(a, b))
 
 
+@pytest.mark.parametrize("pooled", [False, True], ids=["fresh output", "pooled output"])
+def test_a_stack_of_rows_times_a_matrix_is_one_product_laid_out_as_its_rows(pooled):
+    # A C-contiguous stack, and one whose rows are contiguous in another order of its dims
+    # (an imported model's [seq, batch, dim]), run as one product of all their rows; the
+    # permuted one's output is laid out in that order (a view, as NdArray's matmul gives).
+    from ember.backends.fusion.buffers import BufferPool
+
+    kernel = op_kernels.NDARRAY_KERNELS["float_matmul"]
+    empty = BufferPool().take if pooled else np.empty
+    rng = np.random.default_rng(9)
+    b = rng.standard_normal((40, 70)).astype(np.float32)
+    stacked = rng.standard_normal((3, 29, 40)).astype(np.float32)
+    permuted = rng.standard_normal((5, 29, 40)).astype(np.float32).transpose(1, 0, 2)
+    for a in (stacked, permuted):
+        got = kernel.run([a, b], 2, empty)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        assert got.shape == want.shape
+    assert kernel.run([permuted, b], 1, empty).transpose(1, 0, 2).flags.c_contiguous
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_stacks_run_as_blas_shares_over_threads(threads):
     """Above one thread a stack of products runs as NumPy's BLAS on each thread's share of

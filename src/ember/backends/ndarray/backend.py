@@ -25,7 +25,7 @@ from ember.backend.base import Backend, DTypeUsage, bind_primitives
 from ember.backend.device import Device
 from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
-from ember.backends.ndarray.layout import MIN_ELEMENTS, match_layout
+from ember.backends.ndarray.layout import MIN_ELEMENTS, contiguous_order, match_layout
 from ember.backends.ndarray.special import erf
 from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
@@ -41,15 +41,6 @@ _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _LOW_PRECISION = (_F16, _BF16)
-
-
-def _contiguous_order(a: np.ndarray) -> list[int] | None:
-    """An order of ``a``'s dims, the last one last, in which ``a`` is C-contiguous (its
-    dims by decreasing stride); None when there is none."""
-    if a.flags.c_contiguous:
-        return list(range(a.ndim))
-    order = sorted(range(a.ndim - 1), key=lambda d: -a.strides[d]) + [a.ndim - 1]
-    return order if a.transpose(order).flags.c_contiguous else None
 
 
 def _array(out) -> np.ndarray:
@@ -412,7 +403,7 @@ class NdArray(Backend):
             # NumPy multiplies a stacked lhs matrix by matrix; its rows all at once are one
             # larger product (a transformer's linear layer, [8, 128, 256] @ [256, 768]: 1.1x
             # faster at one thread, 1.4x at two).
-            order = _contiguous_order(a)
+            order = contiguous_order(a)
             if order is not None:
                 rows = a.transpose(order)
                 out = np.matmul(rows.reshape(math.prod(rows.shape[:-1]), a.shape[-1]), b)

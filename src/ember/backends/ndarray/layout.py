@@ -16,12 +16,29 @@ import numpy as np
 
 from ember.backends.ndarray.scratch import scratch
 
-__all__ = ["MIN_ELEMENTS", "TILE", "contiguous", "is_transposed", "match_layout"]
+__all__ = [
+    "MIN_ELEMENTS",
+    "TILE",
+    "contiguous",
+    "contiguous_order",
+    "is_transposed",
+    "match_layout",
+]
 
 TILE = 64
 """Rows and columns of a tile (64 x 64 float32 is 16 KiB: a stage of them fits in L2)."""
 MIN_ELEMENTS = 1 << 16
 """Smaller operands are left to NumPy (they fit in cache whatever their layout)."""
+
+
+def contiguous_order(a: np.ndarray) -> list[int] | None:
+    """An order of ``a``'s dims, the last one last, in which ``a`` is C-contiguous (its
+    dims by decreasing stride); None when there is none. A stack of rows in that order is
+    one matrix: ``a.transpose(order).reshape(-1, a.shape[-1])`` is a view."""
+    if a.flags.c_contiguous:
+        return list(range(a.ndim))
+    order = sorted(range(a.ndim - 1), key=lambda d: -a.strides[d]) + [a.ndim - 1]
+    return order if a.transpose(order).flags.c_contiguous else None
 
 
 def is_transposed(x: np.ndarray) -> bool:
