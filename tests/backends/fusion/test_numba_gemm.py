@@ -254,6 +254,29 @@ def test_fusion_device_runs_the_numba_matmul():
     assert stats()["op_kernels"] == 2
 
 
+def test_a_permuted_stack_times_a_weight_then_a_bias_on_a_fusion_device():
+    # The product of a [seq, batch, dim] view comes out of the pool laid out as its rows
+    # (a transposed view); the bias added at its last use must not take it for an output
+    # to write over (the numba runtime writes C-contiguous outputs only).
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((6, 40, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+
+    def forward(device):
+        seq_first = Tensor.from_data(x, device).permute([1, 0, 2])
+        y = seq_first.matmul(Tensor.from_data(w, device)) + Tensor.from_data(bias, device)
+        return (y * 2.0).to_numpy()
+
+    want = forward(ember.device("ndarray"))
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    reset_stats()
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        got = forward(fused)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert stats()["op_kernels"] == 1
+
+
 def test_panels_of_a_constant_b_are_packed_once_per_view_and_dropped_with_it():
     # An imported model's weight is read-only down to its memory: its panels are kept, one
     # entry per view of it (W and Wᵀ), and go when the weight does.

@@ -652,8 +652,9 @@ class Executor:
         An input qualifies when it is a pooled output of an earlier block (its slot
         recycles it, so reference counts prove, as :class:`Recycler` does, that no other
         slot or view holds the array), no handle can read it, no record of another stream
-        reads it, no later record of this stream reads it, and it has the output's shape
-        and dtype. An element-wise kernel
+        reads it, no later record of this stream reads it, and it has the output's shape,
+        dtype and C-contiguous layout (a product of a permuted stack, an attention's context
+        are pooled in their readers' order). An element-wise kernel
         reads each element before it writes that position, so it may write over its
         input. The consumed slots hand their arrays to the outputs' slots.
         """
@@ -669,6 +670,7 @@ class Executor:
                     continue
                 array = slot.prim
                 fits = (type(array) is np.ndarray and array.shape == shape
+                        and array.flags.c_contiguous  # not a pooled array laid out in another order
                         and spec.shape == shape and not slot.readable() and not slot.shared
                         and slot not in consumed and _refs(array) == _EXPECTED_REFS
                         and readers.get(slot, (-1,))[-1] < end)  # fmt: skip
