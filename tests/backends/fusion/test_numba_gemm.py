@@ -312,3 +312,42 @@ def test_a_kept_b_is_read_as_it_is_now_not_as_a_writable_owner_was():
     _check(x, view)
     weight *= 2
     _check(x, view)
+
+
+def test_a_product_left_to_numpy_runs_on_one_blas_thread_beside_the_workers(monkeypatch):
+    # With workers of its own, the runtime holds NumPy's BLAS to one thread for a product it
+    # leaves to NumPy (OpenBLAS's threads spin long after each product, on the cores the
+    # workers need), and the tuner weighs that against the kernel on its threads.
+    from ember.backends.fusion import numba_runtime
+    from ember.backends.ndarray import parallel
+    from ember.backends.ndarray.backend import NdArray
+
+    if not parallel._blas():
+        pytest.skip("no OpenBLAS with a thread pool of its own is loaded")
+    seen = []
+    inner = NdArray.float_matmul
+
+    def spy(self, a, b):
+        seen.append(parallel.blas_threads())
+        return inner(self, a, b)
+
+    monkeypatch.setattr(NdArray, "float_matmul", spy)
+    monkeypatch.setattr(numba_runtime.NumbaRuntime, "thread_count", lambda self: 2)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((130, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    before = [(c, c.num_threads) for c in parallel._blas()]
+    try:
+        for c, _ in before:
+            c.set_num_threads(2)
+        assert parallel.blas_threads() == 2
+        for threads_now, fused in ((1, True), (2, False)):  # a plain NdArray device keeps 2
+            device = ember.device("ndarray").fusion(runtime="numba") if fused else ember.device("ndarray")
+            with autotune.forcing(autotune.UNFUSED):
+                got = (Tensor.from_data(x, device) @ Tensor.from_data(w, device)).to_numpy()
+            np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-4)
+            assert seen.pop() == threads_now
+        assert parallel.blas_threads() == 2  # restored after the product
+    finally:
+        for c, count in before:
+            c.set_num_threads(count)

@@ -10,6 +10,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +47,7 @@ from ember.backends.fusion.matmul_epilogue import (
     MatmulTemplate,
 )
 from ember.backends.fusion.stream import Record, ReplayedRecords
+from ember.backends.ndarray.parallel import blas_held_to_one
 
 
 def inner_args(record: Record) -> list:
@@ -310,7 +313,21 @@ class Executor:
         kernel = self.op_kernels.get(record.name)
         if kernel is None or not self._run_op_kernel(kernel, record):
             counters.add("unfused_ops")
-            run_record(self.inner, record)
+            self.run_inner(kernel, lambda: run_record(self.inner, record))
+
+    def run_inner(self, kernel, run: Callable[[], Any]) -> Any:
+        """``run()``, an op on the inner backend that ``kernel`` (an ``op_kernels`` entry, or
+        None) could have run: a BLAS product with the BLAS held to one thread where the
+        runtime has workers of its own. OpenBLAS's threads spin for a long while after each
+        product (on a 2-vCPU host, 50-200 ms later a 2-part kernel still ran 1.6x slower
+        beside them), holding the cores the runtime's workers need; the tuner then weighs
+        the product on one BLAS thread against the kernel on the runtime's threads (the
+        ONNX encoder at two threads: 22.8 ms a forward against 24.4)."""
+        threads = getattr(self.runtime, "thread_count", None)
+        if kernel is None or not kernel.blas or threads is None or threads() < 2:
+            return run()
+        with blas_held_to_one():
+            return run()
 
     def _conv_epilogue(self, fused: ConvEpilogue, records: list[Record]) -> None:
         """Runs a convolution and its epilogue (``conv_epilogue``) in the numba kernel where
@@ -718,7 +735,8 @@ class Executor:
             inner_op = getattr(self.inner, record.name)
             spare = _Spare()
             self.tuner.tune_with(how, lambda threads: kernel.run(args, threads, spare),
-                                 lambda: inner_op(*args), record.name)  # fmt: skip
+                                 lambda: self.run_inner(kernel, lambda: inner_op(*args)),
+                                 record.name)  # fmt: skip
         return True
 
     def _lone_kernel(self, record: Record, readers: dict | None, end: int) -> bool:

@@ -43,6 +43,9 @@ class OpKernel:
     key: Callable[[list], tuple]
     work: Callable[[list], int]
     run: Callable[[list, int, Callable], Any]
+    blas: bool = False
+    """Whether the inner op is a BLAS call: where the runtime has workers, it runs with the
+    BLAS held to one thread (see ``Executor.run_inner``)."""
 
 
 def _floats(array: Any) -> bool:
@@ -339,7 +342,8 @@ NDARRAY_KERNELS = {
                  _pool_work, _max_pool_run),
         OpKernel("avg_pool2d", _pool_supports, _pool_key("avg_pool2d"), _pool_work,
                  _avg_pool_run),
-        OpKernel("float_matmul", _matmul_supports, _matmul_key, _matmul_work, _matmul_run),
+        OpKernel("float_matmul", _matmul_supports, _matmul_key, _matmul_work, _matmul_run,
+                 blas=True),
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),
