@@ -313,7 +313,10 @@ class Executor:
         kernel = self.op_kernels.get(record.name)
         if kernel is None or not self._run_op_kernel(kernel, record):
             counters.add("unfused_ops")
-            self.run_inner(kernel, lambda: run_record(self.inner, record))
+            if kernel is not None and kernel.blas:
+                self.run_inner(kernel, lambda: run_record(self.inner, record))
+            else:
+                run_record(self.inner, record)
 
     def run_inner(self, kernel, run: Callable[[], Any]) -> Any:
         """``run()``, an op on the inner backend that ``kernel`` (an ``op_kernels`` entry, or
