@@ -77,6 +77,7 @@ def test_transposed_and_strided_inputs(dtype):
     readonly = x[:40].copy()
     readonly.flags.writeable = False  # as Tensor.from_data may hold it
     _check(readonly, y)
+    assert np.shares_memory(gemm._batched_a(readonly, 40, 90)[0], readonly)  # read in place
     _check(y.T, readonly.T[:, :17])
     raw = np.zeros(40 * 90 * np.dtype(dtype).itemsize + 1, np.uint8)
     unaligned = raw[1:].view(dtype).reshape(40, 90)  # a C-contiguous array off alignment

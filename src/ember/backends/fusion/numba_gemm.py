@@ -421,11 +421,13 @@ _NO_ROWS = {dtype: np.empty(0, dtype) for dtype in NR}
 def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:
     """``(array, by_columns)``: ``a`` as ``[batch, m, k]`` or, where it is a transposed
     C-contiguous array (a weight's gradient reads ``dY``ᵀ), as that array ``[batch, k, m]``
-    with ``by_columns`` True; C-contiguous, writable and aligned (copied into scratch where it
-    is not: read-only or unaligned arrays are types of their own to numba, each compiled)."""
+    with ``by_columns`` True; C-contiguous and aligned (copied into scratch where it is not:
+    an unaligned array is a type of its own to numba, compiled anew). A read-only one (a
+    step's input, an imported constant) is read where it lies: its kernels are compiled
+    once more, and copying it cost 0.15 ms a 2 MB operand on every call."""
     by_columns = a.ndim >= 2 and m > 1 and np.swapaxes(a, -1, -2).flags.c_contiguous
     a3 = np.swapaxes(a, -1, -2).reshape(-1, k, m) if by_columns else a.reshape(-1, m, k)
-    if not (a3.flags.c_contiguous and a3.flags.writeable and a3.flags.aligned):
+    if not (a3.flags.c_contiguous and a3.flags.aligned):
         copy = _scratch("a", a3.shape, a.dtype)
         np.copyto(copy, a3)
         a3 = copy
