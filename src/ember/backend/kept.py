@@ -65,7 +65,7 @@ class Kept:
         return made
 
 
-def immutable(array) -> bool:
+def immutable(array: Any) -> bool:
     """Whether a NumPy ``array`` and every array it views are read-only, down to memory that
     owns itself or to ``bytes`` (loaded records and imported models are): nothing can change
     its values, so a form made of them may be kept (:class:`Kept`)."""
@@ -81,7 +81,7 @@ def immutable(array) -> bool:
     return base is None or type(base) is bytes
 
 
-def owner(array):
+def owner(array: Any) -> Any:
     """The last NumPy array of the chain ``array`` views (the one that owns its memory, or
     views ``bytes``): an object that lives as long as the memory, for :class:`Kept` keys
     that name a view (``Wᵀ`` made anew on each call) by its owner and geometry."""

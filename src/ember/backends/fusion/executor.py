@@ -795,7 +795,8 @@ class _Spare:
     def __init__(self) -> None:
         self.arrays: dict[tuple, np.ndarray] = {}
 
-    def __call__(self, shape: tuple[int, ...], dtype, order: tuple[int, ...] | None = None) -> np.ndarray:
+    def __call__(self, shape: tuple[int, ...], dtype,
+                 order: tuple[int, ...] | None = None) -> np.ndarray:  # fmt: skip
         key = (tuple(shape), np.dtype(dtype), order)
         found = self.arrays.get(key)
         if found is None:
