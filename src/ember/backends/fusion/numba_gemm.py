@@ -399,8 +399,8 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
         return _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty)
     by_panels = n >= m  # each part packs all of the smaller operand
-    whole = b3.shape[0] * panels * k * nr * dtype.itemsize  # bytes of B's panels, all of K
-    if whole > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
+    panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
+    if panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
         bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
