@@ -39,6 +39,7 @@ from ember.backends.fusion.attention import (
 from ember.backends.fusion.fuser import Properties, Status
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.stream import Record
+from ember.backends.fusion.views import last_two_swapped
 from ember.tensor.dtype import DType
 
 OPS = frozenset((*SCALINGS, *LAYOUTS, "float_matmul", "float_mul", "float_sum_dim", "float_sub",
@@ -289,8 +290,7 @@ def out_id(record: Record) -> int:
 
 
 def _swaps(axes: tuple[int, ...]) -> bool:
-    rank = len(axes)
-    return tuple(axes) == (*range(rank - 2), rank - 1, rank - 2)
+    return tuple(axes) == last_two_swapped(len(axes))
 
 
 def grad_arrays(fused: AttentionGrad, to_numpy, composed: bool) -> tuple | None:
@@ -334,8 +334,7 @@ def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take,
 
     q, k, v, weights, d_out, mask = arrays
     f32 = np.dtype(np.float32)
-    rank = len(fused.d_key.shape)
-    swap = (*range(rank - 2), rank - 1, rank - 2)
+    swap = last_two_swapped(len(fused.d_key.shape))
     orders = layouts or [None, None, None]
     d_q = take(fused.d_query.shape, f32, orders[0])
     d_kt = take(fused.d_key.shape, f32, orders[1] or swap)

@@ -89,8 +89,7 @@ class BufferPool:
         nbytes = math.prod(shape) * dtype.itemsize
         stored = shape if order is None else tuple(shape[d] for d in order)
         if nbytes <= _MIN_CLASS:
-            array = np.empty(stored, dtype)
-            return array if order is None else array.transpose(np.argsort(order))
+            return empty_in_order(shape, dtype, order)
         wanted = size_class(nbytes)
         paged = wanted >= _PAGED_MIN
         if paged:
@@ -188,6 +187,15 @@ class BufferPool:
             self._idle.clear()
             self._by_class.clear()
             self._idle_bytes = 0
+
+
+def empty_in_order(shape: tuple[int, ...], dtype: np.dtype,
+                   order: tuple[int, ...] | None = None) -> np.ndarray:  # fmt: skip
+    """A new uninitialized array of ``shape``, laid out as :meth:`BufferPool.take` lays
+    out its ``order`` (``array.transpose(order)`` C-contiguous), outside any pool."""
+    if order is None:
+        return np.empty(shape, dtype)
+    return np.empty(tuple(shape[d] for d in order), dtype).transpose(np.argsort(order))
 
 
 class PooledOutputs:

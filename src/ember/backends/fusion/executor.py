@@ -37,6 +37,7 @@ from ember.backends.fusion.attention_grad import (
     grad_arrays,
     run_attention_grad,
 )
+from ember.backends.fusion.buffers import empty_in_order
 from ember.backends.fusion.conv_epilogue import ConvEpilogue, EpilogueTemplate, run_conv_epilogue
 from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
 from ember.backends.fusion.explorer import Explorer
@@ -47,6 +48,7 @@ from ember.backends.fusion.matmul_epilogue import (
     MatmulTemplate,
 )
 from ember.backends.fusion.stream import Record, ReplayedRecords
+from ember.backends.fusion.views import last_two_swapped
 from ember.backends.ndarray.parallel import blas_held_to_one
 
 
@@ -290,7 +292,7 @@ class Executor:
         for a broadcast batch, which takes the usual product."""
         out = record.outputs[0]
         rank = len(out.shape)
-        swap = (*range(rank - 2), rank - 1, rank - 2)
+        swap = last_two_swapped(rank)
         lhs, rhs = inner_args(record)
         inner = self.inner
         if len(inner.shape(lhs)) != rank or len(inner.shape(rhs)) != rank:
@@ -437,7 +439,7 @@ class Executor:
         counters.add("fused_ops", len(rest) - len(epilogue))
         if pending:  # after the kept run: the candidates write into their own buffers
             inner = [r for r in rest if all(r is not e for e in epilogue)]
-            self.tuner.tune_with(how, lambda threads: run(arrays, composed, threads, _fresh, False),
+            self.tuner.tune_with(how, lambda threads: run(arrays, composed, threads, empty_in_order, False),
                                  lambda: run_detached(self.inner, inner), what)  # fmt: skip
 
     def _attention_operands(self, fused, records: list[Record], arrays_of) -> tuple:
@@ -800,16 +802,8 @@ class _Spare:
         key = (tuple(shape), np.dtype(dtype), order)
         found = self.arrays.get(key)
         if found is None:
-            found = self.arrays[key] = _fresh(shape, dtype, order)
+            found = self.arrays[key] = empty_in_order(shape, dtype, order)
         return found
-
-
-def _fresh(shape: tuple[int, ...], dtype, order: tuple[int, ...] | None = None) -> np.ndarray:
-    """A new array of ``shape`` laid out in ``order`` (as ``BufferPool.take``): a tuning's
-    candidates write into memory of their own."""
-    if order is None:
-        return np.empty(shape, dtype)
-    return np.empty(tuple(shape[d] for d in order), dtype).transpose(np.argsort(order))
 
 
 _NO_DISK_FORM = (EpilogueTemplate, MatmulTemplate, AttentionTemplate)
@@ -848,9 +842,8 @@ def read_transposed(record: Record, records: list[Record], readers: dict) -> boo
     if found is None or len(found) != 1 or out.readable() or out.shared:
         return False
     reader = records[found[0]]
-    rank = len(out.shape)
-    return reader.name == "float_permute" and tuple(reader.args[1]) == (
-        *range(rank - 2), rank - 1, rank - 2)  # fmt: skip
+    return reader.name == "float_permute" and tuple(reader.args[1]) == last_two_swapped(
+        len(out.shape))  # fmt: skip
 
 
 def reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | None:

@@ -93,7 +93,7 @@ PARALLEL_MIN_MACS = 1 << 24
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "fdc3fdcd0fa84cf6"
+TILE_SOURCE_SHA256 = "0997e3185b651b37"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -372,16 +372,6 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     nr = NR[dtype]
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
-        # A stack times a matrix is one product of all its rows (no edge strip per entry).
-        made = []
-
-        def whole(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-            made.append(empty((*a.shape[:-1], n), dtype))
-            return made[0].reshape(shape)
-
-        matmul(a.reshape(-1, k), b, threads, whole)
-        return made[0]
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)

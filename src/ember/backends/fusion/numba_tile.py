@@ -59,6 +59,22 @@ def lanes(itemsize: int) -> int:
     return VECTOR_BYTES // itemsize
 
 
+def _flat(array) -> bool:
+    """Whether a numba type is a 1-d C-contiguous array (what the intrinsics index)."""
+    return isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
+
+
+def _float_arrays(*arrays) -> bool:
+    """Whether numba types are 1-d C-contiguous arrays of one float dtype."""
+    return (all(_flat(a) for a in arrays) and len({a.dtype for a in arrays}) == 1
+            and arrays[0].dtype in (types.float32, types.float64))  # fmt: skip
+
+
+def _data(context, builder, array_type, value):
+    """The data pointer of an array argument."""
+    return context.make_array(array_type)(context, builder, value).data
+
+
 @cache
 def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = False):
     """The intrinsic ``tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)`` for ``ob`` output
@@ -72,14 +88,7 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         raise ImportError("numba is not installed")
 
     def signature_of(xq, offs, wt, acc):
-        arrays = (xq, wt, acc)
-        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
-                   for a in (arrays if strided else (*arrays, offs))):  # fmt: skip
-            return None
-        if len({a.dtype for a in arrays}) != 1 or arrays[0].dtype not in (
-            types.float32,
-            types.float64,
-        ):
+        if not _float_arrays(xq, wt, acc) or not (strided or _flat(offs)):
             return None
         if (offs if strided else offs.dtype) != types.int64:
             return None
@@ -92,7 +101,7 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         xq_t, offs_t, wt_t, _, _, _, acc_t, _, _ = signature.args[:9]
 
         def data(ty, value):
-            return context.make_array(ty)(context, builder, value).data
+            return _data(context, builder, ty, value)
 
         xptr, wptr, aptr = data(xq_t, xq_v), data(wt_t, wt_v), data(acc_t, acc_v)
         optr = None if strided else data(offs_t, offs_v)
@@ -225,8 +234,7 @@ def transpose_kernel(rows: int | None = None):
     def codegen(context, builder, signature, args):
         src_v, s0_v, step_v, dst_v, d0_v, dstep_v = args
         src_t, dst_t = signature.args[0], signature.args[3]
-        sptr = context.make_array(src_t)(context, builder, src_v).data
-        dptr = context.make_array(dst_t)(context, builder, dst_v).data
+        sptr, dptr = _data(context, builder, src_t, src_v), _data(context, builder, dst_t, dst_v)
         fty = context.get_value_type(src_t.dtype)
         itemsize = context.get_abi_sizeof(fty)
         width = lanes(itemsize)
@@ -267,10 +275,7 @@ def transpose_kernel(rows: int | None = None):
 
     @intrinsic
     def transpose(typingctx, src, s0, step, dst, d0, dstep):
-        arrays = (src, dst)
-        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
-            return None
-        if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+        if not _float_arrays(src, dst):
             return None
         i64 = types.int64
         return types.void(src, i64, i64, dst, i64, i64), codegen
@@ -295,7 +300,7 @@ def vector_copy():
         vptr = ir.VectorType(fty, lanes(itemsize)).as_pointer()
 
         def at(array_t, array_v, offset):
-            data = context.make_array(array_t)(context, builder, array_v).data
+            data = _data(context, builder, array_t, array_v)
             return builder.bitcast(builder.gep(data, [offset], inbounds=True, source_etype=fty), vptr)
 
         value = builder.load(at(src_t, src_v, s0_v), align=itemsize, typ=vptr.pointee)
@@ -304,10 +309,7 @@ def vector_copy():
 
     @intrinsic
     def copy(typingctx, src, s0, dst, d0):
-        arrays = (src, dst)
-        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
-            return None
-        if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+        if not _float_arrays(src, dst):
             return None
         return types.void(src, types.int64, dst, types.int64), codegen
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ember.backend.kept import Kept
+from ember.backends.fusion.buffers import empty_in_order
 from ember.backends.ndarray.layout import contiguous_order
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -187,9 +188,9 @@ def _matmul_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndar
     a, b = args
     if threads > 1 and _splits(a, b):
         return _stacked_matmul(a, b, threads, empty)
-    if a.ndim > 2 and b.ndim == 2 and not a.flags.c_contiguous:
+    if a.ndim > 2 and b.ndim == 2:
         order = contiguous_order(a)
-        if order is not None:  # a permuted stack of rows (an imported [seq, batch, dim])
+        if order is not None:  # a stack of rows: C-contiguous, or an imported [seq, batch, dim]
             return _rows_matmul(a, b, order, threads, empty)
     return numba_gemm.matmul(a, b, threads=threads, empty=empty)
 
@@ -198,17 +199,18 @@ def _rows_matmul(a: np.ndarray, b: np.ndarray, order: list[int], threads: int,
                  empty: Callable) -> np.ndarray:  # fmt: skip
     """``a @ b`` for a matrix ``b`` and an ``a`` whose rows are C-contiguous in ``order`` of
     its dims: one product of all its rows where they lie (as NdArray's matmul; by stack
-    entry, a ``[128, 8, 256]`` view was 128 products of 8 rows, 2-3x slower), into an
-    output laid out in the same order."""
+    entry, ``[8, 128, 256]`` was 8 products with an edge strip each, and a ``[128, 8, 256]``
+    view 128 products of 8 rows, 2-3x slower), into an output laid out in the same order."""
     from ember.backends.fusion import numba_gemm
 
     shape = (*a.shape[:-1], b.shape[-1])
     dtype = np.result_type(a, b)
+    laid = None if order == sorted(order) else tuple(order)
     if empty is np.empty:
-        out = np.empty([shape[d] for d in order], dtype).transpose(np.argsort(order))
+        out = empty_in_order(shape, dtype, laid)
     else:
-        out = empty(shape, dtype, tuple(order))
-    rows = out.transpose(order)  # C-contiguous
+        out = empty(shape, dtype) if laid is None else empty(shape, dtype, laid)
+    rows = out if laid is None else out.transpose(order)  # C-contiguous
     a2 = a.transpose(order).reshape(-1, a.shape[-1])
     numba_gemm.matmul(a2, b, threads=threads, empty=lambda s, d: rows.reshape(s))
     return out

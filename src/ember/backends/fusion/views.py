@@ -30,6 +30,11 @@ import numpy as np
 Layout = list[list[tuple[int, int]]]  # per dim, its (size, stride) parts, outermost first
 
 
+def last_two_swapped(rank: int) -> tuple[int, ...]:
+    """The permutation of ``rank`` dims that swaps the last two (a matrix transposed)."""
+    return (*range(rank - 2), rank - 1, rank - 2)
+
+
 def compose(array: np.ndarray, chain: list[tuple[str, tuple]]) -> np.ndarray | None:
     """``array`` after the chain's ``("reshape", shape)``, ``("permute", axes)`` and
     ``("slice", ((start, stop, step), ...))`` steps (NumPy's C-order semantics; a slice's
