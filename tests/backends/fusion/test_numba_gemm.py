@@ -109,6 +109,22 @@ def test_parts_split_the_tasks_without_changing_a_bit(m, k, n, b_blocks):
         np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
 
 
+@pytest.mark.parametrize("n", [40, 900], ids=["parts by strips", "parts by panels"])
+def test_a_transposed_a_packed_by_groups_of_strips(n, monkeypatch):
+    # A weight gradient's dYᵀ: more strips than one group (``STRIP_GROUP``), so each block
+    # of K packs several groups; parts that split the strips start inside a group.
+    monkeypatch.setattr(gemm, "B_BLOCK_BYTES", 1 << 16)  # B packed a block at a time
+    rng = np.random.default_rng(7)
+    m, k = 2 * gemm.STRIP_GROUP * gemm.MR + 5, 1300
+    a = rng.standard_normal((k, m)).astype(np.float32).T
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    assert gemm._batched_a(a, m, k)[1] and gemm._k_block(k, n, 4) < k
+    one = gemm.matmul(a, b, threads=1)
+    _check(a, b, threads=1)
+    for threads in (2, 3):
+        np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", [48, 700], ids=["one block", "blocks"])
 def test_transposed_rows_of_b_pack_by_whole_vectors(dtype, k, b_blocks):

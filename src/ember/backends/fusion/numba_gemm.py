@@ -88,6 +88,11 @@ panel's rows; over the encoder's products 24 KiB measured 2-3% slower, 9 KiB no 
 K_BLOCK_MIN = 128
 """Rows of ``B`` per block of ``K``, at least (the tile's sums load and store once a
 block)."""
+STRIP_GROUP = 16
+"""Strips of a transposed ``A`` packed together per block of ``K`` (:func:`_blocks`): rows of
+``MR * STRIP_GROUP`` values read side by side, and strips that stay in L2 beside the
+output rows they add to (all of a ``[1024, 2048]`` ``dYᵀ``'s strips, 1 MB a block, pushed
+the output out of L2: weight gradients ran 7-14% slower)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Products of fewer multiply-adds than this run on one thread (as ``numba_conv``)."""
 
@@ -133,6 +138,9 @@ def _pack_panels(b, rows_of_b, t, k0, kk, p0, p1, nr, flat, at):  # pragma: no c
     k = b.shape[1]
     n = b.shape[2]
     width = VECTOR_BYTES // flat.itemsize
+    if b.strides[2] <= b.strides[1] and nr % width == 0:
+        _pack_rows(b, t, k0, kk, p0, p1, nr, flat, at)
+        return
     for p in range(p0, p1):
         j0 = p * nr
         cols = min(nr, n - j0)
@@ -163,17 +171,48 @@ def _pack_panels(b, rows_of_b, t, k0, kk, p0, p1, nr, flat, at):  # pragma: no c
 
 
 @_jit
+def _pack_rows(b, t, k0, kk, p0, p1, nr, flat, at):  # pragma: no cover - runs compiled
+    """:func:`_pack_panels` of a ``b`` whose rows are contiguous, walking its rows: each
+    row's ``nr`` columns of every panel in turn (a panel at a time read ``nr`` values from
+    rows a row apart, a stride no prefetcher follows past a page)."""
+    n = b.shape[2]
+    width = VECTOR_BYTES // flat.itemsize
+    last = min(p1, n // nr)  # panels of nr whole columns
+    for q in range(kk):
+        src = b[t, k0 + q]
+        row = at + q * nr
+        for p in range(p0, last):
+            dst = row + (p - p0) * kk * nr
+            s0 = p * nr
+            for j in range(nr):
+                flat[np.uintp(dst + j)] = src[np.uintp(s0 + j)]
+        for p in range(max(p0, last), p1):
+            dst = row + (p - p0) * kk * nr
+            cols = min(nr, n - p * nr)
+            for j in range(cols):
+                flat[np.uintp(dst + j)] = src[np.uintp(p * nr + j)]
+            for j in range(cols, nr):
+                flat[np.uintp(dst + j)] = 0
+
+
+@_jit
 def _pack(b, rows_of_b, bp, part, parts):  # pragma: no cover - runs compiled
     """Packs all of ``b`` ``[Bb, K, N]`` into column panels ``bp`` ``[Bb, N / nr, K, nr]``
-    (:func:`_pack_panels`); a task is one panel."""
+    (:func:`_pack_panels`); a task is one panel, and a part packs its run of panels of each
+    batch entry in one call."""
     k = b.shape[1]
     nr = bp.shape[3]
     blocks = bp.shape[1]
     tasks = bp.shape[0] * blocks
     flat = bp.reshape(-1)
-    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
-        p = task % blocks
-        _pack_panels(b, rows_of_b, task // blocks, 0, k, p, p + 1, nr, flat, task * k * nr)
+    first, end = tasks * part // parts, tasks * (part + 1) // parts
+    task = first
+    while task < end:
+        t = task // blocks
+        p0 = task % blocks
+        p1 = min(blocks, p0 + end - task)
+        _pack_panels(b, rows_of_b, t, 0, k, p0, p1, nr, flat, task * k * nr)
+        task += p1 - p0
 
 
 _tile = None if numba is None else tile_kernel(MR, VECTORS, accumulating=True, strided=True)
@@ -327,19 +366,22 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
         for k0 in range(0, k, kc):
             kk = min(kc, k - k0)
             _pack_panels(b, rows_of_b, b_of[t], k0, kk, p0, p1, nr, buf, 0)
-            if by_columns:
-                _pack_columns(flat_a, a_of[t] * m * k, m, s0, s1, k0, kk, abuf, stride)
             for s in range(s0, s1):
                 i0 = s * MR
                 rows = min(MR, m - i0)
-                if by_columns:
-                    _run_strip(abuf, (s - s0) * stride, kk, rows, buf, 0, kk * nr, p0, p1, nr,
-                               flat_out, (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
+                out_at = (t * m + i0) * n
+                if not by_columns:
+                    _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk,
+                                strip, row_at)  # fmt: skip
+                    _run_strip(strip, 0, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
+                               out_at, n, k0 > 0, edge)  # fmt: skip
                     continue
-                _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip,
-                            row_at)  # fmt: skip
-                _run_strip(strip, 0, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
-                           (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
+                group = (s - s0) % STRIP_GROUP
+                if group == 0:
+                    _pack_columns(flat_a, a_of[t] * m * k, m, s, min(s + STRIP_GROUP, s1), k0,
+                                  kk, abuf, stride)  # fmt: skip
+                _run_strip(abuf, group * stride, kk, rows, buf, 0, kk * nr, p0, p1, nr,
+                           flat_out, out_at, n, k0 > 0, edge)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
@@ -394,7 +436,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
         bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
-        strips = -(-m // MR) if by_panels else -(-m // (MR * parts))
+        strips = min(STRIP_GROUP, -(-m // MR) if by_panels else -(-m // (MR * parts)))
         slack = VECTOR_BYTES // dtype.itemsize
         abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
