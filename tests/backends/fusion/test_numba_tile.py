@@ -45,6 +45,36 @@ def test_tile_sums_taps_into_strided_rows(dtype, ob, nv):
     assert (acc[:a0] == -7.0).all()
 
 
+@pytest.mark.parametrize("prefetch", [0, 4], ids=["no prefetch", "prefetch"])
+def test_strided_tile_accumulates_over_evenly_spaced_taps(prefetch):
+    # The GEMM's variant: tap t reads xq from t * step + q0, and with ``add`` the sums start
+    # from acc's values. Prefetching past the array's end is a hint only: nothing changes.
+    tile = numba_tile.tile_kernel(4, 2, accumulating=True, strided=True, prefetch=prefetch)
+
+    @numba.njit
+    def run(xq, step, wt, q0, taps, acc, stride, add):
+        tile(xq, step, wt, 0, q0, taps, acc, 0, stride, add)
+
+    rng = np.random.default_rng(5)
+    span = 2 * numba_tile.lanes(4)
+    taps, step, q0 = 29, span + 3, 2
+    xq = rng.standard_normal(q0 + (taps - 1) * step + span).astype(np.float32)
+    wt = rng.standard_normal(taps * 4).astype(np.float32)
+    start = rng.standard_normal(4 * span).astype(np.float32)
+    windows = np.stack([xq[t * step + q0 : t * step + q0 + span] for t in range(taps)])
+    exact = wt.reshape(taps, 4).T.astype(np.float64) @ windows.astype(np.float64)
+    for add in (False, True):
+        acc = start.copy()
+        run(xq, step, wt, q0, taps, acc, span, add)
+        want = exact + (start.reshape(4, span) if add else 0)
+        np.testing.assert_allclose(acc.reshape(4, span), want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefetch_needs_the_strided_tile():
+    with pytest.raises(ValueError, match="strided"):
+        numba_tile.tile_kernel(4, 2, prefetch=8)
+
+
 def test_tile_with_no_taps_stores_zeros():
     tile = numba_tile.tile_kernel(8, 3)
     span = 3 * numba_tile.lanes(4)  # 48 float32 with AVX-512, 24 with AVX2

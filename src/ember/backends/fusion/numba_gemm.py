@@ -24,7 +24,8 @@ GEMM:
   (``numba_tile.tile_kernel``: a strip's ``MR`` rows are its output channels, a panel's
   columns its positions, and later blocks of ``K`` add to the sums): its sums are SSA
   vectors, and the loop compiles to two loads, ``MR`` broadcasts and ``2 MR`` FMAs per
-  step. Alone, with its operands in
+  step, and asks for the panel's rows :data:`PREFETCH_TAPS` steps ahead (a panel comes
+  from L2 once per strip). Alone, with its operands in
   cache, it ran at 185-190 GFLOP/s on one thread of that Xeon, whose FMA peak is about 203.
 * **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
   (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
@@ -93,12 +94,16 @@ STRIP_GROUP = 16
 ``MR * STRIP_GROUP`` values read side by side, and strips that stay in L2 beside the
 output rows they add to (all of a ``[1024, 2048]`` ``dYᵀ``'s strips, 1 MB a block, pushed
 the output out of L2: weight gradients ran 7-14% slower)."""
+PREFETCH_TAPS = 32
+"""Steps of ``K`` ahead that the tile prefetches its panel's rows into L1 (4 KiB for
+float32; 16-64 measured within noise of each other, 7-12% faster than none: a panel's rows
+come from L2 once per strip, and the hardware's prefetch fell behind the tile's loads)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Products of fewer multiply-adds than this run on one thread (as ``numba_conv``)."""
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "0997e3185b651b37"
+TILE_SOURCE_SHA256 = "a5bb5f1d390ba7cc"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -207,7 +212,8 @@ def _pack(b, rows_of_b, bp, part, parts):  # pragma: no cover - runs compiled
         task += p1 - p0
 
 
-_tile = None if numba is None else tile_kernel(MR, VECTORS, accumulating=True, strided=True)
+_tile = (None if numba is None
+         else tile_kernel(MR, VECTORS, accumulating=True, strided=True, prefetch=PREFETCH_TAPS))
 _transpose = None if numba is None else transpose_kernel()
 _transpose_strip = None if numba is None else transpose_kernel(MR)
 _copy = None if numba is None else vector_copy()

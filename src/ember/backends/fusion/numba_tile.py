@@ -52,6 +52,7 @@ __all__ = ["VECTOR_BYTES", "lanes", "tile_kernel", "transpose_kernel", "vector_c
 VECTOR_BYTES = vector_bytes()
 """Bytes of one accumulator vector: an AVX-512 register where the host has one and LLVM
 may use it (``numba_target.vector_bytes``)."""
+CACHE_LINE_BYTES = 64
 
 
 def lanes(itemsize: int) -> int:
@@ -76,16 +77,20 @@ def _data(context, builder, array_type, value):
 
 
 @cache
-def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = False):
+def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = False,
+                prefetch: int = 0):
     """The intrinsic ``tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)`` for ``ob`` output
     channels by ``nv`` vectors of positions (see the module doc). Two variants serve a
     matrix product's packed panels (``numba_gemm``): ``strided`` takes for ``offs`` an int64
     step, tap ``t`` reading ``xq`` from ``t * offs + q0`` (no load per tap), and
     ``accumulating`` adds a last argument ``add`` (a bool): where true, the sums start from
     ``acc``'s values instead of zero (a product's later blocks of ``K`` add to the earlier
-    ones')."""
+    ones'). ``prefetch`` (strided only) asks for the cache lines of ``xq`` that tap ``t +
+    prefetch`` reads at each tap ``t`` (a hint: a line past the array is never loaded)."""
     if intrinsic is None:  # pragma: no cover - exercised where numba is missing
         raise ImportError("numba is not installed")
+    if prefetch and not strided:
+        raise ValueError("tile_kernel: prefetch needs the strided variant")
 
     def signature_of(xq, offs, wt, acc):
         if not _float_arrays(xq, wt, acc) or not (strided or _flat(offs)):
@@ -165,6 +170,16 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         else:
             off = builder.load(builder.gep(optr, [t], inbounds=True, source_etype=i64), typ=i64)
         base = builder.add(off, q0_v)
+        if prefetch:  # llvm.prefetch(address, read, keep in every level, data)
+            byte_ptr = ir.PointerType(ir.IntType(8))
+            fetch = builder.module.declare_intrinsic(
+                "llvm.prefetch", [byte_ptr], ir.FunctionType(ir.VoidType(), [byte_ptr] + [i32] * 3)
+            )
+            ahead = builder.add(base, builder.mul(offs_v, const(prefetch)))
+            for at in range(0, nv * width, CACHE_LINE_BYTES // itemsize):
+                p = builder.gep(xptr, [builder.add(ahead, const(at))], source_etype=fty)
+                flags = [ir.Constant(i32, f) for f in (0, 3, 1)]
+                builder.call(fetch, [builder.bitcast(p, byte_ptr), *flags])
         xs = []
         for v in range(nv):
             p = builder.gep(xptr, [builder.add(base, const(v * width))], inbounds=True,
