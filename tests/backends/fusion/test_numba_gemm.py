@@ -126,6 +126,42 @@ def test_a_transposed_a_packed_by_groups_of_strips(n, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_a_bias_starts_every_sum_on_every_path(dtype, b_blocks):
+    # Whole B and B by blocks (parts by panels and by strips), edge tiles, a transposed A,
+    # a stack, a kept constant B and several thread counts: each output is a @ b + bias.
+    rng = np.random.default_rng(8)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for m, k, n, transposed in [(29, 1500, 45, False), (150, 1300, 200, True),
+                                (300, 700, 39, False), (5, 7, 33, False)]:  # fmt: skip
+        a = rng.standard_normal((k, m) if transposed else (m, k)).astype(dtype)
+        a = a.T if transposed else a
+        b = rng.standard_normal((k, n)).astype(dtype)
+        bias = rng.standard_normal(n).astype(dtype)
+        want = a.astype(np.float64) @ b.astype(np.float64) + bias
+        scale = np.sqrt(k) * max(1.0, np.abs(a).max() * np.abs(b).max())
+        for threads in (1, 2, 3):
+            got = gemm.matmul(a, b, threads=threads, bias=bias)
+            np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale)
+        frozen = b.copy()
+        frozen.flags.writeable = False  # kept panels
+        got = gemm.matmul(a, frozen, threads=2, bias=bias)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale)
+    stack = rng.standard_normal((3, 20, 50)).astype(dtype)
+    b = rng.standard_normal((50, 40)).astype(dtype)
+    bias = rng.standard_normal(40).astype(dtype)
+    np.testing.assert_allclose(gemm.matmul(stack, b, threads=2, bias=bias),
+                               stack.astype(np.float64) @ b + bias, rtol=0, atol=1e-4)  # fmt: skip
+
+
+def test_a_bias_of_another_length_or_dtype_is_refused():
+    a = np.ones((4, 3), np.float32)
+    b = np.ones((3, 40), np.float32)
+    for bias in (np.ones(39, np.float32), np.ones(40, np.float64), np.ones((1, 40), np.float32)):
+        with pytest.raises(gemm.KernelUnsupported, match="bias"):
+            gemm.matmul(a, b, bias=bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", [48, 700], ids=["one block", "blocks"])
 def test_transposed_rows_of_b_pack_by_whole_vectors(dtype, k, b_blocks):
     # B as a transposed C-contiguous array (a weight's Wᵀ, attention's kᵀ), batched and not,

@@ -275,11 +275,19 @@ def _pack_columns(flat_a, base, m, s0, s1, k0, kk, apack, stride):  # pragma: no
 
 @_jit
 def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, out_at,
-               n, later, edge):  # fmt: skip  # pragma: no cover - runs compiled
+               n, later, edge, bias):  # fmt: skip  # pragma: no cover - runs compiled
     """Runs a packed strip of ``rows`` rows (from ``strip_at`` of ``strip``) against column
     panels ``p0 : p1`` (panel ``p`` at
     ``b_at + (p - p0) * panel_step`` of ``flat_b``), into the output rows from ``out_at``
-    (adding to them where ``later``); tiles past an edge go through the scratch ``edge``."""
+    (adding to them where ``later``; a first block of ``K`` with a ``bias`` adds to it, set
+    in the rows first while they are in cache); tiles past an edge go through the scratch
+    ``edge``."""
+    if not later and bias.size:
+        for r in range(rows):
+            row = out_at + r * n
+            for j in range(p0 * nr, min(p1 * nr, n)):
+                flat_out[np.uintp(row + j)] = bias[np.uintp(j)]
+        later = True
     for jb in range(p0, p1):
         j0 = jb * nr
         cols = min(nr, n - j0)
@@ -308,7 +316,7 @@ def _strip_scratch(out, kc, k, nr):  # pragma: no cover - runs compiled
 
 
 @_jit
-def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, part, parts):  # pragma: no cover - compiled
+def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, part, parts):  # pragma: no cover - compiled
     """Part ``part`` of ``parts`` of ``out[t] = A[a_of[t]] @ B[b_of[t]]`` for ``A`` given as
     ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
     column panels ``bp`` ``[Bb, N / nr, K, nr]`` and ``out`` ``[batch, M, N]`` (see the
@@ -343,12 +351,12 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, part, parts):  # pra
         rows = min(MR, m - i0)
         _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at)
         _run_strip(strip, 0, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
-                   panels, nr, flat_out, (t * m + i0) * n, n, k0 > 0, edge)  # fmt: skip
+                   panels, nr, flat_out, (t * m + i0) * n, n, k0 > 0, edge, bias)  # fmt: skip
 
 
 @_jit
-def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, by_panels, part,
-            parts):  # fmt: skip  # pragma: no cover - runs compiled
+def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, by_panels, bias,
+            part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """:func:`_tiles` for a product of several blocks of ``K``, with ``B`` packed a block at a
     time (into this part's ``bufs[part]``, where the block stays in L2) instead of all of it
     first (a weight gradient's 8 MB ``B`` came back from memory for every block). A part
@@ -382,14 +390,14 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
                     _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk,
                                 strip, row_at)  # fmt: skip
                     _run_strip(strip, 0, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
-                               out_at, n, k0 > 0, edge)  # fmt: skip
+                               out_at, n, k0 > 0, edge, bias)  # fmt: skip
                     continue
                 group = (s - s0) % STRIP_GROUP
                 if group == 0:
                     _pack_columns(flat_a, a_of[t] * m * k, m, s, min(s + STRIP_GROUP, s1), k0,
                                   kk, abuf, stride)  # fmt: skip
                 _run_strip(abuf, group * stride, kk, rows, buf, 0, kk * nr, p0, p1, nr,
-                           flat_out, out_at, n, k0 > 0, edge)  # fmt: skip
+                           flat_out, out_at, n, k0 > 0, edge, bias)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
@@ -403,14 +411,17 @@ def _k_block(k: int, n: int, itemsize: int) -> int:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
-           empty: Callable = np.empty) -> np.ndarray:  # fmt: skip
+           empty: Callable = np.empty, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """``a @ b`` for ``a`` ``[..., M, K]`` and ``b`` ``[..., K, N]`` (batch dims broadcast,
     as ``np.matmul``), of any strides; returns a new C-contiguous array of their dtype,
-    made by ``empty(shape, dtype)`` (a pool's ``take``, say).
+    made by ``empty(shape, dtype)`` (a pool's ``take``, say). With ``bias`` (``[N]``, of
+    their dtype) it returns ``a @ b + bias``, the sums of each output starting from its
+    bias (so the rounding differs from a separate addition's).
 
     ``threads`` parts run the kernels (default: one below :data:`PARALLEL_MIN_MACS`
     multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
-    :class:`KernelUnsupported` for what :func:`supports` refuses.
+    :class:`KernelUnsupported` for what :func:`supports` refuses, or a bias not ``[N]`` of
+    their dtype.
     """
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
@@ -419,6 +430,13 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
             f"numba matmul: {a.dtype} {a.shape} @ {b.dtype} {b.shape} is not supported"
         )
     dtype = a.dtype
+    if bias is None:
+        bias = _NO_ROWS[dtype]
+    elif type(bias) is not np.ndarray or bias.shape != b.shape[-1:] or bias.dtype != dtype:
+        raise KernelUnsupported(f"numba matmul: a bias {getattr(bias, 'shape', bias)} for "
+                                f"{dtype} columns {b.shape[-1]}")  # fmt: skip
+    else:
+        bias = np.ascontiguousarray(bias)
     nr = NR[dtype]
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -437,7 +455,8 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         view = (b.__array_interface__["data"][0] - base.__array_interface__["data"][0],
                 b.shape, b.strides, dtype.str)  # fmt: skip
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
-        return _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty)
+        return _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
+                         bias)  # fmt: skip
     by_panels = n >= m  # each part packs all of the smaller operand
     panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
     if panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
@@ -448,11 +467,11 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         slack = VECTOR_BYTES // dtype.itemsize
         abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
-                             a_of, b_of, kc, nr, by_panels], parts)  # fmt: skip
+                             a_of, b_of, kc, nr, by_panels, bias], parts)  # fmt: skip
         return out
     bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
     return _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
-                     b_of, threads, empty)  # fmt: skip
+                     b_of, threads, empty, bias)  # fmt: skip
 
 
 _NO_ROWS = {dtype: np.empty(0, dtype) for dtype in NR}
@@ -492,10 +511,10 @@ def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
 
 def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | None,
               shape: tuple[int, ...], a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
-              empty: Callable) -> np.ndarray:  # fmt: skip
+              empty: Callable, bias: np.ndarray) -> np.ndarray:  # fmt: skip
     """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments; None:
-    ``bp`` is filled) and the tile kernel over ``a3`` (:func:`_batched_a`); returns the
-    output of ``shape``."""
+    ``bp`` is filled) and the tile kernel over ``a3`` (:func:`_batched_a`), its sums
+    starting from ``bias`` where it is not empty; returns the output of ``shape``."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     m, n = shape[-2:]
@@ -506,8 +525,8 @@ def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | No
         _run_parts(pack[0], pack[1], parts)
     kc = _k_block(k, n, a3.dtype.itemsize)
     k_inner = bp[0].nbytes <= B_BLOCK_BYTES
-    _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc, k_inner],
-               parts)  # fmt: skip
+    _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc, k_inner,
+                        bias], parts)  # fmt: skip
     return out
 
 
@@ -558,7 +577,7 @@ def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
     b_of = np.zeros(a3.shape[0], dtype=np.int64)
     pack = (_pack_dequantized, [values, scales, zero_points, bp])
     return _multiply(a3, by_columns, bp, pack, (*a.shape[:-1], n), a_of, b_of, threads,
-                     empty)  # fmt: skip
+                     empty, _NO_ROWS[a.dtype])  # fmt: skip
 
 
 @_jit
