@@ -318,7 +318,8 @@ def test_a_permuted_stack_times_a_weight_then_a_bias_on_a_fusion_device():
 
     def forward(device):
         seq_first = Tensor.from_data(x, device).permute([1, 0, 2])
-        y = seq_first.matmul(Tensor.from_data(w, device)) + Tensor.from_data(bias, device)
+        # [1, 1, N]: a bias the GEMM's own (BiasedMatmulFuser, [N] only) leaves to the add.
+        y = seq_first.matmul(Tensor.from_data(w, device)) + Tensor.from_data(bias[None, None], device)
         return (y * 2.0).to_numpy()
 
     want = forward(ember.device("ndarray"))
@@ -328,6 +329,90 @@ def test_a_permuted_stack_times_a_weight_then_a_bias_on_a_fusion_device():
         got = forward(fused)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert stats()["op_kernels"] == 1
+
+
+def _linear(x, w, bias, device, after=lambda y: y * 2.0):
+    """``after(x @ w + bias)`` on ``device`` (a linear layer and what follows it)."""
+    y = Tensor.from_data(x, device).matmul(Tensor.from_data(w, device)) + Tensor.from_data(bias, device)
+    return after(y)
+
+
+@pytest.mark.parametrize("permuted", [False, True], ids=["[batch, seq, dim]", "[seq, batch, dim]"])
+def test_a_linear_layers_bias_starts_the_gemms_sums_on_a_fusion_device(permuted):
+    # BiasedMatmulFuser takes the product and the addition of its [N] bias: one op kernel
+    # and no element-wise kernel for the addition (the small scaling after it runs alone).
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((40, 6, 96) if permuted else (6, 40, 96)).astype(np.float32)
+    x = x.transpose(1, 0, 2) if permuted else x
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+    want = (x.astype(np.float64) @ w + bias) * 2.0
+    fused = ember.device("ndarray").fusion(runtime="numba")
+    for threads in (1, 2):
+        reset_stats()
+        with autotune.forcing(autotune.Choice("fused", threads)):
+            got = _linear(x, w, bias, fused).to_numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        counts = stats()
+        assert counts["op_kernels"] == 1 and counts["fused_ops"] == 2, counts
+        assert counts["kernels"] == 0 and counts["unfused_ops"] == 1, counts
+    reset_stats()
+    with autotune.forcing(autotune.UNFUSED):  # the tuner's other choice: the two records
+        got = _linear(x, w, bias, fused).to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert stats()["op_kernels"] == 0
+
+
+def test_a_product_read_after_its_bias_runs_record_by_record():
+    # The product itself is read later too: the kernel would not write it, so the records run.
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((130, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    reset_stats()
+    with autotune.forcing(autotune.Choice("fused", 1)):
+        product = Tensor.from_data(x, device).matmul(Tensor.from_data(w, device))
+        biased = product + Tensor.from_data(bias, device)
+        got = [biased.to_numpy(), product.to_numpy()]
+    np.testing.assert_allclose(got[1], x @ w, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got[0], x @ w + bias, rtol=1e-5, atol=1e-4)
+    assert stats()["op_kernels"] == 1  # the product alone
+
+
+def test_only_a_bias_of_the_products_columns_joins_the_gemm():
+    # A residual [M, N], a bias [1, N] or of another dtype stay with the element-wise ops.
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((130, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    for other in (rng.standard_normal((130, 70)), rng.standard_normal((1, 70))):
+        other = other.astype(np.float32)
+        reset_stats()
+        with autotune.forcing(autotune.Choice("fused", 1)):
+            got = _linear(x, w, other, device, after=lambda y: y).to_numpy()
+        np.testing.assert_allclose(got, x @ w + other, rtol=1e-5, atol=1e-4)
+        assert stats()["fused_ops"] == 0, other.shape
+
+
+def test_a_replayed_linear_layer_launches_its_biased_product_directly():
+    from ember.backends.fusion import replay
+
+    rng = np.random.default_rng(15)
+    w = rng.standard_normal((96, 70)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    weight, b = Tensor.from_data(w, device), Tensor.from_data(bias, device)
+    g = replay(lambda x: ((x.matmul(weight) + b) * 0.1).tanh())
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        for call in range(5):
+            x = rng.standard_normal((130, 96)).astype(np.float32)
+            reset_stats()
+            got = g(Tensor.from_data(x, device)).to_numpy()
+            want = np.tanh((x.astype(np.float64) @ w + bias) * 0.1)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            counts = stats()
+            assert counts["direct_replays"] == (call >= 3) and counts["op_kernels"] == 1, counts
 
 
 def test_panels_of_a_constant_b_are_packed_once_per_view_and_dropped_with_it():

@@ -18,6 +18,8 @@ reference; later calls :func:`run` it on the input arrays at once:
   ``_run_op_kernel`` do;
 * ``attention``: an attention or attention gradient segment, its template bound to records
   made for it and run by the executor's own method, in the layout its readers had;
+* ``product``: a product and its bias (``BiasedMatmulFuser``), its template bound to
+  records made for it and run by the executor's own method;
 * ``transposed``: a product whose one reader swaps it, computed transposed as the
   executor does (``Executor.run_transposed``);
 * ``op``: any other single record, run by ``Executor.run_single`` on made slots (a
@@ -50,6 +52,7 @@ from ember.backends.fusion.executor import read_transposed, reader_layout, reade
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
 from ember.backends.fusion.handle import Slot, indices_fit
+from ember.backends.fusion.matmul_epilogue import MatmulEpilogue
 from ember.backends.fusion.stream import Record
 
 _NO_BOUNDS = (None, None)
@@ -133,9 +136,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
             steps.append(("transposed" if transposed else "op", pushed[start]))
         elif type(fused) in (Attention, AttentionGrad):
-            if templates is None:
-                templates = _templates(records)
-            template = templates.get(start)
+            template = (templates := templates or _templates(records)).get(start)
             if template is None:
                 return False
             if type(fused) is Attention:
@@ -147,6 +148,12 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             if outs is None:
                 return False
             steps.append(("attention", template, pushed[start : start + length], layout))
+        elif type(fused) is MatmulEpilogue and "float_matmul" in executor.op_kernels:
+            template = (templates := templates or _templates(records)).get(start)
+            outs = refs([o for r in records[start : start + length] for o in r.outputs])
+            if template is None or outs is None:
+                return False
+            steps.append(("product", template, pushed[start : start + length]))
         else:
             return False  # a product's epilogue (Triton): the records run
         made.update(outs)
@@ -193,7 +200,7 @@ def _reads(trace: Any, step: tuple) -> set[int]:
         return set(step[2])
     if kind == "conv":
         return {r for r in (step[1], step[2], step[3], step[7]) if r is not None}
-    if kind == "attention":
+    if kind in ("attention", "product"):
         return {r for i in step[2] for r in trace.entries[i].refs if r >= 0}
     return {r for r in trace.entries[step[1]].refs if r >= 0}
 
@@ -314,6 +321,15 @@ class _Made:
                 executor._attention(fused, made, layout)
             else:
                 executor._attention_grad(fused, made, layout)
+            _keep(entries, indices, made, slots, prims)
+        elif kind == "product":
+            _, template, indices = step
+            made = [_record(entries[k], slots, prims, specs) for k in indices]
+            fused = template.bind(made)
+            if fused is None:
+                trace.program = False
+                return False
+            executor._matmul_epilogue(fused, made)
             _keep(entries, indices, made, slots, prims)
         else:
             record = _record(entries[step[1]], slots, prims, specs)

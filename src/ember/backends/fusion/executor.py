@@ -43,6 +43,7 @@ from ember.backends.fusion.elementwise import ElementwiseFuser, elementwise
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.handle import Slot
 from ember.backends.fusion.matmul_epilogue import (
+    BiasedMatmulFuser,
     MatmulEpilogue,
     MatmulEpilogueFuser,
     MatmulTemplate,
@@ -192,8 +193,9 @@ class Executor:
             from ember.backends.fusion.op_kernels import NDARRAY_KERNELS
 
             self.op_kernels = NDARRAY_KERNELS
-            # A convolution's activation and residual add, inside its kernel's store.
-            fusers.append(ConvEpilogueFuser(self.can_fuse))
+            # A convolution's activation and residual add, inside its kernel's store; a
+            # linear layer's bias, where the GEMM's sums start.
+            fusers += [ConvEpilogueFuser(self.can_fuse), BiasedMatmulFuser(self.can_fuse)]
         if self.tuner is not None and not takes_torch(self.runtime):
             # Scaled dot-product attention and its gradient, the scores never written.
             fusers += [AttentionFuser(self.can_fuse), AttentionGradFuser(self.can_fuse)]
@@ -463,8 +465,12 @@ class Executor:
         """Runs a matmul and its epilogue (``matmul_epilogue``) as one Triton kernel where
         the tuner chose it over the records one by one (the first run of a bucket is the
         kernel, then both are timed), or where there is no tuner (Triton's interpreter);
-        otherwise, or for a case the kernel refuses, record by record."""
+        otherwise, or for a case the kernel refuses, record by record. On NdArray values it
+        is a product and its bias (:meth:`_biased_matmul`)."""
         place = fused.matmul.outputs[0].device.place
+        if place == "cpu" and "float_matmul" in self.op_kernels:
+            self._biased_matmul(fused, records)
+            return
         slots = (*fused.matmul.inputs, *fused.inputs)
         if any(s.device.place != place for s in slots) or not self.can_fuse_triton(slots[0]):
             self._unfused(records)
@@ -502,6 +508,43 @@ class Executor:
             labels = [c.label for c in runtime.configs_of("matmul")]
             tuner.tune_configs(how, labels, run, lambda: run_detached(self.inner, records),
                                f"matmul {list(fused.block.shape)}")  # fmt: skip
+
+    def _biased_matmul(self, fused: MatmulEpilogue, records: list[Record]) -> None:
+        """Runs a product and the addition of its bias (``BiasedMatmulFuser``) as the numba
+        GEMM with the bias, where the tuner chose that over the two records (the first run
+        of a bucket is the kernel's, then both are timed); otherwise, where the product is
+        read after the segment, or for a case the kernel refuses, record by record."""
+        from ember.backends.fusion.op_kernels import matmul_with_bias
+
+        kernel = self.op_kernels["float_matmul"]
+        args = inner_args(fused.matmul)
+        bias = fused.inputs[1 - fused.value].prim
+        how = None
+        if not fused.keep_value and kernel.supports(args) and type(bias) is np.ndarray:
+            how = self.tuner.lookup_op(("matmul+bias", *kernel.key(args)), kernel.work(args))
+        if how is None or how == autotune.UNFUSED:
+            for record in records:
+                self.run_single(record)
+            return
+        pending = type(how) is autotune.Pending
+        try:
+            out = matmul_with_bias(args, bias, 1 if pending else how.threads,
+                                   self.runtime.pool.take)  # fmt: skip
+        except UnsupportedError:
+            for record in records:
+                self.run_single(record)
+            return
+        slot = fused.outputs[0]
+        set_output(self.inner, slot, out, "a matmul with its bias")
+        if self.recycler is not None:
+            slot.recycle = self.recycler
+        counters.add("op_kernels")
+        counters.add("fused_ops", len(records))
+        if pending:
+            spare = _Spare()
+            self.tuner.tune_with(how, lambda threads: matmul_with_bias(args, bias, threads, spare),
+                                 lambda: self.run_inner(kernel, lambda: run_detached(self.inner, records)),
+                                 "matmul+bias")  # fmt: skip
 
     def _blocks(self, records: list[Record]) -> list:
         """``(start, length, fused block or None)`` of each segment of the stream's plan.

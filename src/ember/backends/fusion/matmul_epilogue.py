@@ -142,3 +142,32 @@ class MatmulEpilogueFuser(Taking):
     def template(self, fused: MatmulEpilogue) -> MatmulTemplate:
         """``fused`` (this fuser's :meth:`finish`) in relative form."""
         return self._template
+
+
+class BiasedMatmulFuser(MatmulEpilogueFuser):
+    """Takes a ``matmul`` by a matrix (a linear layer's weight) and the addition of a bias
+    ``[N]`` to its product, for the numba GEMM on NdArray values, whose sums start from the
+    bias (``numba_gemm.matmul``): a linear layer's output is written once, where the
+    addition read and wrote it once more. What follows the addition (an activation, a
+    residual and a norm) stays in the element-wise block after it, which reads the biased
+    product as it read the product.
+
+    Args:
+        can_fuse: whether a slot's values reach the CPU runtime.
+    """
+
+    name = "matmul+bias"
+
+    def _matmul(self, record: Record) -> bool:
+        if not super()._matmul(record):
+            return False
+        return len(record.inputs[1].shape) == 2 and record.outputs[0].dtype is DType.F32
+
+    def _epilogue(self, record: Record) -> bool:
+        if len(self.records) > 1 or record.op.name != "add" or len(record.inputs) != 2:
+            return False
+        product = self.records[0].outputs[0]
+        bias = [s for s in record.inputs if s is not product]
+        if len(bias) != 1 or bias[0].shape != product.shape[-1:] or bias[0].dtype is not product.dtype:
+            return False
+        return super()._epilogue(record)

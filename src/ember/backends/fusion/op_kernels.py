@@ -182,23 +182,35 @@ def _fields(options: Any) -> tuple:
     return tuple([getattr(options, name) for name in _field_names(type(options))])
 
 
-def _matmul_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+def _matmul_run(args: list, threads: int, empty: Callable = np.empty,
+                bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     from ember.backends.fusion import numba_gemm
 
     a, b = args
-    if threads > 1 and _splits(a, b):
+    if threads > 1 and _splits(a, b) and bias is None:
         return _stacked_matmul(a, b, threads, empty)
     if a.ndim > 2 and b.ndim == 2:
         order = contiguous_order(a)
         if order is not None:  # a stack of rows: C-contiguous, or an imported [seq, batch, dim]
-            return _rows_matmul(a, b, order, threads, empty)
-    return numba_gemm.matmul(a, b, threads=threads, empty=empty)
+            return _rows_matmul(a, b, order, threads, empty, bias)
+    return numba_gemm.matmul(a, b, threads=threads, empty=empty, bias=bias)
+
+
+def matmul_with_bias(args: list, bias: np.ndarray, threads: int, empty: Callable) -> np.ndarray:
+    """``a @ b + bias`` for the ``float_matmul`` kernel's ``args`` (``[a, b]``, ``b`` a
+    matrix) and a bias ``[N]``: the GEMM's sums start from the bias (``numba_gemm.matmul``),
+    so the product is written once, biased.
+
+    Raises:
+        KernelUnsupported: a bias the GEMM does not take (another length or dtype).
+    """
+    return _matmul_run(args, threads, empty, bias)
 
 
 def _rows_matmul(a: np.ndarray, b: np.ndarray, order: list[int], threads: int,
-                 empty: Callable) -> np.ndarray:  # fmt: skip
-    """``a @ b`` for a matrix ``b`` and an ``a`` whose rows are C-contiguous in ``order`` of
-    its dims: one product of all its rows where they lie (as NdArray's matmul; by stack
+                 empty: Callable, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """``a @ b`` (plus ``bias``) for a matrix ``b`` and an ``a`` whose rows are C-contiguous
+    in ``order`` of its dims: one product of all its rows where they lie (as NdArray's matmul; by stack
     entry, ``[8, 128, 256]`` was 8 products with an edge strip each, and a ``[128, 8, 256]``
     view 128 products of 8 rows, 2-3x slower), into an output laid out in the same order."""
     from ember.backends.fusion import numba_gemm
@@ -212,7 +224,7 @@ def _rows_matmul(a: np.ndarray, b: np.ndarray, order: list[int], threads: int,
         out = empty(shape, dtype) if laid is None else empty(shape, dtype, laid)
     rows = out if laid is None else out.transpose(order)  # C-contiguous
     a2 = a.transpose(order).reshape(-1, a.shape[-1])
-    numba_gemm.matmul(a2, b, threads=threads, empty=lambda s, d: rows.reshape(s))
+    numba_gemm.matmul(a2, b, threads=threads, empty=lambda s, d: rows.reshape(s), bias=bias)
     return out
 
 
