@@ -444,6 +444,40 @@ def test_the_gradient_kernel_equals_float64(seed):
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
+def test_the_gradient_kernel_stores_the_query_gradient_scaled():
+    rng = np.random.default_rng(13)
+    q, k, v, d_out = (rng.standard_normal((2, 2, 30, 8), dtype=np.float32) for _ in range(4))
+    weights = _softmax_rows(q @ np.swapaxes(k, -1, -2))
+    plain = numba_attention.attention_backward(q, k, v, weights, d_out, factor=0.7)
+    scaled = numba_attention.attention_backward(q, k, v, weights, d_out, factor=0.7,
+                                                q_factor=0.25)  # fmt: skip
+    np.testing.assert_array_equal(scaled[0], plain[0] * np.float32(0.25))  # as the scaling rounds
+    for got, want in zip(scaled[1:], plain[1:], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_query_gradient_read_before_its_scaling_keeps_both_values():
+    # dQ' itself is read after the segment: the kernel may not store only its scaling.
+    rng = np.random.default_rng(14)
+    q, k, v, d_out = (rng.standard_normal((2, 3, 40, 16)).astype(np.float32) for _ in range(4))
+    weights = _softmax_rows(q @ np.swapaxes(k, -1, -2))
+    results = []
+    for device in (ember.device("ndarray"), ember.device("ndarray").fusion(runtime="numba")):
+        tq, tk, tv, tw, to = (Tensor.from_data(a, device) for a in (q, k, v, weights, d_out))
+        reset_stats()
+        with autotune.forcing(Choice("fused", 1)):
+            d_p = to.matmul(tv.swap_dims(2, 3))
+            d_v = tw.swap_dims(2, 3).matmul(to)
+            t = d_p * tw
+            d_s = t - tw * t.sum_dim(3)
+            d_q_raw = d_s.matmul(tk)
+            d_q = d_q_raw * 0.5
+            d_k = tq.swap_dims(2, 3).matmul(d_s).swap_dims(2, 3)
+            results.append([a.to_numpy() for a in (d_q, d_q_raw, d_k, d_v)])
+    for got, want in zip(results[1], results[0], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
 def test_the_gradient_kernel_refuses_what_it_does_not_compute():
     q = k = v = d_out = np.zeros((1, 1, 600, 8), np.float32)
     weights = np.zeros((1, 1, 600, 600), np.float32)  # more scores than it holds in cache
@@ -481,6 +515,8 @@ def test_the_gradient_records_run_as_one_kernel(hold_ds):
             results.append([o.to_numpy() for o in outs])
     # A held inner value (the scores' gradient) runs the records one by one, exactly.
     assert stats()["attention_grads"] == (0 if hold_ds else 1)
+    if not hold_ds:  # dQ's scaling is stored by the kernel; the swap of dK' runs after it
+        assert stats()["unfused_ops"] == 1
     for got, want in zip(results[1], results[0], strict=True):
         if hold_ds:
             np.testing.assert_array_equal(got, want)

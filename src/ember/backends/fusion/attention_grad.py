@@ -75,6 +75,9 @@ class AttentionGrad:
     epilogue: tuple[Record, ...]
     prologue_kept: bool
     inner_read: bool
+    d_query_factors: tuple = ()
+    """The factors of the epilogue's scaling of ``dQ'`` (the query's scaling's gradient),
+    taken into the kernel's store: ``d_query`` is then that scaling's output."""
 
     def scale(self) -> float:
         return product_of(self.factors)
@@ -276,10 +279,28 @@ class AttentionGradFuser(AttentionFuser):
         prologue_kept = any(read for role, read in zip(self.roles, kept) if role == PROLOGUE)
         epilogue = tuple(r for r, role in zip(self.records, self.roles) if role == EPILOGUE)
         value = next(rhs for p, _, rhs in self._products if p is dp)
+        d_query, epilogue, q_factors = self._scaled_query_grad(kept, epilogue)
         return AttentionGrad(self._d_out, value, self._weights, self._query, self._key,
-                             tuple(self._factors), self._mask, self._found["dq"].outputs[0],
+                             tuple(self._factors), self._mask, d_query,
                              self._found["dk"].outputs[0], self._found["dv"].outputs[0],
-                             prologue, epilogue, prologue_kept, inner_read)  # fmt: skip
+                             prologue, epilogue, prologue_kept, inner_read, q_factors)  # fmt: skip
+
+    def _scaled_query_grad(self, kept: tuple[bool, ...], epilogue: tuple[Record, ...]) -> tuple:
+        """``(d_query, epilogue, factors)``: where the epilogue's one reader of ``dQ'`` scales
+        it (a query scaled before its product has its gradient scaled after) and nothing
+        else reads ``dQ'``, the kernel stores the scaled gradient (``dQ'``'s float32 sums
+        times the factor, as the scaling rounds them), and the scaling leaves the epilogue."""
+        product = self._found["dq"]
+        d_query = product.outputs[0]
+        readers = [r for r in epilogue if d_query in r.inputs]
+        if len(readers) != 1 or kept[self.records.index(product)]:
+            return d_query, epilogue, ()
+        scaling = readers[0]
+        factor = self._scaling(scaling, d_query) if scaling.name in SCALINGS else None
+        if factor is None or scaling.outputs[0].shape != d_query.shape:
+            return d_query, epilogue, ()
+        rest = tuple(r for r in epilogue if r is not scaling)
+        return scaling.outputs[0], rest, (factor,)
 
     def template(self, fused: AttentionGrad) -> AttentionTemplate:
         return self._template
@@ -341,5 +362,6 @@ def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take,
     d_v = take(fused.d_value.shape, f32, orders[2])
     numba_attention.attention_backward(
         q, k, v, weights, d_out, factor=fused.scale(), mask=mask, d_q=_four(d_q),
-        d_k=_four(np.swapaxes(d_kt, -1, -2)), d_v=_four(d_v), threads=threads)  # fmt: skip
+        d_k=_four(np.swapaxes(d_kt, -1, -2)), d_v=_four(d_v), threads=threads,
+        q_factor=product_of(fused.d_query_factors))  # fmt: skip
     return [d_q, d_kt, d_v]

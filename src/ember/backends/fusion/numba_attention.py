@@ -371,8 +371,8 @@ if numba is not None:
 
 
 @_jit
-def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, masked, part,
-                     parts):  # fmt: skip  # pragma: no cover - runs compiled
+def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_factor, masked,
+                     part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Batch entries ``part`` of ``parts`` of :func:`attention_backward`."""
     u = np.uintp
     b0n, b1n, lq, d = d_q.shape[0], d_q.shape[1], q.shape[2], q.shape[3]
@@ -459,7 +459,7 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, maske
         for r in range(lq):
             dst_q = d_q[b0, b1, r]
             for c in range(d):
-                dst_q[c] = dqt[u(c * qcp + r)]
+                dst_q[c] = dqt[u(c * qcp + r)] * q_factor
 
 
 def _backward_kernel():
@@ -469,7 +469,7 @@ def _backward_kernel():
     rows = numba.types.Array(numba.types.float32, 4, "C", readonly=True)
     i64, f32 = numba.types.int64, numba.types.float32
     return _compiled_once(_attend_backward, floats, floats, floats, rows, floats, target,
-                          target, target, flags, f32, i64, i64, i64)  # fmt: skip
+                          target, target, flags, f32, f32, i64, i64, i64)  # fmt: skip
 
 
 def supports_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray,
@@ -488,8 +488,8 @@ def supports_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.n
 def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.ndarray,
                        d_out: np.ndarray, *, factor: float = 1.0, mask: np.ndarray | None = None,
                        d_q: np.ndarray | None = None, d_k: np.ndarray | None = None,
-                       d_v: np.ndarray | None = None,
-                       threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                       d_v: np.ndarray | None = None, threads: int | None = None,
+                       q_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The gradients of ``softmax(q @ kᵀ * factor, masked) @ v`` given the softmax
     ``weights`` and the output's gradient ``d_out``: ``(d_q, d_k, d_v)``, each of its
     operand's shape (summed over broadcast batch entries by the caller: here every output
@@ -497,7 +497,8 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
 
     The scores' gradient is ``dS = weights * (dP - rowsum(dP * weights))`` with ``dP =
     d_out @ vᵀ``, times ``factor``, 0 where ``mask`` is True; then ``d_q = dS @ k``,
-    ``d_k = dSᵀ @ q``, ``d_v = weightsᵀ @ d_out``. A batch entry's scores are held whole in
+    ``d_k = dSᵀ @ q``, ``d_v = weightsᵀ @ d_out``; ``d_q`` is stored times ``q_factor``
+    (the gradient of a query scaled before the product). A batch entry's scores are held whole in
     cache (:data:`BACKWARD_MAX_SCORES`), never written out. Outputs may be given (any
     strides); new arrays otherwise. Raises :class:`KernelUnsupported` for what
     :func:`supports_backward` refuses.
@@ -526,6 +527,7 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
     parts = parts_for(work, 1 << 22, threads)
     weights = np.ascontiguousarray(weights)  # read row by row: a copy only if it is a view
     args = [_read_only(q), _read_only(k), _read_only(v), _read_only(weights), _read_only(d_out),
-            *made, _read_only(flags), np.float32(factor), int(mask is not None)]  # fmt: skip
+            *made, _read_only(flags), np.float32(factor), np.float32(q_factor),
+            int(mask is not None)]  # fmt: skip
     _run_parts(_backward_kernel(), args, min(parts, int(np.prod(batch))))
     return made[0], made[1], made[2]
