@@ -574,3 +574,44 @@ def test_scores_divided_by_a_one_element_tensor(divided):
             results.append(out.to_numpy())
     assert stats()["attentions"] == (1 if divided == "scores by the scale" else 0)
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_replayed_training_step_sums_its_input_gradient_in_place(monkeypatch):
+    """At sizes the runtime pools: the input gradient's terms (the three projections'
+    products) are added into the running sum's array by the GEMM, the projections' biases
+    start their products' sums, dQ's scaling is the kernel's; every call's gradients (of
+    the input, the weights and the biases) equal NdArray's."""
+    from ember.backends.fusion import executor, replay
+
+    monkeypatch.setattr(executor, "LONE_KERNEL_MIN", 1 << 12)  # the sums run as kernels
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((4, 64, 64)).astype(np.float32) for _ in range(5)]
+    per_device = []
+    for device in (ember.device("ndarray").autodiff(),
+                   ember.device("ndarray").fusion(runtime="numba").autodiff()):  # fmt: skip
+        mha, _ = _mha(device, False, inputs[0])
+        params = [p.val() for _, p in mha.params()]
+
+        def step(x: Tensor, mha=mha, params=params) -> list:
+            context = mha(MhaInput.self_attn(x)).context
+            g = (context * context).sum().backward()
+            return [x.grad(g)] + [p.grad(g) for p in params]
+
+        fused = "fusion" in device.backend.name
+        run = replay(step) if fused else step
+        calls = []
+        with autotune.forcing(Choice("fused", 2)):
+            for call, x in enumerate(inputs):
+                reset_stats()
+                calls.append([g.to_numpy() for g in run(Tensor.from_data(x, device).require_grad())])
+                if fused and call >= 3:
+                    counts = stats()
+                    assert counts["direct_replays"] == 1 and counts["in_place"] >= 2, counts
+        per_device.append(calls)
+    for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
+        for got, want in zip(got_all, want_all, strict=True):
+            # The key's bias has no gradient (softmax ignores a constant a row): its values
+            # are rounding noise, held to the size of the others.
+            scale = max(np.abs(w).max() for w in want_all[:2])
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * scale,
+                                       err_msg=f"call {call}")  # fmt: skip

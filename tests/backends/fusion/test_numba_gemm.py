@@ -153,6 +153,35 @@ def test_a_bias_starts_every_sum_on_every_path(dtype, b_blocks):
                                stack.astype(np.float64) @ b + bias, rtol=0, atol=1e-4)  # fmt: skip
 
 
+def test_a_product_added_into_an_array_in_place(b_blocks):
+    # The sums start from the array's values, on every path; the array itself is returned.
+    rng = np.random.default_rng(16)
+    for m, k, n, transposed in [(29, 1500, 45, False), (150, 1300, 200, True), (300, 700, 39, False)]:
+        a = rng.standard_normal((k, m) if transposed else (m, k)).astype(np.float32)
+        a = a.T if transposed else a
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        start = rng.standard_normal((m, n)).astype(np.float32)
+        want = start + a.astype(np.float64) @ b
+        for threads in (1, 2):
+            into = start.copy()
+            assert gemm.matmul(a, b, threads=threads, into=into) is into
+            np.testing.assert_allclose(into, want, rtol=0, atol=1e-5 * np.sqrt(k) * 16)
+
+
+def test_an_array_the_product_cannot_be_added_into_is_refused():
+    a = np.ones((40, 30), np.float32)
+    b = np.ones((30, 40), np.float32)
+    square = np.ones((40, 40), np.float32)
+    for into, bias in ((np.ones((40, 41), np.float32), None), (np.ones((40, 40)), None),
+                       (square.T.copy().T[:, ::-1], None), (square, np.ones(40, np.float32)),
+                       (a[:, :30].copy(), None)):  # fmt: skip
+        with pytest.raises(gemm.KernelUnsupported, match="numba matmul"):
+            gemm.matmul(a, b, into=into, bias=bias)
+    both = np.ones((40, 40), np.float32)
+    with pytest.raises(gemm.KernelUnsupported, match="add"):
+        gemm.matmul(both, both, into=both)  # it reads the array it would write
+
+
 def test_a_bias_of_another_length_or_dtype_is_refused():
     a = np.ones((4, 3), np.float32)
     b = np.ones((3, 40), np.float32)
@@ -489,3 +518,81 @@ def test_a_product_left_to_numpy_runs_on_one_blas_thread_beside_the_workers(monk
     finally:
         for c, count in before:
             c.set_num_threads(count)
+
+
+def _residual_sum(x, a, w, device, keep_residual=False):
+    """``x * 2 + a @ w``: a residual made before a product it then takes (an input
+    gradient's sum of its paths)."""
+    residual = Tensor.from_data(x, device) * 2.0
+    total = residual + Tensor.from_data(a, device).matmul(Tensor.from_data(w, device))
+    return (total, residual) if keep_residual else total
+
+
+def _residual_data(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((512, 512)).astype(np.float32)  # a lone kernel's output: pooled
+    a = rng.standard_normal((512, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 512)).astype(np.float32)
+    return x, a, w, x.astype(np.float64) * 2 + a.astype(np.float64) @ w
+
+
+def test_a_product_added_to_a_value_at_its_last_use_adds_into_its_array():
+    x, a, w, want = _residual_data(17)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        reset_stats()
+        got = _residual_sum(x, a, w, device).to_numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        counts = stats()  # one kernel (the scaling), the sum made by the product's
+        assert counts["kernels"] == 1 and counts["fused_ops"] == 3, counts
+        assert counts["in_place"] == 1 and counts["op_kernels"] == 1, counts
+        # The residual is read after the sum too: the two records run (the addition's
+        # kernel writes over the product instead).
+        reset_stats()
+        total, residual = _residual_sum(x, a, w, device, keep_residual=True)
+        np.testing.assert_allclose(total.to_numpy(), want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(residual.to_numpy(), x * 2)
+        assert stats()["kernels"] == 2
+    reset_stats()
+    with autotune.forcing(autotune.UNFUSED):  # the product is NumPy's: nothing to add into
+        np.testing.assert_allclose(_residual_sum(x, a, w, device).to_numpy(), want, rtol=1e-5,
+                                   atol=1e-4)  # fmt: skip
+    assert stats()["op_kernels"] == 0 and stats()["in_place"] == 0
+
+
+@pytest.mark.parametrize("made_by", ["a lone kernel", "a block"])
+def test_a_replayed_sum_of_a_residual_and_a_product_adds_in_place_directly(made_by):
+    # The residual comes from a lone kernel (its slot recycles its array) or from a block
+    # of a direct replay (the pool takes the buffer back when its last view dies).
+    from ember.backends.fusion import replay
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    w = _residual_data(18)[2]
+    weight = Tensor.from_data(w, device)
+    block = made_by == "a block"
+    g = replay(lambda x, a: ((x * 2.0).abs() if block else x * 2.0) + a.matmul(weight))
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        for call in range(5):
+            x, a, _, want = _residual_data(19 + call)
+            want = (np.abs(x) if block else x).astype(np.float64) * 2 + a.astype(np.float64) @ w
+            reset_stats()
+            got = g(Tensor.from_data(x, device), Tensor.from_data(a, device)).to_numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+            counts = stats()
+            assert counts["direct_replays"] == (call >= 3), counts
+            assert counts["in_place"] == 1 and counts["kernels"] == 1, counts
+
+
+def test_a_residual_that_is_a_view_of_a_held_value_is_not_written_over():
+    # The addend is a reshape (a view) of a value the caller holds: writing the sum into
+    # its memory would change the held value.
+    x, a, w, _ = _residual_data(20)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        held = Tensor.from_data(x, device) * 2.0
+        flat = held.reshape([512 * 512]).reshape([512, 512])
+        total = flat + Tensor.from_data(a, device).matmul(Tensor.from_data(w, device))
+        got, kept = total.to_numpy(), held.to_numpy()
+    np.testing.assert_array_equal(kept, x * 2)
+    np.testing.assert_allclose(got, x.astype(np.float64) * 2 + a.astype(np.float64) @ w,
+                               rtol=1e-5, atol=1e-4)  # fmt: skip

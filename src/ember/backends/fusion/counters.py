@@ -23,7 +23,7 @@ _FIELDS = (
     "explorations",  # streams explored (plan cache misses)
     "cache_hits",  # streams whose plan came from the cache
     "tunings",  # (block kind, size bucket)s timed to choose how they run (autotune.py)
-    "in_place",  # block outputs written over an input at its last use
+    "in_place",  # outputs written over an input at its last use (blocks, products' sums)
     "op_kernels",  # single ops run by a compiled kernel the tuner chose (op_kernels.py)
     "transposed_products",  # products computed transposed for a reader that transposes them
     "attentions",  # attention segments run as one kernel (attention.py)

@@ -20,6 +20,9 @@ reference; later calls :func:`run` it on the input arrays at once:
   made for it and run by the executor's own method, in the layout its readers had;
 * ``product``: a product and its bias (``BiasedMatmulFuser``), its template bound to
   records made for it and run by the executor's own method;
+* ``accumulate``: a product and the addition that takes it into a value at its last use
+  (``executor.accumulations``), run by ``Executor.run_accumulated`` where the values
+  allow, else as the two records;
 * ``transposed``: a product whose one reader swaps it, computed transposed as the
   executor does (``Executor.run_transposed``);
 * ``op``: any other single record, run by ``Executor.run_single`` on made slots (a
@@ -48,7 +51,12 @@ from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.attention import Attention
 from ember.backends.fusion.attention_grad import AttentionGrad
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
-from ember.backends.fusion.executor import read_transposed, reader_layout, readers_of
+from ember.backends.fusion.executor import (
+    accumulations,
+    read_transposed,
+    reader_layout,
+    readers_of,
+)
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
 from ember.backends.fusion.handle import Slot, indices_fit
@@ -99,6 +107,8 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     run_first = len(steps)
     made: set[int] = {r for _, i in steps for r in entries[i].out_refs}
     readers = readers_of(records)
+    added = accumulations(records, readers, segments)
+    adding = {j: i for i, j in added.items()}
     templates = None
 
     def refs(slots) -> tuple | None:
@@ -128,6 +138,14 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             steps.append(("conv", ins[0], ins[1], bias, conv.args[3], first, second,
                           residual[0] if residual else None, out[0], prefix))  # fmt: skip
             outs = out
+        elif fused is None and start in adding:
+            continue  # made by its product's step
+        elif fused is None and start in added:
+            j = added[start]
+            outs = refs([*records[start].outputs, *records[j].outputs])
+            if outs is None:
+                return False
+            steps.append(("accumulate", pushed[start], pushed[j]))
         elif fused is None:
             record = records[start]
             outs = refs(record.outputs)
@@ -202,6 +220,8 @@ def _reads(trace: Any, step: tuple) -> set[int]:
         return {r for r in (step[1], step[2], step[3], step[7]) if r is not None}
     if kind in ("attention", "product"):
         return {r for i in step[2] for r in trace.entries[i].refs if r >= 0}
+    if kind == "accumulate":
+        return {r for i in step[1:] for r in trace.entries[i].refs if r >= 0}
     return {r for r in trace.entries[step[1]].refs if r >= 0}
 
 
@@ -321,6 +341,23 @@ class _Made:
                 executor._attention(fused, made, layout)
             else:
                 executor._attention_grad(fused, made, layout)
+            _keep(entries, indices, made, slots, prims)
+        elif kind == "accumulate":  # a product added into its addend, or the two records
+            indices = step[1:]
+            made = [_record(entries[k], slots, prims, specs) for k in indices]
+            product, addition = made
+            first, second = entries[indices[1]].refs[:2]
+            other = second if addition.inputs[0] is product.outputs[0] else first
+            # A block's output is pooled by its flag, an op's by its slot; the slot holds it
+            # alone now.
+            pooled, prims[other] = (True if self.pooled[other] else None), None
+            accumulated = executor.run_accumulated(product, addition, pooled)
+            prims[other] = slots[other].prim
+            if accumulated:
+                self.pooled[entries[indices[1]].out_refs[0]] = True
+            else:
+                for record in made:
+                    executor.run_single(record)
             _keep(entries, indices, made, slots, prims)
         elif kind == "product":
             _, template, indices = step

@@ -249,14 +249,24 @@ class Executor:
                 and len(records) == records.count:  # fmt: skip
             records.learn(records, segments)
         readers = None  # slot -> the records that read it: in-place writes, transposed products
+        added = None  # product record -> the addition that takes it into its other operand
+        done: set[int] = set()  # additions made by their products
         for start, length, fused in segments:
             if fused is None:
+                if start in done:
+                    continue
                 record = records[start]
                 if readers is None:
                     readers = readers_of(records)
-                if record.name == "float_matmul" and self._transposed_product(
-                        record, records, readers):  # fmt: skip
-                    continue
+                if record.name == "float_matmul":
+                    if self._transposed_product(record, records, readers):
+                        continue
+                    if added is None:
+                        added = accumulations(records, readers, segments)
+                    j = added.get(start)
+                    if j is not None and self.run_accumulated(record, records[j]):
+                        done.add(j)
+                        continue
                 self.run_single(record, readers, start + 1)
             elif type(fused) is ConvEpilogue:
                 self._conv_epilogue(fused, records[start : start + length])
@@ -288,6 +298,46 @@ class Executor:
         1 ms for a ``[1024, 512]`` float32 operand on one core here). False where the rule
         does not apply. The product's values are the same; only its layout differs."""
         return read_transposed(record, records, readers) and self.run_transposed(record)
+
+    def run_accumulated(self, product: Record, addition: Record, pooled: bool | None = None) -> bool:
+        """Computes ``addition``'s sum of a value ``R`` and the product of ``product`` (found
+        by :func:`accumulations`) as the numba GEMM adding into ``R``'s array in place, where
+        ``R`` is a pooled output nothing else holds and the tuner chose the GEMM for the
+        product: an input gradient's sum of a residual and a layer's term is then written
+        once, instead of the product's output and the sum's each. The product's own slot
+        gets no value (its one reader is the addition). False where the records are to run.
+        ``pooled`` says ``R``'s array came from the runtime's pool where its slot cannot (a
+        direct replay's values: the pool takes a buffer back when its last view dies)."""
+        from ember.backends.fusion.op_kernels import matmul_into
+
+        kernel = self.op_kernels.get("float_matmul")
+        if kernel is None or self.recycler is None:
+            return False
+        out = product.outputs[0]
+        other = addition.inputs[1] if addition.inputs[0] is out else addition.inputs[0]
+        array = other.prim
+        owned = other.recycle is self.recycler if pooled is None else pooled
+        if (not owned or type(array) is not np.ndarray
+                or not array.flags.c_contiguous or other.readable() or other.shared
+                or _refs(array) != _EXPECTED_REFS):  # fmt: skip
+            return False
+        args = inner_args(product)
+        if not kernel.supports(args):
+            return False
+        how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
+        if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+            return False
+        try:
+            matmul_into(args, array, how.threads)
+        except UnsupportedError:
+            return False
+        result = addition.outputs[0]
+        set_output(self.inner, result, array, "a product added into its addend")
+        if pooled is None:
+            other.recycle = None  # the sum's slot recycles the array now
+            result.recycle = self.recycler
+        counters.add_each(op_kernels=1, fused_ops=2, in_place=1)
+        return True
 
     def run_transposed(self, record: Record) -> bool:
         """Computes ``record``'s product transposed (see :meth:`_transposed_product`); False
@@ -887,6 +937,37 @@ def read_transposed(record: Record, records: list[Record], readers: dict) -> boo
     reader = records[found[0]]
     return reader.name == "float_permute" and tuple(reader.args[1]) == last_two_swapped(
         len(out.shape))  # fmt: skip
+
+
+def accumulations(records: list[Record], readers: dict, segments: list) -> dict[int, int]:
+    """``{i: j}``: products (record ``i``, a segment of its own) whose one reader is the
+    addition ``j`` (a segment of its own too) of a value ``R`` made before ``i`` and read
+    by no record from ``i`` on but ``j``, of the product's shape and dtype: ``R``'s array
+    may take the product's sum in place at ``i`` (``Executor.run_accumulated``). What only
+    the values can say (``R`` pooled, held by nothing else) is checked when it runs."""
+    singles = {start for start, _, fused in segments if fused is None}
+    made_at = {o: i for i, r in enumerate(records) for o in r.outputs}
+    found = {}
+    for i in singles:
+        product = records[i]
+        if product.name != "float_matmul":
+            continue
+        out = product.outputs[0]
+        reading = readers.get(out)
+        if reading is None or len(reading) != 1 or out.readable() or out.shared:
+            continue
+        j = reading[0]
+        addition = records[j]
+        if j not in singles or addition.name != "float_add" or len(addition.inputs) != 2:
+            continue
+        other = addition.inputs[1] if addition.inputs[0] is out else addition.inputs[0]
+        if other is out or other.shape != out.shape or other.dtype is not out.dtype:
+            continue
+        if addition.outputs[0].shape != out.shape or made_at.get(other, -1) >= i:
+            continue
+        if readers[other][-1] == j and all(k < i for k in readers[other][:-1]):
+            found[i] = j
+    return found
 
 
 def reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | None:

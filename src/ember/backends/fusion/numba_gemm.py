@@ -316,12 +316,13 @@ def _strip_scratch(out, kc, k, nr):  # pragma: no cover - runs compiled
 
 
 @_jit
-def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, part, parts):  # pragma: no cover - compiled
+def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part, parts):  # pragma: no cover - compiled
     """Part ``part`` of ``parts`` of ``out[t] = A[a_of[t]] @ B[b_of[t]]`` for ``A`` given as
     ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
     column panels ``bp`` ``[Bb, N / nr, K, nr]`` and ``out`` ``[batch, M, N]`` (see the
     module doc). A task is one strip of :data:`MR` rows of one batch entry; per block of
-    ``kc`` of ``K`` it packs the strip and runs it against every column panel. With
+    ``kc`` of ``K`` it packs the strip and runs it against every column panel (adding to
+    ``out`` where ``adding``, else to ``bias`` where it is not empty, else to zero). With
     ``k_inner`` (all panels fit in L2) a task runs all its blocks before the next task, so
     its output rows stay in L1 (with blocks outer, a ``[2048, 1024] @ [1024, 256]`` product
     re-read its 2 MB output from L3 once a block: 1-5% slower); else each block runs every
@@ -351,12 +352,12 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, part, parts): 
         rows = min(MR, m - i0)
         _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at)
         _run_strip(strip, 0, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
-                   panels, nr, flat_out, (t * m + i0) * n, n, k0 > 0, edge, bias)  # fmt: skip
+                   panels, nr, flat_out, (t * m + i0) * n, n, adding or k0 > 0, edge, bias)  # fmt: skip
 
 
 @_jit
 def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, by_panels, bias,
-            part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+            adding, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """:func:`_tiles` for a product of several blocks of ``K``, with ``B`` packed a block at a
     time (into this part's ``bufs[part]``, where the block stays in L2) instead of all of it
     first (a weight gradient's 8 MB ``B`` came back from memory for every block). A part
@@ -390,14 +391,14 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
                     _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk,
                                 strip, row_at)  # fmt: skip
                     _run_strip(strip, 0, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
-                               out_at, n, k0 > 0, edge, bias)  # fmt: skip
+                               out_at, n, adding or k0 > 0, edge, bias)  # fmt: skip
                     continue
                 group = (s - s0) % STRIP_GROUP
                 if group == 0:
                     _pack_columns(flat_a, a_of[t] * m * k, m, s, min(s + STRIP_GROUP, s1), k0,
                                   kk, abuf, stride)  # fmt: skip
                 _run_strip(abuf, group * stride, kk, rows, buf, 0, kk * nr, p0, p1, nr,
-                           flat_out, out_at, n, k0 > 0, edge, bias)  # fmt: skip
+                           flat_out, out_at, n, adding or k0 > 0, edge, bias)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
@@ -411,17 +412,20 @@ def _k_block(k: int, n: int, itemsize: int) -> int:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
-           empty: Callable = np.empty, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+           empty: Callable = np.empty, bias: np.ndarray | None = None,
+           into: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """``a @ b`` for ``a`` ``[..., M, K]`` and ``b`` ``[..., K, N]`` (batch dims broadcast,
     as ``np.matmul``), of any strides; returns a new C-contiguous array of their dtype,
     made by ``empty(shape, dtype)`` (a pool's ``take``, say). With ``bias`` (``[N]``, of
     their dtype) it returns ``a @ b + bias``, the sums of each output starting from its
-    bias (so the rounding differs from a separate addition's).
+    bias (so the rounding differs from a separate addition's). With ``into`` (a
+    C-contiguous array of the output's shape and dtype, apart from ``a`` and ``b``) it adds
+    ``a @ b`` to ``into``'s values in place, the sums starting from them, and returns it.
 
     ``threads`` parts run the kernels (default: one below :data:`PARALLEL_MIN_MACS`
     multiply-adds, else ``EMBER_FUSION_THREADS`` or every core). Raises
-    :class:`KernelUnsupported` for what :func:`supports` refuses, or a bias not ``[N]`` of
-    their dtype.
+    :class:`KernelUnsupported` for what :func:`supports` refuses, a bias not ``[N]`` of
+    their dtype, or an ``into`` it cannot add to (with a bias too).
     """
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
@@ -437,6 +441,18 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
                                 f"{dtype} columns {b.shape[-1]}")  # fmt: skip
     else:
         bias = np.ascontiguousarray(bias)
+    adding = into is not None
+    if adding:
+        shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        if (type(into) is not np.ndarray or into.shape != shape or into.dtype != dtype
+                or not into.flags.c_contiguous or not into.flags.writeable or bias.size
+                or np.may_share_memory(into, a) or np.may_share_memory(into, b)):  # fmt: skip
+            raise KernelUnsupported(f"numba matmul: cannot add {a.shape} @ {b.shape} into "
+                                    f"{getattr(into, 'shape', into)}")  # fmt: skip
+
+        def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            return into.reshape(shape)
+
     nr = NR[dtype]
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -455,8 +471,9 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         view = (b.__array_interface__["data"][0] - base.__array_interface__["data"][0],
                 b.shape, b.strides, dtype.str)  # fmt: skip
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
-        return _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
-                         bias)  # fmt: skip
+        out = _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
+                        bias, adding)  # fmt: skip
+        return into if adding else out
     by_panels = n >= m  # each part packs all of the smaller operand
     panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
     if panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
@@ -467,11 +484,12 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         slack = VECTOR_BYTES // dtype.itemsize
         abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
-                             a_of, b_of, kc, nr, by_panels, bias], parts)  # fmt: skip
-        return out
+                             a_of, b_of, kc, nr, by_panels, bias, adding], parts)  # fmt: skip
+        return into if adding else out
     bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
-    return _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
-                     b_of, threads, empty, bias)  # fmt: skip
+    out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
+                    b_of, threads, empty, bias, adding)  # fmt: skip
+    return into if adding else out
 
 
 _NO_ROWS = {dtype: np.empty(0, dtype) for dtype in NR}
@@ -511,10 +529,11 @@ def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
 
 def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | None,
               shape: tuple[int, ...], a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
-              empty: Callable, bias: np.ndarray) -> np.ndarray:  # fmt: skip
+              empty: Callable, bias: np.ndarray, adding: bool = False) -> np.ndarray:  # fmt: skip
     """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments; None:
     ``bp`` is filled) and the tile kernel over ``a3`` (:func:`_batched_a`), its sums
-    starting from ``bias`` where it is not empty; returns the output of ``shape``."""
+    starting from the output's values where ``adding``, else from ``bias`` where it is not
+    empty; returns the output of ``shape``."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     m, n = shape[-2:]
@@ -526,7 +545,7 @@ def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | No
     kc = _k_block(k, n, a3.dtype.itemsize)
     k_inner = bp[0].nbytes <= B_BLOCK_BYTES
     _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc, k_inner,
-                        bias], parts)  # fmt: skip
+                        bias, adding], parts)  # fmt: skip
     return out
 
 

@@ -207,6 +207,26 @@ def matmul_with_bias(args: list, bias: np.ndarray, threads: int, empty: Callable
     return _matmul_run(args, threads, empty, bias)
 
 
+def matmul_into(args: list, into: np.ndarray, threads: int) -> np.ndarray:
+    """``into += a @ b`` for the ``float_matmul`` kernel's ``args`` (``[a, b]``) and a
+    C-contiguous ``into`` of the product's shape and dtype, the GEMM's sums starting from
+    its values (``numba_gemm.matmul``); a C-contiguous stack of rows times a matrix is one
+    product of all its rows.
+
+    Raises:
+        KernelUnsupported: an ``into`` the GEMM cannot add to, or a stack it would not fold.
+    """
+    from ember.backends.fusion import numba_gemm
+
+    a, b = args
+    if a.ndim > 2 and b.ndim == 2:
+        if not a.flags.c_contiguous:
+            raise numba_gemm.KernelUnsupported("numba matmul: a stack of rows out of order")
+        a = a.reshape(-1, a.shape[-1])
+        into = into.reshape(-1, into.shape[-1]) if into.flags.c_contiguous else into
+    return numba_gemm.matmul(a, b, threads=threads, into=into)
+
+
 def _rows_matmul(a: np.ndarray, b: np.ndarray, order: list[int], threads: int,
                  empty: Callable, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """``a @ b`` (plus ``bias``) for a matrix ``b`` and an ``a`` whose rows are C-contiguous
