@@ -983,3 +983,37 @@ def test_a_direct_convolution_follows_its_weight_argument_and_in_place_changes()
                                                      padding=1)).numpy()  # fmt: skip
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         assert stats()["direct_replays"] == (call >= 3), (call, stats())
+
+
+def test_layout_steps_of_a_direct_replay_are_views_or_the_records_copies(device, monkeypatch):
+    # A permute, an expand and a reshape of a C-contiguous value run at once as views; the
+    # reshape of the permuted (non-contiguous) value copies, through its record.
+    from ember.backends.fusion.executor import Executor
+
+    ran = []
+    run_single = Executor.run_single
+    monkeypatch.setattr(Executor, "run_single",
+                        lambda self, record, *a: ran.append(record.name) or run_single(self, record, *a))  # fmt: skip
+    bias = _data((1, 24), 5)
+    b = Tensor.from_data(bias, device)
+
+    def body(x):
+        flat = (x * 2.0).permute([1, 0]).reshape([16 * 24])  # not C-contiguous: a copy
+        grid = (x + 1.0).reshape([4, 4, 24]).permute([2, 0, 1]).sum_dim(0)  # views
+        return flat * 3.0, grid, b.expand([16, 24]) * x
+
+    g = replay(body)
+    for call in range(5):
+        x = _data((16, 24), 90 + call)
+        reset_stats()
+        flat, grid, scaled = g(Tensor.from_data(x, device))
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(flat.to_numpy(), (x64 * 2).T.reshape(-1) * 3, rtol=1e-6)
+        want = (x64 + 1).reshape(4, 4, 24).transpose(2, 0, 1).sum(0, keepdims=True)
+        np.testing.assert_allclose(grid.to_numpy(), want, rtol=1e-5)
+        np.testing.assert_allclose(scaled.to_numpy(), bias * x64, rtol=1e-6)
+        assert stats()["direct_replays"] == (call >= 3)
+        if call >= 3 and device.backend.name == "fusion<ndarray>":
+            assert "float_permute" not in ran and "float_expand" not in ran, ran
+            assert ran.count("float_reshape") == 1, ran  # the copy
+        ran.clear()

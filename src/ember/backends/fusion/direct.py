@@ -18,15 +18,17 @@ reference; later calls :func:`run` it on the input arrays at once:
   ``_run_op_kernel`` do;
 * ``attention``: an attention or attention gradient segment, its template bound to records
   made for it and run by the executor's own method, in the layout its readers had;
-* ``product``: a product and its bias (``BiasedMatmulFuser``), its template bound to
-  records made for it and run by the executor's own method;
+* ``product``: a product and its bias (``BiasedMatmulFuser``), run by
+  ``Executor.run_biased`` on records made for them;
 * ``accumulate``: a product and the addition that takes it into a value at its last use
   (``executor.accumulations``), run by ``Executor.run_accumulated`` where the values
   allow, else as the two records;
 * ``transposed``: a product whose one reader swaps it, computed transposed as the
   executor does (``Executor.run_transposed``);
-* ``op``: any other single record, run by ``Executor.run_single`` on made slots (a
-  reshape, the mean of a global pooling, a product).
+* ``view``: a permute, expand or reshape, run on the inner backend at once where it gives
+  a view (else as an ``op``);
+* ``op``: any other single record, run by ``Executor.run_single`` on made slots (the mean
+  of a global pooling, a product).
 
 After each step, the values no later step reads and the call does not return are
 dropped, so their buffers go back to the pool for the steps after it. The outputs are
@@ -44,6 +46,8 @@ eager ops keep the records.
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ember.backend.device import Device
 from ember.backend.errors import UnsupportedError
@@ -152,9 +156,12 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             if outs is None:
                 return False
             transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
-            steps.append(("transposed" if transposed else "op", pushed[start]))
+            kind = "view" if record.name in VIEWS and not record.multi else "op"
+            steps.append(("transposed" if transposed else kind, pushed[start]))
         elif type(fused) in (Attention, AttentionGrad):
-            template = (templates := templates or _templates(records)).get(start)
+            if templates is None:
+                templates = _templates(records)
+            template = templates.get(start)
             if template is None:
                 return False
             if type(fused) is Attention:
@@ -167,11 +174,10 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
                 return False
             steps.append(("attention", template, pushed[start : start + length], layout))
         elif type(fused) is MatmulEpilogue and "float_matmul" in executor.op_kernels:
-            template = (templates := templates or _templates(records)).get(start)
             outs = refs([o for r in records[start : start + length] for o in r.outputs])
-            if template is None or outs is None:
+            if outs is None:
                 return False
-            steps.append(("product", template, pushed[start : start + length]))
+            steps.append(("product", pushed[start], pushed[start + 1], fused.keep_value))
         else:
             return False  # a product's epilogue (Triton): the records run
         made.update(outs)
@@ -218,10 +224,10 @@ def _reads(trace: Any, step: tuple) -> set[int]:
         return set(step[2])
     if kind == "conv":
         return {r for r in (step[1], step[2], step[3], step[7]) if r is not None}
-    if kind in ("attention", "product"):
+    if kind == "attention":
         return {r for i in step[2] for r in trace.entries[i].refs if r >= 0}
-    if kind == "accumulate":
-        return {r for i in step[1:] for r in trace.entries[i].refs if r >= 0}
+    if kind in ("accumulate", "product"):
+        return {r for i in step[1:3] for r in trace.entries[i].refs if r >= 0}
     return {r for r in trace.entries[step[1]].refs if r >= 0}
 
 
@@ -360,20 +366,36 @@ class _Made:
                     executor.run_single(record)
             _keep(entries, indices, made, slots, prims)
         elif kind == "product":
-            _, template, indices = step
+            indices = step[1:3]
             made = [_record(entries[k], slots, prims, specs) for k in indices]
-            fused = template.bind(made)
-            if fused is None:
-                trace.program = False
-                return False
-            executor._matmul_epilogue(fused, made)
+            executor.run_biased(*made, step[3])
             _keep(entries, indices, made, slots, prims)
         else:
-            record = _record(entries[step[1]], slots, prims, specs)
-            if kind == "op" or not executor.run_transposed(record):
+            entry = entries[step[1]]
+            if kind == "view" and _view(executor.inner, entry, prims):
+                return True
+            record = _record(entry, slots, prims, specs)
+            if kind != "transposed" or not executor.run_transposed(record):
                 executor.run_single(record)
             _keep(entries, (step[1],), (record,), slots, prims)
         return True
+
+
+VIEWS = frozenset(("float_permute", "float_expand", "float_reshape"))
+"""Layout ops a ``view`` step runs on the inner backend at once, without a record."""
+
+
+def _view(inner: Any, entry: Any, prims: list) -> bool:
+    """Runs a ``view`` step's layout op on its operand's array where it gives a view (a
+    permute, an expand, a reshape of a C-contiguous array): a record, its slots and the
+    executor's checks cost about 40 us a step in a training step, where NumPy's view costs
+    one. False where the record is to run (a reshape that copies goes to the pool there)."""
+    x = prims[entry.refs[0]]
+    if type(x) is not np.ndarray or (entry.name == "float_reshape" and not x.flags.c_contiguous):
+        return False
+    prims[entry.out_refs[0]] = getattr(inner, entry.name)(x, *entry.attrs)
+    counters.add("unfused_ops")
+    return True
 
 
 def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_array) -> Any:

@@ -516,10 +516,10 @@ class Executor:
         the tuner chose it over the records one by one (the first run of a bucket is the
         kernel, then both are timed), or where there is no tuner (Triton's interpreter);
         otherwise, or for a case the kernel refuses, record by record. On NdArray values it
-        is a product and its bias (:meth:`_biased_matmul`)."""
+        is a product and its bias (:meth:`run_biased`)."""
         place = fused.matmul.outputs[0].device.place
         if place == "cpu" and "float_matmul" in self.op_kernels:
-            self._biased_matmul(fused, records)
+            self.run_biased(fused.matmul, records[1], fused.keep_value)
             return
         slots = (*fused.matmul.inputs, *fused.inputs)
         if any(s.device.place != place for s in slots) or not self.can_fuse_triton(slots[0]):
@@ -559,18 +559,21 @@ class Executor:
             tuner.tune_configs(how, labels, run, lambda: run_detached(self.inner, records),
                                f"matmul {list(fused.block.shape)}")  # fmt: skip
 
-    def _biased_matmul(self, fused: MatmulEpilogue, records: list[Record]) -> None:
+    def run_biased(self, product: Record, addition: Record, keep_value: bool) -> None:
         """Runs a product and the addition of its bias (``BiasedMatmulFuser``) as the numba
         GEMM with the bias, where the tuner chose that over the two records (the first run
         of a bucket is the kernel's, then both are timed); otherwise, where the product is
-        read after the segment, or for a case the kernel refuses, record by record."""
+        read after the segment (``keep_value``), or for a case the kernel refuses, record
+        by record."""
         from ember.backends.fusion.op_kernels import matmul_with_bias
 
         kernel = self.op_kernels["float_matmul"]
-        args = inner_args(fused.matmul)
-        bias = fused.inputs[1 - fused.value].prim
+        records = [product, addition]
+        args = inner_args(product)
+        out = product.outputs[0]
+        bias = (addition.inputs[1] if addition.inputs[0] is out else addition.inputs[0]).prim
         how = None
-        if not fused.keep_value and kernel.supports(args) and type(bias) is np.ndarray:
+        if not keep_value and kernel.supports(args) and type(bias) is np.ndarray:
             how = self.tuner.lookup_op(("matmul+bias", *kernel.key(args)), kernel.work(args))
         if how is None or how == autotune.UNFUSED:
             for record in records:
@@ -584,7 +587,7 @@ class Executor:
             for record in records:
                 self.run_single(record)
             return
-        slot = fused.outputs[0]
+        slot = addition.outputs[0]
         set_output(self.inner, slot, out, "a matmul with its bias")
         if self.recycler is not None:
             slot.recycle = self.recycler
