@@ -58,6 +58,18 @@ def test_the_kernel_equals_float64_attention(seed):
         np.testing.assert_allclose(weights, p, rtol=1e-5, atol=1e-7)
 
 
+def test_the_kernel_writes_the_scaled_query_it_packs():
+    rng = np.random.default_rng(15)
+    q, k, v = (rng.standard_normal((2, 3, 40, 16), dtype=np.float32) for _ in range(3))
+    plain = attention(q, k, v, 0.25 * 0.5)
+    q_out = np.full_like(q, np.nan)
+    both = attention(q, k, v, 0.25 * 0.5, q_out=q_out, q_factor=0.25)
+    np.testing.assert_array_equal(both, plain)
+    np.testing.assert_array_equal(q_out, q * np.float32(0.25))  # as the scaling rounds
+    with pytest.raises(KernelUnsupported, match="float32"):
+        attention(q, k, v, 1.0, q_out=np.zeros((2, 3, 40, 15), np.float32))
+
+
 def test_the_kernel_writes_a_strided_output():
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 3, 20, 8), dtype=np.float32) for _ in range(3))
@@ -148,10 +160,17 @@ def test_multi_head_attention_runs_as_one_kernel(masked, read_weights, inner):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked):
-    """Autodiff keeps the weights and the scaled queries for the backward pass: the kernel
-    writes the weights, the scaling runs as its own record; the backward pass runs as the
-    gradient kernel."""
+def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked, monkeypatch):
+    """Autodiff keeps the weights, the heads and the scaled queries for the backward pass:
+    the prologue's layout steps run, and the kernel writes the weights and the scaled
+    queries (no record scales the query, forwards or backwards); the backward pass runs
+    as the gradient kernel."""
+    from ember.backends.fusion.executor import Executor
+
+    ran = []
+    run_single = Executor.run_single
+    monkeypatch.setattr(Executor, "run_single",
+                        lambda self, record, *a: ran.append(record.name) or run_single(self, record, *a))  # fmt: skip
     x = np.random.default_rng(4).standard_normal((2, 24, 32)).astype(np.float32)
     grads = []
     for device in (ember.device("ndarray").autodiff(),
@@ -165,6 +184,7 @@ def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked
                 p.grad(g).to_numpy() for p in (mha.query.weight.val(), mha.key.weight.val(),
                                                mha.value.weight.val())])  # fmt: skip
     assert stats()["attentions"] == 1 and stats()["attention_grads"] == 1
+    assert "float_mul_scalar" not in ran and "float_permute" in ran, ran
     for got, want in zip(grads[1], grads[0], strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
 

@@ -77,7 +77,10 @@ class Attention:
     where it is written (read after the segment), else None. ``prologue`` holds the
     prologue's records; ``prologue_kept`` says a prologue value is read after the segment;
     ``inner_read`` says an inner value of the scores or softmax is (the executor then runs
-    the records one by one).
+    the records one by one). ``query_scaling`` is ``(record, factor)`` where a prologue value
+    is read after the segment and the query's last step scales it by a number: the other
+    prologue records run first, and the kernel reads the query before that step and writes
+    its scaled value as it packs it (autodiff keeps it for the backward pass).
     """
 
     query: Operand
@@ -91,12 +94,17 @@ class Attention:
     weights: Slot | None
     prologue_kept: bool
     inner_read: bool
+    query_scaling: tuple | None = None
 
     def scale(self, composed: bool) -> float:
         """The product of the factors, read now (one-element slots hold values by now): of
         the scores' and, where the operands are ``composed`` from their sources rather
-        than read after the prologue ran, of the query's and the key's too."""
-        factors = (*self.query.factors, *self.key.factors) if composed else ()
+        than read after the prologue ran, of the query's and the key's too (else of the
+        query's last scaling, which the kernel applies: ``query_scaling``)."""
+        if composed:
+            factors = (*self.query.factors, *self.key.factors)
+        else:
+            factors = () if self.query_scaling is None else (self.query_scaling[1],)
         return product_of((*factors, *self.factors))
 
 
@@ -350,9 +358,15 @@ class AttentionFuser(Taking):
                 inner_read = True
         prologue = tuple(r for r, role in zip(self.records, self.roles) if role == PROLOGUE)
         prologue_kept = any(read for role, read in zip(self.roles, kept) if role == PROLOGUE)
+        scaling = None
+        if prologue_kept:
+            last = next((r for r in prologue if r.outputs[0] is query.slot), None)
+            if last is not None and last.name in ("float_mul_scalar", "float_div_scalar"):
+                scaling = (last, self._scaling(last, last.inputs[0]))
+                scaling = None if scaling[1] is None else scaling
         return Attention(query, key, self._value_operand, tuple(self._factors), prologue,
                          self._mask, self._bias, self.records[-1].outputs[0], weights,
-                         prologue_kept, inner_read)  # fmt: skip
+                         prologue_kept, inner_read, scaling)  # fmt: skip
 
     def template(self, fused: Attention) -> AttentionTemplate:
         """``fused`` (this fuser's :meth:`finish`) without slots."""
@@ -375,6 +389,9 @@ def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None
     import numpy as np
 
     q, kt, v = (operand_array(op, to_numpy, composed) for op in (fused.query, fused.key, fused.value))
+    if not composed and fused.query_scaling is not None:  # the query before its last step
+        q = to_numpy(fused.query_scaling[0].inputs[0].prim)
+        q = q if type(q) is np.ndarray and q.dtype == np.float32 else None
     if q is None or kt is None or v is None:
         return None
     q, k, v = _four(q), _four(np.swapaxes(kt, -1, -2)), _four(v)  # the key enters as [..., d, Lk]
@@ -413,7 +430,8 @@ def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int,
     """Runs ``fused`` on the numba kernel over ``arrays`` (:func:`attention_arrays`, made
     ``composed`` or not), its outputs from ``take(shape, dtype)`` (the context from
     ``take(shape, dtype, order)``, laid out in that order of dims, where ``order`` is
-    given); returns the context and, where they are written, the weights.
+    given); returns the context and, where they are written, the weights and (read after
+    the prologue ran, ``query_scaling``) the scaled query.
 
     Raises:
         KernelUnsupported: a case the kernel does not take (the caller runs the records).
@@ -426,13 +444,18 @@ def run_attention(fused: Attention, arrays: tuple, composed: bool, threads: int,
     f32 = np.dtype(np.float32)
     out = take(fused.output.shape, f32) if order is None else take(fused.output.shape, f32, order)
     results = [out]
-    weights = None
+    weights = q_out = None
     if fused.weights is not None:
         results.append(take(fused.weights.shape, f32))
-        weights = _four(results[1])
+        weights = _four(results[-1])
+    scaling = None if composed else fused.query_scaling
+    if scaling is not None:
+        results.append(take(fused.query.slot.shape, f32))
+        q_out = _four(results[-1])
     fill = 0.0 if fused.mask is None else fused.mask[1]
     numba_attention.attention(q, k, v, fused.scale(composed), mask=mask, fill=fill, bias=bias,
-                              out=_four(out), weights=weights, threads=threads)  # fmt: skip
+                              out=_four(out), weights=weights, threads=threads, q_out=q_out,
+                              q_factor=1.0 if scaling is None else scaling[1])  # fmt: skip
     return results
 
 

@@ -430,8 +430,16 @@ class Executor:
                fused.weights is not None)  # fmt: skip
 
         def run(arrays, composed: bool, threads: int, take, laid_out: bool) -> list:
-            return run_attention(fused, arrays, composed, threads, take,
-                                 order if laid_out else None)  # fmt: skip
+            results = run_attention(fused, arrays, composed, threads, take,
+                                    order if laid_out else None)  # fmt: skip
+            if composed or fused.query_scaling is None:
+                return results
+            if laid_out:  # the kept run: the scaled query goes to its slot
+                query = fused.query.slot
+                set_output(self.inner, query, self.arrays[1](results[-1]), "attention's query")
+                if self.recycler is not None:
+                    query.recycle = self.recycler
+            return results[:-1]
 
         self._attention_segment(fused, records, attention_arrays, key, 1, run, slots,
                                 "attentions", "attention")  # fmt: skip
@@ -503,12 +511,17 @@ class Executor:
         to_numpy = self.arrays[0]
         composed = not fused.prologue_kept
         arrays = arrays_of(fused, to_numpy, True) if composed else None
+        ran = set()
         if arrays is None:
             composed = False
+            # The forward kernel applies the query's last scaling itself where it can
+            # (``Attention.query_scaling``; a gradient segment has none).
+            scaling = getattr(fused, "query_scaling", None)
             for record in fused.prologue:
-                self.run_single(record)
+                if scaling is None or record is not scaling[0]:
+                    self.run_single(record)
+                    ran.add(id(record))
             arrays = arrays_of(fused, to_numpy, False)
-        ran = set() if composed else {id(r) for r in fused.prologue}
         return arrays, composed, [r for r in records if id(r) not in ran]
 
     def _matmul_epilogue(self, fused: MatmulEpilogue, records: list[Record]) -> None:

@@ -123,10 +123,11 @@ def _spans(xq, offs, wt, wstart, taps, acc, a0, stride, width):  # pragma: no co
 
 
 @_jit
-def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
-            parts):  # fmt: skip  # pragma: no cover - runs compiled
+def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, flags, qc, kb,
+            part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Tasks ``part`` of ``parts`` (see the module doc). ``flags``: 1 writes ``weights``
-    (then ``kb`` covers every key), 2 applies ``mask``, 4 adds ``bias``."""
+    (then ``kb`` covers every key), 2 applies ``mask``, 4 adds ``bias``, 8 writes ``q *
+    q_factor`` into ``q_out`` as it packs the queries."""
     u = np.uintp
     b0n, b1n, lq, d = out.shape[0], out.shape[1], q.shape[2], q.shape[3]
     lk = k.shape[2]
@@ -148,7 +149,7 @@ def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
     total = np.empty(qcp, np.float32)
     offs_q = np.arange(d) * qcp
     offs_s = np.arange(kb) * qcp
-    write_weights, masked, biased = flags & 1, flags & 2, flags & 4
+    write_weights, masked, biased, write_q = flags & 1, flags & 2, flags & 4, flags & 8
     blocks = (lk + kb - 1) // kb
     chunks = (lq + qc - 1) // qc
     tasks = b0n * b1n * chunks
@@ -165,6 +166,10 @@ def _attend(q, k, v, out, weights, mask, bias, scale, fill, flags, qc, kb, part,
             src = q[qb0, qb1, i0 + r]
             for c in range(d):
                 qt[u(c * qcp + r)] = src[c] * scale
+            if write_q:
+                dst = q_out[qb0, qb1, i0 + r]
+                for c in range(d):
+                    dst[c] = src[c] * q_factor
         for r in range(width):
             m[u(r)] = -np.inf
             total[u(r)] = 0
@@ -266,8 +271,8 @@ def _kernel():
     """The forward kernel, compiled for its one signature."""
     floats, flags, target = _array_types()
     i64, f32 = numba.types.int64, numba.types.float32
-    return _compiled_once(_attend, floats, floats, floats, target, target, flags, floats, f32,
-                          f32, i64, i64, i64, i64, i64)  # fmt: skip
+    return _compiled_once(_attend, floats, floats, floats, target, target, target, flags, floats,
+                          f32, f32, f32, i64, i64, i64, i64, i64)  # fmt: skip
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -289,7 +294,8 @@ def chunk_sizes(batch: int, lq: int, lk: int, parts: int, whole_rows: bool) -> t
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
               mask: np.ndarray | None = None, fill: float = 0.0, bias: np.ndarray | None = None,
               out: np.ndarray | None = None, weights: np.ndarray | None = None,
-              threads: int | None = None) -> np.ndarray:  # fmt: skip
+              threads: int | None = None, q_out: np.ndarray | None = None,
+              q_factor: float = 1.0) -> np.ndarray:  # fmt: skip
     """``softmax(scale * q @ kᵀ, masked, biased) @ v`` over the last dim of the scores.
 
     Args:
@@ -302,6 +308,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
         out: ``[b0, b1, Lq, dv]`` float32 to write (any strides); a new array if None.
         weights: ``[b0, b1, Lq, Lk]`` float32 to write the softmax into, or None.
         threads: parts to run (default: every core above a small problem).
+        q_out: ``q``'s shape, float32: where to write ``q * q_factor`` (a scaled query
+            kept for the backward pass; ``scale`` includes ``q_factor``), or None.
+        q_factor: see ``q_out``.
 
     Returns ``out``. Raises :class:`KernelUnsupported` for what :func:`supports` refuses.
 
@@ -333,8 +342,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
     if bias is not None:
         flags |= 4
         bias = np.broadcast_to(bias, scores)
+    if q_out is not None:
+        flags |= 8
     wanted = [(out, (*batch, lq, dv), np.float32), (weights, scores, np.float32),
-              (mask, scores, np.bool_), (bias, scores, np.float32)]  # fmt: skip
+              (mask, scores, np.bool_), (bias, scores, np.float32),
+              (q_out, q.shape, np.float32)]  # fmt: skip
     for array, shape, dtype in wanted:
         if array is not None and (array.shape != shape or array.dtype != dtype):
             raise KernelUnsupported(f"numba attention: {array.dtype} {array.shape} where "
@@ -343,10 +355,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
     parts = parts_for(work, 1 << 22, threads)
     qc, kb = chunk_sizes(int(np.prod(batch)), lq, lk, parts, weights is not None)
     args = [_read_only(q), _read_only(k), _read_only(v), out,
-            dummy if weights is None else weights,
+            dummy if weights is None else weights, dummy if q_out is None else q_out,
             _read_only(np.zeros((1, 1, 1, 1), np.bool_) if mask is None else mask),
             _read_only(dummy if bias is None else bias),
-            np.float32(scale), np.float32(fill), flags, qc, kb]  # fmt: skip
+            np.float32(scale), np.float32(q_factor), np.float32(fill), flags, qc, kb]  # fmt: skip
     _run_parts(_kernel(), args, parts)
     return out
 
