@@ -588,11 +588,60 @@ def test_a_residual_that_is_a_view_of_a_held_value_is_not_written_over():
     # its memory would change the held value.
     x, a, w, _ = _residual_data(20)
     device = ember.device("ndarray").fusion(runtime="numba")
-    with autotune.forcing(autotune.Choice("fused", 2)):
+
+    def terms():  # the view is no caller's; the value it views is
         held = Tensor.from_data(x, device) * 2.0
         flat = held.reshape([512 * 512]).reshape([512, 512])
-        total = flat + Tensor.from_data(a, device).matmul(Tensor.from_data(w, device))
+        return held, flat + Tensor.from_data(a, device).matmul(Tensor.from_data(w, device))
+
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        held, total = terms()
         got, kept = total.to_numpy(), held.to_numpy()
     np.testing.assert_array_equal(kept, x * 2)
+    np.testing.assert_allclose(got, x.astype(np.float64) * 2 + a.astype(np.float64) @ w,
+                               rtol=1e-5, atol=1e-4)  # fmt: skip
+
+
+def test_a_sum_of_terms_adds_each_into_a_residual_whose_views_are_done():
+    # The residual's reshape is read before the products (a weight gradient's reshape of
+    # dY); its slot still views the buffer, read by nothing more: both terms add in place.
+    x, a, w, _ = _residual_data(21)
+    rng = np.random.default_rng(22)
+    a2 = rng.standard_normal((512, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, 512)).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    reset_stats()
+
+    def terms():  # the residual is no caller's: it goes when this returns
+        residual = Tensor.from_data(x, device) * 2.0
+        side = residual.reshape([1024, 256]).matmul(Tensor.from_data(w2[:, :256].T, device))
+        total = residual + Tensor.from_data(a, device).matmul(Tensor.from_data(w, device))
+        return total + Tensor.from_data(a2, device).matmul(Tensor.from_data(w2, device)), side
+
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        total, side = terms()
+        got, beside = total.to_numpy(), side.to_numpy()
+    want = x.astype(np.float64) * 2 + a.astype(np.float64) @ w + a2.astype(np.float64) @ w2
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    x2 = (x.astype(np.float64) * 2).reshape(1024, 256)
+    np.testing.assert_allclose(beside, x2 @ w2[:, :256].T, rtol=1e-5, atol=1e-4)
+    counts = stats()
+    assert counts["op_kernels"] == 3 and counts["kernels"] == 1, counts  # no kernel adds them
+
+
+def test_a_residual_with_a_view_the_caller_holds_is_not_written_over():
+    # The residual itself is no caller's, but a view of it is: its buffer must stay as is.
+    x, a, w, _ = _residual_data(23)
+    device = ember.device("ndarray").fusion(runtime="numba")
+
+    def terms():
+        residual = Tensor.from_data(x, device) * 2.0
+        view = residual.reshape([512 * 512])  # before the product, as a dead view would be
+        return view, residual + Tensor.from_data(a, device).matmul(Tensor.from_data(w, device))
+
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        view, total = terms()
+        got, seen = total.to_numpy(), view.to_numpy()
+    np.testing.assert_array_equal(seen, (x * 2).reshape(-1))
     np.testing.assert_allclose(got, x.astype(np.float64) * 2 + a.astype(np.float64) @ w,
                                rtol=1e-5, atol=1e-4)  # fmt: skip

@@ -111,7 +111,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     run_first = len(steps)
     made: set[int] = {r for _, i in steps for r in entries[i].out_refs}
     readers = readers_of(records)
-    added = accumulations(records, readers, segments)
+    added = {i: j for i, (j, _) in accumulations(records, readers, segments).items()}
     adding = {j: i for i, j in added.items()}
     templates = None
 

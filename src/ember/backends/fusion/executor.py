@@ -263,8 +263,8 @@ class Executor:
                         continue
                     if added is None:
                         added = accumulations(records, readers, segments)
-                    j = added.get(start)
-                    if j is not None and self.run_accumulated(record, records[j]):
+                    j, views = added.get(start, (None, ()))
+                    if j is not None and self.run_accumulated(record, records[j], views=views):
                         done.add(j)
                         continue
                 self.run_single(record, readers, start + 1)
@@ -299,7 +299,8 @@ class Executor:
         does not apply. The product's values are the same; only its layout differs."""
         return read_transposed(record, records, readers) and self.run_transposed(record)
 
-    def run_accumulated(self, product: Record, addition: Record, pooled: bool | None = None) -> bool:
+    def run_accumulated(self, product: Record, addition: Record, pooled: bool | None = None,
+                        views: tuple[Slot, ...] = ()) -> bool:  # fmt: skip
         """Computes ``addition``'s sum of a value ``R`` and the product of ``product`` (found
         by :func:`accumulations`) as the numba GEMM adding into ``R``'s array in place, where
         ``R`` is a pooled output nothing else holds and the tuner chose the GEMM for the
@@ -307,7 +308,9 @@ class Executor:
         once, instead of the product's output and the sum's each. The product's own slot
         gets no value (its one reader is the addition). False where the records are to run.
         ``pooled`` says ``R``'s array came from the runtime's pool where its slot cannot (a
-        direct replay's values: the pool takes a buffer back when its last view dies)."""
+        direct replay's values: the pool takes a buffer back when its last view dies);
+        ``views`` are layout values of ``R`` that nothing reads any more (a reshape a weight
+        gradient read), whose slots still hold views of its buffer."""
         from ember.backends.fusion.op_kernels import matmul_into
 
         kernel = self.op_kernels.get("float_matmul")
@@ -318,8 +321,10 @@ class Executor:
         array = other.prim
         owned = other.recycle is self.recycler if pooled is None else pooled
         if (not owned or type(array) is not np.ndarray
-                or not array.flags.c_contiguous or other.readable() or other.shared
-                or _refs(array) != _EXPECTED_REFS):  # fmt: skip
+                or not array.flags.c_contiguous or other.readable() or other.shared):  # fmt: skip
+            return False
+        held = sum(type(v.prim) is np.ndarray and v.prim.base is array.base for v in views)
+        if _EXPECTED_REFS is None or _refs(array) != (_EXPECTED_REFS[0], _EXPECTED_REFS[1] + held):
             return False
         args = inner_args(product)
         if not kernel.supports(args):
@@ -334,7 +339,11 @@ class Executor:
         result = addition.outputs[0]
         set_output(self.inner, result, array, "a product added into its addend")
         if pooled is None:
-            other.recycle = None  # the sum's slot recycles the array now
+            # The sum's slot holds and recycles the array now; the addend and its views,
+            # read by nothing more, let it go (so the next term of a sum adds into it too).
+            other.recycle, other.prim = None, None
+            for view in views:
+                view.prim = None
             result.recycle = self.recycler
         counters.add_each(op_kernels=1, fused_ops=2, in_place=1)
         return True
@@ -955,12 +964,14 @@ def read_transposed(record: Record, records: list[Record], readers: dict) -> boo
         len(out.shape))  # fmt: skip
 
 
-def accumulations(records: list[Record], readers: dict, segments: list) -> dict[int, int]:
-    """``{i: j}``: products (record ``i``, a segment of its own) whose one reader is the
-    addition ``j`` (a segment of its own too) of a value ``R`` made before ``i`` and read
-    by no record from ``i`` on but ``j``, of the product's shape and dtype: ``R``'s array
-    may take the product's sum in place at ``i`` (``Executor.run_accumulated``). What only
-    the values can say (``R`` pooled, held by nothing else) is checked when it runs."""
+def accumulations(records: list[Record], readers: dict, segments: list) -> dict[int, tuple]:
+    """``{i: (j, views)}``: products (record ``i``, a segment of its own) whose one reader
+    is the addition ``j`` (a segment of its own too) of a value ``R`` made before ``i`` and
+    read by no record from ``i`` on but ``j``, of the product's shape and dtype: ``R``'s
+    array may take the product's sum in place at ``i`` (``Executor.run_accumulated``).
+    ``views`` are the layout values made from ``R`` (through layout steps) that no handle,
+    other stream or record from ``i`` on reads. What only the values can say (``R``
+    pooled, held by nothing else) is checked when it runs."""
     singles = {start for start, _, fused in segments if fused is None}
     made_at = {o: i for i, r in enumerate(records) for o in r.outputs}
     found = {}
@@ -982,8 +993,31 @@ def accumulations(records: list[Record], readers: dict, segments: list) -> dict[
         if addition.outputs[0].shape != out.shape or made_at.get(other, -1) >= i:
             continue
         if readers[other][-1] == j and all(k < i for k in readers[other][:-1]):
-            found[i] = j
+            views = _dead_views(other, records, readers, i)
+            if views is not None:
+                found[i] = (j, views)
     return found
+
+
+_LAYOUT_STEPS = frozenset(("float_reshape", "float_permute", "float_expand", "float_slice"))
+
+
+def _dead_views(slot: Slot, records: list[Record], readers: dict, before: int) -> tuple | None:
+    """The layout values made from ``slot`` (transitively) by the records, where none is
+    read from record ``before`` on, by a handle or by another stream; else None."""
+    views, todo = [], [slot]
+    while todo:
+        source = todo.pop()
+        for k in readers.get(source, ()):
+            record = records[k]
+            if record.name not in _LAYOUT_STEPS or k >= before:
+                continue
+            view = record.outputs[0]
+            if view.readable() or view.shared or any(r >= before for r in readers.get(view, ())):
+                return None
+            views.append(view)
+            todo.append(view)
+    return tuple(views)
 
 
 def reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | None:
