@@ -189,26 +189,24 @@ def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_a_replayed_training_step_runs_its_attention_directly(masked):
-    """A training step through the attention (its forward and gradient kernels, the
-    scaled queries kept for the backward pass, the heads merged back) replayed on new
-    inputs: from the fourth call its launches run directly, and every call's gradients
-    equal NdArray's."""
+def _replayed_steps(inputs: list, masked: bool, every_param: bool, threads: int, check) -> list:
+    """Per device (NdArray, then fusion(NdArray) through ``replay``), per call on
+    ``inputs``: the gradients of a training step through the attention, of the input and
+    of the projections' weights (``every_param``: of all its parameters);
+    ``check(call, stats())`` after each fused call."""
     from ember.backends.fusion import replay
 
-    rng = np.random.default_rng(6)
-    inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(5)]
     per_device = []
     for device in (ember.device("ndarray").autodiff(),
                    ember.device("ndarray").fusion(runtime="numba").autodiff()):  # fmt: skip
         mha, _ = _mha(device, masked, inputs[0])
-        params = (mha.query.weight.val(), mha.key.weight.val(), mha.value.weight.val())
+        params = ([p.val() for _, p in mha.params()] if every_param else
+                  (mha.query.weight.val(), mha.key.weight.val(), mha.value.weight.val()))  # fmt: skip
 
         def step(x: Tensor, mha=mha, params=params) -> list:
             inp = MhaInput.self_attn(x)
             if masked:
-                inp = inp.with_mask_attn(generate_autoregressive_mask(2, 24, x.device))
+                inp = inp.with_mask_attn(generate_autoregressive_mask(x.shape[0], x.shape[1], x.device))
             context = mha(inp).context
             g = (context * context).sum().backward()
             return [x.grad(g)] + [p.grad(g) for p in params]
@@ -216,14 +214,30 @@ def test_a_replayed_training_step_runs_its_attention_directly(masked):
         fused = "fusion" in device.backend.name
         run = replay(step) if fused else step
         calls = []
-        with autotune.forcing(Choice("fused", 1)):
+        with autotune.forcing(Choice("fused", threads)):
             for call, x in enumerate(inputs):
                 reset_stats()
                 calls.append([g.to_numpy() for g in run(Tensor.from_data(x, device).require_grad())])
                 if fused:
-                    assert stats()["direct_replays"] == (call >= 3), call
-                    assert stats()["attentions"] == stats()["attention_grads"] == 1
+                    check(call, stats())
         per_device.append(calls)
+    return per_device
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_replayed_training_step_runs_its_attention_directly(masked):
+    """A training step through the attention (its forward and gradient kernels, the
+    scaled queries kept for the backward pass, the heads merged back) replayed on new
+    inputs: from the fourth call its launches run directly, and every call's gradients
+    equal NdArray's."""
+    rng = np.random.default_rng(6)
+    inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(5)]
+
+    def check(call, counts):
+        assert counts["direct_replays"] == (call >= 3), call
+        assert counts["attentions"] == counts["attention_grads"] == 1
+
+    per_device = _replayed_steps(inputs, masked, False, 1, check)
     for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
         for got, want in zip(got_all, want_all, strict=True):
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max(),
@@ -601,33 +615,17 @@ def test_a_replayed_training_step_sums_its_input_gradient_in_place(monkeypatch):
     products) are added into the running sum's array by the GEMM, the projections' biases
     start their products' sums, dQ's scaling is the kernel's; every call's gradients (of
     the input, the weights and the biases) equal NdArray's."""
-    from ember.backends.fusion import executor, replay
+    from ember.backends.fusion import executor
 
     monkeypatch.setattr(executor, "LONE_KERNEL_MIN", 1 << 12)  # the sums run as kernels
     rng = np.random.default_rng(7)
     inputs = [rng.standard_normal((4, 64, 64)).astype(np.float32) for _ in range(5)]
-    per_device = []
-    for device in (ember.device("ndarray").autodiff(),
-                   ember.device("ndarray").fusion(runtime="numba").autodiff()):  # fmt: skip
-        mha, _ = _mha(device, False, inputs[0])
-        params = [p.val() for _, p in mha.params()]
 
-        def step(x: Tensor, mha=mha, params=params) -> list:
-            context = mha(MhaInput.self_attn(x)).context
-            g = (context * context).sum().backward()
-            return [x.grad(g)] + [p.grad(g) for p in params]
+    def check(call, counts):
+        if call >= 3:
+            assert counts["direct_replays"] == 1 and counts["in_place"] >= 2, counts
 
-        fused = "fusion" in device.backend.name
-        run = replay(step) if fused else step
-        calls = []
-        with autotune.forcing(Choice("fused", 2)):
-            for call, x in enumerate(inputs):
-                reset_stats()
-                calls.append([g.to_numpy() for g in run(Tensor.from_data(x, device).require_grad())])
-                if fused and call >= 3:
-                    counts = stats()
-                    assert counts["direct_replays"] == 1 and counts["in_place"] >= 2, counts
-        per_device.append(calls)
+    per_device = _replayed_steps(inputs, False, True, 2, check)
     for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
         for got, want in zip(got_all, want_all, strict=True):
             # The key's bias has no gradient (softmax ignores a constant a row): its values
