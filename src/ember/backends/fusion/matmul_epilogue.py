@@ -14,6 +14,11 @@ The executor runs it as one Triton kernel where the tuner chose that over the un
 matmul and ops (per block key and work bucket; the first run of a bucket is the fused
 kernel, then both are timed), and record by record otherwise. The structure follows
 ``conv_epilogue.py``: a fuser, a block, a template for streams of the same plan key.
+
+On NdArray values the numba GEMM takes a bias only (its sums start from it):
+:class:`BiasedMatmulFuser` takes a product by a matrix and the addition of its ``[N]``
+bias, into the same :class:`MatmulEpilogue`, and leaves what follows to the element-wise
+block after it.
 """
 
 from __future__ import annotations
