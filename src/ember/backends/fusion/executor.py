@@ -617,9 +617,10 @@ class Executor:
         counters.add("fused_ops", len(records))
         if pending:
             spare = _Spare()
-            self.tuner.tune_with(how, lambda threads: matmul_with_bias(args, bias, threads, spare),
-                                 lambda: self.run_inner(kernel, lambda: run_detached(self.inner, records)),
-                                 "matmul+bias")  # fmt: skip
+            self.tuner.tune_with(
+                how, lambda threads: matmul_with_bias(args, bias, threads, spare),
+                lambda: self.run_inner(kernel, lambda: run_detached(self.inner, records)),
+                "matmul+bias")  # fmt: skip
 
     def _blocks(self, records: list[Record]) -> list:
         """``(start, length, fused block or None)`` of each segment of the stream's plan.

@@ -173,6 +173,8 @@ class BiasedMatmulFuser(MatmulEpilogueFuser):
             return False
         product = self.records[0].outputs[0]
         bias = [s for s in record.inputs if s is not product]
-        if len(bias) != 1 or bias[0].shape != product.shape[-1:] or bias[0].dtype is not product.dtype:
+        if len(bias) != 1 or bias[0].shape != product.shape[-1:]:
+            return False
+        if bias[0].dtype is not product.dtype:
             return False
         return super()._epilogue(record)

@@ -501,7 +501,8 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
                        d_out: np.ndarray, *, factor: float = 1.0, mask: np.ndarray | None = None,
                        d_q: np.ndarray | None = None, d_k: np.ndarray | None = None,
                        d_v: np.ndarray | None = None, threads: int | None = None,
-                       q_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                       q_factor: float = 1.0,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The gradients of ``softmax(q @ kᵀ * factor, masked) @ v`` given the softmax
     ``weights`` and the output's gradient ``d_out``: ``(d_q, d_k, d_v)``, each of its
     operand's shape (summed over broadcast batch entries by the caller: here every output

@@ -25,14 +25,18 @@ GEMM:
   columns its positions, and later blocks of ``K`` add to the sums): its sums are SSA
   vectors, and the loop compiles to two loads, ``MR`` broadcasts and ``2 MR`` FMAs per
   step, and asks for the panel's rows :data:`PREFETCH_TAPS` steps ahead (a panel comes
-  from L2 once per strip). Alone, with its operands in
-  cache, it ran at 185-190 GFLOP/s on one thread of that Xeon, whose FMA peak is about 203.
+  from L2 once per strip). Alone, with its operands in cache, it ran at 185-190 GFLOP/s on
+  one thread of that Xeon, whose FMA peak is about 203.
 * **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
   (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
   Where all of ``B``'s panels fit in that much, they are packed first (:func:`_pack`, then
-  :func:`_tiles`, a strip over all of ``K`` at a time); a larger ``B`` (a weight gradient's activations) is packed a block at a
-  time, just before the strips run against it (:func:`_blocks`), so the block is still in
-  L2. A ``B`` nothing can change (an imported model's weight) keeps its panels.
+  :func:`_tiles`, a strip over all of ``K`` at a time); a larger ``B`` (a weight
+  gradient's activations) is packed a block at a time, just before the strips run against
+  it (:func:`_blocks`), so the block is still in L2. A ``B`` nothing can change (an
+  imported model's weight) keeps its panels.
+* **Epilogues.** The first block's sums start from a ``bias`` (set in the strip's output
+  rows just before, while they are in cache) or, adding ``into`` an array, from its
+  values: a linear layer's bias and a sum of products need no pass of their own.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
 (:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``; :func:`_blocks`: the
@@ -316,7 +320,8 @@ def _strip_scratch(out, kc, k, nr):  # pragma: no cover - runs compiled
 
 
 @_jit
-def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part, parts):  # pragma: no cover - compiled
+def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part,
+           parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Part ``part`` of ``parts`` of ``out[t] = A[a_of[t]] @ B[b_of[t]]`` for ``A`` given as
     ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
     column panels ``bp`` ``[Bb, N / nr, K, nr]`` and ``out`` ``[batch, M, N]`` (see the
@@ -352,7 +357,8 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part, 
         rows = min(MR, m - i0)
         _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at)
         _run_strip(strip, 0, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
-                   panels, nr, flat_out, (t * m + i0) * n, n, adding or k0 > 0, edge, bias)  # fmt: skip
+                   panels, nr, flat_out, (t * m + i0) * n, n, adding or k0 > 0, edge,
+                   bias)  # fmt: skip
 
 
 @_jit

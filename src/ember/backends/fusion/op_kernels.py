@@ -230,9 +230,10 @@ def matmul_into(args: list, into: np.ndarray, threads: int) -> np.ndarray:
 def _rows_matmul(a: np.ndarray, b: np.ndarray, order: list[int], threads: int,
                  empty: Callable, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """``a @ b`` (plus ``bias``) for a matrix ``b`` and an ``a`` whose rows are C-contiguous
-    in ``order`` of its dims: one product of all its rows where they lie (as NdArray's matmul; by stack
-    entry, ``[8, 128, 256]`` was 8 products with an edge strip each, and a ``[128, 8, 256]``
-    view 128 products of 8 rows, 2-3x slower), into an output laid out in the same order."""
+    in ``order`` of its dims: one product of all its rows where they lie (as NdArray's
+    matmul; by stack entry, ``[8, 128, 256]`` was 8 products with an edge strip each, and a
+    ``[128, 8, 256]`` view 128 products of 8 rows, 2-3x slower), into an output laid out in
+    the same order."""
     from ember.backends.fusion import numba_gemm
 
     shape = (*a.shape[:-1], b.shape[-1])
