@@ -41,8 +41,7 @@ GEMM:
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
 (:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``; :func:`_blocks`: the
 panels where ``N >= M``, else the strips, so each part packs whole only the smaller
-operand; :func:`_own_tiles`: strips, each part packing a small ``B`` itself), so each
-output is computed by one task in the same order at any thread count;
+operand), so each output is computed by one task in the same order at any thread count;
 :func:`matmul` runs them with ``numba_runtime._run_parts`` (part 0 on the calling thread).
 
 Measured (a 2-vCPU AVX-512 Xeon, in one process beside NumPy's OpenBLAS) on the
@@ -103,10 +102,6 @@ PREFETCH_TAPS = 32
 """Steps of ``K`` ahead that the tile prefetches its panel's rows into L1 (4 KiB for
 float32; 16-64 measured within noise of each other, 7-12% faster than none: a panel's rows
 come from L2 once per strip, and the hardware's prefetch fell behind the tile's loads)."""
-OWN_B_BYTES = 256 << 10
-"""Bytes of ``B``'s panels, at most, that each part of a product packs for itself in the
-tiles' launch (:func:`_own_tiles`) instead of a launch of their own packing them once: at
-two threads, products by a 256 KiB weight ran 8-17% faster (1 MiB ones within noise)."""
 PARALLEL_MIN_MACS = 1 << 24
 """Products of fewer multiply-adds than this run on one thread (as ``numba_conv``)."""
 
@@ -367,16 +362,6 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part,
 
 
 @_jit
-def _own_tiles(a, by_columns, b, rows_of_b, bufs, out, a_of, b_of, kc, bias, adding, part,
-               parts):  # fmt: skip  # pragma: no cover - runs compiled
-    """:func:`_tiles` of one ``B`` small enough (:data:`OWN_B_BYTES`) that each part packs
-    all of it into its own ``bufs[part]`` first, in the same launch."""
-    bp = bufs[part]
-    _pack_panels(b, rows_of_b, 0, 0, b.shape[1], 0, bp.shape[1], bp.shape[3], bp.reshape(-1), 0)
-    _tiles(a, by_columns, bp, out, a_of, b_of, kc, True, bias, adding, part, parts)
-
-
-@_jit
 def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, by_panels, bias,
             adding, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """:func:`_tiles` for a product of several blocks of ``K``, with ``B`` packed a block at a
@@ -506,13 +491,6 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
                              a_of, b_of, kc, nr, by_panels, bias, adding], parts)  # fmt: skip
-        return into if adding else out
-    if parts > 1 and b3.shape[0] == 1 and panel_bytes <= OWN_B_BYTES:
-        out = empty((*batch, m, n), dtype)
-        bufs = _scratch("own", (parts, 1, panels, k, nr), dtype)
-        kc = _k_block(k, n, dtype.itemsize)
-        _run_parts(_own_tiles, [a3, by_columns, b3, rows_of_b, bufs, out.reshape(-1, m, n), a_of,
-                                b_of, kc, bias, adding], parts)  # fmt: skip
         return into if adding else out
     bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
     out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
