@@ -362,8 +362,8 @@ class AttentionFuser(Taking):
         if prologue_kept:
             last = next((r for r in prologue if r.outputs[0] is query.slot), None)
             if last is not None and last.name in ("float_mul_scalar", "float_div_scalar"):
-                scaling = (last, self._scaling(last, last.inputs[0]))
-                scaling = None if scaling[1] is None else scaling
+                factor = self._scaling(last, last.inputs[0])
+                scaling = None if factor is None else (last, factor)
         return Attention(query, key, self._value_operand, tuple(self._factors), prologue,
                          self._mask, self._bias, self.records[-1].outputs[0], weights,
                          prologue_kept, inner_read, scaling)  # fmt: skip

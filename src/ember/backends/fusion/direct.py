@@ -25,8 +25,8 @@ reference; later calls :func:`run` it on the input arrays at once:
   allow, else as the two records;
 * ``transposed``: a product whose one reader swaps it, computed transposed as the
   executor does (``Executor.run_transposed``);
-* ``view``: a permute, expand or reshape, run on the inner backend at once where it gives
-  a view (else as an ``op``);
+* ``view``: a layout op (``views.VIEW_OPS``), run on the inner backend at once where it
+  gives a view (else as an ``op``);
 * ``op``: any other single record, run by ``Executor.run_single`` on made slots (the mean
   of a global pooling, a product).
 
@@ -57,6 +57,7 @@ from ember.backends.fusion.attention_grad import AttentionGrad
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
 from ember.backends.fusion.executor import (
     accumulations,
+    addend,
     read_transposed,
     reader_layout,
     readers_of,
@@ -66,6 +67,7 @@ from ember.backends.fusion.fuser import Fused
 from ember.backends.fusion.handle import Slot, indices_fit
 from ember.backends.fusion.matmul_epilogue import MatmulEpilogue
 from ember.backends.fusion.stream import Record
+from ember.backends.fusion.views import VIEW_OPS
 
 _NO_BOUNDS = (None, None)
 
@@ -156,7 +158,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             if outs is None:
                 return False
             transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
-            kind = "view" if record.name in VIEWS and not record.multi else "op"
+            kind = "view" if record.name in VIEW_OPS and not record.multi else "op"
             steps.append(("transposed" if transposed else kind, pushed[start]))
         elif type(fused) in (Attention, AttentionGrad):
             if templates is None:
@@ -352,8 +354,8 @@ class _Made:
             indices = step[1:]
             made = [_record(entries[k], slots, prims, specs) for k in indices]
             product, addition = made
-            first, second = entries[indices[1]].refs[:2]
-            other = second if addition.inputs[0] is product.outputs[0] else first
+            term = addend(addition, product.outputs[0])
+            other = entries[indices[1]].refs[addition.inputs.index(term)]
             # A block's output is pooled by its flag, an op's by its slot; the slot holds it
             # alone now.
             pooled, prims[other] = (True if self.pooled[other] else None), None
@@ -381,15 +383,12 @@ class _Made:
         return True
 
 
-VIEWS = frozenset(("float_permute", "float_expand", "float_reshape"))
-"""Layout ops a ``view`` step runs on the inner backend at once, without a record."""
-
-
 def _view(inner: Any, entry: Any, prims: list) -> bool:
     """Runs a ``view`` step's layout op on its operand's array where it gives a view (a
-    permute, an expand, a reshape of a C-contiguous array): a record, its slots and the
-    executor's checks cost about 40 us a step in a training step, where NumPy's view costs
-    one. False where the record is to run (a reshape that copies goes to the pool there)."""
+    permute, an expand, a slice, a reshape of a C-contiguous array): a record, its slots and
+    the executor's checks cost about 40 us a step in a training step, where NumPy's view
+    costs one. False where the record is to run (a reshape that copies goes to the pool
+    there)."""
     x = prims[entry.refs[0]]
     if type(x) is not np.ndarray or (entry.name == "float_reshape" and not x.flags.c_contiguous):
         return False

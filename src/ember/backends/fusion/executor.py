@@ -49,7 +49,7 @@ from ember.backends.fusion.matmul_epilogue import (
     MatmulTemplate,
 )
 from ember.backends.fusion.stream import Record, ReplayedRecords
-from ember.backends.fusion.views import last_two_swapped
+from ember.backends.fusion.views import VIEW_OPS, last_two_swapped
 from ember.backends.ndarray.parallel import blas_held_to_one
 
 
@@ -316,8 +316,7 @@ class Executor:
         kernel = self.op_kernels.get("float_matmul")
         if kernel is None or self.recycler is None:
             return False
-        out = product.outputs[0]
-        other = addition.inputs[1] if addition.inputs[0] is out else addition.inputs[0]
+        other = addend(addition, product.outputs[0])
         array = other.prim
         owned = other.recycle is self.recycler if pooled is None else pooled
         if (not owned or type(array) is not np.ndarray
@@ -439,19 +438,12 @@ class Executor:
                fused.weights is not None)  # fmt: skip
 
         def run(arrays, composed: bool, threads: int, take, laid_out: bool) -> list:
-            results = run_attention(fused, arrays, composed, threads, take,
-                                    order if laid_out else None)  # fmt: skip
-            if composed or fused.query_scaling is None:
-                return results
-            if laid_out:  # the kept run: the scaled query goes to its slot
-                query = fused.query.slot
-                set_output(self.inner, query, self.arrays[1](results[-1]), "attention's query")
-                if self.recycler is not None:
-                    query.recycle = self.recycler
-            return results[:-1]
+            return run_attention(fused, arrays, composed, threads, take,
+                                 order if laid_out else None)  # fmt: skip
 
+        scaling = None if fused.query_scaling is None else fused.query_scaling[0]
         self._attention_segment(fused, records, attention_arrays, key, 1, run, slots,
-                                "attentions", "attention")  # fmt: skip
+                                "attentions", "attention", own_prologue=scaling)  # fmt: skip
 
     def _attention_grad(self, fused: AttentionGrad, records: list[Record],
                         layouts: list) -> None:  # fmt: skip
@@ -470,7 +462,8 @@ class Executor:
 
     def _attention_segment(self, fused, records: list[Record], arrays_of, key: tuple,
                            passes: int, run, slots: tuple, counter: str, what: str,
-                           epilogue: tuple = ()) -> None:  # fmt: skip
+                           epilogue: tuple = (),
+                           own_prologue: Record | None = None) -> None:  # fmt: skip
         """Runs an attention or attention gradient segment as its numba kernel where the
         tuner chose that over the records one by one (the first run of a bucket is the
         kernel's, then both are timed), then the ``epilogue``'s records; otherwise, where
@@ -478,11 +471,15 @@ class Executor:
         The kernel reads each operand as a view of its source through the prologue's
         layout steps (:meth:`_attention_operands`). ``run(arrays, composed, threads, take,
         laid_out)`` runs the kernel and returns the values of ``slots``; ``passes`` scales
-        the tuner's work measure (the gradient's four products against two)."""
+        the tuner's work measure (the gradient's four products against two).
+        ``own_prologue`` is a prologue record the kernel computes itself where the prologue
+        runs (the query's scaling): its value follows ``slots``' among the results then."""
         if fused.inner_read or self.arrays is None:
             self._unfused(records)
             return
-        arrays, composed, rest = self._attention_operands(fused, records, arrays_of)
+        arrays, composed, rest = self._attention_operands(fused, records, arrays_of, own_prologue)
+        if not composed and own_prologue is not None:
+            slots = (*slots, own_prologue.outputs[0])
         how = None
         if arrays is not None:
             q, k, v = arrays[:3]
@@ -511,23 +508,22 @@ class Executor:
             self.tuner.tune_with(how, lambda threads: run(arrays, composed, threads, empty_in_order, False),
                                  lambda: run_detached(self.inner, inner), what)  # fmt: skip
 
-    def _attention_operands(self, fused, records: list[Record], arrays_of) -> tuple:
+    def _attention_operands(self, fused, records: list[Record], arrays_of,
+                            own_prologue: Record | None) -> tuple:  # fmt: skip
         """``(arrays, composed, rest)`` for an attention segment: its kernel's operands
         (``arrays_of(fused, to_numpy, composed)``, None where the kernel cannot read them)
         composed from their sources through the prologue's layout steps, or, where a
         prologue value is read later or no single view exists, read after the prologue's
-        records ran; ``rest`` are the segment's records that have not run."""
+        records ran (all but ``own_prologue``, the kernel's); ``rest`` are the segment's
+        records that have not run."""
         to_numpy = self.arrays[0]
         composed = not fused.prologue_kept
         arrays = arrays_of(fused, to_numpy, True) if composed else None
         ran = set()
         if arrays is None:
             composed = False
-            # The forward kernel applies the query's last scaling itself where it can
-            # (``Attention.query_scaling``; a gradient segment has none).
-            scaling = getattr(fused, "query_scaling", None)
             for record in fused.prologue:
-                if scaling is None or record is not scaling[0]:
+                if record is not own_prologue:
                     self.run_single(record)
                     ran.add(id(record))
             arrays = arrays_of(fused, to_numpy, False)
@@ -592,8 +588,7 @@ class Executor:
         kernel = self.op_kernels["float_matmul"]
         records = [product, addition]
         args = inner_args(product)
-        out = product.outputs[0]
-        bias = (addition.inputs[1] if addition.inputs[0] is out else addition.inputs[0]).prim
+        bias = addend(addition, product.outputs[0]).prim
         how = None
         if not keep_value and kernel.supports(args) and type(bias) is np.ndarray:
             how = self.tuner.lookup_op(("matmul+bias", *kernel.key(args)), kernel.work(args))
@@ -965,6 +960,12 @@ def read_transposed(record: Record, records: list[Record], readers: dict) -> boo
         len(out.shape))  # fmt: skip
 
 
+def addend(addition: Record, term: Slot) -> Slot:
+    """The operand of a two-input ``addition`` other than ``term``."""
+    first, second = addition.inputs
+    return second if first is term else first
+
+
 def accumulations(records: list[Record], readers: dict, segments: list) -> dict[int, tuple]:
     """``{i: (j, views)}``: products (record ``i``, a segment of its own) whose one reader
     is the addition ``j`` (a segment of its own too) of a value ``R`` made before ``i`` and
@@ -988,7 +989,7 @@ def accumulations(records: list[Record], readers: dict, segments: list) -> dict[
         addition = records[j]
         if j not in singles or addition.name != "float_add" or len(addition.inputs) != 2:
             continue
-        other = addition.inputs[1] if addition.inputs[0] is out else addition.inputs[0]
+        other = addend(addition, out)
         if other is out or other.shape != out.shape or other.dtype is not out.dtype:
             continue
         if addition.outputs[0].shape != out.shape or made_at.get(other, -1) >= i:
@@ -1000,9 +1001,6 @@ def accumulations(records: list[Record], readers: dict, segments: list) -> dict[
     return found
 
 
-_LAYOUT_STEPS = frozenset(("float_reshape", "float_permute", "float_expand", "float_slice"))
-
-
 def _dead_views(slot: Slot, records: list[Record], readers: dict, before: int) -> tuple | None:
     """The layout values made from ``slot`` (transitively) by the records, where none is
     read from record ``before`` on, by a handle or by another stream; else None."""
@@ -1011,7 +1009,7 @@ def _dead_views(slot: Slot, records: list[Record], readers: dict, before: int) -
         source = todo.pop()
         for k in readers.get(source, ()):
             record = records[k]
-            if record.name not in _LAYOUT_STEPS or k >= before:
+            if record.name not in VIEW_OPS or k >= before:
                 continue
             view = record.outputs[0]
             if view.readable() or view.shared or any(r >= before for r in readers.get(view, ())):

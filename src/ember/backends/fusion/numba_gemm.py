@@ -447,10 +447,13 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
                                 f"{dtype} columns {b.shape[-1]}")  # fmt: skip
     else:
         bias = np.ascontiguousarray(bias)
+    nr = NR[dtype]
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     adding = into is not None
     if adding:
-        shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-        if (type(into) is not np.ndarray or into.shape != shape or into.dtype != dtype
+        if (type(into) is not np.ndarray or into.shape != (*batch, m, n) or into.dtype != dtype
                 or not into.flags.c_contiguous or not into.flags.writeable or bias.size
                 or np.may_share_memory(into, a) or np.may_share_memory(into, b)):  # fmt: skip
             raise KernelUnsupported(f"numba matmul: cannot add {a.shape} @ {b.shape} into "
@@ -459,10 +462,6 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             return into.reshape(shape)
 
-    nr = NR[dtype]
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a_of = _batch_map(a.shape[:-2], batch)
     b_of = _batch_map(b.shape[:-2], batch)
     a3, by_columns = _batched_a(a, m, k)
@@ -472,6 +471,8 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     panels = -(-n // nr)
     kc = _k_block(k, n, dtype.itemsize)
     parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
+    by_panels = n >= m  # each part packs all of the smaller operand
+    panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
     if immutable(b):  # a constant (an imported model's weight): its panels are packed once
         base = owner(b)
         view = (b.__array_interface__["data"][0] - base.__array_interface__["data"][0],
@@ -479,10 +480,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
         out = _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
                         bias, adding)  # fmt: skip
-        return into if adding else out
-    by_panels = n >= m  # each part packs all of the smaller operand
-    panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
-    if panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
+    elif panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
         bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
@@ -491,10 +489,10 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
                              a_of, b_of, kc, nr, by_panels, bias, adding], parts)  # fmt: skip
-        return into if adding else out
-    bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
-    out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
-                    b_of, threads, empty, bias, adding)  # fmt: skip
+    else:
+        bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
+        out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
+                        b_of, threads, empty, bias, adding)  # fmt: skip
     return into if adding else out
 
 

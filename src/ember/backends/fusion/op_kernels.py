@@ -183,17 +183,18 @@ def _fields(options: Any) -> tuple:
 
 
 def _matmul_run(args: list, threads: int, empty: Callable = np.empty,
-                bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+                bias: np.ndarray | None = None,
+                into: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     from ember.backends.fusion import numba_gemm
 
     a, b = args
-    if threads > 1 and _splits(a, b) and bias is None:
+    if threads > 1 and _splits(a, b) and bias is None and into is None:
         return _stacked_matmul(a, b, threads, empty)
     if a.ndim > 2 and b.ndim == 2:
         order = contiguous_order(a)
         if order is not None:  # a stack of rows: C-contiguous, or an imported [seq, batch, dim]
-            return _rows_matmul(a, b, order, threads, empty, bias)
-    return numba_gemm.matmul(a, b, threads=threads, empty=empty, bias=bias)
+            return _rows_matmul(a, b, order, threads, empty, bias, into)
+    return numba_gemm.matmul(a, b, threads=threads, empty=empty, bias=bias, into=into)
 
 
 def matmul_with_bias(args: list, bias: np.ndarray, threads: int, empty: Callable) -> np.ndarray:
@@ -208,44 +209,45 @@ def matmul_with_bias(args: list, bias: np.ndarray, threads: int, empty: Callable
 
 
 def matmul_into(args: list, into: np.ndarray, threads: int) -> np.ndarray:
-    """``into += a @ b`` for the ``float_matmul`` kernel's ``args`` (``[a, b]``) and a
-    C-contiguous ``into`` of the product's shape and dtype, the GEMM's sums starting from
-    its values (``numba_gemm.matmul``); a C-contiguous stack of rows times a matrix is one
-    product of all its rows.
+    """``into += a @ b`` for the ``float_matmul`` kernel's ``args`` (``[a, b]``) and an
+    ``into`` of the product's shape and dtype, laid out as the product would be (a stack of
+    rows' output in the stack's order), the GEMM's sums starting from its values
+    (``numba_gemm.matmul``).
 
     Raises:
-        KernelUnsupported: an ``into`` the GEMM cannot add to, or a stack it would not fold.
+        KernelUnsupported: an ``into`` the GEMM cannot add to.
     """
-    from ember.backends.fusion import numba_gemm
-
-    a, b = args
-    if a.ndim > 2 and b.ndim == 2:
-        if not a.flags.c_contiguous:
-            raise numba_gemm.KernelUnsupported("numba matmul: a stack of rows out of order")
-        a = a.reshape(-1, a.shape[-1])
-        into = into.reshape(-1, into.shape[-1]) if into.flags.c_contiguous else into
-    return numba_gemm.matmul(a, b, threads=threads, into=into)
+    return _matmul_run(args, threads, into=into)
 
 
 def _rows_matmul(a: np.ndarray, b: np.ndarray, order: list[int], threads: int,
-                 empty: Callable, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """``a @ b`` (plus ``bias``) for a matrix ``b`` and an ``a`` whose rows are C-contiguous
-    in ``order`` of its dims: one product of all its rows where they lie (as NdArray's
-    matmul; by stack entry, ``[8, 128, 256]`` was 8 products with an edge strip each, and a
-    ``[128, 8, 256]`` view 128 products of 8 rows, 2-3x slower), into an output laid out in
-    the same order."""
+                 empty: Callable, bias: np.ndarray | None = None,
+                 into: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """``a @ b`` (plus ``bias``, or added ``into``) for a matrix ``b`` and an ``a`` whose
+    rows are C-contiguous in ``order`` of its dims: one product of all its rows where they
+    lie (as NdArray's matmul; by stack entry, ``[8, 128, 256]`` was 8 products with an edge
+    strip each, and a ``[128, 8, 256]`` view 128 products of 8 rows, 2-3x slower), into an
+    output laid out in the same order."""
     from ember.backends.fusion import numba_gemm
 
     shape = (*a.shape[:-1], b.shape[-1])
     dtype = np.result_type(a, b)
     laid = None if order == sorted(order) else tuple(order)
-    if empty is np.empty:
+    if into is not None:
+        out = into
+    elif empty is np.empty:
         out = empty_in_order(shape, dtype, laid)
     else:
         out = empty(shape, dtype) if laid is None else empty(shape, dtype, laid)
-    rows = out if laid is None else out.transpose(order)  # C-contiguous
+    rows = out if laid is None else out.transpose(order)
+    if not rows.flags.c_contiguous:  # an ``into`` laid out otherwise
+        raise numba_gemm.KernelUnsupported("numba matmul: an output not laid out as the rows")
     a2 = a.transpose(order).reshape(-1, a.shape[-1])
-    numba_gemm.matmul(a2, b, threads=threads, empty=lambda s, d: rows.reshape(s), bias=bias)
+    rows2 = rows.reshape(-1, shape[-1])
+    if into is not None:
+        numba_gemm.matmul(a2, b, threads=threads, into=rows2)
+    else:
+        numba_gemm.matmul(a2, b, threads=threads, empty=lambda s, d: rows2, bias=bias)
     return out
 
 

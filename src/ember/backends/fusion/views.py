@@ -30,6 +30,10 @@ import numpy as np
 Layout = list[list[tuple[int, int]]]  # per dim, its (size, stride) parts, outermost first
 
 
+VIEW_OPS = frozenset(("float_reshape", "float_permute", "float_expand", "float_slice"))
+"""The layout ops whose output views its input's memory (a reshape: where the strides allow)."""
+
+
 def last_two_swapped(rank: int) -> tuple[int, ...]:
     """The permutation of ``rank`` dims that swaps the last two (a matrix transposed)."""
     return (*range(rank - 2), rank - 1, rank - 2)
