@@ -775,6 +775,40 @@ def test_a_replay_with_a_product_runs_it_as_a_single_op(interp):
         assert stats()["direct_replays"] == (call >= 3)
 
 
+def test_a_direct_replay_runs_its_products_on_the_arrays_for_any_operand_layout(monkeypatch):
+    """A direct replay launches a product (and a product with its bias) on the GEMM at the
+    tuner's choice, without a record or the executor's single-op path; an operand laid out
+    otherwise in a later call (a transposed view of the same shape) takes the kernel's key
+    for that layout, and computes the same."""
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion import autotune
+    from ember.backends.fusion.executor import Executor
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    w1, w2, b = _data((64, 48), 1), _data((48, 40), 2), _data((40,), 3)
+    t1, t2, tb = (Tensor.from_data(a, device) for a in (w1, w2, b))
+    g = replay(lambda x: ((x @ t1).tanh() @ t2 + tb).exp())
+    singles = []
+    run_single = Executor.run_single
+    monkeypatch.setattr(Executor, "run_single",
+                        lambda self, record, *a: (singles.append(record.name),
+                                                  run_single(self, record, *a)))  # fmt: skip
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        for call in range(8):
+            x = _data((96, 64), 90 + call)
+            if call >= 6:
+                x = np.ascontiguousarray(x.T).T  # the same values, column-major
+            singles.clear()
+            reset_stats()
+            got = g(Tensor.from_data(x, device)).to_numpy()
+            want = np.exp(np.tanh(x.astype(np.float64) @ w1) @ w2 + b)
+            np.testing.assert_allclose(got, want, rtol=1e-4)
+            counts = stats()
+            assert counts["direct_replays"] == (call >= 3), counts
+            if call >= 3:
+                assert "float_matmul" not in singles and counts["op_kernels"] == 2, (singles, counts)
+
+
 def test_a_product_read_transposed_is_computed_transposed_in_a_direct_replay(interp):
     # The executor computes such a product transposed for its one reader, a swap; the
     # direct replay does the same.

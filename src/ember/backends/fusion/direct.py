@@ -18,8 +18,10 @@ reference; later calls :func:`run` it on the input arrays at once:
   ``_run_op_kernel`` do;
 * ``attention``: an attention or attention gradient segment, its template bound to records
   made for it and run by the executor's own method, in the layout its readers had;
-* ``product``: a product and its bias (``BiasedMatmulFuser``), run by
-  ``Executor.run_biased`` on records made for them;
+* ``matmul``: a product, launched on the numba GEMM at the tuner's settled choice on the
+  arrays themselves (``_Made._product``), else run as an ``op``;
+* ``product``: a product and its bias (``BiasedMatmulFuser``), launched the same way, else
+  run by ``Executor.run_biased`` on records made for them;
 * ``accumulate``: a product and the addition that takes it into a value at its last use
   (``executor.accumulations``), run by ``Executor.run_accumulated`` where the values
   allow, else as the two records;
@@ -66,6 +68,7 @@ from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
 from ember.backends.fusion.handle import Slot, indices_fit
 from ember.backends.fusion.matmul_epilogue import MatmulEpilogue
+from ember.backends.fusion.op_kernels import matmul_with_bias
 from ember.backends.fusion.stream import Record
 from ember.backends.fusion.views import VIEW_OPS
 
@@ -77,7 +80,7 @@ class Program:
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
     __slots__ = ("blocks", "conv_keys", "device", "drops", "first", "generation", "indexed",
-                 "steps")  # fmt: skip
+                 "product_keys", "steps")  # fmt: skip
 
     def __init__(self, generation: int, steps: tuple, device: Device,
                  drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = (),
@@ -88,6 +91,8 @@ class Program:
         self.indexed, self.first = indexed, first
         self.blocks = sum(step[0] == "block" for step in steps)
         self.conv_keys: dict[int, tuple] = {}  # step index -> (tuner key, work), once known
+        # step index -> (operand layouts, tuner key, work) of its product, once known
+        self.product_keys: dict[int, tuple] = {}
 
 
 def learn(trace: Any, values: list, records: Any, segments: list) -> Program | bool | None:
@@ -158,8 +163,15 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             if outs is None:
                 return False
             transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
-            kind = "view" if record.name in VIEW_OPS and not record.multi else "op"
-            steps.append(("transposed" if transposed else kind, pushed[start]))
+            if transposed:
+                kind = "transposed"
+            elif record.name in VIEW_OPS and not record.multi:
+                kind = "view"
+            elif record.name == "float_matmul" and "float_matmul" in executor.op_kernels:
+                kind = "matmul"
+            else:
+                kind = "op"
+            steps.append((kind, pushed[start]))
         elif type(fused) in (Attention, AttentionGrad):
             if templates is None:
                 templates = _templates(records)
@@ -369,6 +381,8 @@ class _Made:
             _keep(entries, indices, made, slots, prims)
         elif kind == "product":
             indices = step[1:3]
+            if not step[3] and self._product(i, entries[indices[0]], entries[indices[1]]):
+                return True
             made = [_record(entries[k], slots, prims, specs) for k in indices]
             executor.run_biased(*made, step[3])
             _keep(entries, indices, made, slots, prims)
@@ -376,10 +390,51 @@ class _Made:
             entry = entries[step[1]]
             if kind == "view" and _view(executor.inner, entry, prims):
                 return True
+            if kind == "matmul" and self._product(i, entry):
+                return True
             record = _record(entry, slots, prims, specs)
             if kind != "transposed" or not executor.run_transposed(record):
                 executor.run_single(record)
             _keep(entries, (step[1],), (record,), slots, prims)
+        return True
+
+
+    def _product(self, i: int, product: Any, addition: Any = None) -> bool:
+        """Runs a ``matmul`` step's product, or a ``product`` step's product and the
+        addition of its bias (``addition``), on the numba GEMM at the tuner's settled choice,
+        on the arrays themselves: the records, their slots and the executor's checks cost
+        about 100 us of Python a product in a training step (cold), where this costs a
+        few. False where the records are to run (the choice is not settled or is the inner
+        op's, a case the kernel does not take): they time it, or run it unfused."""
+        prims, to_array = self.prims, self.to_array
+        args = [to_array(prims[r]) for r in product.refs]
+        bias = None
+        if addition is not None:
+            other = addition.refs[1 - addition.refs.index(product.out_refs[0])]
+            bias = to_array(prims[other])
+            if type(bias) is not np.ndarray:
+                return False
+        kernel = self.executor.op_kernels["float_matmul"]
+        layouts = tuple([(a.shape, a.strides) for a in args if type(a) is np.ndarray])
+        known = self.program.product_keys.get(i)
+        if known is None or known[0] != layouts:
+            if not kernel.supports(args):
+                return False
+            key = kernel.key(args)
+            known = (layouts, key if bias is None else ("matmul+bias", *key), kernel.work(args))
+            self.program.product_keys[i] = known
+        how = self.executor.tuner.lookup_op(known[1], known[2])
+        if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+            return False
+        take = self.runtime.pool.take
+        if bias is None:
+            out = kernel.run(args, how.threads, take)
+        else:
+            out = matmul_with_bias(args, bias, how.threads, take)
+        made = (addition or product).out_refs[0]
+        prims[made] = prim = self.from_array(out)
+        self.pooled[made] = prim is out
+        counters.add_each(op_kernels=1, fused_ops=0 if addition is None else 2)
         return True
 
 
