@@ -644,6 +644,26 @@ def test_broadcast_views_are_read_in_place(runtime):
     np.testing.assert_allclose(total, column[:, :1] * 48, rtol=1e-6)
 
 
+def test_a_block_with_a_broadcast_view_works_its_launch_out_once(runtime, monkeypatch):
+    # The block the kernel reads the view through is kept with the block it came from: a
+    # second run finds its launch, without looking the kernel up again; another expanded
+    # input is another block, and the results are the same as for the copies.
+    rng = np.random.default_rng(9)
+    shape = (64, 48)
+    x = rng.standard_normal(shape).astype(np.float32)
+    row = rng.standard_normal((1, 48)).astype(np.float32)
+    column = rng.standard_normal((64, 1)).astype(np.float32)
+    add = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)),
+                   (I("add", (0, 1), (), shape, F32),), (2,))  # fmt: skip
+    lookups = []
+    kernel = runtime.kernel
+    monkeypatch.setattr(runtime, "kernel", lambda block: (lookups.append(block), kernel(block))[1])
+    for operand, lookups_after in ((row, 1), (row, 1), (column, 2), (column, 2), (row, 2)):
+        (got,) = runtime.run(add, [x, np.broadcast_to(operand, shape)])
+        np.testing.assert_array_equal(got, x + operand)
+        assert len(lookups) == lookups_after
+
+
 def test_output_over_its_own_input(runtime):
     # x * softmax(x): the kernel parks exp(x - max) in its output between the last pass
     # and the final loop, which reads x again; an output that is x itself must not

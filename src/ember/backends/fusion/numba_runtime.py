@@ -605,7 +605,19 @@ def _broadcast_views(block: ir.Block, inputs: list) -> tuple[ir.Block, list]:
         specs[i], inputs[i] = ir.Input(one.shape, spec.dtype), one
     if specs is None:
         return block, inputs
-    return ir.Block(block.shape, tuple(specs), block.body, block.outputs, block.axis), inputs
+    # Kept on the block, as its launch is (``_launch_data``): a new block each call would
+    # look its kernel up and work its launch out again (about 70 us a call in a step).
+    made = block.__dict__.setdefault("_broadcast_blocks", {})
+    specs = tuple(specs)
+    found = made.get(specs)
+    if found is None:
+        if len(made) >= _BROADCAST_BLOCKS:
+            made.clear()
+        found = made[specs] = ir.Block(block.shape, specs, block.body, block.outputs, block.axis)
+    return found, inputs
+
+
+_BROADCAST_BLOCKS = 8  # a block's broadcast variants kept (each input expanded or not)
 
 
 def _inputs(block: ir.Block, inputs: list[np.ndarray],
