@@ -398,14 +398,13 @@ class _Made:
             _keep(entries, (step[1],), (record,), slots, prims)
         return True
 
-
     def _product(self, i: int, product: Any, addition: Any = None) -> bool:
         """Runs a ``matmul`` step's product, or a ``product`` step's product and the
         addition of its bias (``addition``), on the numba GEMM at the tuner's settled choice,
-        on the arrays themselves: the records, their slots and the executor's checks cost
-        about 100 us of Python a product in a training step (cold), where this costs a
-        few. False where the records are to run (the choice is not settled or is the inner
-        op's, a case the kernel does not take): they time it, or run it unfused."""
+        on the arrays themselves: the records, their slots and the executor's single-op
+        path cost about 30 us of Python more a product in a training step (cold). False
+        where the records are to run (the choice is not settled or is the inner op's, a
+        case the kernel does not take): they time it, or run it unfused."""
         prims, to_array = self.prims, self.to_array
         args = [to_array(prims[r]) for r in product.refs]
         bias = None
