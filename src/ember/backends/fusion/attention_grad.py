@@ -83,6 +83,10 @@ class AttentionGrad:
         return product_of(self.factors)
 
 
+_GRADIENT_ROLES = frozenset(("dp", "dv", "dq", "dk"))
+"""The roles of the four products a whole attention gradient has: dP, dV, dQ', dK'ᵀ."""
+
+
 class AttentionGradFuser(AttentionFuser):
     """Takes the records of one attention's backward pass (see the module doc); shares the
     forward fuser's tracing of operands through their layout steps.
@@ -121,7 +125,7 @@ class AttentionGradFuser(AttentionFuser):
         self.roles.append(role)
 
     def _complete(self) -> bool:
-        return all(role in self._found for role in ("dp", "dv", "dq", "dk"))
+        return self._found.keys() >= _GRADIENT_ROLES  # asked for each record offered
 
     def _traced_left(self) -> bool:
         """Whether a prologue value no product reads is left (the pattern is not whole)."""
