@@ -809,6 +809,55 @@ def test_a_direct_replay_runs_its_products_on_the_arrays_for_any_operand_layout(
                 assert "float_matmul" not in singles and counts["op_kernels"] == 2, (singles, counts)
 
 
+def test_a_direct_replay_runs_every_op_with_a_compiled_kernel_on_the_arrays(monkeypatch):
+    """Pooling (with its indices: two outputs) and a convolution's gradients take the same
+    path as products in a direct replay of a training step: their kernels at the tuner's
+    choice, no record; the gradients equal NdArray's."""
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion import autotune
+    from ember.backends.fusion.executor import Executor
+    from ember.tensor import module as F
+
+    rng = np.random.default_rng(21)
+    # Large enough for the tuner to time each op (a smaller one runs on NdArray).
+    w_host = (rng.standard_normal((16, 3, 3, 3)) * 0.2).astype(np.float32)
+    fc_host = (rng.standard_normal((16 * 16 * 16, 10)) * 0.05).astype(np.float32)
+    x_host = rng.standard_normal((8, 3, 32, 32)).astype(np.float32)
+
+    singles: list[str] = []  # the single records the last call ran
+
+    def step(device, replayed: bool) -> list:
+        w = Tensor.from_data(w_host, device).require_grad()
+        fc = Tensor.from_data(fc_host, device).require_grad()
+
+        def body(x):
+            h = ember.activation.relu(F.conv2d(x, w, None, padding=1))
+            h = F.max_pool2d(h, [2, 2], [2, 2]) + F.avg_pool2d(h, [2, 2], [2, 2])
+            grads = (h.reshape([x.shape[0], 16 * 16 * 16]) @ fc).sum().backward()
+            return [w.grad(grads), fc.grad(grads), x.grad(grads)]
+
+        run = replay(body) if replayed else body
+        for _ in range(5):
+            reset_stats()
+            singles.clear()
+            got = [t.to_numpy() for t in run(Tensor.from_data(x_host, device).require_grad())]
+        return got
+
+    want = step(ember.device("ndarray").autodiff(), False)
+    run_single = Executor.run_single
+    monkeypatch.setattr(Executor, "run_single",
+                        lambda self, record, *a: (singles.append(record.name),
+                                                  run_single(self, record, *a)))  # fmt: skip
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        got = step(ember.device("ndarray").fusion(runtime="numba").autodiff(), True)
+    assert stats()["direct_replays"] == 1
+    kernel_ops = {"max_pool2d_with_indices", "avg_pool2d", "conv_x_backward",
+                  "conv_weight_backward", "float_matmul"}  # fmt: skip
+    assert not kernel_ops & set(singles), singles
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+
+
 def test_a_product_read_transposed_is_computed_transposed_in_a_direct_replay(interp):
     # The executor computes such a product transposed for its one reader, a swap; the
     # direct replay does the same.

@@ -18,10 +18,11 @@ reference; later calls :func:`run` it on the input arrays at once:
   ``_run_op_kernel`` do;
 * ``attention``: an attention or attention gradient segment, its template bound to records
   made for it and run by the executor's own method, in the layout its readers had;
-* ``matmul``: a product, launched on the numba GEMM at the tuner's settled choice on the
-  arrays themselves (``_Made._product``), else run as an ``op``;
-* ``product``: a product and its bias (``BiasedMatmulFuser``), launched the same way, else
-  run by ``Executor.run_biased`` on records made for them;
+* ``kernel``: an op with a compiled kernel (``op_kernels``: a product, a pooling, a
+  convolution's gradient), launched at the tuner's settled choice on the arrays themselves
+  (``_Made._kernel``), else run as an ``op``;
+* ``product``: a product and its bias (``BiasedMatmulFuser``), launched the same way on the
+  GEMM with the bias, else run by ``Executor.run_biased`` on records made for them;
 * ``accumulate``: a product and the addition that takes it into a value at its last use
   (``executor.accumulations``), run by ``Executor.run_accumulated`` where the values
   allow, else as the two records;
@@ -30,7 +31,7 @@ reference; later calls :func:`run` it on the input arrays at once:
 * ``view``: a layout op (``views.VIEW_OPS``), run on the inner backend at once where it
   gives a view (else as an ``op``);
 * ``op``: any other single record, run by ``Executor.run_single`` on made slots (the mean
-  of a global pooling, a product).
+  of a global pooling, a bias gradient's sum).
 
 After each step, the values no later step reads and the call does not return are
 dropped, so their buffers go back to the pool for the steps after it. The outputs are
@@ -79,8 +80,8 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "conv_keys", "device", "drops", "first", "generation", "indexed",
-                 "product_keys", "steps")  # fmt: skip
+    __slots__ = ("blocks", "device", "drops", "first", "generation", "indexed", "op_keys",
+                 "steps")  # fmt: skip
 
     def __init__(self, generation: int, steps: tuple, device: Device,
                  drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = (),
@@ -90,9 +91,8 @@ class Program:
         # entries run at once), before any other.
         self.indexed, self.first = indexed, first
         self.blocks = sum(step[0] == "block" for step in steps)
-        self.conv_keys: dict[int, tuple] = {}  # step index -> (tuner key, work), once known
-        # step index -> (operand layouts, tuner key, work) of its product, once known
-        self.product_keys: dict[int, tuple] = {}
+        # step index -> (operand layouts, tuner key, work) of its compiled kernel, once known
+        self.op_keys: dict[int, tuple] = {}
 
 
 def learn(trace: Any, values: list, records: Any, segments: list) -> Program | bool | None:
@@ -167,8 +167,8 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
                 kind = "transposed"
             elif record.name in VIEW_OPS and not record.multi:
                 kind = "view"
-            elif record.name == "float_matmul" and "float_matmul" in executor.op_kernels:
-                kind = "matmul"
+            elif record.name in executor.op_kernels:
+                kind = "kernel"
             else:
                 kind = "op"
             steps.append((kind, pushed[start]))
@@ -381,7 +381,7 @@ class _Made:
             _keep(entries, indices, made, slots, prims)
         elif kind == "product":
             indices = step[1:3]
-            if not step[3] and self._product(i, entries[indices[0]], entries[indices[1]]):
+            if not step[3] and self._kernel(i, entries[indices[0]], entries[indices[1]]):
                 return True
             made = [_record(entries[k], slots, prims, specs) for k in indices]
             executor.run_biased(*made, step[3])
@@ -390,7 +390,7 @@ class _Made:
             entry = entries[step[1]]
             if kind == "view" and _view(executor.inner, entry, prims):
                 return True
-            if kind == "matmul" and self._product(i, entry):
+            if kind == "kernel" and self._kernel(i, entry):
                 return True
             record = _record(entry, slots, prims, specs)
             if kind != "transposed" or not executor.run_transposed(record):
@@ -398,43 +398,55 @@ class _Made:
             _keep(entries, (step[1],), (record,), slots, prims)
         return True
 
-    def _product(self, i: int, product: Any, addition: Any = None) -> bool:
-        """Runs a ``matmul`` step's product, or a ``product`` step's product and the
-        addition of its bias (``addition``), on the numba GEMM at the tuner's settled choice,
-        on the arrays themselves: the records, their slots and the executor's single-op
-        path cost about 30 us of Python more a product in a training step (cold). False
-        where the records are to run (the choice is not settled or is the inner op's, a
-        case the kernel does not take): they time it, or run it unfused."""
-        prims, to_array = self.prims, self.to_array
-        args = [to_array(prims[r]) for r in product.refs]
+    def _kernel(self, i: int, entry: Any, addition: Any = None) -> bool:
+        """Runs a ``kernel`` step's op, or a ``product`` step's product and the addition of
+        its bias (``addition``: the GEMM with the bias), with its compiled kernel at the
+        tuner's settled choice, on the arrays themselves: the records, their slots and the
+        executor's single-op path cost about 30 us of Python more a product in a training
+        step (cold). False where the records are to run (the choice is not settled or is
+        the inner op's, a case the kernel does not take): they time it, or run it unfused."""
+        prims = self.prims
+        operands = [None if r < 0 else prims[r] for r in entry.refs]
+        args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
+        kernel = self.executor.op_kernels[entry.name]
         bias = None
         if addition is not None:
-            other = addition.refs[1 - addition.refs.index(product.out_refs[0])]
-            bias = to_array(prims[other])
+            bias = prims[addition.refs[1 - addition.refs.index(entry.out_refs[0])]]
             if type(bias) is not np.ndarray:
                 return False
-        kernel = self.executor.op_kernels["float_matmul"]
-        layouts = tuple([(a.shape, a.strides) for a in args if type(a) is np.ndarray])
-        known = self.program.product_keys.get(i)
-        if known is None or known[0] != layouts:
-            if not kernel.supports(args):
-                return False
-            key = kernel.key(args)
-            known = (layouts, key if bias is None else ("matmul+bias", *key), kernel.work(args))
-            self.program.product_keys[i] = known
-        how = self.executor.tuner.lookup_op(known[1], known[2])
-        if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+        how = _settled(self.executor, self.program, i, kernel, args,
+                       () if bias is None else ("matmul+bias",))  # fmt: skip
+        if how is None:
             return False
         take = self.runtime.pool.take
         if bias is None:
             out = kernel.run(args, how.threads, take)
         else:
             out = matmul_with_bias(args, bias, how.threads, take)
-        made = (addition or product).out_refs[0]
-        prims[made] = prim = self.from_array(out)
-        self.pooled[made] = prim is out
+        outs = out if addition is None and entry.multi else (out,)
+        for r, array in zip((addition or entry).out_refs, outs, strict=True):
+            prims[r] = prim = self.from_array(array)
+            self.pooled[r] = prim is array
         counters.add_each(op_kernels=1, fused_ops=0 if addition is None else 2)
         return True
+
+
+def _settled(executor: Any, program: Program, i: int, kernel: Any, args: list,
+             prefix: tuple = ()) -> Any:  # fmt: skip
+    """The tuner's settled choice of ``kernel`` (an ``op_kernels`` entry) for step ``i``'s
+    ``args`` (its key after ``prefix``), or None where the records are to run: the kernel
+    does not take them, the choice is pending or the inner op's. The key and work are kept
+    per step with the arrays' layouts they were worked out for."""
+    layouts = tuple([(a.shape, a.strides) for a in args if type(a) is np.ndarray])
+    known = program.op_keys.get(i)
+    if known is None or known[0] != layouts:
+        if not kernel.supports(args):
+            return None
+        known = program.op_keys[i] = (layouts, (*prefix, *kernel.key(args)), kernel.work(args))
+    how = executor.tuner.lookup_op(known[1], known[2])
+    if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+        return None
+    return how
 
 
 def _view(inner: Any, entry: Any, prims: list) -> bool:
@@ -459,14 +471,8 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     _, x, weight, bias, options, first, second, residual, _, prefix = step
     args = [to_array(prims[x]), to_array(prims[weight]),
             None if bias is None else to_array(prims[bias]), options]  # fmt: skip
-    kernel = executor.op_kernels["conv2d"]
-    known = program.conv_keys.get(i)
-    if known is None:
-        if not kernel.supports(args):
-            return None
-        known = program.conv_keys[i] = ((*prefix, *kernel.key(args)), kernel.work(args))
-    how = executor.tuner.lookup_op(*known)
-    if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+    how = _settled(executor, program, i, executor.op_kernels["conv2d"], args, prefix)
+    if how is None:
         return None
     launch = numba_conv.launch_for(*args, how.threads, (first, second) if prefix else None)
     counters.add("op_kernels")
