@@ -22,7 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Kept", "immutable", "owner"]
+__all__ = ["Kept", "immutable", "owner", "seal"]
+
+# id -> array: buffers whose memory only ember's loaders reach, through them (see seal)
+_sealed: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _none() -> None:
@@ -66,19 +69,38 @@ class Kept:
 
 
 def immutable(array: Any) -> bool:
-    """Whether a NumPy ``array`` and every array it views are read-only, down to memory that
-    owns itself or to ``bytes`` (loaded records and imported models are): nothing can change
-    its values, so a form made of them may be kept (:class:`Kept`)."""
+    """Whether a NumPy ``array`` and every array it views are read-only, through read-only
+    memoryviews, down to memory that owns itself, to ``bytes`` or to a :func:`seal`-ed
+    buffer (loaded records and imported models are): nothing can change its values, so a
+    form made of them may be kept (:class:`Kept`)."""
     import numpy as np
 
     base = array
-    while type(base) is np.ndarray:
-        if base.flags.writeable:
-            return False
-        base = base.base
-    if type(base) is memoryview:
-        base = base.obj
-    return base is None or type(base) is bytes
+    while True:
+        if type(base) is memoryview:
+            if not base.readonly:
+                return False
+            base = base.obj
+        elif type(base) is np.ndarray:
+            if base.flags.writeable:
+                return False
+            if _sealed.get(id(base)) is base:
+                return True
+            base = base.base
+        else:
+            return base is None or type(base) is bytes
+
+
+def seal(array: Any) -> Any:
+    """Makes ``array`` and the arrays it views read-only and marks their memory as reachable
+    only through them, so that :func:`immutable` holds for every read-only array that views
+    it, whatever memory lies below (a loader's private ``bytearray`` or anonymous map).
+    For a buffer a loader made and filled itself and hands out only as read-only views;
+    returns ``array``."""
+    root = owner(array)  # NumPy points a view's view at the last array: mark that one
+    array.flags.writeable = root.flags.writeable = False
+    _sealed[id(root)] = root
+    return array
 
 
 def owner(array: Any) -> Any:

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ember.backend.errors import RecordFormatError
+from ember.backend.kept import seal
 from ember.record.limits import raise_hint
 from ember.record.tree import format_error
 
@@ -95,8 +96,7 @@ def read_file(path: Path, source: str, max_bytes: int | None = None) -> np.ndarr
                 raise format_error(source, f"truncated: the file shrank to {done} bytes while "
                                            f"it was read ({nbytes} when opened)")
             done += count
-    buffer.flags.writeable = False
-    return buffer
+    return seal(buffer)
 
 
 def private_copy(data: bytes | bytearray | memoryview) -> np.ndarray:
@@ -108,6 +108,7 @@ def private_copy(data: bytes | bytearray | memoryview) -> np.ndarray:
         view = (view if view.c_contiguous else memoryview(view.tobytes())).cast("B")
         array = aligned_empty(view.nbytes)
         array[:] = np.frombuffer(view, np.uint8)
+        return seal(array)
     array.flags.writeable = False
     return array
 
@@ -204,7 +205,8 @@ class InflatingContent(Content):
             return self.view[start - self._base:end - self._base]
         # A buffer of its own, placed so that every offset keeps its alignment mod 64.
         shift = start % _ALIGN
-        out = memoryview(aligned_empty(nbytes + shift, fault_in=False)[shift:])
+        buffer = aligned_empty(nbytes + shift, fault_in=False)[shift:]
+        out = memoryview(buffer)
         have = max(0, self.size - start)
         out[:have] = self.view[start - self._base:]
         while have < nbytes:
@@ -215,7 +217,7 @@ class InflatingContent(Content):
             out[have:have + len(chunk)] = chunk
             have += len(chunk)
         self.view, self._base, self.size = memoryview(b""), end, end
-        return out
+        return memoryview(seal(buffer))
 
     def read_rest(self, start: int) -> memoryview:
         # One buffer, doubled as the data comes (the old one freed at once), up to the limit.
@@ -242,7 +244,7 @@ class InflatingContent(Content):
             buffer[have:have + len(chunk)] = np.frombuffer(chunk, np.uint8)
             have += len(chunk)
         self.view, self._base, self.size = memoryview(b""), start + have, start + have
-        return memoryview(buffer)[:have]
+        return memoryview(seal(buffer))[:have]
 
     def finish(self, end: int) -> None:
         if self.size > end or (self.size == end and self._produce_any()):
