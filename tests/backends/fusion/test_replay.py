@@ -858,6 +858,38 @@ def test_a_direct_replay_runs_every_op_with_a_compiled_kernel_on_the_arrays(monk
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("rows", [6, 256], ids=["too small to time", "the inner op chosen"])
+def test_a_direct_replay_runs_ops_without_a_kernel_on_the_arrays(rows, monkeypatch):
+    """Ops without a compiled kernel (a sum over an axis, a mean), and a product the tuner
+    leaves to the inner backend with its bias added apart, run in a direct replay as the
+    inner ops on the arrays: no record and no single-op path; the results are NumPy's."""
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion import autotune
+    from ember.backends.fusion.executor import Executor
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    w, b = _data((64, 40), 1), _data((40,), 2)
+    tw, tb = Tensor.from_data(w, device), Tensor.from_data(b, device)
+    g = replay(lambda x: [(x @ tw + tb).sum_dim(0), x.mean_dim(1)])
+    singles = []
+    run_single = Executor.run_single
+    monkeypatch.setattr(Executor, "run_single",
+                        lambda self, record, *a: (singles.append(record.name),
+                                                  run_single(self, record, *a)))  # fmt: skip
+    with autotune.forcing(autotune.UNFUSED):
+        for call in range(5):
+            x = _data((rows, 64), 40 + call)
+            singles.clear()
+            reset_stats()
+            got = [t.to_numpy() for t in g(Tensor.from_data(x, device))]
+            x64 = x.astype(np.float64)
+            np.testing.assert_allclose(got[0], (x64 @ w + b).sum(0, keepdims=True), rtol=1e-4)
+            np.testing.assert_allclose(got[1], x64.mean(1, keepdims=True), rtol=1e-5, atol=1e-6)
+            assert stats()["direct_replays"] == (call >= 3)
+            if call >= 3:
+                assert singles == [], singles
+
+
 def test_a_product_read_transposed_is_computed_transposed_in_a_direct_replay(interp):
     # The executor computes such a product transposed for its one reader, a swap; the
     # direct replay does the same.

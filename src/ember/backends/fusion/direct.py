@@ -22,7 +22,8 @@ reference; later calls :func:`run` it on the input arrays at once:
   convolution's gradient), launched at the tuner's settled choice on the arrays themselves
   (``_Made._kernel``), else run as an ``op``;
 * ``product``: a product and its bias (``BiasedMatmulFuser``), launched the same way on the
-  GEMM with the bias, else run by ``Executor.run_biased`` on records made for them;
+  GEMM with the bias, else the two run one by one as ``kernel`` and ``op`` (records where
+  a choice is pending: ``Executor.run_biased`` times it);
 * ``accumulate``: a product and the addition that takes it into a value at its last use
   (``executor.accumulations``), run by ``Executor.run_accumulated`` where the values
   allow, else as the two records;
@@ -30,8 +31,9 @@ reference; later calls :func:`run` it on the input arrays at once:
   executor does (``Executor.run_transposed``);
 * ``view``: a layout op (``views.VIEW_OPS``), run on the inner backend at once where it
   gives a view (else as an ``op``);
-* ``op``: any other single record, run by ``Executor.run_single`` on made slots (the mean
-  of a global pooling, a bias gradient's sum).
+* ``op``: any other single op (the mean of a global pooling, a bias gradient's sum), run
+  as the inner op on the arrays where ``Executor.run_single`` would run that op
+  (``_Made._inner``), else by ``run_single`` on a record made for it.
 
 After each step, the values no later step reads and the call does not return are
 dropped, so their buffers go back to the pool for the steps after it. The outputs are
@@ -48,6 +50,7 @@ eager ops keep the records.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -58,9 +61,12 @@ from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.attention import Attention
 from ember.backends.fusion.attention_grad import AttentionGrad
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
+from ember.backends.fusion.elementwise import elementwise
 from ember.backends.fusion.executor import (
+    LONE_KERNEL_MIN,
     accumulations,
     addend,
+    check_output,
     read_transposed,
     reader_layout,
     readers_of,
@@ -74,6 +80,7 @@ from ember.backends.fusion.stream import Record
 from ember.backends.fusion.views import VIEW_OPS
 
 _NO_BOUNDS = (None, None)
+_RECORD_ONLY = frozenset({"float_reshape"})  # a copy goes to the pool (Executor.run_single)
 
 
 class Program:
@@ -381,7 +388,14 @@ class _Made:
             _keep(entries, indices, made, slots, prims)
         elif kind == "product":
             indices = step[1:3]
-            if not step[3] and self._kernel(i, entries[indices[0]], entries[indices[1]]):
+            product, addition = entries[indices[0]], entries[indices[1]]
+            ran = None if step[3] else self._kernel(i, product, addition)
+            if ran:
+                return True
+            # Not the GEMM with its bias: the two ops one by one, as Executor.run_biased
+            # runs them (the tuner times a pending choice on the records).
+            if ran is None and self._alone(-1 - i, indices[0]):
+                self._alone(None, indices[1])
                 return True
             made = [_record(entries[k], slots, prims, specs) for k in indices]
             executor.run_biased(*made, step[3])
@@ -390,21 +404,61 @@ class _Made:
             entry = entries[step[1]]
             if kind == "view" and _view(executor.inner, entry, prims):
                 return True
-            if kind == "kernel" and self._kernel(i, entry):
-                return True
-            record = _record(entry, slots, prims, specs)
-            if kind != "transposed" or not executor.run_transposed(record):
-                executor.run_single(record)
-            _keep(entries, (step[1],), (record,), slots, prims)
+            if kind == "transposed":
+                record = _record(entry, slots, prims, specs)
+                if not executor.run_transposed(record):
+                    executor.run_single(record)
+                _keep(entries, (step[1],), (record,), slots, prims)
+            else:
+                self._alone(i if kind == "kernel" else None, step[1])
         return True
 
-    def _kernel(self, i: int, entry: Any, addition: Any = None) -> bool:
+    def _alone(self, i: int | None, k: int) -> bool:
+        """Runs trace entry ``k`` as ``Executor.run_single`` would: with its compiled kernel
+        at the tuner's settled choice for step ``i`` (None: an op without one), else as the
+        inner op on the arrays themselves (:meth:`_inner`), else as its record. False,
+        running nothing, where the tuner's choice is pending: the records time it."""
+        entries = self.trace.entries
+        ran = None if i is None else self._kernel(i, entries[k])
+        if ran is False:
+            return False
+        if not ran and not self._inner(entries[k]):
+            record = _record(entries[k], self.slots, self.prims, self.trace.specs)
+            self.executor.run_single(record)
+            _keep(entries, (k,), (record,), self.slots, self.prims)
+        return True
+
+    def _inner(self, entry: Any) -> bool:
+        """Runs ``entry``'s op on the inner backend, on the arrays themselves, where
+        ``Executor.run_single`` would run that op too (no pooled reshape, no element-wise
+        kernel of its own; an op with a compiled kernel only once its step declined it):
+        its record and slots cost about 30 us of Python more (a bias gradient's sum, a
+        global pooling's mean, a small product). False where the record is to run."""
+        executor, prims = self.executor, self.prims
+        operands = [None if r < 0 else prims[r] for r in entry.refs]
+        if not all(type(a) is np.ndarray for a in operands if a is not None) or (
+                entry.name in _RECORD_ONLY or (elementwise(entry)
+                and math.prod(entry.outputs[0][0]) >= LONE_KERNEL_MIN)):  # fmt: skip
+            return False
+        args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
+        op = getattr(executor.inner, entry.name)
+        kernel = executor.op_kernels.get(entry.name)
+        out = op(*args) if kernel is None else executor.run_inner(kernel, lambda: op(*args))
+        for r, array, (shape, dtype, _) in zip(entry.out_refs, out if entry.multi else (out,),
+                                               entry.outputs, strict=True):  # fmt: skip
+            check_output(executor.inner, array, shape, dtype, entry.name)
+            prims[r] = array
+        counters.add("unfused_ops")
+        return True
+
+    def _kernel(self, i: int, entry: Any, addition: Any = None) -> bool | None:
         """Runs a ``kernel`` step's op, or a ``product`` step's product and the addition of
         its bias (``addition``: the GEMM with the bias), with its compiled kernel at the
         tuner's settled choice, on the arrays themselves: the records, their slots and the
         executor's single-op path cost about 30 us of Python more a product in a training
-        step (cold). False where the records are to run (the choice is not settled or is
-        the inner op's, a case the kernel does not take): they time it, or run it unfused."""
+        step (cold). False where the records are to run (the choice is pending: they time
+        it); None where the kernel is not to run (a case it does not take, a bias of
+        another kind, too small to time, or the inner op chosen)."""
         prims = self.prims
         operands = [None if r < 0 else prims[r] for r in entry.refs]
         args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
@@ -413,11 +467,11 @@ class _Made:
         if addition is not None:
             bias = prims[addition.refs[1 - addition.refs.index(entry.out_refs[0])]]
             if type(bias) is not np.ndarray:
-                return False
+                return None
         how = _settled(self.executor, self.program, i, kernel, args,
                        () if bias is None else ("matmul+bias",))  # fmt: skip
-        if how is None:
-            return False
+        if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+            return False if type(how) is autotune.Pending else None
         take = self.runtime.pool.take
         if bias is None:
             out = kernel.run(args, how.threads, take)
@@ -433,20 +487,17 @@ class _Made:
 
 def _settled(executor: Any, program: Program, i: int, kernel: Any, args: list,
              prefix: tuple = ()) -> Any:  # fmt: skip
-    """The tuner's settled choice of ``kernel`` (an ``op_kernels`` entry) for step ``i``'s
-    ``args`` (its key after ``prefix``), or None where the records are to run: the kernel
-    does not take them, the choice is pending or the inner op's. The key and work are kept
-    per step with the arrays' layouts they were worked out for."""
+    """The tuner's answer for ``kernel`` (an ``op_kernels`` entry) on step ``i``'s ``args``
+    (its key after ``prefix``): a choice, pending, or None where the kernel does not take
+    them or the work is too small to time. The key and work are kept per step (``i``: any
+    int the caller keeps apart) with the arrays' layouts they were worked out for."""
     layouts = tuple([(a.shape, a.strides) for a in args if type(a) is np.ndarray])
     known = program.op_keys.get(i)
     if known is None or known[0] != layouts:
         if not kernel.supports(args):
             return None
         known = program.op_keys[i] = (layouts, (*prefix, *kernel.key(args)), kernel.work(args))
-    how = executor.tuner.lookup_op(known[1], known[2])
-    if type(how) is not autotune.Choice or how == autotune.UNFUSED:
-        return None
-    return how
+    return executor.tuner.lookup_op(known[1], known[2])
 
 
 def _view(inner: Any, entry: Any, prims: list) -> bool:
@@ -472,7 +523,7 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     args = [to_array(prims[x]), to_array(prims[weight]),
             None if bias is None else to_array(prims[bias]), options]  # fmt: skip
     how = _settled(executor, program, i, executor.op_kernels["conv2d"], args, prefix)
-    if how is None:
+    if type(how) is not autotune.Choice or how == autotune.UNFUSED:
         return None
     launch = numba_conv.launch_for(*args, how.threads, (first, second) if prefix else None)
     counters.add("op_kernels")

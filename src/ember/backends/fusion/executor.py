@@ -51,6 +51,7 @@ from ember.backends.fusion.matmul_epilogue import (
 from ember.backends.fusion.stream import Record, ReplayedRecords
 from ember.backends.fusion.views import VIEW_OPS, last_two_swapped
 from ember.backends.ndarray.parallel import blas_held_to_one
+from ember.tensor.dtype import DType
 
 
 def inner_args(record: Record) -> list:
@@ -98,15 +99,18 @@ def run_detached(inner: Backend, records: list[Record]) -> None:
 
 
 def set_output(inner: Backend, slot: Slot, prim, what: str) -> None:
-    """Stores ``prim`` in ``slot``, checking it is what the op's rule promised: the user
-    already holds the promised shape and dtype, so a mismatch is a bug worth a loud error."""
-    shape, dtype = inner.shape(prim), inner.dtype(prim)
-    if shape != slot.shape or dtype is not slot.dtype:
-        raise EmberError(
-            f"fusion: {what} made {fmt_shape(shape)} {dtype}, its rule said "
-            f"{fmt_shape(slot.shape)} {slot.dtype}"
-        )
+    """Stores ``prim`` in ``slot``, checked by :func:`check_output`."""
+    check_output(inner, prim, slot.shape, slot.dtype, what)
     slot.prim = prim
+
+
+def check_output(inner: Backend, prim, shape: tuple, dtype: DType, what: str) -> None:
+    """Checks that ``prim`` is the ``shape`` and ``dtype`` the op's rule promised: the user
+    already holds the promised ones, so a mismatch is a bug worth a loud error."""
+    made, made_dtype = inner.shape(prim), inner.dtype(prim)
+    if made != shape or made_dtype is not dtype:
+        raise EmberError(f"fusion: {what} made {fmt_shape(made)} {made_dtype}, its rule said "
+                         f"{fmt_shape(shape)} {dtype}")  # fmt: skip
 
 
 RUNTIMES = ("numba", "interpreter", "triton")
