@@ -730,11 +730,17 @@ def test_every_part_of_a_run_computes_its_tasks(runtime, threads, shape):
     np.testing.assert_array_equal(g, one)
 
 
-def test_runs_leave_numbas_thread_pool_alone(runtime):
+def test_runs_on_the_runtimes_workers_leave_numbas_threads_alone(runtime, monkeypatch):
+    from ember.backends.fusion import numba_parallel
+
+    monkeypatch.setenv("EMBER_FUSION_WORKERS", "ember")
+    monkeypatch.setitem(numba_parallel._state, "enabled", None)
+    launched = []
+    monkeypatch.setattr(numba_parallel, "run", lambda *a: launched.append(a) or True)
     x = np.ones((512, 512), np.float32)
-    runtime.run(gelu_block(x.shape), [x], threads=2)
-    with pytest.raises(ValueError):  # numba's parallel pool never started
-        nr.numba.threading_layer()
+    (y,) = runtime.run(gelu_block(x.shape), [x], threads=2)
+    np.testing.assert_array_equal(y, runtime.run(gelu_block(x.shape), [x], threads=1)[0])
+    assert not numba_parallel.enabled() and not launched
 
 
 def _recording_kernel(log, slow_part=None, failing_part=None, wait_for_worker=False):

@@ -54,7 +54,7 @@ import numpy as np
 
 from ember.atomic import atomic_write
 from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
-from ember.backends.fusion import ir
+from ember.backends.fusion import ir, numba_parallel
 from ember.backends.fusion.buffers import BufferPool, PooledOutputs
 from ember.backends.fusion.numba_source import KernelUnsupported, scalar_dtypes
 from ember.backends.ndarray import layout
@@ -266,7 +266,7 @@ class NumbaRuntime(PooledOutputs):
         args = ([a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs]
                 + [*scalars, *sizes, _CHUNK, err])  # fmt: skip
         if kernel.ready:
-            _run_parts(kernel.dispatcher, args, _parts(count, math.prod(block.shape)))
+            _run_parts(kernel.dispatcher, args, _parts(count, math.prod(block.shape)), count)
         else:
             # The first call compiles, loads from disk, or finds the kernel another block of
             # the same source compiled: one part, on this thread.
@@ -500,15 +500,18 @@ def _compiles(dispatcher) -> tuple[int, int]:
     return len(dispatcher.overloads), sum(dispatcher.stats.cache_hits.values())
 
 
-def _run_parts(kernel, args: list, parts: int) -> None:
-    """Runs ``kernel`` over ``parts`` slices of its tasks: part 0 on the calling thread,
-    the others on whichever of the calling thread and the runtime's worker threads claims
-    them first (kernels release the GIL). Idle workers sleep in a blocking read: a worker
-    spinning between kernels would take a core from BLAS threads, which spin too
-    (measured: 26 times slower steps on 2 cores with numba's OpenMP pool). A second
-    thread launching while the workers are busy runs all its parts itself."""
+def _run_parts(kernel, args: list, parts: int, threads: int | None = None) -> None:
+    """Runs ``kernel`` over ``parts`` slices of its tasks on ``threads`` threads (default:
+    one a part): on numba's own threads where ``numba_parallel`` can, else part 0 on the
+    calling thread and the others on whichever of the calling thread and the runtime's
+    worker threads claims them first (kernels release the GIL). Idle workers sleep in a
+    blocking read after a short spin: a worker spinning long between kernels would take a
+    core from BLAS threads, which spin too. A second thread launching while the workers
+    are busy runs all its parts itself."""
     if parts == 1:
         kernel(*args, 0, 1)
+        return
+    if numba_parallel.enabled() and numba_parallel.run(kernel, args, parts, threads or parts):
         return
     global _workers
     if _workers is None:

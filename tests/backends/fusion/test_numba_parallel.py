@@ -1,0 +1,163 @@
+"""Launches on numba's threads (``numba_parallel``): the same results as the runtime's own
+workers for every kind of kernel, launchers kept on disk, and where they are not used."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+
+from test_numba_runtime import gelu_block, softmax_block
+
+from ember.backend.errors import ConfigError
+from ember.backend.options import ConvOptions, PoolOptions
+from ember.backends.fusion import (
+    numba_attention,
+    numba_conv,
+    numba_gemm,
+    numba_parallel,
+    numba_pool,
+)
+from ember.backends.fusion import numba_runtime as nr
+
+
+@pytest.fixture
+def on_numbas_threads(monkeypatch):
+    """Turns launches on numba's threads on (the suite keeps them off); skips where this
+    numba's threading layer cannot take them. Yields the launches it ran, by kernel."""
+    monkeypatch.setenv("EMBER_FUSION_WORKERS", "numba")
+    monkeypatch.setitem(numba_parallel._state, "enabled", None)
+    if not numba_parallel.enabled():
+        pytest.skip("numba's threading layer here is neither OpenMP nor TBB")
+    launched: list = []
+    run = numba_parallel.run
+
+    def counted(kernel, args, parts, threads):
+        ran = run(kernel, args, parts, threads)
+        launched.append((kernel.py_func.__name__, parts, threads, ran))
+        return ran
+
+    monkeypatch.setattr(numba_parallel, "run", counted)
+    return launched
+
+
+def _both(compute):
+    """``compute()`` on the runtime's workers, then on numba's threads."""
+    numba_parallel._state["enabled"] = False
+    workers = compute()
+    numba_parallel._state["enabled"] = True
+    return workers, compute()
+
+
+_RNG = np.random.default_rng(3)
+
+
+def _data(*shape):
+    return _RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_blocks_run_on_numbas_threads_as_on_the_workers(on_numbas_threads):
+    runtime = nr.NumbaRuntime()
+    x = _data(600, 1024)  # 2 threads, parts of at least PART_ELEMENTS: two a thread
+    for block in (gelu_block(x.shape), softmax_block(x.shape, 1)):
+        runtime.run(block, [x], threads=1)  # compiles
+        workers, threads = _both(lambda block=block: runtime.run(block, [x], threads=2)[0])
+        np.testing.assert_array_equal(threads, workers)
+    assert [ran for *_, ran in on_numbas_threads] == [True, True]
+    assert on_numbas_threads[0][1:3] == (4, 2)  # 4 parts handed out on 2 threads
+
+
+def test_single_op_kernels_run_on_numbas_threads_as_on_the_workers(on_numbas_threads):
+    a, b = _data(96, 200), _data(200, 72)
+    x, w = _data(4, 8, 20, 20), _data(16, 8, 3, 3)
+    q, k, v = _data(2, 4, 64, 16), _data(2, 4, 64, 16), _data(2, 4, 64, 16)
+    options = ConvOptions((2, 2), (1, 1), (1, 1), 1)
+    pool = PoolOptions((2, 2), (2, 2), (0, 0), (1, 1))
+    cases = {
+        "_tiles": lambda: numba_gemm.matmul(a, b, threads=2),
+        "_conv_tiled": lambda: numba_conv.conv2d(x, w, None, options, threads=2),
+        "_max_pool": lambda: numba_pool.max_pool2d_with_indices(x, pool, threads=2)[0],
+        "_attend": lambda: numba_attention.attention(q, k, v, 0.25, threads=2),
+    }
+    for name, compute in cases.items():
+        on_numbas_threads.clear()
+        workers, threads = _both(compute)
+        np.testing.assert_array_equal(threads, workers, err_msg=name)
+        assert (name, True) in [(n, ran) for n, *_, ran in on_numbas_threads], (
+            name, on_numbas_threads)  # fmt: skip
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(numba_gemm.matmul(a, b, threads=2), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_made_at_run_time_runs_on_the_workers(on_numbas_threads):
+    import numba
+
+    @numba.njit(nogil=True)
+    def double(x, out, part, parts):  # not an attribute of its module: no launcher
+        n = x.shape[0]
+        for i in range(n * part // parts, n * (part + 1) // parts):
+            out[i] = 2.0 * x[i]
+
+    x = _data(1000)
+    out = np.zeros_like(x)
+    nr._run_parts(double, [x, out], 4, 2)
+    np.testing.assert_array_equal(out, 2.0 * x)
+    assert on_numbas_threads == [("double", 4, 2, False)]
+    assert numba_parallel.launcher(double, 2) is None
+
+
+def test_the_workers_setting_is_checked(monkeypatch):
+    monkeypatch.setitem(numba_parallel._state, "enabled", None)
+    monkeypatch.setenv("EMBER_FUSION_WORKERS", "openmp")
+    with pytest.raises(ConfigError, match="EMBER_FUSION_WORKERS='openmp'"):
+        numba_parallel.enabled()
+    monkeypatch.setenv("EMBER_FUSION_WORKERS", "ember")
+    assert not numba_parallel.enabled()
+
+
+def test_a_launcher_is_kept_on_disk_for_a_new_process(tmp_path):
+    script = textwrap.dedent("""
+        import numpy as np
+        from ember.backends.fusion import numba_gemm, numba_parallel
+        a = np.ones((64, 256), np.float32)
+        b = np.ones((256, 64), np.float32)
+        np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), a @ b)
+        launch = numba_parallel.launcher(numba_gemm._tiles, 10)
+        print(numba_parallel.enabled(), sum(launch.stats.cache_hits.values()))
+    """)
+    env = {**os.environ, "EMBER_FUSION_CACHE": str(tmp_path), "EMBER_FUSION_WORKERS": "numba"}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]  # fmt: skip
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    if runs[0].stdout.split()[0] == "False":
+        pytest.skip("numba's threading layer here is neither OpenMP nor TBB")
+    assert runs[0].stdout.split() == ["True", "0"]  # compiled
+    assert runs[1].stdout.split() == ["True", "1"]  # loaded
+    assert len(list((tmp_path / "parallel").glob("p_*.py"))) == 2  # the packing and the tiles
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_launches_on_the_workers(on_numbas_threads):
+    runtime = nr.NumbaRuntime()
+    x = _data(300, 1024)
+    (want,) = runtime.run(gelu_block(x.shape), [x], threads=2)  # numba's threads started
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: GNU OpenMP's threads are gone
+        try:
+            (got,) = runtime.run(gelu_block(x.shape), [x], threads=2)
+            ok = np.array_equal(got, want) and not numba_parallel.enabled()
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
