@@ -244,6 +244,49 @@ def test_a_replayed_training_step_runs_its_attention_directly(masked):
                                        err_msg=f"call {call}")  # fmt: skip
 
 
+def test_a_direct_replay_binds_its_attention_once_and_keeps_no_values(monkeypatch):
+    """A direct replay binds each attention step's records to its template once; later
+    calls fill the same records with their values (gradients equal NdArray's on every
+    call), and between calls those records hold no value (their buffers go back to the
+    pool)."""
+    from ember.backends.fusion import direct
+    from ember.backends.fusion.attention import AttentionTemplate
+
+    binds = []
+    bind = AttentionTemplate.bind
+    monkeypatch.setattr(AttentionTemplate, "bind",
+                        lambda self, records: binds.append(1) or bind(self, records))  # fmt: skip
+    rng = np.random.default_rng(9)
+    inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(7)]
+    programs = []
+    run = direct.run
+
+    def spied(trace, program, tensors):
+        programs.append(program)
+        return run(trace, program, tensors)
+
+    monkeypatch.setattr(direct, "run", spied)
+
+    def check(call, counts):
+        if call >= 3:
+            assert counts["direct_replays"] == 1, call
+            bound = programs[-1].bound
+            assert len(bound) == 2  # the forward and the gradient segments
+            for _, made, _, inputs_ in bound.values():
+                assert all(slot.prim is None for _, slot in inputs_)
+                assert all(s.prim is None for record in made for s in record.outputs)
+        if call == 3:
+            binds.clear()
+        elif call > 3:
+            assert not binds, call  # bound on the first direct call, then reused
+
+    per_device = _replayed_steps(inputs, True, False, 1, check)
+    for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
+        for got, want in zip(got_all, want_all, strict=True):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max(),
+                                       err_msg=f"call {call}")  # fmt: skip
+
+
 def test_threads_replay_a_training_step_through_attention_side_by_side():
     """Three threads replaying one training step through the attention at once (its
     launches direct after the first calls) each get the gradients of a plain call."""

@@ -51,6 +51,7 @@ eager ops keep the records.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -87,8 +88,8 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "device", "drops", "first", "generation", "indexed", "op_keys",
-                 "steps")  # fmt: skip
+    __slots__ = ("blocks", "bound", "device", "drops", "first", "generation", "indexed",
+                 "op_keys", "steps")  # fmt: skip
 
     def __init__(self, generation: int, steps: tuple, device: Device,
                  drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = (),
@@ -100,6 +101,8 @@ class Program:
         self.blocks = sum(step[0] == "block" for step in steps)
         # step index -> (operand layouts, tuner key, work) of its compiled kernel, once known
         self.op_keys: dict[int, tuple] = {}
+        # attention step index -> (lock, records, bound segment, (ref, input slot)s)
+        self.bound: dict[int, tuple] = {}
 
 
 def learn(trace: Any, values: list, records: Any, segments: list) -> Program | bool | None:
@@ -358,17 +361,9 @@ class _Made:
             prims[step[8]] = prim = self.from_array(out)
             self.pooled[step[8]] = prim is out
         elif kind == "attention":
-            _, template, indices, layout = step
-            made = [_record(entries[k], slots, prims, specs) for k in indices]
-            fused = template.bind(made)
-            if fused is None:
-                trace.program = False
+            if not self._attention(i, step):
+                trace.program = False  # the template no longer binds
                 return False
-            if type(fused) is Attention:
-                executor._attention(fused, made, layout)
-            else:
-                executor._attention_grad(fused, made, layout)
-            _keep(entries, indices, made, slots, prims)
         elif kind == "accumulate":  # a product added into its addend, or the two records
             indices = step[1:]
             made = [_record(entries[k], slots, prims, specs) for k in indices]
@@ -412,6 +407,62 @@ class _Made:
             else:
                 self._alone(i if kind == "kernel" else None, step[1])
         return True
+
+    def _attention(self, i: int, step: tuple) -> bool:
+        """Runs an ``attention`` step's segment by the executor's own method, on records
+        bound to its template once per program: they keep slots of their own, which each
+        call fills with its values and empties after (binding matches the segment's
+        records again: about 300 us of Python a step, cold, and making the records 100
+        more). A thread that finds them in use binds records of its own. False where the
+        template no longer binds."""
+        _, template, indices, layout = step
+        trace, prims, specs = self.trace, self.prims, self.trace.specs
+        entries = trace.entries
+        bound = self.program.bound.get(i)
+        if bound is None:
+            own: list = [None] * trace.n_refs
+            for r, slot in trace.consts:  # a constant's own slot, never emptied
+                own[r] = slot
+            made = [_record(entries[k], own, prims, specs) for k in indices]
+            fused = template.bind(made)
+            if fused is None:
+                return False
+            fixed = {r for k in indices for r in entries[k].out_refs}
+            fixed.update(r for r, _ in trace.consts)
+            inputs = {r: own[r] for k in indices for r in entries[k].refs
+                      if r >= 0 and r not in fixed}  # fmt: skip
+            bound = self.program.bound[i] = (threading.Lock(), made, fused, tuple(inputs.items()))
+        lock, made, fused, inputs = bound
+        if not lock.acquire(blocking=False):
+            made = [_record(entries[k], self.slots, prims, specs) for k in indices]
+            fused = template.bind(made)
+            if fused is None:
+                return False
+            self._attend(fused, made, layout)
+            _keep(entries, indices, made, self.slots, prims)
+            return True
+        try:
+            for r, slot in inputs:
+                slot.prim = prims[r]
+            self._attend(fused, made, layout)
+            for k, record in zip(indices, made, strict=True):
+                for r, slot in zip(entries[k].out_refs, record.outputs, strict=True):
+                    prims[r] = slot.prim
+                    self.pooled[r] = slot.recycle is not None  # the executor's pooled outputs
+        finally:  # the bound slots hold no value between calls
+            for record in made:
+                for slot in record.outputs:
+                    slot.prim = None
+            for _, slot in inputs:
+                slot.prim = None
+            lock.release()
+        return True
+
+    def _attend(self, fused: Any, made: list, layout: Any) -> None:
+        if type(fused) is Attention:
+            self.executor._attention(fused, made, layout)
+        else:
+            self.executor._attention_grad(fused, made, layout)
 
     def _alone(self, i: int | None, k: int) -> bool:
         """Runs trace entry ``k`` as ``Executor.run_single`` would: with its compiled kernel
