@@ -12,7 +12,7 @@ launches: measured on 2 vCPUs, alternating in one process, the ONNX CNN's replay
 took 4.70 against 5.01 ms with its convolutions launched this way, and the transformer
 training step (``nn_step``, replayed) 111.0 against 115.6 ms with every launch this way
 (128.3 against 135.1 ms in a busier minute). Launching only some kernels this way was
-slower than neither: the two pools of threads took each other's cores.
+slower than either: the two pools of threads took each other's cores.
 
 **The launcher of a kernel** is generated as a module file beside the runtime's kernels
 (``numba_runtime.cache_dir()/parallel/p_<digest>.py``), which imports the kernel by its
@@ -30,7 +30,7 @@ workers claim them.
 **Off by default.** ``EMBER_FUSION_WORKERS=numba`` turns it on; ``ember``, the default,
 keeps every launch on the runtime's own workers. A launcher compiles in 1-4 s for each
 kernel and signature it meets (numba's parallel pipeline, and the kernel compiled into it
-again), against 0.2-0.4 s to load one from the disk cache: the transformer training
+again), against about 10 ms to load one from the disk cache: the transformer training
 step's first call took 38 s with an empty cache against 6.7 s on the workers. Even where
 it is on, launches stay on the workers where numba's threading layer is not one that
 takes launches from several threads at once (OpenMP or TBB: its ``workqueue`` layer
@@ -41,14 +41,12 @@ aborts the process instead) or was set to another by the user, and in forked chi
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from ember.atomic import atomic_write
 from ember.backend.errors import ConfigError
 
 try:  # numba is optional: the runtime checks it before launching anything
@@ -153,7 +151,7 @@ def launcher(kernel: Any, nargs: int) -> Any:
 
 
 def _make(kernel: Any, nargs: int) -> Any:
-    from ember.backends.fusion.numba_runtime import cache_dir
+    from ember.backends.fusion.numba_runtime import cache_dir, load_generated
 
     function = getattr(kernel, "py_func", None)
     module = sys.modules.get(getattr(function, "__module__", None) or "")
@@ -169,20 +167,8 @@ def _make(kernel: Any, nargs: int) -> Any:
     args = ", ".join(f"a{i}" for i in range(nargs))
     source = _TEMPLATE.format(module=module.__name__, name=name, args=args)
     key = hashlib.sha256(f"{_VERSION}\0{digest}\0{module.__name__}\0{source}".encode())
-    folder = cache_dir() / "parallel"
-    folder.mkdir(parents=True, exist_ok=True)
-    file = folder / f"p_{key.hexdigest()[:24]}.py"
-    # Rewriting an identical file would change its time stamp and void numba's cache.
-    if not file.exists() or file.read_bytes() != source.encode():
-        atomic_write(file, source.encode())
-    module_name = f"ember_fusion_launchers.{file.stem}"
-    loaded = sys.modules.get(module_name)
-    if loaded is None or Path(loaded.__file__) != file:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-        sys.modules[module_name] = loaded
-    return loaded.launch
+    name = f"p_{key.hexdigest()[:24]}"
+    return load_generated(cache_dir() / "parallel", name, source, "ember_fusion_launchers").launch
 
 
 def run(kernel: Any, args: list, parts: int, threads: int) -> bool:

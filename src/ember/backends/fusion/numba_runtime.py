@@ -101,6 +101,27 @@ def cache_dir() -> Path:
     return Path(base) / "ember" / "fusion"
 
 
+def load_generated(folder: Path, name: str, source: str, package: str) -> Any:
+    """The module of generated ``source``, kept as ``folder/<name>.py`` and imported as
+    ``<package>.<name>``, so that numba's disk cache keeps its functions' machine code
+    beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    # Rewriting an identical file would change its time stamp and void numba's cache.
+    if not path.exists() or path.read_bytes() != source.encode():
+        atomic_write(path, source.encode())
+    module_name = f"{package}.{name}"
+    module = sys.modules.get(module_name)
+    # One of another cache folder may be loaded already (the same source): load this
+    # folder's file, so numba keeps the machine code here too (same name, same code).
+    if module is None or Path(module.__file__) != path:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[module_name] = module
+    return module
+
+
 def _generator_version() -> str:
     """A digest of the generator's source: a changed generator never meets an old kernel."""
     digest = hashlib.sha256()
@@ -180,22 +201,7 @@ class NumbaRuntime(PooledOutputs):
         return _Kernel(module.kernel, Path(module.__file__), dtypes, layout(block).groups)
 
     def _import(self, digest: str, source: str) -> Any:
-        name = f"k_{digest}"
-        self.cache.mkdir(parents=True, exist_ok=True)
-        path = self.cache / f"{name}.py"
-        # Rewriting an identical file would change its time stamp and void numba's cache.
-        if not path.exists() or path.read_bytes() != source.encode():
-            atomic_write(path, source.encode())
-        module_name = f"ember_fusion_kernels.{name}"
-        module = sys.modules.get(module_name)
-        # A runtime over another cache folder may have loaded the same source: load this
-        # folder's file, so numba keeps the machine code here too (same name, same code).
-        if module is None or Path(module.__file__) != path:
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            sys.modules[module_name] = module
-        return module
+        return load_generated(self.cache, f"k_{digest}", source, "ember_fusion_kernels")
 
     # ------------------------------------------------------------------ running
     def run(self, block: ir.Block, inputs: list[np.ndarray], out: list[np.ndarray] | None = None,
