@@ -48,10 +48,14 @@ def on_numbas_threads(monkeypatch):
 
 
 def _both(compute):
-    """``compute()`` on the runtime's workers, then on numba's threads."""
+    """``compute()`` on the runtime's workers, then on numba's threads: the first call
+    there asks the compiler process for its launchers (and runs on the workers), the
+    next one loads them."""
     numba_parallel._state["enabled"] = False
     workers = compute()
     numba_parallel._state["enabled"] = True
+    np.testing.assert_array_equal(compute(), workers)
+    numba_parallel.wait()
     return workers, compute()
 
 
@@ -67,10 +71,11 @@ def test_blocks_run_on_numbas_threads_as_on_the_workers(on_numbas_threads):
     x = _data(600, 1024)  # 2 threads, parts of at least PART_ELEMENTS: two a thread
     for block in (gelu_block(x.shape), softmax_block(x.shape, 1)):
         runtime.run(block, [x], threads=1)  # compiles
+        on_numbas_threads.clear()
         workers, threads = _both(lambda block=block: runtime.run(block, [x], threads=2)[0])
         np.testing.assert_array_equal(threads, workers)
-    assert [ran for *_, ran in on_numbas_threads] == [True, True]
-    assert on_numbas_threads[0][1:3] == (4, 2)  # 4 parts handed out on 2 threads
+        assert [ran for *_, ran in on_numbas_threads][-1], on_numbas_threads
+        assert on_numbas_threads[-1][1:3] == (4, 2)  # 4 parts handed out on 2 threads
 
 
 def test_single_op_kernels_run_on_numbas_threads_as_on_the_workers(on_numbas_threads):
@@ -91,6 +96,7 @@ def test_single_op_kernels_run_on_numbas_threads_as_on_the_workers(on_numbas_thr
         np.testing.assert_array_equal(threads, workers, err_msg=name)
         assert (name, True) in [(n, ran) for n, *_, ran in on_numbas_threads], (
             name, on_numbas_threads)  # fmt: skip
+        assert not numba_parallel._broken
     want = a.astype(np.float64) @ b
     np.testing.assert_allclose(numba_gemm.matmul(a, b, threads=2), want, rtol=1e-4, atol=1e-4)
 
@@ -121,15 +127,21 @@ def test_the_workers_setting_is_checked(monkeypatch):
     assert not numba_parallel.enabled()
 
 
-def test_a_launcher_is_kept_on_disk_for_a_new_process(tmp_path):
+def test_a_launcher_compiled_by_the_compiler_process_is_loaded_from_disk_later(tmp_path):
+    # The first process asks the compiler process, runs on the workers meanwhile, then
+    # loads the launcher it wrote; a second process loads it from disk at once, with no
+    # compiler process.
     script = textwrap.dedent("""
         import numpy as np
         from ember.backends.fusion import numba_gemm, numba_parallel
         a = np.ones((64, 256), np.float32)
         b = np.ones((256, 64), np.float32)
-        np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), a @ b)
+        for _ in range(2):
+            np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), a @ b)
+            numba_parallel.wait()
         launch = numba_parallel.launcher(numba_gemm._tiles, 10)
-        print(numba_parallel.enabled(), sum(launch.stats.cache_hits.values()))
+        print(numba_parallel.enabled(), len(launch.overloads),
+              sum(launch.stats.cache_hits.values()), numba_parallel._compiler["process"] is None)
     """)
     env = {**os.environ, "EMBER_FUSION_CACHE": str(tmp_path), "EMBER_FUSION_WORKERS": "numba"}
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
@@ -138,9 +150,27 @@ def test_a_launcher_is_kept_on_disk_for_a_new_process(tmp_path):
         assert run.returncode == 0, run.stderr
     if runs[0].stdout.split()[0] == "False":
         pytest.skip("numba's threading layer here is neither OpenMP nor TBB")
-    assert runs[0].stdout.split() == ["True", "0"]  # compiled
-    assert runs[1].stdout.split() == ["True", "1"]  # loaded
+    assert runs[0].stdout.split() == ["True", "1", "1", "False"]  # loaded what it asked for
+    assert runs[1].stdout.split() == ["True", "1", "1", "True"]  # from disk, no compiler
     assert len(list((tmp_path / "parallel").glob("p_*.py"))) == 2  # the packing and the tiles
+
+
+def test_a_launcher_the_compiler_process_cannot_compile_stays_on_the_workers(
+        on_numbas_threads, monkeypatch):  # fmt: skip
+    # A compiler process that is gone (or answers "failed"): the kernel runs on the
+    # workers from then on, and computes the same.
+    monkeypatch.setattr(numba_parallel, "_start_compiler", lambda: None)
+    monkeypatch.setattr(numba_parallel, "_broken", set())
+    monkeypatch.setattr(numba_parallel, "_compiler", {"process": None, "numbers": 0})
+    monkeypatch.setattr(numba_parallel, "_load", lambda *a, **k: False)  # nothing on disk
+    # float64: a signature no other test of this process had its launcher loaded for
+    a, b = _data(40, 300).astype(np.float64), _data(300, 48).astype(np.float64)
+    want = numba_gemm.matmul(a, b, threads=1)
+    for _ in range(2):
+        np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), want)
+    assert {name for name, *_, ran in on_numbas_threads if not ran} >= {"_tiles"}
+    assert not any(ran for *_, ran in on_numbas_threads)
+    assert numba_parallel._broken
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -148,6 +178,9 @@ def test_a_forked_child_launches_on_the_workers(on_numbas_threads):
     runtime = nr.NumbaRuntime()
     x = _data(300, 1024)
     (want,) = runtime.run(gelu_block(x.shape), [x], threads=2)  # numba's threads started
+    numba_parallel.wait()
+    np.testing.assert_array_equal(runtime.run(gelu_block(x.shape), [x], threads=2)[0], want)
+    assert on_numbas_threads[-1][-1]  # on numba's threads now
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: GNU OpenMP's threads are gone

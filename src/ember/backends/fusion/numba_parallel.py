@@ -27,23 +27,34 @@ module's attribute of its own name (made at run time) is launched by the workers
 handed out one at a time as threads come free (numba's parallel chunk size 1), as the
 workers claim them.
 
-**Off by default.** ``EMBER_FUSION_WORKERS=numba`` turns it on; ``ember``, the default,
-keeps every launch on the runtime's own workers. A launcher compiles in 1-4 s for each
-kernel and signature it meets (numba's parallel pipeline, and the kernel compiled into it
-again), against about 10 ms to load one from the disk cache: the transformer training
-step's first call took 38 s with an empty cache against 6.7 s on the workers. Even where
-it is on, launches stay on the workers where numba's threading layer is not one that
-takes launches from several threads at once (OpenMP or TBB: its ``workqueue`` layer
-aborts the process instead) or was set to another by the user, and in forked children
-(GNU OpenMP's threads do not survive a fork).
+**Compiles.** A launcher takes 1-4 s to compile for each kernel and signature (numba's
+parallel pipeline, and the kernel compiled into it again): compiled in this process, the
+transformer training step's first call took 38 s with an empty cache against 6.7 s on
+the workers. So this process never compiles one. A signature it lacks is loaded from
+numba's disk cache where it is there (about 10 ms), else asked of a compiler process of
+its own (``serve``, started on first need at a lower priority), which compiles it into
+the disk cache; the kernel's launches run on the workers until it is loaded. The same
+first call took 7.1 s with an empty cache (the launchers ready some 30 s later) and 2.1 s
+with a warm one.
+
+**Off by default**: ``EMBER_FUSION_WORKERS=numba`` turns it on (``ember``, the default,
+keeps every launch on the runtime's own workers). Even then, launches stay on the workers
+where numba's threading layer is not one that takes launches from several threads at once
+(OpenMP or TBB: its ``workqueue`` layer aborts the process instead) or was set to another
+by the user, in forked children (GNU OpenMP's threads do not survive a fork), and for a
+launcher the compiler process could not compile.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pickle
+import struct
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +65,7 @@ try:  # numba is optional: the runtime checks it before launching anything
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["enabled", "launcher", "run"]
+__all__ = ["enabled", "launcher", "run", "serve", "wait"]
 
 _SAFE_LAYERS = ("omp", "tbb")  # layers that take launches from several threads at once
 _TEMPLATE = """\
@@ -167,25 +178,167 @@ def _make(kernel: Any, nargs: int) -> Any:
     args = ", ".join(f"a{i}" for i in range(nargs))
     source = _TEMPLATE.format(module=module.__name__, name=name, args=args)
     key = hashlib.sha256(f"{_VERSION}\0{digest}\0{module.__name__}\0{source}".encode())
-    name = f"p_{key.hexdigest()[:24]}"
-    return load_generated(cache_dir() / "parallel", name, source, "ember_fusion_launchers").launch
+    loaded = load_generated(cache_dir() / "parallel", f"p_{key.hexdigest()[:24]}", source,
+                            "ember_fusion_launchers")  # fmt: skip
+    launch = loaded.launch
+    launch._can_compile = False  # compiled by the compiler process only (see run)
+    # What the compiler process imports: the kernel's module by its file where it was
+    # generated (not importable by name), then the launcher's.
+    generated = module.__name__.startswith("ember_fusion_kernels.")
+    _origins[launch] = (module.__name__, path if generated else None, loaded.__name__,
+                        loaded.__file__)  # fmt: skip
+    return launch
 
 
 def run(kernel: Any, args: list, parts: int, threads: int) -> bool:
     """Runs ``kernel``'s ``parts`` parts on ``threads`` of numba's threads; False, running
-    nothing, where the kernel has no launcher (the caller's workers run it)."""
+    nothing, where the kernel has no launcher or none compiled for these arguments yet
+    (then its compile is asked of the compiler process: see the module doc). The
+    caller's workers run the parts then."""
     launch = launcher(kernel, len(args))
-    if launch is None:
+    if launch is None or launch in _pending or launch in _broken:
         return False
+    if _compiled:
+        _load_compiled(launch)
     threads = max(1, min(threads, parts, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != threads:  # a setting of the calling thread
         numba.set_num_threads(threads)
-    if parts > threads:
-        previous = numba.set_parallel_chunksize(1)
+    previous = numba.set_parallel_chunksize(1) if parts > threads else None
+    try:
         try:
             launch(*args, parts)
-        finally:
+        except TypeError:  # no signature for these arguments in this process: nothing ran
+            signature = (*[numba.typeof(a) for a in args], numba.types.int64)
+            if not _load(launch, signature, only_from_disk=True):
+                _ask(launch, signature)
+                return False
+            launch(*args, parts)
+    finally:
+        if previous is not None:
             numba.set_parallel_chunksize(previous)
-    else:
-        launch(*args, parts)
     return True
+
+
+# ---------------------------------------------------------------- the compiler process
+# numba compiles one function at a time, process-wide, and a launcher takes 1-4 s: in this
+# process, a model's own first compiles would wait behind them (measured: a first step of
+# 13-18 s against 7 s, compiling on a thread of this process). A process of its own, at a
+# lower priority, compiles them into the disk cache, from which this process loads each
+# in about 10 ms; the launches run on the workers meanwhile.
+_origins: dict = {}  # launcher -> (kernel module, its file if generated, launcher module, file)
+_pending: set = set()  # launchers with a compile asked and not answered
+_broken: set = set()  # launchers that failed to compile: the workers run their kernels
+_compiled: dict = {}  # launcher -> signatures compiled on disk, not loaded here yet
+_asked: dict[int, tuple] = {}  # request number -> (launcher, signature)
+_compiler: dict = {"process": None, "numbers": 0}
+
+
+def _ask(launch: Any, signature: tuple) -> None:
+    """Asks the compiler process for ``launch`` at ``signature`` (started on first use)."""
+    with _lock:
+        if launch in _pending:
+            return
+        process = _compiler["process"]
+        if process is None or process.poll() is not None:
+            process = _compiler["process"] = _start_compiler()
+            if process is None:
+                _broken.add(launch)
+                return
+        number = _compiler["numbers"] = _compiler["numbers"] + 1
+        payload = pickle.dumps((number, *_origins[launch], signature))
+        try:
+            process.stdin.write(struct.pack("<I", len(payload)) + payload)
+            process.stdin.flush()
+        except OSError:  # the process is gone: launches stay on the workers
+            _broken.add(launch)
+            return
+        _asked[number] = (launch, signature)
+        _pending.add(launch)
+
+
+def _start_compiler() -> subprocess.Popen | None:
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from ember.backends.fusion.numba_parallel import serve; serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    except OSError:
+        return None
+    threading.Thread(target=_answers, args=(process,), name="ember-fusion-compiler",
+                     daemon=True).start()  # fmt: skip
+    return process
+
+
+def _answers(process: subprocess.Popen) -> None:
+    """Takes the compiler process's answers (``<number> ok|failed`` lines) until it ends."""
+    for line in process.stdout:
+        number, _, answer = line.decode(errors="replace").partition(" ")
+        with _lock:
+            if not number.isdigit() or int(number) not in _asked:
+                continue  # not an answer (something the process printed)
+            launch, signature = _asked.pop(int(number))
+            _pending.discard(launch)
+            if answer.strip() == "ok":
+                _compiled.setdefault(launch, []).append(signature)
+            else:
+                _broken.add(launch)
+    with _lock:  # it ended: what it had not answered stays on the workers
+        for launch, _ in _asked.values():
+            _pending.discard(launch)
+            _broken.add(launch)
+        _asked.clear()
+
+
+def _load_compiled(launch: Any) -> None:
+    """Loads the signatures of ``launch`` the compiler process wrote to the disk cache."""
+    with _lock:
+        signatures = _compiled.pop(launch, ())
+    for signature in signatures:
+        if not _load(launch, signature):
+            _broken.add(launch)
+
+
+def _load(launch: Any, signature: tuple, only_from_disk: bool = False) -> bool:
+    """Whether ``launch`` has ``signature`` now: loaded from numba's disk cache (a process
+    that compiled it before, or the compiler process), else compiled here, unless
+    ``only_from_disk``."""
+    try:
+        if only_from_disk and launch._cache.load_overload(signature, launch.targetctx) is None:
+            return False
+        launch._can_compile = True
+        launch.compile(signature)  # from the disk cache where it is there
+        return True
+    except Exception:  # another numba's internals, or a launcher numba cannot compile
+        return False
+    finally:
+        launch._can_compile = False
+
+
+def wait() -> None:
+    """Waits until the compiler process answered every launcher asked of it (tests; a
+    benchmark before it times)."""
+    while _pending:
+        time.sleep(0.02)
+
+
+def serve() -> None:
+    """The compiler process: compiles each launcher asked on standard input (length-prefixed
+    pickles from the process that started it) into numba's disk cache, answering
+    ``<number> ok`` or ``<number> failed`` on standard output."""
+    from ember.backends.fusion import numba_target  # noqa: F401  the same vector width
+    from ember.backends.fusion.numba_runtime import import_file
+
+    if hasattr(os, "nice"):
+        os.nice(10)  # the process that asked trains meanwhile: it goes first
+    source, answers = sys.stdin.buffer, sys.stdout
+    while len(header := source.read(4)) == 4:
+        (size,) = struct.unpack("<I", header)
+        number, kernel_module, kernel_file, module, file, signature = pickle.loads(source.read(size))
+        try:
+            if kernel_file is not None:
+                import_file(Path(kernel_file), kernel_module)
+            import_file(Path(file), module).launch.compile(signature)
+            answer = "ok"
+        except Exception:
+            answer = "failed"
+        answers.write(f"{number} {answer}\n")
+        answers.flush()

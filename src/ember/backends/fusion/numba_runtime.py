@@ -110,11 +110,15 @@ def load_generated(folder: Path, name: str, source: str, package: str) -> Any:
     # Rewriting an identical file would change its time stamp and void numba's cache.
     if not path.exists() or path.read_bytes() != source.encode():
         atomic_write(path, source.encode())
-    module_name = f"{package}.{name}"
+    return import_file(path, f"{package}.{name}")
+
+
+def import_file(path: Path, module_name: str) -> Any:
+    """The module of the file ``path`` as ``module_name`` (imported where not yet)."""
     module = sys.modules.get(module_name)
     # One of another cache folder may be loaded already (the same source): load this
     # folder's file, so numba keeps the machine code here too (same name, same code).
-    if module is None or Path(module.__file__) != path:
+    if module is None or Path(module.__file__) != Path(path):
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
