@@ -50,7 +50,6 @@ eager ops keep the records.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
@@ -62,15 +61,14 @@ from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.attention import Attention
 from ember.backends.fusion.attention_grad import AttentionGrad
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
-from ember.backends.fusion.elementwise import elementwise
 from ember.backends.fusion.executor import (
-    LONE_KERNEL_MIN,
     accumulations,
     addend,
     check_output,
     read_transposed,
     reader_layout,
     readers_of,
+    runs_inner,
 )
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
@@ -81,7 +79,6 @@ from ember.backends.fusion.stream import Record
 from ember.backends.fusion.views import VIEW_OPS
 
 _NO_BOUNDS = (None, None)
-_RECORD_ONLY = frozenset({"float_reshape"})  # a copy goes to the pool (Executor.run_single)
 
 
 class Program:
@@ -283,7 +280,7 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
     for i, step in enumerate(program.steps):
         if step[0] == "block":
             how = None if tuner is None else tuner.lookup(step[1])
-            if how is not None and (type(how) is not autotune.Choice or how == autotune.UNFUSED):
+            if how is not None and not _fused(how):
                 return None  # the records run: the tuner times the block there
             hows[i] = how
     slots: list[Any] = [None] * trace.n_refs  # made slots, where one exists
@@ -416,15 +413,14 @@ class _Made:
         more). A thread that finds them in use binds records of its own. False where the
         template no longer binds."""
         _, template, indices, layout = step
-        trace, prims, specs = self.trace, self.prims, self.trace.specs
+        trace, prims = self.trace, self.prims
         entries = trace.entries
         bound = self.program.bound.get(i)
         if bound is None:
             own: list = [None] * trace.n_refs
             for r, slot in trace.consts:  # a constant's own slot, never emptied
                 own[r] = slot
-            made = [_record(entries[k], own, prims, specs) for k in indices]
-            fused = template.bind(made)
+            made, fused = self._bind(template, indices, own)
             if fused is None:
                 return False
             fixed = {r for k in indices for r in entries[k].out_refs}
@@ -434,8 +430,7 @@ class _Made:
             bound = self.program.bound[i] = (threading.Lock(), made, fused, tuple(inputs.items()))
         lock, made, fused, inputs = bound
         if not lock.acquire(blocking=False):
-            made = [_record(entries[k], self.slots, prims, specs) for k in indices]
-            fused = template.bind(made)
+            made, fused = self._bind(template, indices, self.slots)
             if fused is None:
                 return False
             self._attend(fused, made, layout)
@@ -457,6 +452,13 @@ class _Made:
                 slot.prim = None
             lock.release()
         return True
+
+    def _bind(self, template: Any, indices: tuple, slots: list) -> tuple[list, Any]:
+        """Records of trace entries ``indices`` on ``slots`` (made where absent), and the
+        segment ``template`` binds them to (None where it no longer binds)."""
+        made = [_record(self.trace.entries[k], slots, self.prims, self.trace.specs)
+                for k in indices]  # fmt: skip
+        return made, template.bind(made)
 
     def _attend(self, fused: Any, made: list, layout: Any) -> None:
         if type(fused) is Attention:
@@ -487,9 +489,8 @@ class _Made:
         global pooling's mean, a small product). False where the record is to run."""
         executor, prims = self.executor, self.prims
         operands = [None if r < 0 else prims[r] for r in entry.refs]
-        if not all(type(a) is np.ndarray for a in operands if a is not None) or (
-                entry.name in _RECORD_ONLY or (elementwise(entry)
-                and math.prod(entry.outputs[0][0]) >= LONE_KERNEL_MIN)):  # fmt: skip
+        if not runs_inner(entry, entry.outputs[0][0]) or not all(
+                type(a) is np.ndarray for a in operands if a is not None):  # fmt: skip
             return False
         args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
         op = getattr(executor.inner, entry.name)
@@ -521,7 +522,7 @@ class _Made:
                 return None
         how = _settled(self.executor, self.program, i, kernel, args,
                        () if bias is None else ("matmul+bias",))  # fmt: skip
-        if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+        if not _fused(how):
             return False if type(how) is autotune.Pending else None
         take = self.runtime.pool.take
         if bias is None:
@@ -551,6 +552,11 @@ def _settled(executor: Any, program: Program, i: int, kernel: Any, args: list,
     return executor.tuner.lookup_op(known[1], known[2])
 
 
+def _fused(how: Any) -> bool:
+    """Whether the tuner's answer ``how`` is a settled choice of the compiled kernel."""
+    return type(how) is autotune.Choice and how != autotune.UNFUSED
+
+
 def _view(inner: Any, entry: Any, prims: list) -> bool:
     """Runs a ``view`` step's layout op on its operand's array where it gives a view (a
     permute, an expand, a slice, a reshape of a C-contiguous array): a record, its slots and
@@ -574,7 +580,7 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     args = [to_array(prims[x]), to_array(prims[weight]),
             None if bias is None else to_array(prims[bias]), options]  # fmt: skip
     how = _settled(executor, program, i, executor.op_kernels["conv2d"], args, prefix)
-    if type(how) is not autotune.Choice or how == autotune.UNFUSED:
+    if not _fused(how):
         return None
     launch = numba_conv.launch_for(*args, how.threads, (first, second) if prefix else None)
     counters.add("op_kernels")

@@ -871,9 +871,7 @@ class Executor:
         if record.multi or self.arrays is None:
             return False
         out = record.outputs[0]
-        if math.prod(out.shape) < LONE_KERNEL_MIN or out.device.place != "cpu":
-            return False
-        if not elementwise(record):
+        if not lone_kernel_size(record, out.shape) or out.device.place != "cpu":
             return False
         fuser = ElementwiseFuser(self.can_fuse)  # its own: other threads plan meanwhile
         fuser.fuse(record)
@@ -933,6 +931,21 @@ output the caller dropped); more, and it forgets them all."""
 LONE_KERNEL_MIN = 1 << 18
 """Elements, at least, of an element-wise op no block holds that runs as a kernel of its
 own (``Executor._lone_kernel``): below, launching costs more than a second core saves."""
+
+
+def lone_kernel_size(record: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``record`` (a record, or a trace entry: anything with its ``op``) is an
+    element-wise op whose output ``shape`` is large enough to run as a kernel of its own
+    (``Executor._lone_kernel``, where the values allow)."""
+    return math.prod(shape) >= LONE_KERNEL_MIN and elementwise(record)
+
+
+def runs_inner(record: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``Executor.run_single`` runs ``record`` (of output ``shape``), whatever its
+    values, as the inner op: not a reshape (which may copy into the pool), nor an op that
+    may run as a kernel of its own; an op with a compiled kernel, once the tuner left it
+    to the inner backend."""
+    return record.name != "float_reshape" and not lone_kernel_size(record, shape)
 POOLED_COPY_MIN = 1 << 16
 """Elements, at least, of a reshape's copy that goes into a pooled buffer."""
 
