@@ -13,9 +13,11 @@ batch) and imported with ``ember.onnx.import_onnx``:
    feed-forward 1024, no dropout, batch first) on sequences of ``--seq`` tokens.
 
 ember runs each model on ``ndarray``, on ``fusion(ndarray)`` (ops recorded lazily,
-element-wise chains run as fused numba kernels; the checking call compiles them, so
-compilation is not timed), on ``fusion(ndarray)`` through ``fusion.replay`` (the model's
-records pushed from a trace, without the Python that made them) and on ``torch``. Each side runs the forward pass on the CPU
+element-wise chains run as fused numba kernels; the checking calls compile them, so
+compilation is not timed) and on ``torch``. On a fusion device a call of an imported
+model replays from its third call on (``ember.onnx.imported``: the traced ops pushed
+without the Python that made them); the row "recorded" calls ``model.forward`` instead,
+every op recorded through the Tensor API each call. Each side runs the forward pass on the CPU
 with ``--threads`` threads (NumPy's BLAS, torch and fused kernels through the environment
 and ``torch.set_num_threads``; onnxruntime through ``SessionOptions.intra_op_num_threads``,
 with one inter-op thread). Outputs are checked against onnxruntime's before timing; each
@@ -61,7 +63,6 @@ def main() -> None:
     import torch
 
     import ember
-    from ember.backends.fusion import replay
     from ember.onnx import import_onnx, load_model
 
     torch.set_num_threads(args.threads)
@@ -124,7 +125,7 @@ def main() -> None:
     devices = {
         "ember NdArray": ember.device("ndarray"),
         "ember fusion(NdArray)": ember.device("ndarray").fusion(),
-        "ember fusion(NdArray), replayed": ember.device("ndarray").fusion(),
+        "ember fusion(NdArray), recorded": ember.device("ndarray").fusion(),
         "ember Torch": ember.device("torch"),
     }
 
@@ -155,15 +156,14 @@ def main() -> None:
             for side, device in devices.items():
                 model = load_model(Path(tmp) / name, device, name=name)
                 inputs = ember.Tensor.from_data(x, device)
-                if side.endswith("replayed"):
-                    model = replay(model)
-                for _ in range(3 if side.endswith("replayed") else 1):  # warm-up, trace, replay
-                    got = model(inputs).to_numpy()
+                call = model.forward if side.endswith("recorded") else model
+                for _ in range(3):  # on fusion: warm-up, trace, replay
+                    got = call(inputs).to_numpy()
                     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4,
                                                err_msg=f"{name} on {side}")  # fmt: skip
                 # to_numpy waits for the result, as session.run does (and on a fusion
                 # device runs the recorded stream, so the lazy work is timed).
-                calls[side] = lambda m=model, i=inputs: m(i).to_numpy()
+                calls[side] = lambda m=call, i=inputs: m(i).to_numpy()
             times = interleaved_seconds(calls, args.rounds)
             if not spinning:
                 alone = ort.InferenceSession(data, session_options(True),

@@ -205,7 +205,7 @@ def test_generated_code_is_ruff_clean(tmp_path):
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     source = (tmp_path / "pkg" / "mlp.py").read_text()
-    assert "class Model(Module):" in source and "def forward(self, x: Tensor) -> Tensor:" in source
+    assert "class Model(ImportedModel):" in source and "def forward(self, x: Tensor) -> Tensor:" in source
 
 
 def _torch_mlp_loss_and_grads(x: np.ndarray):

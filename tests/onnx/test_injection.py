@@ -465,7 +465,7 @@ def matrix_counts() -> Counter:
 # ember layers (fields) or ember.onnx.ops helpers (a few converters' lines).
 HEADER_IMPORTS = {
     ("__future__", "annotations"), ("pathlib", "Path"), ("ember.backend.device", "Device"),
-    ("ember.module", "Module"), ("ember.module", "Param"), ("ember.record", "DefaultRecorder"),
+    ("ember.onnx.imported", "ImportedModel"), ("ember.module", "Param"), ("ember.record", "DefaultRecorder"),
     ("ember.record", "DoublePrecision"), ("ember.record", "NamedMpkFileRecorder"),
 }  # fmt: skip
 ALIAS_IMPORTS = {

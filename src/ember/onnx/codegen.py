@@ -1,6 +1,6 @@
 """Program to Python source: the generated module and the record of its weights.
 
-The generated module holds a ``Model(Module)`` whose fields are the imported weights
+The generated module holds a ``Model(ImportedModel)`` whose fields are the imported weights
 (``Param`` fields and ember layers), whose ``forward`` is the straight-line code of the
 converters, a ``build(device)`` function that makes the model with placeholder
 weights, and ``load(device)`` that fills them from the record saved beside the file.
@@ -45,8 +45,8 @@ def needs_double(fields: Iterable[Field]) -> bool:
 
 
 def _imports(program: Program, body: str, double: bool) -> list[str]:
-    lines = {"from ember.backend.device import Device", "from ember.module import Module",
-             "from ember import Tensor"}  # fmt: skip
+    lines = {"from ember.backend.device import Device",
+             "from ember.onnx.imported import ImportedModel", "from ember import Tensor"}  # fmt: skip
     if double:
         lines.add("from ember.record import DoublePrecision, NamedMpkFileRecorder")
     else:
@@ -159,7 +159,7 @@ WEIGHTS = {name + ".mpk"!r}
 RECORDER = {recorder}
 
 
-class Model(Module):
+class Model(ImportedModel):
     """The ONNX graph ``GRAPH_NAME``.
 
     Args:

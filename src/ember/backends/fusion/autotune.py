@@ -104,7 +104,7 @@ OP_KERNEL_FILES = ("op_kernels.py", "conv_epilogue.py", "numba_conv.py", "numba_
 """The sources of single-op kernels (``op_kernels``): a change to any of them voids the
 choices between those kernels and the inner backend's ops (a faster kernel would
 otherwise stay unchosen where a settled choice said the inner op)."""
-VERSION = 3
+VERSION = 4
 """The file format's and the tuning method's version: a change voids older choices."""
 SETTLED_AFTER = 3
 """Tunings after which a bucket's choice is kept even when they did not agree (see

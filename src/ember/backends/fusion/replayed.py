@@ -93,7 +93,7 @@ from ember.backends.fusion import counters, direct
 from ember.backends.fusion import stream as streams
 from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.stream import Record, stream_for
-from ember.module.module import Module, _items
+from ember.module.module import Module, _items, _join
 from ember.module.param import Param
 from ember.tensor.tensor import Tensor, _wrap
 
@@ -302,25 +302,25 @@ class _Flattened:
     def _walk_module(self, module: Module, parts: list) -> None:
         """A module's parameters as inputs (in ``params()`` order), its configuration and
         constant tensors as part of the signature (the constants by identity: a
-        constant of the trace, which holds them)."""
-        paths = []
-        for path, param in module.params():
-            paths.append((path, type(param), param.require_grad))
-            self._module_leaves.setdefault(id(module), []).append((path, len(self.tensors)))
-            self._walk(param.val(), parts)
-        parts.append((Module, type(module), tuple(paths)))
-        self._walk_config(module, parts)
+        constant of the trace, which holds them), in one pass over its fields."""
+        parts.append((Module, type(module)))
+        self._walk_fields(module, "", self._module_leaves.setdefault(id(module), []), parts)
 
-    def _walk_config(self, value: Any, parts: list) -> None:
+    def _walk_fields(self, value: Any, path: str, leaves: list, parts: list) -> None:
         for name, item in value.fields() if isinstance(value, Module) else _items(value):
             if isinstance(item, Param):
-                continue
-            if isinstance(item, Tensor):
+                where = _join(path, name)
+                parts.append((where, type(item), item.require_grad))
+                leaves.append((where, len(self.tensors)))
+                self._walk(item.val(), parts)
+            elif isinstance(item, Tensor):
                 parts.append((name, _fusion_prim(item, self.outer).slot
                               if item._device.backend is self.outer else id(item)))  # fmt: skip
+            elif type(item) is tuple and _of_ints(item):  # a stride, a padding: as it is
+                parts.append((name, tuple, item))
             elif isinstance(item, Module | list | tuple | dict):
                 parts.append((name, type(item)))
-                self._walk_config(item, parts)
+                self._walk_fields(item, _join(path, name), leaves, parts)
             else:
                 parts.append((name, type(item), item))
 
@@ -338,6 +338,12 @@ class _Flattened:
             return tensors[next(position)]
 
         return _swap((args, kwargs), None, new)
+
+
+def _of_ints(value: tuple) -> bool:
+    """Whether ``value`` holds only ints and tuples of them (equal such tuples are equal
+    configurations: no 1 against 1.0 or True to tell apart)."""
+    return all(type(v) is int or (type(v) is tuple and _of_ints(v)) for v in value)
 
 
 def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = None) -> Any:
