@@ -543,6 +543,21 @@ def test_a_module_argument_keys_the_trace_by_its_configuration(interp):
     assert counted.runs == 4  # two calls a configuration, the third replayed
 
 
+def test_a_module_argument_keys_the_trace_by_its_tuples_of_ints(interp):
+    """A stride or a padding (a tuple of ints, taken as it is) is part of the signature:
+    convolutions alike but for one run their own traces."""
+    from ember import nn
+
+    counted = Counted(lambda model, x: model(x))
+    g = replay(counted)
+    x = Tensor.from_data(_data((2, 3, 8, 8)), interp)
+    one = nn.Conv2dConfig((3, 4), (3, 3)).init(interp)
+    two = nn.Conv2dConfig((3, 4), (3, 3), stride=(2, 2)).init(interp)  # weights of one shape
+    for model in [one, one, one, two, two, two, one]:
+        np.testing.assert_allclose(g(model, x).to_numpy(), model(x).to_numpy(), rtol=1e-6)
+    assert counted.runs == 4  # two calls a stride, the third (and the last) replayed
+
+
 def test_a_replayed_gather_checks_each_calls_indices(device):
     """A cross-entropy's gather by labels is recorded in the trace (its labels fitted when
     traced); a later call whose labels do not fit raises what a plain call raises (the
