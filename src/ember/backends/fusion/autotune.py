@@ -98,7 +98,7 @@ from ember.atomic import atomic_write
 from ember.backends.fusion import counters, ir
 
 OP_KERNEL_FILES = ("op_kernels.py", "conv_epilogue.py", "numba_conv.py", "numba_conv_grad.py",
-                   "numba_gemm.py", "numba_int8.py", "numba_pool.py", "numba_reduce.py", "numba_tile.py",
+                   "numba_gemm.py", "numba_int8.py", "numba_pool.py", "numba_tile.py",
                    "triton_matmul.py", "attention.py", "attention_grad.py",
                    "numba_attention.py")  # fmt: skip
 """The sources of single-op kernels (``op_kernels``): a change to any of them voids the

@@ -7,7 +7,7 @@ small channel counts and 3x3 windows, slower on 1x1 convolutions; a GEMM (``numb
 faster than NumPy's BLAS where that is held to AVX2 kernels; a linear layer by an int8
 weight that the GEMM dequantizes while it packs it (``ember.quantization``); and an int8
 input by an int8 weight, multiplied in integers (``numba_int8``, its panels packed once per
-weight); and sums and means over one axis (``numba_reduce``). Which one runs is the
+weight). Which one runs is the
 tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
@@ -364,35 +364,6 @@ def _ilinear_run(args: list, threads: int, empty: Callable = np.empty) -> np.nda
                                   threads, empty)  # fmt: skip
 
 
-def _reduce_supports(args: list) -> bool:
-    from ember.backends.fusion import numba_reduce
-
-    return numba_reduce.supports(*args)
-
-
-def _reduce_key(name: str) -> Callable[[list], tuple]:
-    def key(args: list) -> tuple:
-        """Over the last axis or another: two loops."""
-        x, dim = args
-        return (name, _dtype_name(x.dtype), dim % x.ndim == x.ndim - 1)
-
-    return key
-
-
-def _reduce_work(args: list) -> int:
-    """Elements read."""
-    return args[0].size
-
-
-def _reduce_run(mean: bool) -> Callable:
-    def run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
-        from ember.backends.fusion import numba_reduce
-
-        return numba_reduce.reduce_dim(*args, mean, threads, empty)
-
-    return run
-
-
 NDARRAY_KERNELS = {
     k.name: k
     for k in (
@@ -410,10 +381,6 @@ NDARRAY_KERNELS = {
                  _avg_pool_run),
         OpKernel("float_matmul", _matmul_supports, _matmul_key, _matmul_work, _matmul_run,
                  blas=True),
-        OpKernel("float_sum_dim", _reduce_supports, _reduce_key("float_sum_dim"), _reduce_work,
-                 _reduce_run(False)),
-        OpKernel("float_mean_dim", _reduce_supports, _reduce_key("float_mean_dim"),
-                 _reduce_work, _reduce_run(True)),
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),
