@@ -1064,6 +1064,42 @@ def test_a_convolutional_forward_replays_its_launches_directly():
             assert counts["records"] == 0 and counts["op_kernels"] == 3
 
 
+def test_a_direct_convolution_keeps_its_launch_while_its_weights_do():
+    """A conv step keeps its launch for the weight arrays it was made for: new weights (as
+    arguments) or a tuner that forgot its choices make it anew, and every call computes
+    with its own weights."""
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    torch = pytest.importorskip("torch", reason="the reference is torch")
+    import gc
+
+    from ember.backends.fusion import direct
+    from ember.tensor import module as F
+
+    device = ember.device("ndarray").fusion(runtime="numba", small=0)  # every op recorded
+    rng = np.random.default_rng(8)
+    g = replay(lambda x, w, b: ember.activation.relu(F.conv2d(x, w, b, padding=1)))
+    x = _data((4, 8, 16, 16), 3)
+    for call in range(9):
+        if call in (0, 5):  # read-only arrays, as a loaded model's: nothing can change them
+            w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+            b = rng.standard_normal(16).astype(np.float32)
+            w.flags.writeable = b.flags.writeable = False
+            weights = [Tensor.from_primitive(device.backend.wrap(a), device) for a in (w, b)]
+        if call == 7:
+            device.backend.executor.tuner.forget()
+        reset_stats()
+        got = g(Tensor.from_data(x, device), *weights).to_numpy()
+        want = torch.relu(torch.nn.functional.conv2d(
+            torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), padding=1))  # fmt: skip
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4, err_msg=str(call))
+        if 3 <= call < 7:  # (a forgotten choice is timed again, on the records)
+            assert stats()["direct_replays"] == 1, (call, stats())
+        if call in (4, 6):  # a launch kept for these weights, and only for them
+            kept = [e for p in gc.get_objects() if type(p) is direct.Program
+                    for e in p.launches.values()]  # fmt: skip
+            assert kept and all(e[0]() is w and e[1]() is b for e in kept)
+
+
 def test_forgotten_plans_make_the_direct_replay_again(interp):
     from ember.backends.fusion.explorer import clear_plans
 

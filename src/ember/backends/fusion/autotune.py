@@ -353,6 +353,11 @@ class Tuner:
                 return stored.choice
         return Pending((key, bucket, limit), entry, limit, stored)
 
+    def generation(self) -> tuple[int, int]:
+        """What a settled choice kept outside the tuner holds for: the thread limit and the
+        calls of :meth:`forget` (a choice kept before either changed is stale)."""
+        return self.thread_limit(), self._forgets
+
     def thread_limit(self) -> int:
         """The runtime's thread count for a large block."""
         return self.runtime.thread_count()
