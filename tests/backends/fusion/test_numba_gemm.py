@@ -515,6 +515,13 @@ def test_a_product_left_to_numpy_runs_on_one_blas_thread_beside_the_workers(monk
             np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-4)
             assert seen.pop() == threads_now
         assert parallel.blas_threads() == 2  # restored after the product
+        # A product no BLAS splits (under BLAS_THREADED_MIN multiply-adds) runs as it is.
+        small_x, small_w = x[:8, :64], w[:64, :10]
+        device = ember.device("ndarray").fusion(runtime="numba")
+        with autotune.forcing(autotune.UNFUSED):
+            got = (Tensor.from_data(small_x, device) @ Tensor.from_data(small_w, device)).to_numpy()
+        np.testing.assert_allclose(got, small_x @ small_w, rtol=1e-5, atol=1e-4)
+        assert seen.pop() == 2
     finally:
         for c, count in before:
             c.set_num_threads(count)

@@ -500,7 +500,7 @@ class _Made:
         args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
         op = getattr(executor.inner, entry.name)
         kernel = executor.op_kernels.get(entry.name)
-        out = op(*args) if kernel is None else executor.run_inner(kernel, lambda: op(*args))
+        out = op(*args) if kernel is None else executor.run_inner(kernel, lambda: op(*args), args)
         for r, array, (shape, dtype, _) in zip(entry.out_refs, out if entry.multi else (out,),
                                                entry.outputs, strict=True):  # fmt: skip
             check_output(executor.inner, array, shape, dtype, entry.name)

@@ -380,20 +380,24 @@ class Executor:
         if kernel is None or not self._run_op_kernel(kernel, record):
             counters.add("unfused_ops")
             if kernel is not None and kernel.blas:
-                self.run_inner(kernel, lambda: run_record(self.inner, record))
+                self.run_inner(kernel, lambda: run_record(self.inner, record), inner_args(record))
             else:
                 run_record(self.inner, record)
 
-    def run_inner(self, kernel, run: Callable[[], Any]) -> Any:
+    def run_inner(self, kernel, run: Callable[[], Any], args: list | None = None) -> Any:
         """``run()``, an op on the inner backend that ``kernel`` (an ``op_kernels`` entry, or
         None) could have run: a BLAS product with the BLAS held to one thread where the
         runtime has workers of its own. OpenBLAS's threads spin for a long while after each
         product (on a 2-vCPU host, 50-200 ms later a 2-part kernel still ran 1.6x slower
         beside them), holding the cores the runtime's workers need; the tuner then weighs
         the product on one BLAS thread against the kernel on the runtime's threads (the
-        ONNX encoder at two threads: 22.8 ms a forward against 24.4)."""
+        ONNX encoder at two threads: 22.8 ms a forward against 24.4). A product of
+        ``args`` under :data:`BLAS_THREADED_MIN` multiply-adds, which no BLAS splits, runs
+        as it is: holding the BLAS cost 15 us a call on a cold cache (a classifier's
+        ``[8, 64] @ [64, 10]``)."""
         threads = getattr(self.runtime, "thread_count", None)
-        if kernel is None or not kernel.blas or threads is None or threads() < 2:
+        if (kernel is None or not kernel.blas or threads is None or threads() < 2
+                or (args is not None and kernel.work(args) < BLAS_THREADED_MIN)):  # fmt: skip
             return run()
         with blas_held_to_one():
             return run()
@@ -934,6 +938,9 @@ MAX_REPLAYED_PLANS = 8
 """Plans a trace keeps for its replays' flushes (variants: an entry that ran at once, an
 output the caller dropped); more, and it forgets them all."""
 
+BLAS_THREADED_MIN = 1 << 16
+"""Multiply-adds of a product below which a BLAS runs it on one thread anyway (OpenBLAS
+splits a GEMM from 4 times as many), so ``Executor.run_inner`` does not hold its threads."""
 LONE_KERNEL_MIN = 1 << 18
 """Elements, at least, of an element-wise op no block holds that runs as a kernel of its
 own (``Executor._lone_kernel``): below, launching costs more than a second core saves."""
