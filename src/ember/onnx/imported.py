@@ -6,11 +6,11 @@ code whose ops depend only on its inputs' shapes and dtypes, never on their valu
 plainly). That is exactly what :func:`ember.backends.fusion.replay` needs, so on a fusion
 device calling an imported model replays it: the first call of an input signature runs
 plainly, the second traces, and later ones push the traced ops without the Python that
-made them, running the same launches at once (the ONNX CNN of
-``benchmarks/onnx_inference.py`` at two threads: about 7.6 ms a call recorded op by op,
-5.8 replayed). The model itself is an argument of the replayed function, so its
-parameters are inputs of the trace: a model whose weights changed (a new module from
-``load_record`` or an optimizer, a parameter updated in place) runs with the new ones.
+made them, running the same launches at once (the ONNX encoder of
+``benchmarks/onnx_inference.py`` at two threads: 26 ms a call recorded op by op, 21
+replayed). The model itself is an argument of the replayed function, so its parameters
+are inputs of the trace: a model with other weights (a new module from ``load_record``
+or an optimizer's step) runs with its own.
 
 ``model.forward(x)`` runs the ops as they are recorded, every call;
 ``EMBER_FUSION_REPLAY=0`` turns replaying off everywhere. On any other device, an
