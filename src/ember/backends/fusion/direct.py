@@ -497,7 +497,7 @@ class _Made:
         if not runs_inner(entry, entry.outputs[0][0]) or not all(
                 type(a) is np.ndarray for a in operands if a is not None):  # fmt: skip
             return False
-        args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
+        args = entry.call_args(operands)
         op = getattr(executor.inner, entry.name)
         kernel = executor.op_kernels.get(entry.name)
         out = op(*args) if kernel is None else executor.run_inner(kernel, lambda: op(*args), args)
@@ -517,8 +517,7 @@ class _Made:
         it); None where the kernel is not to run (a case it does not take, a bias of
         another kind, too small to time, or the inner op chosen)."""
         prims = self.prims
-        operands = [None if r < 0 else prims[r] for r in entry.refs]
-        args = [operands, *entry.attrs] if entry.spread else [*operands, *entry.attrs]
+        args = entry.call_args([None if r < 0 else prims[r] for r in entry.refs])
         kernel = self.executor.op_kernels[entry.name]
         bias = None
         if addition is not None:
@@ -591,10 +590,11 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
     bias = None if bias is None else to_array(prims[bias])
     layout = (x.shape, x.strides, x.dtype)
     tuner = executor.tuner
+    fixed = immutable(weight) and (bias is None or immutable(bias))
     kept = program.launches.get(i)
-    if (kept is not None and kept[0]() is weight and (bias is None or kept[1]() is bias)
-            and kept[2] == layout and kept[3] == tuner.generation() and immutable(weight)
-            and (bias is None or immutable(bias))):  # fmt: skip
+    if (fixed and kept is not None and kept[0]() is weight
+            and (bias is None or kept[1]() is bias) and kept[2] == layout
+            and kept[3] == tuner.generation()):  # fmt: skip
         launch = kept[4]
     else:
         args = [x, weight, bias, options]
@@ -602,8 +602,7 @@ def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_
         if not _fused(how):
             return None
         launch = numba_conv.launch_for(*args, how.threads, (first, second) if prefix else None)
-        if type(how) is autotune.Choice and immutable(weight) and (bias is None
-                                                                  or immutable(bias)):  # fmt: skip
+        if fixed:
             program.launches[i] = (weakref.ref(weight), None if bias is None else
                                    weakref.ref(bias), layout, tuner.generation(), launch)  # fmt: skip
     counters.add("op_kernels")

@@ -377,10 +377,11 @@ class Executor:
         if self._lone_kernel(record, readers, end):
             return
         kernel = self.op_kernels.get(record.name)
-        if kernel is None or not self._run_op_kernel(kernel, record):
+        args = None if kernel is None else inner_args(record)
+        if kernel is None or not self._run_op_kernel(kernel, record, args):
             counters.add("unfused_ops")
             if kernel is not None and kernel.blas:
-                self.run_inner(kernel, lambda: run_record(self.inner, record), inner_args(record))
+                self.run_inner(kernel, lambda: run_record(self.inner, record), args)
             else:
                 run_record(self.inner, record)
 
@@ -832,14 +833,13 @@ class Executor:
         counters.add("in_place", len(consumed))
         return out, consumed
 
-    def _run_op_kernel(self, kernel, record: Record) -> bool:
-        """Runs ``record`` with its compiled kernel where the tuner chose it, or on the first
-        use of its bucket (then times it against the inner op, as a fused block's first run
-        is kept and then timed: every later run of the bucket computes what the chosen
-        candidate computes, in a kernel's rounding from the start where it wins); False when
-        the inner op is to run (not chosen, too small to time, or a case the kernel does not
-        take)."""
-        args = inner_args(record)
+    def _run_op_kernel(self, kernel, record: Record, args: list) -> bool:
+        """Runs ``record`` (its inner arguments ``args``) with its compiled kernel where the
+        tuner chose it, or on the first use of its bucket (then times it against the inner
+        op, as a fused block's first run is kept and then timed: every later run of the
+        bucket computes what the chosen candidate computes, in a kernel's rounding from the
+        start where it wins); False when the inner op is to run (not chosen, too small to
+        time, or a case the kernel does not take)."""
         if not kernel.supports(args):
             return False
         how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
@@ -959,6 +959,8 @@ def runs_inner(record: Any, shape: tuple[int, ...]) -> bool:
     may run as a kernel of its own; an op with a compiled kernel, once the tuner left it
     to the inner backend."""
     return record.name != "float_reshape" and not lone_kernel_size(record, shape)
+
+
 POOLED_COPY_MIN = 1 << 16
 """Elements, at least, of a reshape's copy that goes into a pooled buffer."""
 

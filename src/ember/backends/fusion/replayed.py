@@ -381,10 +381,15 @@ class _Entry:
         # the executor's would.
         self.direct = False
 
+    def call_args(self, operands: list) -> list:
+        """The op's arguments with ``operands`` (slots or values, in order): a spread op's
+        as one list."""
+        return [operands, *self.attrs] if self.spread else [*operands, *self.attrs]
+
     def record(self, slots: list, present: tuple, stream: Any = None) -> Record:
         """This op as a record on its operands' ``slots`` (None where absent; ``present``
         the others), making new slots (of ``stream``, where it is to be pushed there)."""
-        call_args = [slots, *self.attrs] if self.spread else [*slots, *self.attrs]
+        call_args = self.call_args(slots)
         outputs = tuple([Slot(shape, dtype, device, stream) for shape, dtype, device in self.outputs])
         return Record(self.op, self.name, call_args, present, outputs, self.multi)
 
