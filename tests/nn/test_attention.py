@@ -3,6 +3,7 @@ the decoding cache, the mask helpers, the PyTorch adapter and errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -117,6 +118,58 @@ def test_cross_attention_matches_torch(ad_device):
     for mine, theirs in ((q, q_ref), (k, k_ref), (v, v_ref)):
         assert_close(mine.grad(grads), theirs.grad, atol=1e-5)
     assert_param_grads(mha, grads, reference)
+
+
+def test_self_attention_projects_query_key_and_value_as_one_product(monkeypatch):
+    """One tensor for the query, key and value: the three projections are one product with
+    the weights side by side (as PyTorch's packed ``in_proj``), whose results and
+    gradients match the three separate ones (a copy of the input takes that path)."""
+    device = ember.device("ndarray").autodiff()
+    reference = torch_mha()
+    mha = ember_mha(reference, device)
+    host = np.random.default_rng(4).standard_normal((3, 5, D_MODEL)).astype(np.float32)
+    products = []
+    inner = type(device.backend.inner)
+    original = inner.float_matmul
+
+    def counted(self, a, b):
+        products.append(tuple(b.shape))
+        return original(self, a, b)
+
+    monkeypatch.setattr(inner, "float_matmul", counted)
+    results = []
+    for packed in (True, False):
+        x = Tensor.from_data(host, device).require_grad()
+        other = x if packed else Tensor.from_data(host, device).require_grad()
+        products.clear()
+        out = mha(MhaInput(x, other, other if packed else Tensor.from_data(host, device)))
+        grads = (out.context * out.context).sum().backward()
+        forward = [shape for shape in products if shape[-1] in (D_MODEL, 3 * D_MODEL)][:3]
+        assert forward[0] == ((D_MODEL, 3 * D_MODEL) if packed else (D_MODEL, D_MODEL))
+        results.append((out.context.to_numpy(), {
+            path: p.val().grad(grads).to_numpy() for path, p in mha.params()}))  # fmt: skip
+    (packed_out, packed_grads), (separate_out, separate_grads) = results
+    np.testing.assert_allclose(packed_out, separate_out, rtol=1e-5, atol=1e-6)
+    for path, grad in separate_grads.items():
+        np.testing.assert_allclose(packed_grads[path], grad, rtol=1e-4, atol=1e-5, err_msg=path)
+
+
+def test_self_attention_with_one_projection_unbiased_matches_torch():
+    """Projections with and without biases are not packed together: each runs as it is."""
+    device = ember.device("ndarray").autodiff()
+    reference = torch_mha()
+    with torch.no_grad():
+        reference.in_proj_bias[D_MODEL : 2 * D_MODEL] = 0.0  # the key's
+    mha = ember_mha(reference, device)
+    mha = dataclasses.replace(mha, key=dataclasses.replace(mha.key, bias=None))
+    x_ref = torch.randn(2, 4, D_MODEL, requires_grad=True)
+    out_ref, _ = reference(x_ref, x_ref, x_ref)
+    out_ref.sum().backward()
+    x = from_torch(x_ref, device).require_grad()
+    out = mha(MhaInput.self_attn(x))
+    assert_close(out.context, out_ref)
+    grads = out.context.sum().backward()
+    assert_close(x.grad(grads), x_ref.grad, atol=1e-5)
 
 
 def test_inference_matches_torch(base_device):

@@ -36,7 +36,7 @@ def reference(q, k, v, scale, mask=None, fill=0.0, bias=None):
 @pytest.mark.parametrize("seed", range(12))
 def test_the_kernel_equals_float64_attention(seed):
     """Random sizes (odd ones: partial tiles, spans and key blocks), broadcast batch entries,
-    strided views, masks, biases, weights, one and three parts."""
+    strided views, masks, biases, weights (C-contiguous or not), one and three parts."""
     rng = np.random.default_rng(seed)
     b0, b1 = rng.integers(1, 4, 2)
     lq, lk = rng.integers(1, 300, 2) if seed % 4 else (131, 517)  # several key blocks
@@ -49,7 +49,9 @@ def test_the_kernel_equals_float64_attention(seed):
         k = np.ascontiguousarray(k.swapaxes(2, 3)).swapaxes(2, 3)
     mask = rng.random((b0, 1, lq, lk)) < 0.3 if seed % 3 == 1 else None
     bias = rng.standard_normal((1, b1, 1, lk), dtype=np.float32) if seed % 4 == 2 else None
-    weights = np.empty((b0, b1, lq, lk), np.float32) if seed % 5 < 2 else None
+    weights = np.empty((b0, b1, lq, lk), np.float32) if seed % 5 == 0 else None
+    if seed % 5 == 1:  # not C-contiguous: written element by element, not by transposed blocks
+        weights = np.empty((b0, b1, lk, lq), np.float32).swapaxes(2, 3)
     out = attention(q, k, v, 0.3, mask=mask, fill=-7.0, bias=bias, weights=weights,
                     threads=1 + 2 * (seed % 2))  # fmt: skip
     want, p = reference(q, k, v, 0.3, mask, -7.0, bias)
@@ -189,11 +191,15 @@ def test_a_training_step_through_fused_attention_gives_the_same_gradients(masked
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
 
 
-def _replayed_steps(inputs: list, masked: bool, every_param: bool, threads: int, check) -> list:
+def _replayed_steps(inputs: list, masked: bool, every_param: bool, threads: int, check,
+                    separate: bool = False) -> list:  # fmt: skip
     """Per device (NdArray, then fusion(NdArray) through ``replay``), per call on
     ``inputs``: the gradients of a training step through the attention, of the input and
     of the projections' weights (``every_param``: of all its parameters);
-    ``check(call, stats())`` after each fused call."""
+    ``check(call, stats())`` after each fused call. ``separate``: the key and the value
+    are another Tensor object of the input's primitive, so the three projections are three
+    products whose input gradients add up (one Tensor for all three makes them one
+    product)."""
     from ember.backends.fusion import replay
 
     per_device = []
@@ -204,7 +210,8 @@ def _replayed_steps(inputs: list, masked: bool, every_param: bool, threads: int,
                   (mha.query.weight.val(), mha.key.weight.val(), mha.value.weight.val()))  # fmt: skip
 
         def step(x: Tensor, mha=mha, params=params) -> list:
-            inp = MhaInput.self_attn(x)
+            other = Tensor.from_primitive(x.into_primitive(), x.device) if separate else x
+            inp = MhaInput(x, other, other)
             if masked:
                 inp = inp.with_mask_attn(generate_autoregressive_mask(x.shape[0], x.shape[1], x.device))
             context = mha(inp).context
@@ -668,7 +675,7 @@ def test_a_replayed_training_step_sums_its_input_gradient_in_place(monkeypatch):
         if call >= 3:
             assert counts["direct_replays"] == 1 and counts["in_place"] >= 2, counts
 
-    per_device = _replayed_steps(inputs, False, True, 2, check)
+    per_device = _replayed_steps(inputs, False, True, 2, check, separate=True)
     for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
         for got, want in zip(got_all, want_all, strict=True):
             # The key's bias has no gradient (softmax ignores a constant a row): its values

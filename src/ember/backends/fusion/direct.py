@@ -547,7 +547,8 @@ def _settled(executor: Any, program: Program, i: int, kernel: Any, args: list,
     (its key after ``prefix``): a choice, pending, or None where the kernel does not take
     them or the work is too small to time. The key and work are kept per step (``i``: any
     int the caller keeps apart) with the arrays' layouts they were worked out for."""
-    layouts = tuple([(a.shape, a.strides) for a in args if type(a) is np.ndarray])
+    arrays = args[0] if type(args[0]) is list else args  # a spread op's operands (a cat's)
+    layouts = tuple([(a.shape, a.strides) for a in arrays if type(a) is np.ndarray])
     known = program.op_keys.get(i)
     if known is None or known[0] != layouts:
         if not kernel.supports(args):

@@ -36,6 +36,7 @@ batch entries included (stride 0); the kernel has one compiled signature (numba'
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -267,8 +268,10 @@ def _array_types():
             t.Array(t.float32, 4, "A"))  # fmt: skip
 
 
+@functools.cache
 def _kernel():
-    """The forward kernel, compiled for its one signature."""
+    """The forward kernel, compiled for its one signature (made once: building numba's
+    types took about 50 us a call)."""
     floats, flags, target = _array_types()
     i64, f32 = numba.types.int64, numba.types.float32
     return _compiled_once(_attend, floats, floats, floats, target, target, target, flags, floats,
@@ -474,6 +477,7 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_fac
                 dst_q[c] = dqt[u(c * qcp + r)] * q_factor
 
 
+@functools.cache
 def _backward_kernel():
     """The backward kernel, compiled for its one signature (the weights C-contiguous: read
     row by row)."""

@@ -7,7 +7,8 @@ small channel counts and 3x3 windows, slower on 1x1 convolutions; a GEMM (``numb
 faster than NumPy's BLAS where that is held to AVX2 kernels; a linear layer by an int8
 weight that the GEMM dequantizes while it packs it (``ember.quantization``); and an int8
 input by an int8 weight, multiplied in integers (``numba_int8``, its panels packed once per
-weight). Which one runs is the
+weight); and a join of pieces (a split's gradient) copied into pooled memory by threads.
+Which one runs is the
 tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
@@ -277,6 +278,52 @@ def _stacked_share(a: np.ndarray, b: np.ndarray, out: np.ndarray, part: int, par
     np.matmul(a[rows], b[rows], out=out[rows])
 
 
+def _cat_supports(args: list) -> bool:
+    pieces = args[0]
+    return (len(pieces) > 1 and all(type(p) is np.ndarray for p in pieces)
+            and pieces[0].dtype in _FLOATS and all(p.dtype == pieces[0].dtype for p in pieces))  # fmt: skip
+
+
+def _cat_key(args: list) -> tuple:
+    pieces, dim = args
+    return ("float_cat", _dtype_name(pieces[0].dtype), pieces[0].ndim, dim, len(pieces))
+
+
+def _cat_work(args: list) -> int:
+    """Elements copied."""
+    return sum(p.size for p in args[0])
+
+
+def _cat_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+    """``pieces`` joined along ``dim`` into memory from ``empty`` (NumPy's ``concatenate``
+    faults fresh pages in: gathering self-attention's three gradients, 6 MB, took 1.3 ms),
+    on ``threads`` threads, each copying its share of the output's first dim."""
+    from ember.backends.fusion.numba_runtime import _run_parts
+
+    pieces, dim = args
+    shape = list(pieces[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    out = empty(tuple(shape), pieces[0].dtype)
+    _run_parts(_cat_share, [pieces, dim, out], max(1, min(threads, shape[0])))
+    return out
+
+
+def _cat_share(pieces: list, dim: int, out: np.ndarray, part: int, parts: int) -> None:
+    """Part ``part`` of ``parts`` of :func:`_cat_run`: its run of the output's first dim
+    (NumPy's copies let the GIL go, so the parts run side by side)."""
+    rows = out.shape[0]
+    lo, hi = rows * part // parts, rows * (part + 1) // parts
+    if dim:
+        np.concatenate([p[lo:hi] for p in pieces], axis=dim, out=out[lo:hi])
+        return
+    at = 0  # where the piece starts along the joined dim
+    for p in pieces:
+        start, stop = max(lo, at), min(hi, at + p.shape[0])
+        if start < stop:
+            np.copyto(out[start:stop], p[start - at : stop - at])
+        at += p.shape[0]
+
+
 def _quantized_params(args: list) -> tuple | None:
     """The scales and zero points of a quantized linear as ``[KB, NB]`` arrays (see
     ``numba_gemm.matmul_dequantized``), or None for a layout the kernel does not take."""
@@ -381,6 +428,8 @@ NDARRAY_KERNELS = {
                  _avg_pool_run),
         OpKernel("float_matmul", _matmul_supports, _matmul_key, _matmul_work, _matmul_run,
                  blas=True),
+        # Pieces gathered (a split's or a chunk's gradient) into pooled memory, by threads.
+        OpKernel("float_cat", _cat_supports, _cat_key, _cat_work, _cat_run),
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),
