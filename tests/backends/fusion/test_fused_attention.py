@@ -60,6 +60,40 @@ def test_the_kernel_equals_float64_attention(seed):
         np.testing.assert_allclose(weights, p, rtol=1e-5, atol=1e-7)
 
 
+def _features_strided(a: np.ndarray) -> np.ndarray:
+    """``a``'s values in memory where the last dim is not contiguous."""
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3, 37, 45, 19, 40), (1, 2, 16, 32, 16, 16),
+                                   (2, 1, 130, 9, 33, 7)])  # fmt: skip
+def test_vector_packing_equals_the_element_by_element_path_bit_for_bit(sizes):
+    """Operands whose features are contiguous are packed and written by whole vectors
+    (blocks transposed in registers), others element by element: the same sums, so the
+    same bits, edges (sizes off the vector and tile widths) included."""
+    from ember.backends.fusion.numba_attention import attention_backward
+
+    b0, b1, lq, lk, d, dv = sizes
+    rng = np.random.default_rng(lq)
+    q, k = (rng.standard_normal((b0, b1, n, d), dtype=np.float32) for n in (lq, lk))
+    v = rng.standard_normal((b0, b1, lk, dv), dtype=np.float32)
+    d_out = rng.standard_normal((b0, b1, lq, dv), dtype=np.float32)
+    results = []
+    for layout in (lambda a: a, _features_strided):
+        out, q_out = layout(np.zeros((b0, b1, lq, dv), np.float32)), layout(np.zeros_like(q))
+        weights = layout(np.zeros((b0, b1, lq, lk), np.float32))
+        attention(layout(q), layout(k), layout(v), 0.3, out=out, weights=weights, q_out=q_out,
+                  q_factor=0.5, threads=2)  # fmt: skip
+        grads = [layout(np.zeros_like(a)) for a in (q, k, v)]
+        attention_backward(layout(q), layout(k), layout(v), np.ascontiguousarray(weights),
+                           layout(d_out), factor=0.3, d_q=grads[0], d_k=grads[1], d_v=grads[2],
+                           q_factor=0.5, threads=2)  # fmt: skip
+        results.append([out, weights, q_out, *grads])
+    for name, fast, slow in zip(("out", "weights", "q_out", "d_q", "d_k", "d_v"), *results):
+        np.testing.assert_array_equal(fast, slow, err_msg=name)
+    np.testing.assert_array_equal(results[0][2], q * np.float32(0.5))
+
+
 def test_the_kernel_writes_the_scaled_query_it_packs():
     rng = np.random.default_rng(15)
     q, k, v = (rng.standard_normal((2, 3, 40, 16), dtype=np.float32) for _ in range(3))
