@@ -38,7 +38,8 @@ written by whole vectors: blocks of ``LANES`` rows by ``LANES`` features transpo
 registers (``numba_tile.transpose_kernel``), runs of ``OB`` features copied as one. Packed
 element by element through the ``A`` views (each access a strided load), the packing and
 the output's transposes took half of the kernels' time (at ``nn_step``'s sizes, one thread:
-forward 7.6 -> 6.7 ms with the vectors, backward 10.3 -> 9.5, the same bits).
+forward 7.6 -> 6.7 ms with the vectors; backward 10.3 -> 9.1, with the scores' gradient
+transposed the same way; the same bits).
 """
 
 from __future__ import annotations
@@ -642,11 +643,7 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_fac
                 for j in range(lk):
                     if mrow[min(j, mrow.shape[0] - 1)]:
                         ds[u(at + j)] = 0
-        for j0 in range(0, lk, LANES):  # dSᵀ, by square blocks that stay in L1
-            for r0 in range(0, lq, LANES):
-                for j in range(j0, min(j0 + LANES, lk)):
-                    for r in range(r0, min(r0 + LANES, lq)):
-                        dst[u(j * qcp + r)] = ds[u(r * kbp + j)]
+        _pack_transposed(ds, 0, kbp, lq, lk, dst, qcp)  # dSᵀ, by blocks in registers
         # dKᵀ = qᵀ dS, dVᵀ = dOᵀ P, dQᵀ = kᵀ dSᵀ: feature rows by key (query) lanes
         for t in range(d_tiles):
             _spans(ds, offs_r, q_f, t * lq * OB, lq, dkt, t * OB * kbp, kbp, kbp)
