@@ -62,3 +62,24 @@ def test_a_cat_on_a_fusion_device_runs_the_kernel_into_the_pool():
         again = Tensor.cat(pieces, 2)  # the dropped result's buffer comes back
         np.testing.assert_array_equal(again.to_numpy(), want)
     assert pool.misses == misses
+
+
+def test_a_join_in_place_takes_only_pieces_side_by_side_in_one_array():
+    """A direct replay's ``joined`` step returns a view where its pieces lie side by side
+    in one array (the attention gradient wrote them there); pieces that merely happen to
+    be adjacent, of other strides, or out of order are joined by copying."""
+    from ember.backends.fusion.direct import _joined
+
+    whole = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12)
+    pieces = [whole[:, :, 0:4], whole[:, :, 4:6], whole[:, :, 6:12]]
+    joined = _joined(pieces, 2, whole.shape)
+    assert joined is not None and np.shares_memory(joined, whole)
+    np.testing.assert_array_equal(joined, whole)
+    assert _joined(pieces[::-1], 2, whole.shape) is None  # out of order
+    assert _joined([whole[:, :, 0:4], whole[:, :, 6:12]], 2, (2, 3, 10)) is None  # a gap
+    raw = np.zeros(64, np.float32)  # adjacent in memory, but views of other arrays
+    other = np.lib.stride_tricks.as_strided(raw[32:], (2, 16), (64, 4))
+    assert other.base is not raw and raw[:32].reshape(2, 16).base is raw
+    assert _joined([raw[:32].reshape(2, 16), other], 0, (4, 16)) is None
+    assert _joined([raw[:32].reshape(2, 16), raw[32:].reshape(2, 16)], 0, (4, 16)) is not None
+    assert _joined([np.ascontiguousarray(p) for p in pieces], 2, whole.shape) is None

@@ -269,13 +269,14 @@ def _replayed_steps(inputs: list, masked: bool, every_param: bool, threads: int,
 def test_a_replayed_training_step_runs_its_attention_directly(masked):
     """A training step through the attention (its forward and gradient kernels, the
     scaled queries kept for the backward pass, the heads merged back) replayed on new
-    inputs: from the fourth call its launches run directly, and every call's gradients
-    equal NdArray's."""
+    inputs: from the fourth call its launches run directly, the gradient kernel writing
+    dQ, dK and dV side by side where the packed projection's gradient joins them (the
+    join copies nothing), and every call's gradients equal NdArray's."""
     rng = np.random.default_rng(6)
     inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(5)]
 
     def check(call, counts):
-        assert counts["direct_replays"] == (call >= 3), call
+        assert counts["direct_replays"] == counts["joined_in_place"] == (call >= 3), call
         assert counts["attentions"] == counts["attention_grads"] == 1
 
     per_device = _replayed_steps(inputs, masked, False, 1, check)

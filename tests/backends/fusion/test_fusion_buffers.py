@@ -314,8 +314,8 @@ def test_reshape_view_tells_a_view_from_a_copy(monkeypatch, old_numpy):
 
         monkeypatch.setattr(executor.np, "reshape", reshape)
     x = np.arange(24.0).reshape(2, 3, 4).transpose(1, 0, 2)
-    assert executor._reshape_view(x, (3, 8)) is None  # merging permuted dims: a copy
-    view = executor._reshape_view(x, (3, 2, 2, 2))  # splitting the contiguous last dim
+    assert executor.reshape_view(x, (3, 8)) is None  # merging permuted dims: a copy
+    view = executor.reshape_view(x, (3, 2, 2, 2))  # splitting the contiguous last dim
     assert view is not None and np.shares_memory(view, x)
     np.testing.assert_array_equal(view, x.reshape(3, 2, 2, 2))
 

@@ -31,6 +31,7 @@ _FIELDS = (
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
     "direct_replays",  # replays whose launches ran without records (direct.py)
+    "joined_in_place",  # joins (cat) whose pieces a direct replay's kernel wrote in place
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 

@@ -17,7 +17,12 @@ reference; later calls :func:`run` it on the input arrays at once:
   numba kernel at the tuner's settled thread count, as ``_conv_epilogue`` and
   ``_run_op_kernel`` do;
 * ``attention``: an attention or attention gradient segment, its template bound to records
-  made for it and run by the executor's own method, in the layout its readers had;
+  made for it and run by the executor's own method, in the layout its readers had; where
+  one cat joins a gradient's three results through layout ops (self-attention's packed
+  projection), the kernel writes them as views of one pooled array laid out as the cat's
+  result (``_Made._gather``);
+* ``joined``: that cat, a view of the array its pieces lie side by side in (copying 6 MB
+  of ``nn_step``'s gradients took 1 ms a layer), or a plain cat where they lie apart;
 * ``kernel``: an op with a compiled kernel (``op_kernels``: a product, a pooling, a
   convolution's gradient), launched at the tuner's settled choice on the arrays themselves
   (``_Made._kernel``), else run as an ``op``;
@@ -70,6 +75,7 @@ from ember.backends.fusion.executor import (
     read_transposed,
     reader_layout,
     readers_of,
+    reshape_view,
     runs_inner,
 )
 from ember.backends.fusion.explorer import Explorer
@@ -133,6 +139,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     added = {i: j for i, (j, _) in accumulations(records, readers, segments).items()}
     adding = {j: i for i, j in added.items()}
     templates = None
+    joins: set[int] = set()  # the cats whose pieces an attention gradient step writes
 
     def refs(slots) -> tuple | None:
         found = tuple(ref_of.get(id(s)) for s in slots)
@@ -175,7 +182,9 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             if outs is None:
                 return False
             transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
-            if transposed:
+            if start in joins:
+                kind = "joined"
+            elif transposed:
                 kind = "transposed"
             elif record.name in VIEW_OPS and not record.multi:
                 kind = "view"
@@ -190,15 +199,22 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             template = templates.get(start)
             if template is None:
                 return False
+            gather = None
             if type(fused) is Attention:
                 layout = reader_layout(fused.output, records, readers)
             else:
                 layout = [reader_layout(s, records, readers)
                           for s in (fused.d_query, fused.d_key, fused.d_value)]  # fmt: skip
+                gather = _gathered(fused, records, readers)
+                if gather is not None and "float_cat" in executor.op_kernels:
+                    joins.add(gather[0])
+                    gather = (pushed[gather[0]], gather[1])
+                else:
+                    gather = None
             outs = refs([o for r in records[start : start + length] for o in r.outputs])
             if outs is None:
                 return False
-            steps.append(("attention", template, pushed[start : start + length], layout))
+            steps.append(("attention", template, pushed[start : start + length], layout, gather))
         elif type(fused) is MatmulEpilogue and "float_matmul" in executor.op_kernels:
             outs = refs([o for r in records[start : start + length] for o in r.outputs])
             if outs is None:
@@ -241,6 +257,37 @@ def _templates(records: Any) -> dict:
     if found is None or found[1] is None:
         return {}
     return {start: template for start, _, template in found[1] if template is not None}
+
+
+def _gathered(fused: AttentionGrad, records: Any, readers: dict) -> tuple | None:
+    """Where one cat joins an attention gradient's three results, each through layout ops
+    that only it reads (self-attention's packed projection: dQ, dK and dV side by side,
+    the heads merged back): ``(the cat's record index, ((piece, chain) per result))``, a
+    chain the ``(op, its input's shape, its attribute)`` steps from the result to the cat's
+    piece; else None."""
+    ends = []
+    for slot in (fused.d_query, fused.d_key, fused.d_value):
+        chain = []
+        while True:
+            found = readers.get(slot)
+            if found is None or len(found) != 1 or slot.readable() or slot.shared:
+                return None
+            reader = records[found[0]]
+            if reader.name == "float_cat":
+                break
+            if reader.name not in ("float_permute", "float_reshape"):
+                return None
+            chain.append((reader.name, slot.shape, reader.args[1]))
+            slot = reader.outputs[0]
+        ends.append((found[0], slot, tuple(chain)))
+    index = ends[0][0]
+    pieces = records[index].args[0]
+    if any(i != index for i, _, _ in ends) or len(pieces) != len(ends):
+        return None
+    positions = [next((p for p, s in enumerate(pieces) if s is end), None) for _, end, _ in ends]
+    if None in positions or len(set(positions)) != len(ends):
+        return None
+    return index, tuple(zip(positions, [chain for _, _, chain in ends], strict=True))
 
 
 def _reads(trace: Any, step: tuple) -> set[int]:
@@ -397,6 +444,15 @@ class _Made:
             made = [_record(entries[k], slots, prims, specs) for k in indices]
             executor.run_biased(*made, step[3])
             _keep(entries, indices, made, slots, prims)
+        elif kind == "joined":
+            entry = entries[step[1]]
+            joined = _joined([prims[r] for r in entry.refs], entry.attrs[0],
+                             specs[entry.out_refs[0]][0])  # fmt: skip
+            if joined is None:
+                self._alone(i, step[1])  # the pieces lie apart: a plain cat
+            else:
+                prims[entry.out_refs[0]] = joined
+                counters.add("joined_in_place")
         else:
             entry = entries[step[1]]
             if kind == "view" and _view(executor.inner, entry, prims):
@@ -417,9 +473,10 @@ class _Made:
         records again: about 300 us of Python a step, cold, and making the records 100
         more). A thread that finds them in use binds records of its own. False where the
         template no longer binds."""
-        _, template, indices, layout = step
+        _, template, indices, layout, gather = step
         trace, prims = self.trace, self.prims
         entries = trace.entries
+        take = None if gather is None else self._gather(gather)
         bound = self.program.bound.get(i)
         if bound is None:
             own: list = [None] * trace.n_refs
@@ -438,13 +495,13 @@ class _Made:
             made, fused = self._bind(template, indices, self.slots)
             if fused is None:
                 return False
-            self._attend(fused, made, layout)
+            self._attend(fused, made, layout, take)
             _keep(entries, indices, made, self.slots, prims)
             return True
         try:
             for r, slot in inputs:
                 slot.prim = prims[r]
-            self._attend(fused, made, layout)
+            self._attend(fused, made, layout, take)
             for k, record in zip(indices, made, strict=True):
                 for r, slot in zip(entries[k].out_refs, record.outputs, strict=True):
                     prims[r] = slot.prim
@@ -465,11 +522,46 @@ class _Made:
                 for k in indices]  # fmt: skip
         return made, template.bind(made)
 
-    def _attend(self, fused: Any, made: list, layout: Any) -> None:
+    def _attend(self, fused: Any, made: list, layout: Any, take: Any = None) -> None:
         if type(fused) is Attention:
             self.executor._attention(fused, made, layout)
         else:
-            self.executor._attention_grad(fused, made, layout)
+            self.executor._attention_grad(fused, made, layout, take)
+
+    def _gather(self, gather: tuple) -> Any:
+        """An allocator for an attention gradient step's three results: views of one
+        pooled array laid out as the cat that joins them (``_gathered``: ``(the cat's
+        entry, ((piece, chain) per result))``), so that the kernel writes the join in place
+        and the cat's ``joined`` step copies nothing; None where a view cannot be made (a
+        reshape that would copy)."""
+        k, results = gather
+        entry = self.trace.entries[k]
+        specs = self.trace.specs
+        dim = entry.attrs[0]
+        shape = specs[entry.out_refs[0]][0]
+        sizes = [specs[r][0][dim] for r in entry.refs]
+        starts = [sum(sizes[:p]) for p in range(len(sizes))]
+        joined = self.runtime.pool.take(shape, np.float32)
+        views = []
+        for piece, chain in results:
+            view = joined[(slice(None),) * dim + (slice(starts[piece], starts[piece] + sizes[piece]),)]
+            for name, shape_before, attr in reversed(chain):
+                if name == "float_permute":
+                    view = view.transpose(np.argsort(attr))
+                else:
+                    view = reshape_view(view, shape_before)
+                    if view is None:
+                        return None
+            views.append(view)
+        handed = iter(views)
+
+        def take(shape: tuple, dtype: Any, order: Any = None) -> np.ndarray:
+            view = next(handed)
+            if view.shape != tuple(shape) or view.dtype != dtype:
+                raise UnsupportedError("a gathered result of another shape")  # pragma: no cover
+            return view
+
+        return take
 
     def _alone(self, i: int | None, k: int) -> bool:
         """Runs trace entry ``k`` as ``Executor.run_single`` would: with its compiled kernel
@@ -574,6 +666,24 @@ def _view(inner: Any, entry: Any, prims: list) -> bool:
     prims[entry.out_refs[0]] = getattr(inner, entry.name)(x, *entry.attrs)
     counters.add("unfused_ops")
     return True
+
+
+def _joined(pieces: list, dim: int, shape: tuple) -> np.ndarray | None:
+    """The cat of ``pieces`` along ``dim`` (of ``shape``) as a view, where they lie side by
+    side in one array, each where the one before it ends and with its strides (written in
+    place by the step that made them, ``_Made._gather``); else None."""
+    first = pieces[0]
+    if type(first) is not np.ndarray or first.base is None:
+        return None
+    at = first.__array_interface__["data"][0]
+    for piece in pieces:
+        if (type(piece) is not np.ndarray or piece.base is not first.base
+                or piece.strides != first.strides or piece.dtype != first.dtype
+                or piece.__array_interface__["data"][0] != at):  # fmt: skip
+            return None
+        at += piece.shape[dim] * piece.strides[dim]
+    return np.lib.stride_tricks.as_strided(first, shape, first.strides,
+                                           writeable=first.flags.writeable)  # fmt: skip
 
 
 def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_array) -> Any:

@@ -455,11 +455,13 @@ class Executor:
         self._attention_segment(fused, records, attention_arrays, key, 1, run, slots,
                                 "attentions", "attention", own_prologue=scaling)  # fmt: skip
 
-    def _attention_grad(self, fused: AttentionGrad, records: list[Record],
-                        layouts: list) -> None:  # fmt: skip
+    def _attention_grad(self, fused: AttentionGrad, records: list[Record], layouts: list,
+                        take: Callable | None = None) -> None:  # fmt: skip
         """Runs an attention gradient segment (``attention_grad``) as the numba kernel, then
         its epilogue's records (see :meth:`_attention_segment`); ``layouts`` are the orders
-        to lay the three gradients out in (:func:`reader_layout`), or None each."""
+        to lay the three gradients out in (:func:`reader_layout`), or None each; ``take``
+        makes the kernel's outputs in place of the pool (a direct replay's views of the
+        array its readers join them into)."""
 
         def run(arrays, composed: bool, threads: int, take, laid_out: bool) -> list:
             return run_attention_grad(fused, arrays, threads, take,
@@ -468,12 +470,13 @@ class Executor:
         self._attention_segment(fused, records, grad_arrays, ("attention_grad",
                                 fused.mask is not None), 2, run,
                                 (fused.d_query, fused.d_key, fused.d_value),
-                                "attention_grads", "attention gradient", fused.epilogue)  # fmt: skip
+                                "attention_grads", "attention gradient", fused.epilogue,
+                                take=take)  # fmt: skip
 
     def _attention_segment(self, fused, records: list[Record], arrays_of, key: tuple,
                            passes: int, run, slots: tuple, counter: str, what: str,
-                           epilogue: tuple = (),
-                           own_prologue: Record | None = None) -> None:  # fmt: skip
+                           epilogue: tuple = (), own_prologue: Record | None = None,
+                           take: Callable | None = None) -> None:  # fmt: skip
         """Runs an attention or attention gradient segment as its numba kernel where the
         tuner chose that over the records one by one (the first run of a bucket is the
         kernel's, then both are timed), then the ``epilogue``'s records; otherwise, where
@@ -501,14 +504,14 @@ class Executor:
         pending = type(how) is autotune.Pending
         try:
             results = run(arrays, composed, 1 if pending else how.threads,
-                          self.runtime.pool.take, True)  # fmt: skip
+                          take or self.runtime.pool.take, True)  # fmt: skip
         except UnsupportedError:
             self._unfused(rest)
             return
         for slot, array in zip(slots, results, strict=True):
             set_output(self.inner, slot, self.arrays[1](array), what)
-            if self.recycler is not None:
-                slot.recycle = self.recycler
+            if self.recycler is not None:  # a result made by ``take`` is not the pool's own
+                slot.recycle = self.recycler if take is None else None
         for record in epilogue:
             self.run_single(record)
         counters.add(counter)
@@ -897,7 +900,7 @@ class Executor:
                 or x.flags.c_contiguous):  # fmt: skip
             return False
         slot = record.outputs[0]
-        if _reshape_view(x, slot.shape) is not None:
+        if reshape_view(x, slot.shape) is not None:
             return False
         out = self.runtime.pool.take(slot.shape, x.dtype)
         np.copyto(out.reshape(x.shape), x)
@@ -965,7 +968,7 @@ POOLED_COPY_MIN = 1 << 16
 """Elements, at least, of a reshape's copy that goes into a pooled buffer."""
 
 
-def _reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+def reshape_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """``x`` reshaped without a copy, or None where the reshape must copy."""
     try:
         return np.reshape(x, shape, copy=False)  # NumPy 2.1+: a ValueError where it must copy
