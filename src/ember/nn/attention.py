@@ -303,8 +303,8 @@ class MultiHeadAttention(Module):
     def _forward_masked(self, query: Tensor, key: Tensor, value: Tensor,
                         mask: Tensor | None) -> MhaOutput:  # fmt: skip
         """:meth:`forward` on checked inputs with the masks already combined."""
-        biases = {layer.bias is None for layer in (self.query, self.key, self.value)}
-        if query is key is value and len(biases) == 1:
+        layers = (self.query, self.key, self.value)
+        if query is key is value and _packable(layers):
             q, k, v = (self._heads(x) for x in self._projected_together(query))
         else:
             q = self._heads(self.query(query))
@@ -390,6 +390,13 @@ class MultiHeadAttention(Module):
             owner, "mask_attn", input.mask_attn, (batch, seq_q, seq_kv), "[batch, seq_q, seq_kv]"
         )
         return batch, seq_q, seq_kv
+
+
+def _packable(layers: tuple) -> bool:
+    """Whether the projections can run as one product: plain :class:`Linear` layers (not a
+    quantized or an observed one, which runs as itself), all with biases or none."""
+    return all(type(layer) is Linear for layer in layers) and len(
+        {layer.bias is None for layer in layers}) == 1  # fmt: skip
 
 
 def _check_mask(owner: str, name: str, mask: Tensor | None, shape: tuple[int, ...],
