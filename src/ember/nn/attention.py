@@ -170,7 +170,10 @@ class MultiHeadAttention(Module):
     """Scaled dot-product attention with several heads (Vaswani et al., 2017).
 
     The query, key and value are projected by their :class:`~ember.nn.linear.Linear`
-    layers and split into ``n_heads`` heads of ``d_k = d_model / n_heads`` features.
+    layers and split into ``n_heads`` heads of ``d_k = d_model / n_heads`` features. Where
+    they are one tensor (self-attention), the three projections run as one product with
+    their weights side by side, which is faster than three and gives the same values up to
+    rounding (plain ``Linear`` layers only: a quantized or calibrating one runs as itself).
     Each head computes ``softmax(q kᵀ / sqrt(d_k))`` over the keys, with masked
     positions set to ``min_float`` first, and averages the values with those weights;
     the heads are joined again and projected by ``output``.
