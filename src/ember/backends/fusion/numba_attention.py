@@ -134,63 +134,103 @@ def _spans(xq, offs, wt, wstart, taps, acc, a0, stride, width):  # pragma: no co
 
 
 @_jit
-def _pack_transposed(flat, at, step, rows, cols, dst, dstep):  # pragma: no cover - compiled
-    """``dst[c * dstep + r] = flat[at + r * step + c]`` for ``r < rows``, ``c < cols``:
-    blocks of LANES by LANES transposed in registers, the edges element by element."""
+def _transposed(src, s0, sstep, rows, cols, dst, d0, dstep):  # pragma: no cover - compiled
+    """``dst[d0 + c * dstep + r] = src[s0 + r * sstep + c]`` for ``r < rows``, ``c < cols``
+    (1-d arrays): blocks of LANES by LANES transposed in registers, the edges element by
+    element."""
     u = np.uintp
     whole_rows, whole_cols = rows // LANES * LANES, cols // LANES * LANES
     for r0 in range(0, whole_rows, LANES):
         for c0 in range(0, whole_cols, LANES):
-            _transpose(flat, at + r0 * step + c0, step, dst, c0 * dstep + r0, dstep)
+            _transpose(src, s0 + r0 * sstep + c0, sstep, dst, d0 + c0 * dstep + r0, dstep)
     for r in range(rows):
         for c in range(whole_cols if r < whole_rows else 0, cols):
-            dst[u(c * dstep + r)] = flat[u(at + r * step + c)]
+            dst[u(d0 + c * dstep + r)] = src[u(s0 + r * sstep + c)]
+
+
+def _row_at(strides, i, b0, b1, r):  # pragma: no cover - runs compiled
+    """Where row ``[b0, b1, r]`` of operand ``i`` starts in its flat view."""
+    return b0 * strides[i, 0] + b1 * strides[i, 1] + r * strides[i, 2]
+
+
+if numba is not None:
+    _row_at = numba.njit(inline="always")(_row_at)
 
 
 @_jit
-def _unpack_transposed(src, sstep, rows, cols, flat, at, step):  # pragma: no cover - compiled
-    """``flat[at + r * step + c] = src[c * sstep + r]`` for ``r < rows``, ``c < cols``
-    (:func:`_pack_transposed` the other way)."""
-    u = np.uintp
-    whole_rows, whole_cols = rows // LANES * LANES, cols // LANES * LANES
-    for r0 in range(0, whole_rows, LANES):
-        for c0 in range(0, whole_cols, LANES):
-            _transpose(src, c0 * sstep + r0, sstep, flat, at + r0 * step + c0, step)
+def _read_transposed(x, b0, b1, r0, rows, cols, flat, strides, i, fast, dst,
+                     dstep):  # fmt: skip  # pragma: no cover - runs compiled
+    """``dst[c * dstep + r] = x[b0, b1, r0 + r, c]`` for ``r < rows``, ``c < cols``: by
+    blocks in registers where operand ``i`` comes flat (bit ``i`` of ``fast``), else element
+    by element through ``x``."""
+    if fast >> i & 1:
+        _transposed(flat, _row_at(strides, i, b0, b1, r0), strides[i, 2], rows, cols, dst, 0,
+                    dstep)  # fmt: skip
+        return
     for r in range(rows):
-        for c in range(whole_cols if r < whole_rows else 0, cols):
-            flat[u(at + r * step + c)] = src[u(c * sstep + r)]
+        src = x[b0, b1, r0 + r]
+        for c in range(cols):
+            dst[np.uintp(c * dstep + r)] = src[c]
 
 
 @_jit
-def _pack_tiles_transposed(flat, at, step, rows, cols, dst):  # pragma: no cover - compiled
-    """``dst[_tiled(c, r, cols)] = flat[at + r * step + c]`` for ``r < rows``, ``c <
-    cols``: tiles of OB rows by LANES columns transposed in registers (each store spills
-    ``LANES - OB`` values into the next column's place, written next, or into ``dst``'s
-    slack), the edges element by element."""
-    u = np.uintp
-    whole_rows, whole_cols = rows // OB * OB, cols // LANES * LANES
-    for r0 in range(0, whole_rows, OB):
-        for c0 in range(0, whole_cols, LANES):
-            _transpose_ob(flat, at + r0 * step + c0, step, dst, (r0 * cols + c0 * OB), OB)
+def _write_transposed(src, sstep, rows, cols, x, b0, b1, r0, flat, strides, i,
+                      fast):  # fmt: skip  # pragma: no cover - runs compiled
+    """``x[b0, b1, r0 + r, c] = src[c * sstep + r]`` for ``r < rows``, ``c < cols``
+    (:func:`_read_transposed` the other way)."""
+    if fast >> i & 1:
+        _transposed(src, 0, sstep, cols, rows, flat, _row_at(strides, i, b0, b1, r0),
+                    strides[i, 2])  # fmt: skip
+        return
     for r in range(rows):
-        for c in range(whole_cols if r < whole_rows else 0, cols):
-            dst[u(_tiled(c, r, cols))] = flat[u(at + r * step + c)]
+        dst = x[b0, b1, r0 + r]
+        for c in range(cols):
+            dst[c] = src[np.uintp(c * sstep + r)]
 
 
 @_jit
-def _pack_tiles(flat, at, step, rows, cols, dst):  # pragma: no cover - compiled
-    """``dst[_tiled(r, c, rows)] = flat[at + r * step + c]`` for ``r < rows``, ``c <
-    cols``: runs of OB contiguous values, copied as vectors."""
+def _read_tiles_transposed(x, b0, b1, r0, rows, cols, flat, strides, i, fast,
+                           dst):  # fmt: skip  # pragma: no cover - runs compiled
+    """``dst[_tiled(c, r, cols)] = x[b0, b1, r0 + r, c]`` for ``r < rows``, ``c < cols``:
+    where operand ``i`` comes flat, tiles of OB rows by LANES columns transposed in registers
+    (each store spills ``LANES - OB`` values into the next column's place, written next, or
+    into ``dst``'s slack), the edges element by element."""
     u = np.uintp
-    whole_cols = cols // OB * OB
+    whole_rows, whole_cols = 0, 0
+    if fast >> i & 1:
+        whole_rows, whole_cols = rows // OB * OB, cols // LANES * LANES
+        at, step = _row_at(strides, i, b0, b1, r0), strides[i, 2]
+        for t0 in range(0, whole_rows, OB):
+            for c0 in range(0, whole_cols, LANES):
+                _transpose_ob(flat, at + t0 * step + c0, step, dst, t0 * cols + c0 * OB, OB)
     for r in range(rows):
-        src = at + r * step
-        for c0 in range(0, whole_cols, OB):
-            to = (c0 * rows + r * OB)
-            for c in range(OB):
-                dst[u(to + c)] = flat[u(src + c0 + c)]
-        for c in range(whole_cols, cols):
-            dst[u(_tiled(r, c, rows))] = flat[u(src + c)]
+        src = x[b0, b1, r0 + r]
+        for c in range(whole_cols if r < whole_rows else 0, cols):
+            dst[u(_tiled(c, r, cols))] = src[c]
+
+
+@_jit
+def _read_tiles(x, b0, b1, r0, rows, cols, flat, strides, i, fast,
+                dst):  # fmt: skip  # pragma: no cover - runs compiled
+    """``dst[_tiled(r, c, rows)] = x[b0, b1, r0 + r, c]`` for ``r < rows``, ``c < cols``:
+    where operand ``i`` comes flat, runs of OB contiguous values copied as vectors."""
+    u = np.uintp
+    if fast >> i & 1:
+        at, step = _row_at(strides, i, b0, b1, r0), strides[i, 2]
+        whole_cols = cols // OB * OB
+        for r in range(rows):
+            src = at + r * step
+            for c0 in range(0, whole_cols, OB):
+                to = c0 * rows + r * OB
+                for c in range(OB):
+                    dst[u(to + c)] = flat[u(src + c0 + c)]
+            for c in range(whole_cols, cols):
+                dst[u(_tiled(r, c, rows))] = flat[u(src + c)]
+        return
+    for r in range(rows):
+        src = x[b0, b1, r0 + r]
+        for c in range(cols):
+            dst[u(_tiled(r, c, rows))] = src[c]
 
 
 @_jit
@@ -237,21 +277,13 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
         qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
         kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
         vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
-        if fast & 1:
-            at = qb0 * strides[0, 0] + qb1 * strides[0, 1] + i0 * strides[0, 2]
-            _pack_transposed(flat_q, at, strides[0, 2], rows, d, qt, qcp)
-            for c in range(d):
-                row = c * qcp
-                for r in range(rows):
-                    qt[u(row + r)] *= scale
-        else:
+        _read_transposed(q, qb0, qb1, i0, rows, d, flat_q, strides, 0, fast, qt, qcp)
+        for c in range(d):
+            row = c * qcp
             for r in range(rows):
-                src = q[qb0, qb1, i0 + r]
-                for c in range(d):
-                    qt[u(c * qcp + r)] = src[c] * scale
+                qt[u(row + r)] *= scale
         if write_q and fast & 17 == 17:
-            at = qb0 * strides[0, 0] + qb1 * strides[0, 1] + i0 * strides[0, 2]
-            to = qb0 * strides[4, 0] + qb1 * strides[4, 1] + i0 * strides[4, 2]
+            at, to = _row_at(strides, 0, qb0, qb1, i0), _row_at(strides, 4, qb0, qb1, i0)
             for r in range(rows):
                 src_at, dst_at = at + r * strides[0, 2], to + r * strides[4, 2]
                 for c in range(d):
@@ -267,14 +299,7 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
             total[u(r)] = 0
         for j0 in range(0, lk, kb):
             keys = min(kb, lk - j0)
-            if fast & 2:
-                at = kb0 * strides[1, 0] + kb1 * strides[1, 1] + j0 * strides[1, 2]
-                _pack_tiles_transposed(flat_k, at, strides[1, 2], keys, d, kp)
-            else:
-                for j in range(keys):
-                    src = k[kb0, kb1, j0 + j]
-                    for c in range(d):
-                        kp[u(_tiled(c, j, d))] = src[c]
+            _read_tiles_transposed(k, kb0, kb1, j0, keys, d, flat_k, strides, 1, fast, kp)
             for t in range((keys + OB - 1) // OB):
                 _spans(qt, offs_q, kp, t * d * OB, d, st, t * OB * qcp, qcp, width)
             if masked or biased:
@@ -308,14 +333,7 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
                     e = fast_exp_f32(st[u(row + r)] - m_new[u(r)])
                     st[u(row + r)] = e
                     total[u(r)] += e
-            if fast & 4:
-                at = vb0 * strides[2, 0] + vb1 * strides[2, 1] + j0 * strides[2, 2]
-                _pack_tiles(flat_v, at, strides[2, 2], keys, dv, vp)
-            else:
-                for j in range(keys):
-                    src = v[vb0, vb1, j0 + j]
-                    for c in range(dv):
-                        vp[u(_tiled(j, c, keys))] = src[c]
+            _read_tiles(v, vb0, vb1, j0, keys, dv, flat_v, strides, 2, fast, vp)
             target = acc if blocks == 1 else block_out
             for t in range(value_tiles):
                 _spans(st, offs_s, vp, t * keys * OB, keys, target, t * OB * qcp, qcp, width)
@@ -330,32 +348,18 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
                             acc[u(row + r)] = acc[u(row + r)] * alpha[u(r)] + block_out[u(row + r)]
         for r in range(width):
             total[u(r)] = one / total[u(r)]
-        if fast & 8:
-            for c in range(dv):
-                row = c * qcp
-                for r in range(rows):
-                    acc[u(row + r)] *= total[u(r)]
-            at = b0 * strides[3, 0] + b1 * strides[3, 1] + i0 * strides[3, 2]
-            _unpack_transposed(acc, qcp, rows, dv, flat_out, at, strides[3, 2])
-        else:
+        for c in range(dv):
+            row = c * qcp
             for r in range(rows):
-                dst = out[b0, b1, i0 + r]
-                inv = total[u(r)]
-                for c in range(dv):
-                    dst[c] = acc[u(c * qcp + r)] * inv
-        if write_weights and fast & 32:  # one block: st holds every key's exp
+                acc[u(row + r)] *= total[u(r)]
+        _write_transposed(acc, qcp, rows, dv, out, b0, b1, i0, flat_out, strides, 3, fast)
+        if write_weights:  # one block: st holds every key's exp
             for j in range(lk):
                 row = j * qcp
                 for r in range(rows):
                     st[u(row + r)] *= total[u(r)]
-            at = b0 * strides[5, 0] + b1 * strides[5, 1] + i0 * strides[5, 2]
-            _unpack_transposed(st, qcp, rows, lk, flat_weights, at, strides[5, 2])
-        elif write_weights:
-            for r in range(rows):
-                dst = weights[b0, b1, i0 + r]
-                inv = total[u(r)]
-                for j in range(lk):
-                    dst[j] = st[u(j * qcp + r)] * inv
+            _write_transposed(st, qcp, rows, lk, weights, b0, b1, i0, flat_weights, strides, 5,
+                              fast)  # fmt: skip
 
 
 _ready: set = set()  # the dispatchers compiled for their one signature
@@ -594,41 +598,11 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_fac
             p_row = weights[b0, b1, r]
             for j in range(lk):
                 pp[u(r * kbp + j)] = p_row[j]
-        if fast & 8:
-            at = b0 * strides[3, 0] + b1 * strides[3, 1]
-            _pack_tiles_transposed(flat_d_out, at, strides[3, 2], lq, dv, out_q)
-            _pack_tiles(flat_d_out, at, strides[3, 2], lq, dv, out_f)
-        else:
-            for r in range(lq):
-                src = d_out[b0, b1, r]
-                for c in range(dv):
-                    x = src[c]
-                    out_q[u(_tiled(c, r, dv))] = x
-                    out_f[u(_tiled(r, c, lq))] = x
-        if fast & 1:
-            at = qb0 * strides[0, 0] + qb1 * strides[0, 1]
-            _pack_tiles(flat_q, at, strides[0, 2], lq, d, q_f)
-        else:
-            for r in range(lq):
-                src = q[qb0, qb1, r]
-                for c in range(d):
-                    q_f[u(_tiled(r, c, lq))] = src[c]
-        if fast & 4:
-            at = vb0 * strides[2, 0] + vb1 * strides[2, 1]
-            _pack_transposed(flat_v, at, strides[2, 2], lk, dv, vt, kbp)
-        else:
-            for j in range(lk):
-                src = v[vb0, vb1, j]
-                for c in range(dv):
-                    vt[u(c * kbp + j)] = src[c]
-        if fast & 2:
-            at = kb0 * strides[1, 0] + kb1 * strides[1, 1]
-            _pack_tiles(flat_k, at, strides[1, 2], lk, d, k_f)
-        else:
-            for j in range(lk):
-                src = k[kb0, kb1, j]
-                for c in range(d):
-                    k_f[u(_tiled(j, c, lk))] = src[c]
+        _read_tiles_transposed(d_out, b0, b1, 0, lq, dv, flat_d_out, strides, 3, fast, out_q)
+        _read_tiles(d_out, b0, b1, 0, lq, dv, flat_d_out, strides, 3, fast, out_f)
+        _read_tiles(q, qb0, qb1, 0, lq, d, flat_q, strides, 0, fast, q_f)
+        _read_transposed(v, vb0, vb1, 0, lk, dv, flat_v, strides, 2, fast, vt, kbp)
+        _read_tiles(k, kb0, kb1, 0, lk, d, flat_k, strides, 1, fast, k_f)
         # dP = dO vᵀ, then dS = P (dP - rowsum(dP P)), scaled, masked to 0
         for t in range(q_tiles):
             _spans(vt, offs_c, out_q, t * dv * OB, dv, dp, t * OB * kbp, kbp, kbp)
@@ -643,41 +617,20 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_fac
                 for j in range(lk):
                     if mrow[min(j, mrow.shape[0] - 1)]:
                         ds[u(at + j)] = 0
-        _pack_transposed(ds, 0, kbp, lq, lk, dst, qcp)  # dSᵀ, by blocks in registers
+        _transposed(ds, 0, kbp, lq, lk, dst, 0, qcp)  # dSᵀ, by blocks in registers
         # dKᵀ = qᵀ dS, dVᵀ = dOᵀ P, dQᵀ = kᵀ dSᵀ: feature rows by key (query) lanes
         for t in range(d_tiles):
             _spans(ds, offs_r, q_f, t * lq * OB, lq, dkt, t * OB * kbp, kbp, kbp)
             _spans(dst, offs_j, k_f, t * lk * OB, lk, dqt, t * OB * qcp, qcp, qcp)
         for t in range(v_tiles):
             _spans(pp, offs_r, out_f, t * lq * OB, lq, dvt, t * OB * kbp, kbp, kbp)
-        if fast & 32:
-            at = b0 * strides[5, 0] + b1 * strides[5, 1]
-            _unpack_transposed(dkt, kbp, lk, d, flat_d_k, at, strides[5, 2])
-        else:
-            for j in range(lk):
-                dst_k = d_k[b0, b1, j]
-                for c in range(d):
-                    dst_k[c] = dkt[u(c * kbp + j)]
-        if fast & 64:
-            at = b0 * strides[6, 0] + b1 * strides[6, 1]
-            _unpack_transposed(dvt, kbp, lk, dv, flat_d_v, at, strides[6, 2])
-        else:
-            for j in range(lk):
-                dst_v = d_v[b0, b1, j]
-                for c in range(dv):
-                    dst_v[c] = dvt[u(c * kbp + j)]
-        if fast & 16:
-            for c in range(d):
-                row = c * qcp
-                for r in range(lq):
-                    dqt[u(row + r)] *= q_factor
-            at = b0 * strides[4, 0] + b1 * strides[4, 1]
-            _unpack_transposed(dqt, qcp, lq, d, flat_d_q, at, strides[4, 2])
-        else:
+        for c in range(d):
+            row = c * qcp
             for r in range(lq):
-                dst_q = d_q[b0, b1, r]
-                for c in range(d):
-                    dst_q[c] = dqt[u(c * qcp + r)] * q_factor
+                dqt[u(row + r)] *= q_factor
+        _write_transposed(dkt, kbp, lk, d, d_k, b0, b1, 0, flat_d_k, strides, 5, fast)
+        _write_transposed(dvt, kbp, lk, dv, d_v, b0, b1, 0, flat_d_v, strides, 6, fast)
+        _write_transposed(dqt, qcp, lq, d, d_q, b0, b1, 0, flat_d_q, strides, 4, fast)
 
 
 @functools.cache
