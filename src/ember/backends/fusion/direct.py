@@ -77,6 +77,7 @@ from ember.backends.fusion.executor import (
     readers_of,
     reshape_view,
     runs_inner,
+    single_readers,
 )
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
@@ -266,20 +267,18 @@ def _gathered(fused: AttentionGrad, records: Any, readers: dict) -> tuple | None
     chain the ``(op, its input's shape, its attribute)`` steps from the result to the cat's
     piece; else None."""
     ends = []
-    for slot in (fused.d_query, fused.d_key, fused.d_value):
-        chain = []
-        while True:
-            found = readers.get(slot)
-            if found is None or len(found) != 1 or slot.readable() or slot.shared:
-                return None
-            reader = records[found[0]]
+    for result in (fused.d_query, fused.d_key, fused.d_value):
+        chain, end = [], None
+        for value, index, reader in single_readers(result, records, readers):
             if reader.name == "float_cat":
+                end = (index, value)
                 break
             if reader.name not in ("float_permute", "float_reshape"):
                 return None
-            chain.append((reader.name, slot.shape, reader.args[1]))
-            slot = reader.outputs[0]
-        ends.append((found[0], slot, tuple(chain)))
+            chain.append((reader.name, value.shape, reader.args[1]))
+        if end is None:
+            return None
+        ends.append((*end, tuple(chain)))
     index = ends[0][0]
     pieces = records[index].args[0]
     if any(i != index for i, _, _ in ends) or len(pieces) != len(ends):

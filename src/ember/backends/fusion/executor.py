@@ -1060,16 +1060,25 @@ def reader_layout(slot: Slot, records: list[Record], readers: dict) -> tuple | N
     view), or None. It follows the chain of single readers that are permutes or scalings
     (which keep their input's layout), while no handle holds a value on it."""
     order = None
-    while True:
-        found = readers.get(slot)
-        if found is None or len(found) != 1 or slot.readable() or slot.shared:
-            return order
-        reader = records[found[0]]
+    for _, _, reader in single_readers(slot, records, readers):
         if reader.name == "float_permute":
             axes = tuple(reader.args[1])
             order = axes if order is None else tuple(order[a] for a in axes)
         elif reader.name not in _LAYOUT_KEEPING or len(reader.inputs) != 1:
-            return order
+            break
+    return order
+
+
+def single_readers(slot: Slot, records: list[Record], readers: dict):
+    """The records that read ``slot``'s value, then their result, one after another:
+    ``(value, index of its reader, reader)`` while the value has one reader in ``records``
+    and no handle holds it."""
+    while True:
+        found = readers.get(slot)
+        if found is None or len(found) != 1 or slot.readable() or slot.shared:
+            return
+        reader = records[found[0]]
+        yield slot, found[0], reader
         slot = reader.outputs[0]
 
 
