@@ -286,6 +286,27 @@ def test_a_replayed_training_step_runs_its_attention_directly(masked):
                                        err_msg=f"call {call}")  # fmt: skip
 
 
+def test_a_join_the_gradient_kernel_could_not_write_in_place_copies(monkeypatch):
+    """Where the join's views cannot be made (``_gather`` finds a reshape that would copy),
+    the gradient kernel writes pooled arrays of its own and the ``joined`` step copies
+    them: the same gradients, nothing joined in place."""
+    from ember.backends.fusion import direct
+
+    monkeypatch.setattr(direct._Made, "_gather", lambda self, gather: None)
+    rng = np.random.default_rng(8)
+    inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(5)]
+
+    def check(call, counts):
+        assert counts["direct_replays"] == (call >= 3) and counts["joined_in_place"] == 0
+
+    per_device = _replayed_steps(inputs, False, True, 2, check)
+    for call, (got_all, want_all) in enumerate(zip(per_device[1], per_device[0], strict=True)):
+        scale = max(np.abs(w).max() for w in want_all[:2])  # the key's bias: rounding noise
+        for got, want in zip(got_all, want_all, strict=True):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * scale,
+                                       err_msg=f"call {call}")  # fmt: skip
+
+
 def test_a_direct_replay_binds_its_attention_once_and_keeps_no_values(monkeypatch):
     """A direct replay binds each attention step's records to its template once; later
     calls fill the same records with their values (gradients equal NdArray's on every
