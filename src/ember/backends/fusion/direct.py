@@ -536,8 +536,8 @@ class _Made:
         k, results = gather
         entry = self.trace.entries[k]
         specs = self.trace.specs
-        dim = entry.attrs[0]
         shape = specs[entry.out_refs[0]][0]
+        dim = entry.attrs[0] % len(shape)
         sizes = [specs[r][0][dim] for r in entry.refs]
         starts = [sum(sizes[:p]) for p in range(len(sizes))]
         joined = self.runtime.pool.take(shape, np.float32)
