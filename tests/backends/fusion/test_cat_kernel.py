@@ -32,6 +32,16 @@ def test_the_kernel_joins_pieces_as_numpy_does(dim, threads):
     np.testing.assert_array_equal(got, np.concatenate(pieces, axis=dim))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_kernel_takes_a_dim_from_the_end(threads):
+    rng = np.random.default_rng(threads)
+    flat = [rng.standard_normal(n).astype(np.float32) for n in (3, 5)]
+    np.testing.assert_array_equal(CAT.run([flat, -1], threads, _nan_filled), np.concatenate(flat))
+    cubes = [rng.standard_normal((2, 3, n)).astype(np.float32) for n in (4, 1)]
+    np.testing.assert_array_equal(CAT.run([cubes, -1], threads, _nan_filled),
+                                  np.concatenate(cubes, axis=-1))  # fmt: skip
+
+
 def test_the_kernel_takes_only_float_arrays_of_one_dtype():
     a = np.ones((2, 3), np.float32)
     assert CAT.supports([[a, a], 1])

@@ -302,6 +302,7 @@ def _cat_run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray
 
     pieces, dim = args
     shape = list(pieces[0].shape)
+    dim %= len(shape)
     shape[dim] = sum(p.shape[dim] for p in pieces)
     out = empty(tuple(shape), pieces[0].dtype)
     _run_parts(_cat_share, [pieces, dim, out], max(1, min(threads, shape[0])))
