@@ -308,7 +308,7 @@ class MultiHeadAttention(Module):
         """:meth:`forward` on checked inputs with the masks already combined."""
         layers = (self.query, self.key, self.value)
         if query is key is value and _packable(layers):
-            q, k, v = (self._heads(x) for x in self._projected_together(query))
+            q, k, v = (self._heads(x) for x in self._projected_together(query, layers))
         else:
             q = self._heads(self.query(query))
             k = self._heads(self.key(key))
@@ -334,15 +334,14 @@ class MultiHeadAttention(Module):
         )
         return self.output(context), weights
 
-    def _projected_together(self, x: Tensor) -> list[Tensor]:
-        """Self-attention's query, key and value projections of ``x`` as one product with
-        the three weights side by side (and their biases), split after: one product three
-        times as wide runs faster than three (PyTorch keeps the weights packed for it), and
-        its weights' gradient is one product too."""
-        layers = (self.query, self.key, self.value)
+    def _projected_together(self, x: Tensor, layers: tuple[Linear, ...]) -> list[Tensor]:
+        """Self-attention's query, key and value projections (``layers``) of ``x`` as one
+        product with the three weights side by side (and their biases), split after: one
+        product three times as wide runs faster than three (PyTorch keeps the weights
+        packed for it), and its weights' gradient is one product too."""
         weight = Tensor.cat([layer.weight.val() for layer in layers], 1)
         y = x.matmul(weight)
-        if self.query.bias is not None:
+        if layers[0].bias is not None:
             y = y + Tensor.cat([layer.bias.val() for layer in layers], 0)
         return y.split(self.d_model, 2)
 

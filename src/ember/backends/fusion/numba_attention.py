@@ -407,8 +407,6 @@ def _flat_types():
 
 
 _NO_FLAT = np.zeros(1, np.float32)
-_NO_FLAT_INPUT = _NO_FLAT.view()
-_NO_FLAT_INPUT.flags.writeable = False
 
 
 def _flat(array: np.ndarray | None) -> tuple[np.ndarray, tuple[int, ...]] | None:
@@ -437,7 +435,7 @@ def _flats(inputs: tuple, outputs: tuple) -> tuple[list, np.ndarray, int]:
     for i, array in enumerate(arrays):
         found = _flat(array)
         if found is None:
-            views.append(_NO_FLAT_INPUT if i < len(inputs) else _NO_FLAT)
+            views.append(_read_only(_NO_FLAT) if i < len(inputs) else _NO_FLAT)
             continue
         views.append(found[0])
         strides[i] = found[1]
