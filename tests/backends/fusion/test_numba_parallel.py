@@ -38,8 +38,8 @@ def on_numbas_threads(monkeypatch):
     launched: list = []
     run = numba_parallel.run
 
-    def counted(kernel, args, parts, threads):
-        ran = run(kernel, args, parts, threads)
+    def counted(kernel, args, parts, threads, calls=None):
+        ran = run(kernel, args, parts, threads, calls)
         launched.append((kernel.py_func.__name__, parts, threads, ran))
         return ran
 

@@ -450,7 +450,8 @@ def moments_block(shape, axis, dtype=F32):
 def test_a_one_group_elementwise_block_is_one_loop_per_part():
     """A block whose arrays all broadcast alike runs each part's slice as one loop (nested
     in a loop over chunks, LLVM reloaded an erf's constants from the constant pool on every
-    vector: the GELU ran 20-30% slower); a bias added along the rows keeps its two loops."""
+    vector: the GELU ran 20-30% slower), in ``span``, which the loop over claimed slices
+    calls; a bias added along the rows keeps its two loops."""
     flat = generate(gelu_block((64, 32)))
     assert flat.count("for ") == 1 and "for j in range(n0 * part // parts" in flat
     rows = ir.Block((4, 8), (ir.Input((4, 8), F32), ir.Input((1, 8), F32)),
@@ -728,6 +729,30 @@ def test_every_part_of_a_run_computes_its_tasks(runtime, threads, shape):
     (g,) = runtime.run(gelu_block(x.shape), [x], threads=threads)
     one = runtime.run(gelu_block(x.shape), [x], threads=1)[0]
     np.testing.assert_array_equal(g, one)
+
+
+def test_kernel_calls_claim_the_slices_after_their_own_once(runtime):
+    """A call of a kernel runs its own slice, then claims the next from ``err[1]`` until
+    none is left, so each slice runs once whichever call takes it: a kernel that adds 1 in
+    place would leave a 2 where a slice ran twice, and a 0 where none ran it."""
+    shape = (4099,)  # slices of unequal length
+    block = ir.Block(shape, (ir.Input(shape, F32),),
+                     (I("add_scalar", (0,), (1.0,), shape, F32),), (1,))  # fmt: skip
+    x = np.zeros(shape, np.float32)
+    runtime.run(block, [x], [x])  # compiles; in place
+    np.testing.assert_array_equal(x, 1)
+    kernel = runtime.kernel(block).dispatcher
+    err = np.array([0, 1])  # one call, slice 0 its own: it claims slices 1 to 6
+    kernel(x, x, np.float32(1), shape[0], 16384, err, 0, 7)
+    np.testing.assert_array_equal(x, 2)
+    assert err.tolist() == [0, 8]  # six claims taken, the seventh found nothing
+    err = np.array([0, 3])  # three calls, slices 0-2 their own: the first to run takes 3-6
+    for part in (2, 0, 1):
+        kernel(x, x, np.float32(1), shape[0], 16384, err, part, 7)
+    np.testing.assert_array_equal(x, 3)
+    assert err.tolist() == [0, 10]
+    runtime.run(block, [x], [x], threads=2)  # a call a thread, on the workers
+    np.testing.assert_array_equal(x, 4)
 
 
 def test_runs_on_the_runtimes_workers_leave_numbas_threads_alone(runtime, monkeypatch):

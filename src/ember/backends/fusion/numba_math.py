@@ -97,6 +97,24 @@ def f64_bits(typingctx, value):
     return sig, codegen
 
 
+@intrinsic
+def next_part(typingctx, state):
+    """Claims the next slice of a launch: adds 1 to ``state[1]`` (an int64 array shared by
+    the launch's calls) atomically and returns the value before (``numba_source``'s
+    "Parts"). The slices are independent, so the claim orders nothing else: the caller
+    learns that every call is done through the runtime's own report, after the kernel."""
+    if not (isinstance(state, types.Array) and state.dtype == types.int64):
+        return None
+    sig = types.int64(state)
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        counter = builder.gep(array.data, [ir.Constant(ir.IntType(64), 1)])
+        return builder.atomic_rmw("add", counter, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return sig, codegen
+
+
 def _jit(fn):
     # Inlined into each kernel by numba (LLVM alone does not inline them reliably once a
     # loop body grows, and a call per element stops vectorization); they then carry the

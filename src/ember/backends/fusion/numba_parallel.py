@@ -76,8 +76,8 @@ from {module} import {name} as kernel
 
 
 @numba.njit(nogil=True, parallel=True, cache=True)
-def launch({args}, parts):
-    for part in numba.prange(parts):
+def launch({args}, calls, parts):
+    for part in numba.prange(calls):
         kernel({args}, part, parts)
 """
 _VERSION = hashlib.sha256(_TEMPLATE.encode()).hexdigest()[:8]
@@ -190,29 +190,32 @@ def _make(kernel: Any, nargs: int) -> Any:
     return launch
 
 
-def run(kernel: Any, args: list, parts: int, threads: int) -> bool:
-    """Runs ``kernel``'s ``parts`` parts on ``threads`` of numba's threads; False, running
-    nothing, where the kernel has no launcher or none compiled for these arguments yet
-    (then its compile is asked of the compiler process: see the module doc). The
-    caller's workers run the parts then."""
+def run(kernel: Any, args: list, parts: int, threads: int, calls: int | None = None) -> bool:
+    """Runs ``kernel``'s calls ``kernel(*args, part, parts)``, one for each part below
+    ``calls`` (default ``parts``: see ``numba_runtime._run_parts``), on ``threads`` of
+    numba's threads; False, running nothing, where the kernel has no launcher or none
+    compiled for these arguments yet (then its compile is asked of the compiler process:
+    see the module doc). The caller's workers run the calls then."""
+    calls = parts if calls is None else calls
     launch = launcher(kernel, len(args))
     if launch is None or launch in _pending or launch in _broken:
         return False
     if _compiled:
         _load_compiled(launch)
-    threads = max(1, min(threads, parts, numba.config.NUMBA_NUM_THREADS))
+    threads = max(1, min(threads, calls, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != threads:  # a setting of the calling thread
         numba.set_num_threads(threads)
-    previous = numba.set_parallel_chunksize(1) if parts > threads else None
+    previous = numba.set_parallel_chunksize(1) if calls > threads else None
     try:
         try:
-            launch(*args, parts)
+            launch(*args, calls, parts)
         except TypeError:  # no signature for these arguments in this process: nothing ran
-            signature = (*[numba.typeof(a) for a in args], numba.types.int64)
+            signature = (*[numba.typeof(a) for a in args], numba.types.int64,
+                         numba.types.int64)  # fmt: skip
             if not _load(launch, signature, only_from_disk=True):
                 _ask(launch, signature)
                 return False
-            launch(*args, parts)
+            launch(*args, calls, parts)
     finally:
         if previous is not None:
             numba.set_parallel_chunksize(previous)

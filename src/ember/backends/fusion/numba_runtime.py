@@ -267,7 +267,7 @@ class NumbaRuntime(PooledOutputs):
                 np.copyto(o, f)
                 self.pool.release(f)
             return outputs
-        err = np.zeros(1, np.int64)
+        err = np.zeros(2, np.int64)  # [NumPy would raise, the next slice to claim]
         count = threads
         if count is None:
             # Waking other threads for a small block costs more than the block.
@@ -276,12 +276,16 @@ class NumbaRuntime(PooledOutputs):
         args = ([a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs]
                 + [*scalars, *sizes, _CHUNK, err])  # fmt: skip
         if kernel.ready:
-            _run_parts(kernel.dispatcher, args, _parts(count, math.prod(block.shape)), count)
+            # A call a thread, each claiming slices until none is left (numba_source).
+            err[1] = count
+            _run_parts(kernel.dispatcher, args, _parts(count, math.prod(block.shape)), count,
+                       calls=count)  # fmt: skip
         else:
             # The first call compiles, loads from disk, or finds the kernel another block of
             # the same source compiled: one part, on this thread.
             before = _compiles(kernel.dispatcher)
             started = time.perf_counter()
+            err[1] = 1
             _run_parts(kernel.dispatcher, args, 1)
             self._first_call(kernel, before, time.perf_counter() - started)
         self.stats.launches += 1
@@ -334,20 +338,22 @@ _WAIT_ROUNDS = 100_000  # checks of a caller's spell of waiting for workers (som
 
 
 class _Job:
-    """One launch: its kernel and arguments, the counter its parts are claimed from, and
-    the errors of parts that workers ran."""
+    """One launch: its kernel and arguments, the counter its calls are claimed from, and
+    the errors of calls that workers ran. Call ``i`` of ``calls`` runs
+    ``kernel(*args, i, parts)``: part ``i``, and for a kernel that claims further parts
+    itself (``numba_source``) those too."""
 
-    __slots__ = ("args", "claims", "errors", "kernel", "parts")
+    __slots__ = ("args", "calls", "claims", "errors", "kernel", "parts")
 
-    def __init__(self, kernel, args: list, parts: int) -> None:
-        self.kernel, self.args, self.parts = kernel, args, parts
+    def __init__(self, kernel, args: list, parts: int, calls: int) -> None:
+        self.kernel, self.args, self.parts, self.calls = kernel, args, parts, calls
         self.claims = itertools.count()  # next() is atomic under the GIL
         self.errors: list[BaseException] = []
 
     def claim(self) -> int | None:
-        """An unclaimed part, or None when every part is taken."""
+        """An unclaimed call, or None when every call is taken."""
         part = next(self.claims)
-        return part if part < self.parts else None
+        return part if part < self.calls else None
 
 
 class _Count:
@@ -436,17 +442,20 @@ class _Workers:
             # to the buffer pool only when nothing refers to them.
             job = None
 
-    def run(self, kernel, args: list, parts: int) -> None:
-        job = _Job(kernel, args, parts)
-        job.claim()  # part 0 is the caller's
+    def run(self, kernel, args: list, parts: int, calls: int | None = None) -> None:
+        """Makes the calls of a launch (see :class:`_Job`; ``calls`` defaults to
+        ``parts``) on this thread and the workers."""
+        calls = parts if calls is None else calls
+        job = _Job(kernel, args, parts, calls)
+        job.claim()  # call 0 is the caller's
         self._job = job
         with self._lock:
             self._counters[0] += 1
-            woken = min(parts - 1, self._sleepers)
+            woken = min(calls - 1, self._sleepers)
             self._sleepers -= woken
         if woken:
             self._wake.add(woken)
-        mine = 1  # parts the caller claimed
+        mine = 1  # calls the caller claimed
         try:
             kernel(*args, 0, parts)
             while (part := job.claim()) is not None:
@@ -457,7 +466,7 @@ class _Workers:
                 mine += 1
             # A worker reports the parts it ran when it is done with the launch. Between
             # spells of spinning, a KeyboardInterrupt can land.
-            while not self._spin.wait_until(self._reported, parts - mine, _WAIT_ROUNDS):
+            while not self._spin.wait_until(self._reported, calls - mine, _WAIT_ROUNDS):
                 time.sleep(0)
             self._job = None
             with self._lock:  # its release orders this before the next launch's post
@@ -510,18 +519,23 @@ def _compiles(dispatcher) -> tuple[int, int]:
     return len(dispatcher.overloads), sum(dispatcher.stats.cache_hits.values())
 
 
-def _run_parts(kernel, args: list, parts: int, threads: int | None = None) -> None:
+def _run_parts(kernel, args: list, parts: int, threads: int | None = None,
+               calls: int | None = None) -> None:  # fmt: skip
     """Runs ``kernel`` over ``parts`` slices of its tasks on ``threads`` threads (default:
-    one a part): on numba's own threads where ``numba_parallel`` can, else part 0 on the
-    calling thread and the others on whichever of the calling thread and the runtime's
-    worker threads claims them first (kernels release the GIL). Idle workers sleep in a
-    blocking read after a short spin: a worker spinning long between kernels would take a
-    core from BLAS threads, which spin too. A second thread launching while the workers
-    are busy runs all its parts itself."""
-    if parts == 1:
-        kernel(*args, 0, 1)
+    one a call): ``kernel(*args, part, parts)`` for each part below ``calls`` (default
+    ``parts``; a kernel that claims the parts above it itself is called once a thread), on
+    numba's own threads where ``numba_parallel`` can, else call 0 on the calling thread
+    and the others on whichever of the calling thread and the runtime's worker threads
+    claims them first (kernels release the GIL). Idle workers sleep in a blocking read
+    after a short spin: a worker spinning long between kernels would take a core from BLAS
+    threads, which spin too. A second thread launching while the workers are busy makes
+    all its calls itself."""
+    calls = parts if calls is None else min(calls, parts)
+    if calls == 1:
+        kernel(*args, 0, parts)
         return
-    if numba_parallel.enabled() and numba_parallel.run(kernel, args, parts, threads or parts):
+    if numba_parallel.enabled() and numba_parallel.run(kernel, args, parts, threads or calls,
+                                                       calls):  # fmt: skip
         return
     global _workers
     if _workers is None:
@@ -530,11 +544,11 @@ def _run_parts(kernel, args: list, parts: int, threads: int | None = None) -> No
                 _workers = _Workers(_MAX_THREADS - 1)
     workers = _workers
     if not workers.busy.acquire(blocking=False):
-        for part in range(parts):
+        for part in range(calls):
             kernel(*args, part, parts)
         return
     try:
-        workers.run(kernel, args, parts)
+        workers.run(kernel, args, parts, calls)
     finally:
         workers.busy.release()
 
