@@ -12,6 +12,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -28,9 +29,25 @@ def pin_threads(threads: int, alternating: bool = False) -> None:
         os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 
+def warm_up(fns: list[Callable[[], object]]) -> None:
+    """Calls each of ``fns`` once (caches, lazy initialisation, page faults of fresh
+    buffers, compiles); then, while fusion's compiler process still compiles parallel
+    launchers those calls asked for (numba's threads, its default), waits for them and
+    calls each again: the kernels ran on ember's workers until then, and the launches timed
+    should be those that stay."""
+    for fn in fns:
+        fn()
+    for _ in range(3):  # a call after a wait may meet kernels it had not launched before
+        parallel = sys.modules.get("ember.backends.fusion.numba_parallel")
+        if parallel is None or not parallel.wait():
+            return
+        for fn in fns:
+            fn()
+
+
 def median_seconds(fn: Callable[[], object], repeat: int = 7, min_time: float = 0.05) -> float:
     """Median seconds per call of ``fn``; each sample loops until it lasts ``min_time``."""
-    fn()  # warm-up: caches, lazy initialisation, page faults of fresh buffers
+    warm_up([fn])
     loops = 1
     while True:
         start = time.perf_counter()
@@ -72,7 +89,7 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
                         lead_in_seconds: float = LEAD_IN_SECONDS) -> dict[str, tuple[float, float]]:  # fmt: skip
     """``{name: (median wall seconds, median CPU seconds of the calling thread)}`` per call.
 
-    Each function is warmed up once, then the calls alternate, one of each per round in
+    Each function is warmed up (:func:`warm_up`), then the calls alternate, one of each per round in
     an order shuffled every round (seeded: the same orders in every run), so a slow minute
     on a shared host lands on every side alike instead of on whichever ran then, and no
     side always comes after the same one (an order that only rotates keeps each side
@@ -93,8 +110,7 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int = 15,
     calls came right after NdArray's).
     """
     names = list(fns)
-    for name in names:
-        fns[name]()
+    warm_up(list(fns.values()))
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     order = random.Random(0)

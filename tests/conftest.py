@@ -39,6 +39,10 @@ def pytest_configure(config) -> None:
     # ops at once, unrecorded. Recording every op keeps the suites on the lazy path (stream,
     # fusers, kernels); tests/backends/fusion/test_fusion_small.py tests the default.
     os.environ.setdefault("EMBER_FUSION_SMALL", "0")
+    # Launches on numba's threads (the default) have their launchers compiled by a process
+    # of their own: one per test worker would compete with the tests for the cores.
+    # tests/backends/fusion/test_numba_parallel.py turns them on where they are under test.
+    os.environ.setdefault("EMBER_FUSION_WORKERS", "ember")
 
 
 def pytest_collection_finish(session) -> None:

@@ -125,6 +125,8 @@ def test_the_workers_setting_is_checked(monkeypatch):
         numba_parallel.enabled()
     monkeypatch.setenv("EMBER_FUSION_WORKERS", "ember")
     assert not numba_parallel.enabled()
+    monkeypatch.delenv("EMBER_FUSION_WORKERS")  # the default: numba's threads (the suites
+    assert numba_parallel._setting() == "numba"  # set ember: tests/conftest.py)
 
 
 def test_a_launcher_compiled_by_the_compiler_process_is_loaded_from_disk_later(tmp_path):

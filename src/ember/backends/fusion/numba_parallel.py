@@ -37,12 +37,21 @@ the disk cache; the kernel's launches run on the workers until it is loaded. The
 first call took 7.1 s with an empty cache (the launchers ready some 30 s later) and 2.1 s
 with a warm one.
 
-**Off by default**: ``EMBER_FUSION_WORKERS=numba`` turns it on (``ember``, the default,
-keeps every launch on the runtime's own workers). Even then, launches stay on the workers
-where numba's threading layer is not one that takes launches from several threads at once
-(OpenMP or TBB: its ``workqueue`` layer aborts the process instead) or was set to another
-by the user, in forked children (GNU OpenMP's threads do not survive a fork), and for a
-launcher the compiler process could not compile.
+**On by default** since generated kernels claim their slices themselves
+(``numba_source``): a launch is then one call a thread, where numba's threads had
+scheduled the parts one by one, and the small kernels that used to lose here gain too.
+Measured on 2 vCPUs at two threads, in alternating processes (``EMBER_FUSION_WORKERS``
+``numba`` against ``ember``): the transformer training step (``nn_step``) 1.035-1.050x
+torch against 1.092-1.094x, the guide CNN's step 0.64-0.66x (replayed 0.53-0.54x) against
+0.69x (0.58x), the ONNX CNN 1.29-1.35x onnxruntime against 1.38-1.42x and the ONNX encoder
+1.11-1.16x against 1.18-1.20x in the same two runs (1.17-1.22x against 1.07-1.09x in two
+earlier ones). ``EMBER_FUSION_WORKERS=ember`` keeps every launch on the runtime's own
+workers (the test suites do: a compiler process per test worker would compete with the
+tests). Launches also stay on the workers where numba's threading layer is not one that
+takes launches from several threads at once (OpenMP or TBB: its ``workqueue`` layer aborts
+the process instead) or was set to another by the user, in forked children (GNU OpenMP's
+threads do not survive a fork), and for a launcher the compiler process could not
+compile.
 """
 
 from __future__ import annotations
@@ -89,11 +98,11 @@ _module_digests: dict[str, str] = {}
 
 
 def _setting() -> str:
-    value = os.environ.get("EMBER_FUSION_WORKERS", "ember").strip().lower() or "ember"
+    value = os.environ.get("EMBER_FUSION_WORKERS", "numba").strip().lower() or "numba"
     if value not in ("numba", "ember"):
-        raise ConfigError(f"EMBER_FUSION_WORKERS={value!r}: expected 'ember' (the runtime's "
-                          "own worker threads, the default) or 'numba' (numba's threading "
-                          "layer, where it can)")  # fmt: skip
+        raise ConfigError(f"EMBER_FUSION_WORKERS={value!r}: expected 'numba' (numba's "
+                          "threading layer where it can, the default) or 'ember' (the "
+                          "runtime's own worker threads)")  # fmt: skip
     return value
 
 
@@ -316,11 +325,13 @@ def _load(launch: Any, signature: tuple, only_from_disk: bool = False) -> bool:
         launch._can_compile = False
 
 
-def wait() -> None:
+def wait() -> bool:
     """Waits until the compiler process answered every launcher asked of it (tests; a
-    benchmark before it times)."""
+    benchmark before it times); returns whether any was asked and not answered."""
+    waited = bool(_pending)
     while _pending:
         time.sleep(0.02)
+    return waited
 
 
 def serve() -> None:

@@ -29,10 +29,12 @@ raised to a negative power): the unfused ops then raise NumPy's own error.
 **Threads.** Each run uses ``threads`` when the run names it; otherwise one thread below
 :data:`PARALLEL_MIN` elements, and above it the runtime's count (its argument, else
 ``EMBER_FUSION_THREADS``, else ``NUMBA_NUM_THREADS``: every core by default). A large
-block's tasks are split into up to :data:`PARTS_PER_THREAD` parts a thread (:func:`_parts`).
-The calling thread runs the first part, and the others are claimed by worker threads of
-the process, or by the calling thread itself when it is done before a worker woke (see
-``_Workers``); numba's own thread pool and thread count are not used.
+block's tasks are split into up to :data:`PARTS_PER_THREAD` parts a thread (:func:`_parts`),
+and the kernel is called once a thread, each call claiming parts until none is left
+(``numba_source``). The calls run on numba's own threads where ``numba_parallel`` can
+(the default), else the calling thread makes the first and worker threads of the
+process the others, or the calling thread itself when it is done before a worker woke
+(see ``_Workers``).
 """
 
 from __future__ import annotations
