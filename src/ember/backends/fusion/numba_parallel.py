@@ -16,16 +16,17 @@ slower than either: the two pools of threads took each other's cores.
 
 **The launcher of a kernel** is generated as a module file beside the runtime's kernels
 (``numba_runtime.cache_dir()/parallel/p_<digest>.py``), which imports the kernel by its
-module and name and loops ``prange`` over the parts; numba's disk cache keeps its machine
+module and name and loops ``prange`` over the calls; numba's disk cache keeps its machine
 code, so a new process loads it. ``<digest>`` covers the kernel's module file, so a
 changed kernel never meets an old launcher (numba's cache keys a function by its own
 file only, and the launcher compiles the kernel into itself). A kernel that is not its
 module's attribute of its own name (made at run time) is launched by the workers.
 
-**Threads.** A launch of ``parts`` parts on ``threads`` threads runs on
-``min(threads, NUMBA_NUM_THREADS)`` of numba's threads; parts beyond one a thread are
-handed out one at a time as threads come free (numba's parallel chunk size 1), as the
-workers claim them.
+**Threads.** A launch of ``calls`` calls (``kernel(*args, part, parts)`` for each part
+below ``calls``: every part, or one a thread for a kernel that claims the others itself)
+on ``threads`` threads runs on ``min(threads, NUMBA_NUM_THREADS)`` of numba's threads;
+calls beyond one a thread are handed out one at a time as threads come free (numba's
+parallel chunk size 1), as the workers claim them.
 
 **Compiles.** A launcher takes 1-4 s to compile for each kernel and signature (numba's
 parallel pipeline, and the kernel compiled into it again): compiled in this process, the
