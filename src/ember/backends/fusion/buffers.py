@@ -115,7 +115,7 @@ class BufferPool:
             # boundary.
             array = np.ndarray(stored, dtype, raw, start)
             if order is not None:
-                array = array.transpose(_inverse(tuple(order)))
+                array = array.transpose(inverse_order(tuple(order)))
             key = id(array)
             number = next(self._numbers)
             # An array dropped without release frees its memory as any array does; its
@@ -196,11 +196,11 @@ def empty_in_order(shape: tuple[int, ...], dtype: np.dtype,
     out its ``order`` (``array.transpose(order)`` C-contiguous), outside any pool."""
     if order is None:
         return np.empty(shape, dtype)
-    return np.empty(tuple(shape[d] for d in order), dtype).transpose(_inverse(tuple(order)))
+    return np.empty(tuple(shape[d] for d in order), dtype).transpose(inverse_order(tuple(order)))
 
 
 @functools.lru_cache(maxsize=256)
-def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+def inverse_order(order: tuple[int, ...]) -> tuple[int, ...]:
     """The permutation that undoes ``order`` (``np.argsort`` cost 50 us a call cold)."""
     inverse = [0] * len(order)
     for position, dim in enumerate(order):

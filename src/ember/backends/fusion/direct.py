@@ -67,6 +67,7 @@ from ember.backend.kept import immutable
 from ember.backends.fusion import autotune, counters
 from ember.backends.fusion.attention import Attention
 from ember.backends.fusion.attention_grad import AttentionGrad
+from ember.backends.fusion.buffers import inverse_order
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
 from ember.backends.fusion.executor import (
     accumulations,
@@ -546,7 +547,7 @@ class _Made:
             view = joined[(slice(None),) * dim + (slice(starts[piece], starts[piece] + sizes[piece]),)]
             for name, shape_before, attr in reversed(chain):
                 if name == "float_permute":
-                    view = view.transpose(np.argsort(attr))
+                    view = view.transpose(inverse_order(tuple(attr)))
                 else:
                     view = reshape_view(view, shape_before)
                     if view is None:

@@ -8,8 +8,8 @@ faster than NumPy's BLAS where that is held to AVX2 kernels; a linear layer by a
 weight that the GEMM dequantizes while it packs it (``ember.quantization``); and an int8
 input by an int8 weight, multiplied in integers (``numba_int8``, its panels packed once per
 weight); and a join of pieces (a split's gradient) copied into pooled memory by threads.
-Which one runs is the
-tuner's choice (``autotune.py``), per op, options and work bucket, like a fused block's.
+Which one runs is the tuner's choice (``autotune.py``), per op, options and work bucket,
+like a fused block's.
 
 Adding an op is one :class:`OpKernel` entry: when it applies (``supports``), what its
 choice depends on besides size (``key``), how much work a call is (``work``: the bucket),
