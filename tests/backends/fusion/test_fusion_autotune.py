@@ -160,6 +160,32 @@ def test_a_tuning_timed_beside_other_processes_is_not_written(runtime, monkeypat
     assert Tuner(runtime, tmp_path).lookup(block).earlier is not None  # quiet: written
 
 
+def test_a_run_that_loads_a_parallel_launcher_is_timed_again(monkeypatch, tmp_path):
+    """The first two-thread launch of a kernel on numba's threads loads its launcher (tens
+    of ms, once): timed with it, a large product chose one thread for good."""
+    from ember.backends.fusion import numba_parallel
+
+    clock, loaded = [0.0], [0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(numba_parallel, "loads", lambda: loaded[0])
+    seconds = {1: 0.004, 2: 0.002}  # a product: twice as fast on two threads
+
+    def run_fused(threads: int) -> None:
+        if threads == 2 and not loaded[0]:
+            loaded[0] += 1
+            clock[0] += 0.1  # the launcher's load
+        clock[0] += seconds[threads]
+
+    def run_unfused() -> None:
+        clock[0] += 0.006
+
+    tuner = Tuner(numba_runtime.NumbaRuntime(cache=tmp_path, threads=2), tmp_path)
+    pending = tuner.lookup_op(("a product",), 1 << 24)
+    assert type(pending) is Pending and pending.limit == 2
+    assert tuner.tune_with(pending, run_fused, run_unfused) == Choice("fused", 2)
+    assert loaded[0] == 1
+
+
 @pytest.mark.skipif(not Path("/proc/loadavg").exists(), reason="no /proc/loadavg (not Linux)")
 def test_others_running_counts_another_process_that_runs():
     spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])

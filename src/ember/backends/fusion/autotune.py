@@ -104,8 +104,9 @@ OP_KERNEL_FILES = ("op_kernels.py", "conv_epilogue.py", "numba_conv.py", "numba_
 """The sources of single-op kernels (``op_kernels``): a change to any of them voids the
 choices between those kernels and the inner backend's ops (a faster kernel would
 otherwise stay unchosen where a settled choice said the inner op)."""
-VERSION = 4
-"""The file format's and the tuning method's version: a change voids older choices."""
+VERSION = 5
+"""The file format's and the tuning method's version: a change voids older choices (5:
+version 4's timings could include a parallel launcher's load)."""
 SETTLED_AFTER = 3
 """Tunings after which a bucket's choice is kept even when they did not agree (see
 "Settling" in the module doc); two in a row that agree settle it sooner."""
@@ -433,17 +434,26 @@ class Tuner:
 
     def _time(self, fused: list[Choice], run_fused: Callable[[Choice], object],
               run_unfused: Callable[[], object]) -> tuple[Choice, dict[Choice, float]]:  # fmt: skip
+        from ember.backends.fusion.numba_parallel import loads
+
         sync = self.synchronize
 
         def once(choice: Choice) -> float:
-            sync()
-            began = time.perf_counter()
-            if choice.run == "unfused":
-                run_unfused()
-            else:
-                run_fused(choice)
-            sync()  # a GPU launch returns before its kernel ends
-            return time.perf_counter() - began
+            # A run that loaded a parallel launcher timed the load (10-170 ms, once): with
+            # it, a large product's two-thread candidate lost to one thread for good.
+            for _ in range(2):
+                loaded = loads()
+                sync()
+                began = time.perf_counter()
+                if choice.run == "unfused":
+                    run_unfused()
+                else:
+                    run_fused(choice)
+                sync()  # a GPU launch returns before its kernel ends
+                seconds = time.perf_counter() - began
+                if loads() == loaded:
+                    break
+            return seconds
 
         # The fused candidates are timed first, warm-up and rounds, and the unfused one
         # after them: after a GEMM, OpenBLAS's threads spin for a while on the other cores,

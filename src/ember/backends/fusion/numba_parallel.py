@@ -75,7 +75,7 @@ try:  # numba is optional: the runtime checks it before launching anything
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["enabled", "launcher", "run", "serve", "wait"]
+__all__ = ["enabled", "launcher", "loads", "run", "serve", "wait"]
 
 _SAFE_LAYERS = ("omp", "tbb")  # layers that take launches from several threads at once
 _TEMPLATE = """\
@@ -92,7 +92,7 @@ def launch({args}, calls, parts):
 """
 _VERSION = hashlib.sha256(_TEMPLATE.encode()).hexdigest()[:8]
 
-_state = {"enabled": None}  # None: not decided yet in this process
+_state = {"enabled": None, "loads": 0}  # enabled None: not decided yet in this process
 _lock = threading.Lock()
 _launchers: dict[tuple[Any, int], Any] = {}  # (kernel, argument count) -> launcher or None
 _module_digests: dict[str, str] = {}
@@ -157,6 +157,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def loads() -> int:
+    """How many launchers or signatures this process has loaded so far: each takes 10-170
+    ms, once, inside the launch that first needs it, so a run that loaded one is not a
+    timing of the kernel (the tuner runs it again: ``autotune``)."""
+    return _state["loads"]
+
+
 def launcher(kernel: Any, nargs: int) -> Any:
     """The parallel launcher of ``kernel`` (a numba dispatcher taking ``nargs`` arguments,
     then ``part, parts``), or None where it has none (see the module doc)."""
@@ -168,6 +175,7 @@ def launcher(kernel: Any, nargs: int) -> Any:
         found = _launchers.get(key, False)
         if found is False:
             found = _launchers[key] = _make(kernel, nargs)
+            _state["loads"] += 1
     return found
 
 
@@ -319,6 +327,7 @@ def _load(launch: Any, signature: tuple, only_from_disk: bool = False) -> bool:
             return False
         launch._can_compile = True
         launch.compile(signature)  # from the disk cache where it is there
+        _state["loads"] += 1
         return True
     except Exception:  # another numba's internals, or a launcher numba cannot compile
         return False
