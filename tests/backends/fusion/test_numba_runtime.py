@@ -665,6 +665,42 @@ def test_a_block_with_a_broadcast_view_works_its_launch_out_once(runtime, monkey
         assert len(lookups) == lookups_after
 
 
+def test_a_plain_launch_is_worked_out_once_and_other_inputs_take_the_general_path(
+        runtime, monkeypatch):  # fmt: skip
+    # Inputs exactly the block's (shapes, dtypes, C-contiguous) launch as worked out on the
+    # second run; any other input runs the general path, with its copies, views and errors.
+    shape = (512, 256)
+    block = gelu_block(shape)
+    x = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
+    (want,) = runtime.run(block, [x], out=[np.empty(shape, np.float32)])  # the general path
+    runtime.run(block, [x])
+    assert None in block.__dict__["_numba_plain"][1]
+    general = []
+    broadcast_views = nr._broadcast_views
+    monkeypatch.setattr(nr, "_broadcast_views",
+                        lambda *a: (general.append(a), broadcast_views(*a))[1])  # fmt: skip
+    launches = runtime.stats.launches
+    (got,) = runtime.run(block, [x])
+    assert general == [] and runtime.stats.launches == launches + 1
+    np.testing.assert_array_equal(got, want)
+    for other in (np.asfortranarray(x), np.broadcast_to(x[:1], shape)):
+        (got,) = runtime.run(block, [other])
+        np.testing.assert_array_equal(got, runtime.run(block, [np.ascontiguousarray(other)])[0])
+    assert len(general) == 2  # the two views; their copies launch plainly
+    with pytest.raises(ValueError, match="input 0 must be f32"):
+        runtime.run(block, [x.astype(np.float64)])
+    with pytest.raises(ValueError, match="input 0 must be f32"):
+        runtime.run(block, [x[:, :128].copy()])
+    power = ir.Block((4,), (ir.Input((4,), I32), ir.Input((4,), I32)),
+                     (I("pow", (0, 1), (), (4,), I32),), (2,))  # fmt: skip
+    ints = [np.array([2, 3, 4, 5], np.int32), np.array([1, 2, 1, 1], np.int32)]
+    for _ in range(2):
+        np.testing.assert_array_equal(runtime.run(power, ints)[0], [2, 9, 4, 5])
+    assert None in power.__dict__["_numba_plain"][1]
+    with pytest.raises(KernelUnsupported, match="negative power"):
+        runtime.run(power, [ints[0], np.array([1, -1, 1, 1], np.int32)])
+
+
 def test_output_over_its_own_input(runtime):
     # x * softmax(x): the kernel parks exp(x - max) in its output between the last pass
     # and the final loop, which reads x again; an output that is x itself must not

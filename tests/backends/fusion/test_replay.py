@@ -778,6 +778,50 @@ def test_a_pending_input_or_an_unfused_choice_runs_the_records(monkeypatch):
     np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
 
 
+def test_a_direct_replay_looks_its_blocks_up_once_while_the_tuners_choices_hold(monkeypatch):
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion import autotune
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    tuner = device.backend.executor.tuner
+    assert tuner is not None
+    g = replay(_norm)
+    shape = (256, 300)  # large enough for the tuner to decide how its blocks run
+    for call in range(5):
+        y, _held = g(Tensor.from_data(_data(shape, call), device))  # both held, as when traced
+        y.to_numpy()
+    lookups = []
+    lookup = autotune.Tuner.lookup
+    monkeypatch.setattr(autotune.Tuner, "lookup", lambda self, block: (lookups.append(block),
+                                                                       lookup(self, block))[1])  # fmt: skip
+    def call() -> None:
+        x = _data(shape, 80 + len(lookups))
+        reset_stats()
+        y, _held = g(Tensor.from_data(x, device))
+        np.testing.assert_allclose(y.to_numpy(), _norm64(x)[0], rtol=1e-4, atol=1e-5)
+        assert stats()["direct_replays"] == 1 and stats()["replays"] == 1
+
+    for _ in range(2):
+        call()
+    assert lookups == []
+    with autotune.forcing(autotune.Choice("fused", 1)):  # another choice: looked up again
+        call()
+        blocks = len(lookups)
+        assert blocks >= 1
+        call()
+        assert len(lookups) == blocks  # once
+    call()
+    assert len(lookups) == 2 * blocks
+    tuner.forget()  # a new generation: looked up again (pending: the records run, tuning)
+    for _ in range(3):
+        y, _held = g(Tensor.from_data(_data(shape, 90), device))
+        y.to_numpy()
+    assert len(lookups) > 2 * blocks
+    seen = len(lookups)
+    call()
+    assert len(lookups) == seen
+
+
 def test_a_replay_with_a_product_runs_it_as_a_single_op(interp):
     w = Tensor.from_data(_data((32, 16), 3), interp)
     g = replay(lambda x: ((x @ w) * 2.0).exp())

@@ -301,8 +301,9 @@ class Fusion(Decorator):
         flush_device(self.inner_device(device))
 
     def sync(self, device: Device) -> None:
-        self.flush(device)
-        self.inner.sync(self.inner_device(device))
+        inner = self.inner_device(device)
+        flush_device(inner)
+        self.inner.sync(inner)
 
     def seed(self, device: Device, seed: int) -> None:
         _no_trace(self, "seeds the generator")

@@ -95,8 +95,8 @@ class Program:
     """A trace's flush as launches (see the module doc): ``steps`` in order, each a tuple
     whose first item names its kind; ``generation`` the explorer's when it was made."""
 
-    __slots__ = ("blocks", "bound", "device", "drops", "first", "generation", "indexed",
-                 "launches", "op_keys", "steps")  # fmt: skip
+    __slots__ = ("blocks", "bound", "device", "drops", "first", "generation", "hows",
+                 "indexed", "launches", "op_keys", "steps")  # fmt: skip
 
     def __init__(self, generation: int, steps: tuple, device: Device,
                  drops: tuple[tuple[int, ...], ...], indexed: tuple[int, ...] = (),
@@ -113,6 +113,9 @@ class Program:
         # conv step index -> (weak weight, weak bias or None, input layout, tuner generation,
         # launch): the launch of a settled choice on weights nothing can change (_conv)
         self.launches: dict[int, tuple] = {}
+        # (tuner, its generation, the forced choice): how each block step runs, where every
+        # lookup gave a choice (or nothing to tune); looked up again when that changes
+        self.hows: tuple = (None, None, None, {})
 
 
 def learn(trace: Any, values: list, records: Any, segments: list) -> Program | bool | None:
@@ -327,14 +330,11 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         trace.program = None  # made again from the next flush
         return None
     executor = trace.backend.executor
-    _, _, tuner, recycler = executor._route(program.device.place)
-    hows = {}
-    for i, step in enumerate(program.steps):
-        if step[0] == "block":
-            how = None if tuner is None else tuner.lookup(step[1])
-            if how is not None and not _fused(how):
-                return None  # the records run: the tuner times the block there
-            hows[i] = how
+    route = executor._route(program.device.place)
+    hows = _hows(program, route[2])
+    if hows is None:
+        return None  # the records run: the tuner times a block there
+    recycler = route[3]
     slots: list[Any] = [None] * trace.n_refs  # made slots, where one exists
     prims: list[Any] = [None] * trace.n_refs  # inner values
     pooled: list[bool] = [False] * trace.n_refs  # a value the runtime's pool handed out
@@ -346,7 +346,7 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         slots[r], prims[r] = slot, slot.prim
     specs = trace.specs
     entries = trace.entries
-    made = _Made(trace, program, executor, slots, prims, pooled, hows)
+    made = _Made(trace, program, executor, route, slots, prims, pooled, hows)
     try:
         for i, step in enumerate(program.steps):
             if i == program.first and not _indices_fit(program, entries, slots, prims, specs):
@@ -360,7 +360,8 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
     except UnsupportedError:
         trace.program = False  # the runtime refuses a launch: the records run, from now on
         return None
-    counters.add_each(direct_replays=1, kernels=program.blocks, fused_ops=len(trace.entries))
+    counters.add_each(replays=1, direct_replays=1, kernels=program.blocks,
+                      fused_ops=len(trace.entries))  # fmt: skip
     for r in trace.returned:
         slot = slots[r]
         if slot is None:
@@ -371,17 +372,38 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
     return trace.output_values(slots, tensors)
 
 
+def _hows(program: Program, tuner: Any) -> dict | None:
+    """How each block step of ``program`` runs (the tuner's choice, or None where it does
+    not tune the block), kept on the program while the tuner's generation holds; None
+    where a block is still to be tuned or runs unfused (then the records run)."""
+    if tuner is None:
+        return {}
+    kept_tuner, generation, forced, hows = program.hows
+    now = tuner.generation()
+    if kept_tuner is tuner and generation == now and forced is autotune._forced:
+        return hows
+    hows = {}
+    for i, step in enumerate(program.steps):
+        if step[0] == "block":
+            how = tuner.lookup(step[1])
+            if how is not None and not _fused(how):
+                return None
+            hows[i] = how
+    program.hows = (tuner, now, autotune._forced, hows)
+    return hows
+
+
 class _Made:
     """One call's values, by trace reference, and how each step makes its own."""
 
     __slots__ = ("executor", "from_array", "hows", "pooled", "prims", "program", "runtime",
                  "slots", "to_array", "trace")  # fmt: skip
 
-    def __init__(self, trace: Any, program: Program, executor: Any, slots: list, prims: list,
-                 pooled: list, hows: dict) -> None:  # fmt: skip
+    def __init__(self, trace: Any, program: Program, executor: Any, route: tuple, slots: list,
+                 prims: list, pooled: list, hows: dict) -> None:  # fmt: skip
         self.trace, self.program, self.executor = trace, program, executor
         self.slots, self.prims, self.pooled, self.hows = slots, prims, pooled, hows
-        self.runtime, (self.to_array, self.from_array), _, _ = executor._route(program.device.place)
+        self.runtime, (self.to_array, self.from_array), _, _ = route
 
     def run(self, i: int, step: tuple) -> bool:
         """Runs step ``i``; False where the records must run instead (the program is
@@ -390,8 +412,11 @@ class _Made:
         entries, executor, slots = trace.entries, self.executor, self.slots
         if kind == "block":
             _, block, ins, outs = step
-            arrays = [self.to_array(prims[r]).reshape(s.shape) for r, s in zip(ins, block.inputs)]
-            how = self.hows[i]
+            arrays = []
+            for r, spec in zip(ins, block.inputs):
+                array = self.to_array(prims[r])
+                arrays.append(array if array.shape == spec.shape else array.reshape(spec.shape))
+            how = self.hows.get(i)  # none without a tuner
             if how is None:
                 results = self.runtime.run(block, arrays)
             else:

@@ -219,6 +219,12 @@ class NumbaRuntime(PooledOutputs):
         whose full-size inputs are all permuted alike (a product's rows in its operand's
         order) runs in their memory order, into pooled outputs laid out the same way,
         rather than copying them first."""
+        if out is None:
+            plain = block.__dict__.get("_numba_plain")
+            if plain is not None and plain[0] is self and (launch := plain[1].get(threads)):
+                outputs = launch.run(inputs)
+                if outputs is not None:
+                    return outputs
         block, inputs = _broadcast_views(block, inputs)
         order = _memory_order(block, inputs) if out is None or not any(
             o is not None for o in out) else None  # fmt: skip
@@ -293,6 +299,15 @@ class NumbaRuntime(PooledOutputs):
         self.stats.launches += 1
         if err[0]:
             raise KernelUnsupported("numba runtime: an int raised to a negative power")
+        if out is None and kernel.ready:
+            plain = block.__dict__.get("_numba_plain")
+            if plain is None or plain[0] is not self:
+                plain = (self, {})  # by the thread count asked (the tuner's candidates)
+                object.__setattr__(block, "_numba_plain", plain)
+            if threads not in plain[1]:
+                plain[1][threads] = _PlainLaunch(self, block, kernel, wanted,
+                                                 [*scalars, *sizes, _CHUNK], count,
+                                                 _parts(count, math.prod(block.shape)))  # fmt: skip
         return outputs
 
     def thread_count(self) -> int:
@@ -328,6 +343,47 @@ class NumbaRuntime(PooledOutputs):
                     f"of shape {fmt_shape(shape)}, got {array.dtype} {fmt_shape(array.shape)}"
                 )
         return list(out)
+
+
+class _PlainLaunch:
+    """A block's launch worked out once, for the common call: inputs exactly the block's
+    shapes and dtypes and C-contiguous, outputs from the pool (``NumbaRuntime.run`` checks
+    nothing else then: no broadcast view, permuted order or copy to make, and pooled
+    outputs never overlap an input). On a step's cold cache, the general path's Python
+    cost about 15 us more a launch (layer norm over ``[4096, 1024]`` replayed at two threads:
+    0.770-0.775 -> 0.748-0.756 ms, alternating processes)."""
+
+    __slots__ = ("calls", "inputs", "kernel", "parts", "runtime", "tail", "wanted")
+
+    def __init__(self, runtime: NumbaRuntime, block: ir.Block, kernel: _Kernel, wanted: tuple,
+                 tail: list, calls: int, parts: int) -> None:  # fmt: skip
+        self.runtime, self.kernel, self.wanted, self.tail = runtime, kernel.dispatcher, wanted, tail
+        self.inputs = tuple((i.shape, _numpy_dtype(i.dtype)) for i in block.inputs)
+        self.calls, self.parts = calls, parts
+
+    def run(self, inputs: list) -> list[np.ndarray] | None:
+        """The block's outputs for ``inputs``; None, running nothing, where an input is not
+        exactly as the launch expects (the general path runs it)."""
+        if len(inputs) != len(self.inputs):
+            return None
+        args = []
+        for array, (shape, dtype) in zip(inputs, self.inputs):
+            if (type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype
+                    or not array.flags.c_contiguous):  # fmt: skip
+                return None
+            args.append(array.reshape(-1))
+        take = self.runtime.pool.take
+        outputs = [take(shape, dtype) for shape, dtype in self.wanted]
+        err = np.zeros(2, np.int64)  # [NumPy would raise, the next slice to claim]
+        err[1] = self.calls
+        args += [o.reshape(-1) for o in outputs]
+        args += self.tail
+        args.append(err)
+        _run_parts(self.kernel, args, self.parts, self.calls, calls=self.calls)
+        self.runtime.stats.launches += 1
+        if err[0]:
+            raise KernelUnsupported("numba runtime: an int raised to a negative power")
+        return outputs
 
 
 _MAX_THREADS = os.cpu_count() or 1

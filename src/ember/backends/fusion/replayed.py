@@ -611,11 +611,11 @@ class Trace:
     def run(self, tensors: list[Tensor]) -> Any:
         """Pushes the entries' records for the inputs ``tensors`` (the call's, in the order
         of its signature); returns the outputs."""
-        counters.add("replays")
         if self.program:
             out = direct.run(self, self.program, tensors)
             if out is not None:
-                return out
+                return out  # counted there, with its launches
+        counters.add("replays")
         backend = self.backend
         executor = backend.executor
         values: list[Any] = [None] * self.n_refs
