@@ -186,6 +186,55 @@ def test_a_run_that_loads_a_parallel_launcher_is_timed_again(monkeypatch, tmp_pa
     assert loaded[0] == 1
 
 
+def test_a_tuning_timed_beside_other_processes_is_timed_again_later(runtime, monkeypatch,
+                                                                      tmp_path):  # fmt: skip
+    """A process uses such a choice for PROVISIONAL_SECONDS (longer each time it was busy
+    again), then times the bucket again; a quiet tuning is written, and after the last
+    busy one the choice stays for the process."""
+    shape = (ROWS, COLS)
+    x = np.random.default_rng(3).normal(size=shape).astype(np.float32)
+    block = _block(shape)
+    now = [1000.0]
+    monkeypatch.setattr(autotune.time, "monotonic", lambda: now[0])
+    busy = [autotune.BUSY_OTHERS]
+    monkeypatch.setattr(autotune, "others_running", lambda: busy[0])
+    tuner = Tuner(runtime, tmp_path)
+    runtime.release(runtime.run(block, [x])[0])
+
+    def tuned_now() -> bool:
+        found = tuner.lookup(block)
+        if type(found) is Pending:
+            tuner.tune(found, block, [x], _unfused(x))
+            return True
+        assert type(found) is Choice
+        return False
+
+    for wait in autotune.PROVISIONAL_SECONDS:
+        assert tuned_now()
+        generation = tuner.generation()
+        now[0] += wait - 0.5
+        assert not tuned_now() and tuner.generation() == generation  # kept meanwhile
+        now[0] += 0.5
+        assert tuner.generation() != generation  # expired: choices kept elsewhere are stale
+    assert tuned_now()  # a fourth busy tuning: kept for the process
+    now[0] += 10 * max(autotune.PROVISIONAL_SECONDS)
+    assert not tuned_now()
+    assert Tuner(runtime, tmp_path).lookup(block).earlier is None  # none written
+    # A quiet tuning after a busy one is written.
+    again = Tuner(runtime, tmp_path)
+    busy[0] = autotune.BUSY_OTHERS
+    found = again.lookup(block)
+    again.tune(found, block, [x], _unfused(x))
+    busy[0] = 0
+    now[0] += autotune.PROVISIONAL_SECONDS[0]
+    found = again.lookup(block)
+    assert type(found) is Pending
+    again.tune(found, block, [x], _unfused(x))
+    assert Tuner(runtime, tmp_path).lookup(block).earlier is not None
+    now[0] += 10 * max(autotune.PROVISIONAL_SECONDS)
+    assert type(again.lookup(block)) is Choice  # quiet: kept
+
+
 @pytest.mark.skipif(not Path("/proc/loadavg").exists(), reason="no /proc/loadavg (not Linux)")
 def test_others_running_counts_another_process_that_runs():
     spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])

@@ -45,12 +45,13 @@ im2col by old choices: 23 ms a forward against 15 with fresh ones). So a choice 
 with how many tunings made it (``tunings``) and how many of the last ones in a row agreed
 (``streak``), and a later process tunes the bucket again, once, until two tunings in a row
 agree or :data:`SETTLED_AFTER` tunings were made (the last one is kept). A settled choice
-is used without timing. Within one process a bucket is tuned once. A tuning timed while
-other processes' threads were running on the machine (:func:`others_running`, sampled
-before and after the timing, at least :data:`BUSY_OTHERS`) is used by its process only
-and not written: three processes tuned while the test suite ran beside them had settled
-the ONNX encoder's largest products on one thread, 26.6 ms a forward against 22.0 with
-fresh choices.
+is used without timing. Within one process a bucket is tuned once, unless other
+processes' threads were running on the machine while it was timed (:func:`others_running`,
+sampled before and after the timing, at least :data:`BUSY_OTHERS`). Such a tuning is not
+written (three processes tuned while the test suite ran beside them had settled the ONNX
+encoder's largest products on one thread, 26.6 ms a forward against 22.0 with fresh
+choices), and its process uses it for a while only (:data:`PROVISIONAL_SECONDS`), then
+times the bucket again: what ran beside it may have been passing.
 
 **The file** (``autotune-<arch>-<cpus>cpu-<model>.json`` in the runtime's cache folder) may be
 hostile: it is read only when it is a regular file under :data:`MAX_FILE_BYTES`, every
@@ -217,6 +218,12 @@ def forcing(choice: Choice) -> Iterator[None]:
         _forced = previous
 
 
+PROVISIONAL_SECONDS = (2.0, 10.0, 60.0)
+"""How long a process uses a choice timed beside other processes before it times the
+bucket again (the first, second and third such tuning of the bucket); the choice of a
+fourth is kept for the process. What ran beside a tuning is often passing: the compiler
+process of parallel launchers (``numba_parallel``) compiles in a new process's first
+seconds, on a core the two-thread candidates need."""
 BUSY_OTHERS = max(1, (os.cpu_count() or 1) // 2)
 """Running threads of other processes, at least, that make a tuning's timings unfit to
 keep."""
@@ -299,6 +306,11 @@ class Tuner:
         self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
         self._choices: dict[tuple, Choice] = {}  # (key, bucket, thread limit) -> choice
         self._forgets = 0  # calls of forget(): a choice kept on a block before one is stale
+        # Choices timed beside other processes: key -> (when it is timed again, tunings so
+        # far while busy); the earliest of those times
+        self._provisional: dict[tuple, tuple[float, int]] = {}
+        self._busy_tunings: dict[tuple, int] = {}
+        self._next_expiry = math.inf
         self._stored: dict[str, Stored] | None = None  # the file's valid entries, once read
         self._lock = threading.Lock()
 
@@ -312,6 +324,8 @@ class Tuner:
             return None
         if _forced is not None:
             return _forced
+        if self._provisional:
+            self._expire()
         limit = self.thread_limit()
         # A settled choice is kept on the block (templates bind the same block flush after
         # flush): no hash of its key a launch.
@@ -336,6 +350,8 @@ class Tuner:
             return None
         if _forced is not None:
             return _forced
+        if self._provisional:
+            self._expire()
         return self._find(("op", _op_kernels_version(), *key), f"w{work.bit_length()}")
 
     def _find(self, key: tuple, bucket: str) -> Choice | Pending:
@@ -357,7 +373,23 @@ class Tuner:
     def generation(self) -> tuple[int, int]:
         """What a settled choice kept outside the tuner holds for: the thread limit and the
         calls of :meth:`forget` (a choice kept before either changed is stale)."""
+        if self._provisional:
+            self._expire()
         return self.thread_limit(), self._forgets
+
+    def _expire(self) -> None:
+        """Drops the provisional choices whose time is up (their buckets are timed again),
+        making every choice kept outside the tuner stale."""
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        with self._lock:
+            for key, (deadline, _) in list(self._provisional.items()):
+                if deadline <= now:
+                    del self._provisional[key]
+                    self._choices.pop(key, None)
+            self._next_expiry = min((d for d, _ in self._provisional.values()), default=math.inf)
+            self._forgets += 1
 
     def thread_limit(self) -> int:
         """The runtime's thread count for a large block."""
@@ -422,6 +454,8 @@ class Tuner:
         self._choices[pending.key] = choice
         stored = pending.earlier.after(choice) if pending.earlier else Stored(choice)
         unfit = busy >= BUSY_OTHERS
+        if unfit:
+            self._keep_provisionally(pending.key)
         if self.debug:
             shown = ", ".join(f"{c}: {t * 1e3:.3f} ms" for c, t in times.items())
             kept = (f"{busy} other threads running: not written" if unfit
@@ -431,6 +465,16 @@ class Tuner:
         if not unfit:
             self._save(pending.entry, stored)
         return choice
+
+    def _keep_provisionally(self, key: tuple) -> None:
+        """Marks the choice just made for ``key``, timed beside other processes, to be
+        timed again after a while (:data:`PROVISIONAL_SECONDS`)."""
+        with self._lock:
+            busy = self._busy_tunings[key] = self._busy_tunings.get(key, 0) + 1
+            if busy <= len(PROVISIONAL_SECONDS):
+                deadline = time.monotonic() + PROVISIONAL_SECONDS[busy - 1]
+                self._provisional[key] = (deadline, busy)
+                self._next_expiry = min(self._next_expiry, deadline)
 
     def _time(self, fused: list[Choice], run_fused: Callable[[Choice], object],
               run_unfused: Callable[[], object]) -> tuple[Choice, dict[Choice, float]]:  # fmt: skip
@@ -498,6 +542,8 @@ class Tuner:
         with self._lock:
             self._choices.clear()
             self._stored = None
+            self._provisional.clear()
+            self._next_expiry = math.inf
             self._forgets += 1
 
     # ------------------------------------------------------------------ the file
