@@ -450,7 +450,9 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     nr = NR[dtype]
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = a.shape[:-2]
+    if b.ndim > 2 and b.shape[:-2] != batch:  # NumPy's broadcast costs microseconds a call
+        batch = b.shape[:-2] if a.ndim == 2 else np.broadcast_shapes(batch, b.shape[:-2])
     adding = into is not None
     if adding:
         if (type(into) is not np.ndarray or into.shape != (*batch, m, n) or into.dtype != dtype
@@ -479,7 +481,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
                 b.shape, b.strides, dtype.str)  # fmt: skip
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
         out = _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
-                        bias, adding)  # fmt: skip
+                        bias, adding, parts, kc)  # fmt: skip
     elif panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
@@ -492,7 +494,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     else:
         bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
         out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
-                        b_of, threads, empty, bias, adding)  # fmt: skip
+                        b_of, threads, empty, bias, adding, parts, kc)  # fmt: skip
     return into if adding else out
 
 
@@ -533,20 +535,24 @@ def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
 
 def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | None,
               shape: tuple[int, ...], a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
-              empty: Callable, bias: np.ndarray, adding: bool = False) -> np.ndarray:  # fmt: skip
+              empty: Callable, bias: np.ndarray, adding: bool = False, parts: int | None = None,
+              kc: int | None = None) -> np.ndarray:  # fmt: skip
     """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments; None:
     ``bp`` is filled) and the tile kernel over ``a3`` (:func:`_batched_a`), its sums
     starting from the output's values where ``adding``, else from ``bias`` where it is not
-    empty; returns the output of ``shape``."""
+    empty; returns the output of ``shape``. ``parts`` and ``kc`` as :func:`matmul` worked
+    them out (from ``threads`` and the sizes where not given)."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     m, n = shape[-2:]
     k = a3.shape[1] if by_columns else a3.shape[2]
     out = empty(shape, a3.dtype)
-    parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
+    if parts is None:
+        parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
     if pack is not None:
         _run_parts(pack[0], pack[1], parts)
-    kc = _k_block(k, n, a3.dtype.itemsize)
+    if kc is None:
+        kc = _k_block(k, n, a3.dtype.itemsize)
     k_inner = bp[0].nbytes <= B_BLOCK_BYTES
     _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc, k_inner,
                         bias, adding], parts)  # fmt: skip
