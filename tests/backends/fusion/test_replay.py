@@ -794,6 +794,7 @@ def test_a_direct_replay_looks_its_blocks_up_once_while_the_tuners_choices_hold(
     lookup = autotune.Tuner.lookup
     monkeypatch.setattr(autotune.Tuner, "lookup", lambda self, block: (lookups.append(block),
                                                                        lookup(self, block))[1])  # fmt: skip
+
     def call() -> None:
         x = _data(shape, 80 + len(lookups))
         reset_stats()
