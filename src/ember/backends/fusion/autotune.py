@@ -370,12 +370,13 @@ class Tuner:
                 return stored.choice
         return Pending((key, bucket, limit), entry, limit, stored)
 
-    def generation(self) -> tuple[int, int]:
-        """What a settled choice kept outside the tuner holds for: the thread limit and the
-        calls of :meth:`forget` (a choice kept before either changed is stale)."""
+    def generation(self) -> tuple:
+        """What a settled choice kept outside the tuner holds for: the thread limit, the
+        calls of :meth:`forget` (expiries of provisional choices among them) and the choice
+        :func:`forcing` imposes (a choice kept before any of them changed is stale)."""
         if self._provisional:
             self._expire()
-        return self.thread_limit(), self._forgets
+        return self.thread_limit(), self._forgets, _forced
 
     def _expire(self) -> None:
         """Drops the provisional choices whose time is up (their buckets are timed again),

@@ -113,9 +113,9 @@ class Program:
         # conv step index -> (weak weight, weak bias or None, input layout, tuner generation,
         # launch): the launch of a settled choice on weights nothing can change (_conv)
         self.launches: dict[int, tuple] = {}
-        # (tuner, its generation, the forced choice): how each block step runs, where every
-        # lookup gave a choice (or nothing to tune); looked up again when that changes
-        self.hows: tuple = (None, None, None, {})
+        # (tuner, its generation, how each block step runs), where every lookup gave a
+        # choice (or nothing to tune); looked up again when the generation changes
+        self.hows: tuple = (None, None, {})
 
 
 def learn(trace: Any, values: list, records: Any, segments: list) -> Program | bool | None:
@@ -378,9 +378,9 @@ def _hows(program: Program, tuner: Any) -> dict | None:
     where a block is still to be tuned or runs unfused (then the records run)."""
     if tuner is None:
         return {}
-    kept_tuner, generation, forced, hows = program.hows
+    kept_tuner, generation, hows = program.hows
     now = tuner.generation()
-    if kept_tuner is tuner and generation == now and forced is autotune._forced:
+    if kept_tuner is tuner and generation == now:
         return hows
     hows = {}
     for i, step in enumerate(program.steps):
@@ -389,7 +389,7 @@ def _hows(program: Program, tuner: Any) -> dict | None:
             if how is not None and not _fused(how):
                 return None
             hows[i] = how
-    program.hows = (tuner, now, autotune._forced, hows)
+    program.hows = (tuner, now, hows)
     return hows
 
 

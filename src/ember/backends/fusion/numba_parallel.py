@@ -175,7 +175,7 @@ def launcher(kernel: Any, nargs: int) -> Any:
         found = _launchers.get(key, False)
         if found is False:
             found = _launchers[key] = _make(kernel, nargs)
-            _state["loads"] += 1
+            _state["loads"] += found is not None
     return found
 
 

@@ -275,39 +275,31 @@ class NumbaRuntime(PooledOutputs):
                 np.copyto(o, f)
                 self.pool.release(f)
             return outputs
-        err = np.zeros(2, np.int64)  # [NumPy would raise, the next slice to claim]
-        count = threads
-        if count is None:
-            # Waking other threads for a small block costs more than the block.
-            count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.thread_count()
-        count = max(1, min(int(count), _MAX_THREADS))
-        args = ([a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs]
-                + [*scalars, *sizes, _CHUNK, err])  # fmt: skip
-        if kernel.ready:
-            # A call a thread, each claiming slices until none is left (numba_source).
-            err[1] = count
-            _run_parts(kernel.dispatcher, args, _parts(count, math.prod(block.shape)), count,
-                       calls=count)  # fmt: skip
-        else:
+        tail = [*scalars, *sizes, _CHUNK]
+        if not kernel.ready:
             # The first call compiles, loads from disk, or finds the kernel another block of
             # the same source compiled: one part, on this thread.
             before = _compiles(kernel.dispatcher)
             started = time.perf_counter()
-            err[1] = 1
-            _run_parts(kernel.dispatcher, args, 1)
+            raised = _launch(self, kernel.dispatcher, arrays, outputs, tail, 1, 1)
             self._first_call(kernel, before, time.perf_counter() - started)
-        self.stats.launches += 1
-        if err[0]:
-            raise KernelUnsupported("numba runtime: an int raised to a negative power")
-        if out is None and kernel.ready:
-            plain = block.__dict__.get("_numba_plain")
-            if plain is None or plain[0] is not self:
-                plain = (self, {})  # by the thread count asked (the tuner's candidates)
-                object.__setattr__(block, "_numba_plain", plain)
-            if threads not in plain[1]:
-                plain[1][threads] = _PlainLaunch(self, block, kernel, wanted,
-                                                 [*scalars, *sizes, _CHUNK], count,
-                                                 _parts(count, math.prod(block.shape)))  # fmt: skip
+            if raised:
+                raise KernelUnsupported(_NEGATIVE_POWER)
+            return outputs
+        plain = block.__dict__.get("_numba_plain")
+        if plain is None or plain[0] is not self:
+            plain = (self, {})  # by the thread count asked (the tuner's candidates)
+            object.__setattr__(block, "_numba_plain", plain)
+        launch = plain[1].get(threads)
+        if launch is None:
+            count = threads
+            if count is None:
+                # Waking other threads for a small block costs more than the block.
+                count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.thread_count()
+            count = max(1, min(int(count), _MAX_THREADS))
+            launch = plain[1][threads] = _PlainLaunch(self, block, kernel, wanted, tail, count,
+                                                      _parts(count, math.prod(block.shape)))  # fmt: skip
+        launch.launch(arrays, outputs)
         return outputs
 
     def thread_count(self) -> int:
@@ -366,24 +358,35 @@ class _PlainLaunch:
         exactly as the launch expects (the general path runs it)."""
         if len(inputs) != len(self.inputs):
             return None
-        args = []
         for array, (shape, dtype) in zip(inputs, self.inputs):
             if (type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype
                     or not array.flags.c_contiguous):  # fmt: skip
                 return None
-            args.append(array.reshape(-1))
         take = self.runtime.pool.take
         outputs = [take(shape, dtype) for shape, dtype in self.wanted]
-        err = np.zeros(2, np.int64)  # [NumPy would raise, the next slice to claim]
-        err[1] = self.calls
-        args += [o.reshape(-1) for o in outputs]
-        args += self.tail
-        args.append(err)
-        _run_parts(self.kernel, args, self.parts, self.calls, calls=self.calls)
-        self.runtime.stats.launches += 1
-        if err[0]:
-            raise KernelUnsupported("numba runtime: an int raised to a negative power")
+        self.launch(inputs, outputs)
         return outputs
+
+    def launch(self, arrays: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        """Runs the kernel on C-contiguous ``arrays`` into ``outputs``, a call a thread."""
+        if _launch(self.runtime, self.kernel, arrays, outputs, self.tail, self.parts, self.calls):
+            raise KernelUnsupported(_NEGATIVE_POWER)
+
+
+_NEGATIVE_POWER = "numba runtime: an int raised to a negative power"
+
+
+def _launch(runtime: NumbaRuntime, kernel, arrays: list[np.ndarray], outputs: list[np.ndarray],
+            tail: list, parts: int, calls: int) -> bool:  # fmt: skip
+    """Calls ``kernel`` ``calls`` times over ``parts`` slices, each call claiming slices
+    until none is left (``numba_source``); returns whether NumPy would have raised (an int
+    raised to a negative power)."""
+    err = np.zeros(2, np.int64)  # [NumPy would raise, the next slice to claim]
+    err[1] = calls
+    args = [a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs] + [*tail, err]
+    _run_parts(kernel, args, parts, calls, calls=calls)
+    runtime.stats.launches += 1
+    return bool(err[0])
 
 
 _MAX_THREADS = os.cpu_count() or 1
