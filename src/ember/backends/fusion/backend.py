@@ -57,7 +57,7 @@ from ember.backend.environment import whole_number
 from ember.backend.errors import ArgumentError, BackendUnavailableError, EmberError
 from ember.backend.ops import OpDef, primitives
 from ember.backend.rules import AVal
-from ember.backends.fusion import counters
+from ember.backends.fusion import composites, counters
 from ember.backends.fusion.executor import Executor, inner_args, runtime_named
 from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.replayed import active, tracing
@@ -347,17 +347,20 @@ class Fusion(Decorator):
 
 def _small_first(op: OpDef, name: str):
     """Activation composite ``name`` of a Fusion backend: decomposed into primitives (which
-    are recorded and fuse), except that on small made operands the inner backend's own
-    kernel runs at once (one call rather than each primitive of the decomposition)."""
+    are recorded and fuse; from a template of their records after the first call of a
+    signature: ``composites.py``), except that on small made operands the inner backend's
+    own kernel runs at once (one call rather than each primitive of the decomposition)."""
     decomposed = getattr(Backend, name)
     n = len(op.inputs)
 
     def composite(self: Fusion, *args: Any) -> Any:
-        if self.small and self.lazy and tracing.tracer is None:  # traced: primitives
+        if self.lazy and tracing.tracer is None:  # traced: primitives
             slots = [None if t is None else t.slot for t in args[:n]]
             present = tuple([s for s in slots if s is not None])
-            if _all_made(present) and _elements_at_most(present, self.small):
+            if self.small and _all_made(present) and _elements_at_most(present, self.small):
                 return self._now(name, slots, False, args[n:], present[0].device)
+            if present:
+                return composites.record(self, decomposed, name, n, slots, present, args)
         return decomposed(self, *args)
 
     composite.__name__ = name

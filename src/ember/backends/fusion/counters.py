@@ -32,6 +32,7 @@ _FIELDS = (
     "replays",  # calls of a replayed function re-recorded from their trace
     "direct_replays",  # replays whose launches ran without records (direct.py)
     "joined_in_place",  # joins (cat) whose pieces a direct replay's kernel wrote in place
+    "templated_composites",  # composites recorded from their signature's template (composites.py)
 )
 _counts = dict.fromkeys(_FIELDS, 0)
 

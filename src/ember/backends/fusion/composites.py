@@ -1,0 +1,145 @@
+"""Composite ops recorded from a template: a decomposition's records without its Python.
+
+On a fusion device an activation composite (``gelu``, ``softmax``, ...) decomposes into
+primitives, so that they fuse; each primitive passes through ``Fusion.call`` (its rule,
+the stream's bookkeeping), about 8 us of Python a record on a cold cache. The records a
+decomposition makes depend only on its operands' shapes, dtypes and device, which operands
+are the same value, and its attributes. So the first call of each such signature runs the
+decomposition and keeps its records as a :class:`Template`; later calls push records made
+from the template straight into the stream. They are the records the decomposition would
+have pushed (new slots, the same ops, attributes and shapes), so they fuse, plan and run
+as before, and errors cannot differ: the template is made only from a decomposition whose
+rules all passed on the same abstract values.
+
+A signature gets no template, and decomposes every time, where its decomposition does
+anything but push records of its own stream that read only its operands and each other: a
+primitive run at once (made operands small enough, a value-dependent op), a random draw,
+a constant made inside it; likewise where attributes cannot be a dict key. While a
+replayed function is traced the decomposition runs too (the tracer logs primitives).
+``stats()["templated_composites"]`` counts the calls recorded from a template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ember.backends.fusion import counters
+from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.stream import Record, Stream, stream_for
+
+MAX_TEMPLATES = 4096
+"""Signatures kept, over all composites (the table is emptied when it is full)."""
+
+_NONE = object()  # a signature whose decomposition cannot be a template
+_templates: dict[tuple, Any] = {}
+
+
+class Template:
+    """One signature's records: each as ``(op, name, spread, refs, attrs, specs, multi)``,
+    ``refs`` indexing the call's values (its operands, then each record's outputs in
+    order; -1 for an absent operand) and ``specs`` its outputs' ``(shape, dtype)``;
+    ``outputs`` the values the composite returns (a tuple where ``multi``)."""
+
+    __slots__ = ("entries", "multi", "outputs")
+
+    def __init__(self, entries: tuple, outputs: tuple[int, ...], multi: bool) -> None:
+        self.entries, self.outputs, self.multi = entries, outputs, multi
+
+    def push(self, stream: Stream, slots: list, present: tuple) -> Any:
+        """Pushes the records for operands ``slots`` (``present``: those not None) into
+        ``stream``, and returns the composite's handles."""
+        device = present[0].device
+        stream.reading(present)
+        values = list(slots)
+        held = stream.hold()  # run, where full, only once every record is in
+        try:
+            for op, name, spread, refs, attrs, specs, multi in self.entries:
+                ins = [None if r < 0 else values[r] for r in refs]
+                outs = tuple([Slot(shape, dtype, device, stream) for shape, dtype in specs])
+                values.extend(outs)
+                args = [ins, *attrs] if spread else [*ins, *attrs]
+                stream.push(Record(op, name, args, tuple([s for s in ins if s is not None]),
+                                   outs, multi))  # fmt: skip
+            handles = tuple([FusionTensor(values[r]) for r in self.outputs])
+        finally:
+            if held:
+                stream.release()
+        counters.add("templated_composites")
+        return handles if self.multi else handles[0]
+
+
+def record(backend: Any, decomposed: Callable, name: str, n: int, slots: list, present: tuple,
+           args: tuple) -> Any:  # fmt: skip
+    """Composite ``name`` of ``backend`` (a Fusion backend) on operands ``slots`` (the
+    first ``n`` of ``args``; ``present`` those not None), recorded from its signature's
+    template, or by running ``decomposed`` (which makes the template, where it can be one)."""
+    device = present[0].device
+    try:
+        operands = tuple([None if s is None else (s.shape, s.dtype, slots.index(s)) for s in slots])
+        # What runs at once inside a decomposition depends on the backend's small limit.
+        key = (name, device, backend.small, operands, args[n:])
+        template = _templates.get(key)
+    except TypeError:  # an attribute that cannot be hashed
+        return decomposed(backend, *args)
+    stream = stream_for(device, backend.executor)
+    if type(template) is Template:
+        return template.push(stream, slots, present)
+    if template is _NONE:
+        return decomposed(backend, *args)
+    held = stream.hold()  # the stream runs at none of the records, so they can be read back
+    try:
+        records, start = stream.records, len(stream.records)
+        out = decomposed(backend, *args)
+        if stream.records is records:  # it did not run meanwhile
+            made = _template(slots, records[start:], out)
+            if len(_templates) >= MAX_TEMPLATES:
+                _templates.clear()
+            _templates[key] = _NONE if made is None else made
+    finally:
+        if held:
+            stream.release()
+    return out
+
+
+def _template(slots: list, records: list[Record], out: Any) -> Template | None:
+    """The template of a decomposition on ``slots`` that pushed ``records`` and returned
+    ``out``; None where anything else made a value it reads or returns."""
+    refs: dict[Slot, int] = {}
+    for i, s in enumerate(slots):
+        if s is not None and s not in refs:
+            refs[s] = i
+    count = len(slots)
+    entries = []
+    for r in records:
+        if r.op.name == "random":
+            return None
+        n = len(r.op.inputs)
+        spread = n > 0 and r.op.inputs[0] == "*tensors"
+        operands, attrs = (r.args[0], r.args[1:]) if spread else (r.args[:n], r.args[n:])
+        ins = []
+        for s in operands:
+            if s is None:
+                ins.append(-1)
+            elif s in refs:
+                ins.append(refs[s])
+            else:
+                return None  # made outside the template: at once, or a constant
+        for s in r.outputs:
+            refs[s] = count
+            count += 1
+        specs = tuple([(s.shape, s.dtype) for s in r.outputs])
+        entries.append((r.op, r.name, spread, tuple(ins), tuple(attrs), specs, r.multi))
+    multi = type(out) is tuple
+    outputs = []
+    for handle in out if multi else (out,):
+        ref = refs.get(handle.slot) if type(handle) is FusionTensor else None
+        if ref is None or ref < len(slots):
+            return None  # an operand returned as it is, or a value made at once
+        outputs.append(ref)
+    return Template(tuple(entries), tuple(outputs), multi)
+
+
+def clear() -> None:
+    """Forgets every template (tests)."""
+    _templates.clear()
