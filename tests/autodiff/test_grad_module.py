@@ -1,5 +1,5 @@
-"""Gradients of the module ops (convolution, pooling, resampling, embedding) through the
-functional API, on every autodiff backend.
+"""Gradients of the module ops (convolution, pooling, resampling, embedding, layer norm)
+through the functional API, on every autodiff backend.
 
 Each case is one function written twice (ember and torch) over small inputs; every
 case is checked against torch autograd in float64 and float32, and against finite
@@ -190,7 +190,20 @@ RESAMPLE = [
           [_x(4, 2), np.array([1, 1, 1, 1, 1], dtype=np.int64)], differentiable=[True, False]),
 ]
 
-CASES = CONV + POOL + RESAMPLE
+NORM = [
+    _case("layer_norm", lambda x, w, b: M.layer_norm(x, w, b),
+          lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), [_x(2, 3, 6), _x(6), _x(6)]),
+    _case("layer_norm_no_affine", lambda x: M.layer_norm(x), lambda x: F.layer_norm(x, x.shape[-1:]),
+          [_x(4, 5)]),
+    _case("layer_norm_weight_only", lambda x, w: M.layer_norm(x, w),
+          lambda x, w: F.layer_norm(x, x.shape[-1:], w), [_x(3, 7), _x(7)]),
+    # PyTorch's second derivative of layer_norm with a bias and no weight fails (an undefined
+    # tensor in its double backward): the reference adds the bias itself.
+    _case("layer_norm_bias_only_rank1_epsilon", lambda x, b: M.layer_norm(x, None, b, 0.1),
+          lambda x, b: F.layer_norm(x, x.shape[-1:], None, None, 0.1) + b, [_x(8), _x(8)]),
+]
+
+CASES = CONV + POOL + RESAMPLE + NORM
 
 
 @pytest.mark.parametrize("dtype", [DType.F64, DType.F32], ids=["f64", "f32"])
@@ -296,3 +309,10 @@ def test_a_pass_restricted_to_the_input_skips_the_weight_and_bias_gradients(monk
     assert x.grad(grads) is not None and w.grad(grads) is None and calls == []
     out.backward()  # a full pass does ask for the bias gradient
     assert calls == ["bias"]
+
+
+def test_layer_norm_parameters_only(device):
+    # The input is data: its gradient is never computed (the rule's ``needs``).
+    check_against_torch(lambda x, w, b: M.layer_norm(x, w, b),
+                        lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), [_x(3, 5), _x(5), _x(5)],
+                        device, DType.F64, [False, True, True])  # fmt: skip

@@ -264,6 +264,7 @@ def _module_op(name: str, kind: Kind) -> Sample | None:
                               lambda d: ((7, 9), InterpolateOptions("bilinear", False))),
         "interpolate_backward": Sample([values(F, (2, 3, 4, 5)), values(F, (2, 3, 7, 9), 1)],
                                        lambda d: ((7, 9), InterpolateOptions("bilinear", False))),
+        "layer_norm": Sample([x3, values(F, (8,), 1), values(F, (8,), 2)], lambda d: (1e-5,)),
         "unfold4d": Sample([values(F, (2, 3, 5, 5))],
                            lambda d: ((2, 2), ConvOptions((1, 1), (0, 0), (1, 1), 1))),
         "dequantize": Sample([typed(_rng(1).integers(-8, 8, (4, 6)).astype(int8), "i8"),

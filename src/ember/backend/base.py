@@ -338,6 +338,16 @@ class Backend:
         b = self.float_slice(x, tuple(second))
         return self.float_mul(a, self.sigmoid(b))
 
+    # ------------------------------------------------------------ normalization
+    def layer_norm(self, x, weight, bias, epsilon: float):
+        dim = len(self.shape(x)) - 1
+        centered = self.float_sub(x, self.float_mean_dim(x, dim))
+        var = self.float_mean_dim(self.float_mul(centered, centered), dim)
+        y = self.float_mul(centered, self.float_rsqrt(self.float_add_scalar(var, epsilon)))
+        if weight is not None:
+            y = self.float_mul(y, weight)
+        return y if bias is None else self.float_add(y, bias)
+
     # ------------------------------------------------------------ quantized
     def dequantize(self, values, scales, zero_points, options: QuantOptions):
         """``(values - zero_points) * scales`` in f32, each value taking the parameters of

@@ -179,6 +179,12 @@ for _name in ("softmax", "log_softmax", "softmin", "quiet_softmax"):
     _op(_name, FLOAT, X, ("dim",), r.dim_op, "activation", composite=True, prefixed=False)
 _op("glu", FLOAT, X, ("dim",), r.glu, "activation", composite=True, prefixed=False)
 
+# --- normalization (Float only; a composite a backend may override) ----------------------------
+# Over the last dim, as PyTorch's layer_norm over one dim: (x - mean) / sqrt(var + epsilon),
+# the variance biased, times ``weight`` plus ``bias`` where given.
+_op("layer_norm", FLOAT, ("tensor", "weight?", "bias?"), ("epsilon",), r.layer_norm,
+    "normalization", composite=True, prefixed=False)  # fmt: skip
+
 # --- module ops (Float only) ---------------------------------------------------------------------------
 _CONV = ("tensor", "weight", "bias?")
 for _n in (1, 2, 3):

@@ -652,6 +652,21 @@ def activation_backward(op: str, x: AVal, grad: AVal, *_attrs) -> AVal:
     return x
 
 
+def layer_norm(op: str, x: AVal, weight: AVal | None, bias: AVal | None, epsilon: float) -> AVal:
+    """Layer norm over the last dim: ``weight`` and ``bias`` (each optional) of that dim's size."""
+    if not x.shape:
+        raise ShapeError(f"{op}: needs an input of rank >= 1, got a 0-d tensor")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None:
+            if param.shape != x.shape[-1:]:
+                raise ShapeError(f"{op}: {name} must have shape [{x.shape[-1]}] (the last dim of "
+                                 f"input {fmt_shape(x.shape)}), got {fmt_shape(param.shape)}")  # fmt: skip
+            _same_dtype(op, x, param)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon >= 0:
+        raise ArgumentError(f"{op}: epsilon must be a number >= 0, got {epsilon!r}")
+    return x
+
+
 def prelu(op: str, x: AVal, alpha: AVal) -> AVal:
     ok = alpha.shape in ((), (1,)) or (len(x.shape) >= 2 and alpha.shape == (x.shape[1],))
     if not ok:

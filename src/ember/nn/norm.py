@@ -17,7 +17,7 @@ from ember.module import Module, Param, RunningState
 from ember.nn._util import is_training
 from ember.nn.initializer import Ones, Zeros
 from ember.record.adapter import PYTORCH
-from ember.tensor import Tensor
+from ember.tensor import Tensor, module
 
 
 class BatchNormConfig(Config):
@@ -221,9 +221,7 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_last_dim("LayerNorm", x, self.d_model)
-        centered = x - x.mean_dim(-1)
-        var = (centered * centered).mean_dim(-1)
-        return centered * (var + self.epsilon).rsqrt() * self.gamma.val() + self.beta.val()
+        return module.layer_norm(x, self.gamma.val(), self.beta.val(), self.epsilon)
 
 
 def _affine_params(

@@ -1,4 +1,4 @@
-"""Functional module ops: convolution, pooling, embedding, interpolation, unfolding.
+"""Functional module ops: convolution, pooling, embedding, interpolation, unfolding, layer norm.
 
 The layers of ``ember.nn`` call these; they take PyTorch-style arguments (an int
 or one value per spatial dim), build the op's options, validate through the op
@@ -214,6 +214,26 @@ def embedding(weights: Tensor, indices: Tensor) -> Tensor:
     _same_device(op.name, weights, indices)
     op.rule(op.name, weights._aval(), indices._aval())
     return _wrap(weights.backend.embedding(weights._prim, indices._prim), weights.device, Kind.FLOAT)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+               epsilon: float = 1e-5) -> Tensor:  # fmt: skip
+    """Normalizes over the last dim: ``(x - mean) / sqrt(var + epsilon) * weight + bias``.
+
+    The variance is biased (divided by the dim's size), as in PyTorch's ``layer_norm``;
+    ``weight`` and ``bias`` are optional, cast to ``x``'s dtype. One op of the table: a
+    backend may run it as one kernel (Torch does), a fusion device fuses its decomposition.
+
+    Shape:
+        x ``[..., D]``, weight and bias ``[D]`` -> ``[..., D]``.
+
+    Example:
+        >>> from ember import Tensor
+        >>> from ember.tensor import module
+        >>> [round(v, 4) for v in module.layer_norm(Tensor.from_data([[1.0, 3.0]])).tolist()[0]]
+        [-1.0, 1.0]
+    """
+    return _wrap(_run(ops.layer_norm, x, [weight, bias], epsilon), x.device, Kind.FLOAT)
 
 
 def interpolate(x: Tensor, output_size: IntOrSeq, mode: str = "nearest", align_corners: bool = False) -> Tensor:

@@ -13,6 +13,7 @@ import ember
 from ember import Tensor, activation
 from ember.backends.fusion import composites, replay, reset_stats, stats
 from ember.backends.fusion.stream import MAX_RECORDS, stream_for
+from ember.tensor import module
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +46,8 @@ CALLS = {
     "elu": lambda x, a: activation.elu(x, 0.7),
     "glu": lambda x, a: activation.glu(x, 1),
     "prelu": lambda x, a: activation.prelu(x, a),
+    "layer_norm": lambda x, a: module.layer_norm(x, a, a * 0.5),
+    "layer_norm_no_affine": lambda x, a: module.layer_norm(x, epsilon=0.1),
 }
 
 

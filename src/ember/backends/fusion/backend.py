@@ -24,8 +24,8 @@ without fusion.
 **Small values run at once.** An op whose operands are all made (none is pending in a
 stream) and hold at most ``EMBER_FUSION_SMALL`` elements each (default
 :data:`SMALL_DEFAULT`) runs on the inner backend when it is called and is never recorded;
-an activation composite on such operands runs as the inner backend's own kernel instead
-of decomposing. So does a creation op with small results, and a convolution, pooling or
+an activation or normalization composite on such operands runs as the inner backend's own
+kernel instead of decomposing. So does a creation op with small results, and a convolution, pooling or
 product with a kernel of the tuner's (``op_kernels``; nothing fuses with them here) on
 made operands with small results, such as a large weight by a small batch. On values that
 small, a record, its share of a flush and a launch cost more Python time than a fused
@@ -36,7 +36,8 @@ large or pending value is still recorded and fused, a reduction to a small resul
 included (softmax and layer norm fuse with what reads their sums), and random ops always
 go to the stream (their draws keep their order). ``EMBER_FUSION_SMALL=0`` records every op.
 
-Activation composites (gelu, softmax, ...) decompose into primitives here, so they fuse.
+Activation and normalization composites (gelu, softmax, layer_norm, ...) decompose into
+primitives here, so they fuse.
 ``EMBER_FUSION=0`` runs every op at once (no laziness, no fusion).
 
 While a call of a replayed function is traced (``replayed.py``), each op goes through the
@@ -70,6 +71,9 @@ EAGER = frozenset({
 """Ops run at once (see the module docstring)."""
 INDEXED = frozenset({"gather", "select", "scatter_add", "select_assign"})
 """Ops recorded only where their indices fit (``handle.indices_fit``), else run at once."""
+
+DECOMPOSED = frozenset({"activation", "normalization"})
+"""Groups of composites that decompose into their (recorded, fused) primitives here."""
 
 
 SMALL_DEFAULT = 1 << 16
@@ -176,7 +180,7 @@ class Fusion(Decorator):
 
     @classmethod
     def forward_composite(cls, op: OpDef) -> bool:
-        return op.group != "activation"
+        return op.group not in DECOMPOSED
 
     # ------------------------------------------------------------ the generic path
     def call(self, op: OpDef, name: str, args: tuple) -> Any:
@@ -346,9 +350,9 @@ class Fusion(Decorator):
 
 
 def _small_first(op: OpDef, name: str):
-    """Activation composite ``name`` of a Fusion backend: decomposed into primitives (which
-    are recorded and fuse; from a template of their records after the first call of a
-    signature: ``composites.py``), except that on small made operands the inner backend's
+    """Activation or normalization composite ``name`` of a Fusion backend: decomposed into
+    primitives (which are recorded and fuse; from a template of their records after the
+    first call of a signature: ``composites.py``), except that on small made operands the inner backend's
     own kernel runs at once (one call rather than each primitive of the decomposition)."""
     decomposed = getattr(Backend, name)
     n = len(op.inputs)

@@ -1,8 +1,9 @@
 """Composite ops recorded from a template: a decomposition's records without its Python.
 
-On a fusion device an activation composite (``gelu``, ``softmax``, ...) decomposes into
-primitives, so that they fuse; each primitive passes through ``Fusion.call`` (its rule,
-the stream's bookkeeping), about 8 us of Python a record on a cold cache. The records a
+On a fusion device an activation or normalization composite (``gelu``, ``layer_norm``)
+decomposes into primitives, so that they fuse; each primitive passes through
+``Fusion.call`` (its rule, the stream's bookkeeping), about 8 us of Python a record on a
+cold cache. The records a
 decomposition makes depend only on its operands' shapes, dtypes and device, which operands
 are the same value, and its attributes. So the first call of each such signature runs the
 decomposition and keeps its records as a :class:`Template`; later calls push records made
@@ -52,19 +53,17 @@ class Template:
         device = present[0].device
         stream.reading(present)
         values = list(slots)
-        held = stream.hold()  # run, where full, only once every record is in
-        try:
-            for op, name, spread, refs, attrs, specs, multi in self.entries:
-                ins = [None if r < 0 else values[r] for r in refs]
-                outs = tuple([Slot(shape, dtype, device, stream) for shape, dtype in specs])
-                values.extend(outs)
-                args = [ins, *attrs] if spread else [*ins, *attrs]
-                stream.push(Record(op, name, args, tuple([s for s in ins if s is not None]),
-                                   outs, multi))  # fmt: skip
-            handles = tuple([FusionTensor(values[r]) for r in self.outputs])
-        finally:
-            if held:
-                stream.release()
+        records = []
+        for op, name, spread, refs, attrs, specs, multi in self.entries:
+            ins = [None if r < 0 else values[r] for r in refs]
+            outs = tuple([Slot(shape, dtype, device, stream) for shape, dtype in specs])
+            values.extend(outs)
+            args = [ins, *attrs] if spread else [*ins, *attrs]
+            records.append(Record(op, name, args, tuple([s for s in ins if s is not None]), outs,
+                                  multi))  # fmt: skip
+        # Readable before the push, which may run the stream.
+        handles = tuple([FusionTensor(values[r]) for r in self.outputs])
+        stream.push_all(records)
         counters.add("templated_composites")
         return handles if self.multi else handles[0]
 

@@ -81,6 +81,17 @@ class Stream:
             elif len(records) >= MAX_RECORDS and not self.holding:
                 self._run()
 
+    def push_all(self, pushed: list[Record]) -> None:
+        """Pushes ``pushed`` in order, running the stream only after the last where they
+        fill it."""
+        with self.lock:
+            records = self.records
+            if not records:
+                _pending.add(self)
+            records.extend(pushed)
+            if len(records) >= MAX_RECORDS and not self.holding:
+                self._run()
+
     def hold(self) -> bool:
         """Holds the records a replay pushes until :meth:`release` (not run at
         :data:`MAX_RECORDS`); False where the stream is held already."""

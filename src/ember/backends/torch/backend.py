@@ -573,6 +573,9 @@ class Torch(Backend):
     def log_softmax(self, x, dim):
         return torch.log_softmax(x, dim)
 
+    def layer_norm(self, x, weight, bias, epsilon: float):
+        return F.layer_norm(x, x.shape[-1:], weight, bias, epsilon)
+
 
 def _kernel_for(op, kind, base: str) -> Callable | None:
     if op.name in _SCALAR:

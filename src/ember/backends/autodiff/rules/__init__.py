@@ -6,5 +6,6 @@ from ember.backends.autodiff.rules import (  # noqa: F401
     layout,
     linalg,
     module,
+    normalization,
     reduce,
 )

@@ -1,0 +1,35 @@
+"""Backward rule of layer norm, which runs as one inner op (PyTorch's on Torch).
+
+With ``n = (x - mean) * rstd`` (``rstd = 1 / sqrt(var + epsilon)``, both over the last
+dim) and ``h = g * weight``, the input's gradient is ``rstd * (h - mean(h) - n * mean(h *
+n))``; the weight's is ``g * n`` and the bias's ``g``, each summed over the leading dims.
+The statistics are computed again from the kept input rather than kept from the forward
+pass: on a fusion device they fuse into the gradient's kernel, and the forward kernel
+writes only its output.
+"""
+
+from __future__ import annotations
+
+from ember.backends.autodiff.rule import backward, unbroadcast
+
+
+@backward("layer_norm", keep="inputs")
+def _layer_norm(B, g, s):
+    x, weight, bias = s.inputs
+    (epsilon,) = s.attrs
+    dim = len(s.shapes[0]) - 1
+    centered = B.float_sub(x, B.float_mean_dim(x, dim))
+    var = B.float_mean_dim(B.float_mul(centered, centered), dim)
+    rstd = B.float_rsqrt(B.float_add_scalar(var, epsilon))
+    normed = B.float_mul(centered, rstd)
+    gx = gw = gb = None
+    if s.needs[0]:
+        h = g if weight is None else B.float_mul(g, weight)
+        along = B.float_add(B.float_mean_dim(h, dim),
+                            B.float_mul(normed, B.float_mean_dim(B.float_mul(h, normed), dim)))  # fmt: skip
+        gx = B.float_mul(rstd, B.float_sub(h, along))
+    if weight is not None and s.needs[1]:
+        gw = unbroadcast(B, B.float_mul(g, normed), s.shapes[1])
+    if bias is not None and s.needs[2]:
+        gb = unbroadcast(B, g, s.shapes[2])
+    return gx, gw, gb
