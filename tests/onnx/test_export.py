@@ -311,3 +311,30 @@ def test_several_outputs_and_an_output_that_is_an_input(tmp_path):
     exported = round_trip(model, [rand(2, 3)], tmp_path / "two.onnx", importer=False,
                           output_names=["y", "same"])
     assert [o.name for o in exported.graph.output] == ["y", "same"]
+
+
+class _LayerNormOnly(Module):
+    """``module.layer_norm`` with or without its weight and bias."""
+
+    weight: Tensor | None
+    bias: Tensor | None
+
+    def forward(self, x: Tensor) -> Tensor:
+        from ember.tensor import module
+
+        return module.layer_norm(x, self.weight, self.bias, 1e-3)
+
+
+@pytest.mark.parametrize("affine", ["both", "bias", "none"])
+@pytest.mark.parametrize("opset", [16, 17])
+def test_layer_norm_is_one_node_from_opset_17_and_its_primitives_before(affine, opset, tmp_path):
+    weight = rand(5, seed=4) if affine == "both" else None
+    bias = rand(5, seed=5) if affine != "none" else None
+    model = round_trip(_LayerNormOnly(weight, bias), [rand(3, 4, 5)], tmp_path / "ln.onnx",
+                       others=[[rand(6, 4, 5, seed=3)]], dynamic_axes={"input": {0: "batch"}},
+                       opset=opset)  # fmt: skip
+    types = [node.op_type for node in model.graph.node]
+    if opset >= 17:
+        assert types.count("LayerNormalization") == 1 and len(types) == 1
+    else:
+        assert "LayerNormalization" not in types and "ReduceMean" in types
