@@ -674,7 +674,7 @@ def test_a_plain_launch_is_worked_out_once_and_other_inputs_take_the_general_pat
     x = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
     (want,) = runtime.run(block, [x], out=[np.empty(shape, np.float32)])  # the general path
     runtime.run(block, [x])
-    assert None in block.__dict__["_numba_plain"][1]
+    assert (None, runtime.threads) in block.__dict__["_numba_plain"][1]
     general = []
     broadcast_views = nr._broadcast_views
     monkeypatch.setattr(nr, "_broadcast_views",
@@ -696,9 +696,34 @@ def test_a_plain_launch_is_worked_out_once_and_other_inputs_take_the_general_pat
     ints = [np.array([2, 3, 4, 5], np.int32), np.array([1, 2, 1, 1], np.int32)]
     for _ in range(2):
         np.testing.assert_array_equal(runtime.run(power, ints)[0], [2, 9, 4, 5])
-    assert None in power.__dict__["_numba_plain"][1]
+    assert (None, runtime.threads) in power.__dict__["_numba_plain"][1]
     with pytest.raises(KernelUnsupported, match="negative power"):
         runtime.run(power, [ints[0], np.array([1, -1, 1, 1], np.int32)])
+
+
+def test_a_kept_launch_follows_the_runtimes_thread_count(runtime, monkeypatch):
+    # A run that asks no thread count takes the runtime's; a launch kept from a run at one
+    # count is not reused at another (a benchmark at one thread, then at two, ran its
+    # untuned blocks on one thread in the second row).
+    shape = (1024, 512)  # over PARALLEL_MIN: the runtime's thread count applies
+    block = gelu_block(shape)
+    x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+    launched = []  # each launch's kernel calls: one a thread
+    run_parts = nr._run_parts
+
+    def counted(kernel, args, parts, threads=None, calls=None):
+        launched.append(calls)
+        run_parts(kernel, args, parts, threads, calls=calls)
+
+    monkeypatch.setattr(nr, "_run_parts", counted)
+    monkeypatch.setattr(runtime, "threads", 1)
+    want = runtime.run(block, [x])[0].copy()
+    for threads in (1, 2, 1):
+        monkeypatch.setattr(runtime, "threads", threads)
+        launched.clear()
+        for _ in range(2):
+            np.testing.assert_array_equal(runtime.run(block, [x])[0], want)
+        assert launched == [threads, threads]
 
 
 def test_output_over_its_own_input(runtime):

@@ -221,7 +221,8 @@ class NumbaRuntime(PooledOutputs):
         rather than copying them first."""
         if out is None:
             plain = block.__dict__.get("_numba_plain")
-            if plain is not None and plain[0] is self and (launch := plain[1].get(threads)):
+            if plain is not None and plain[0] is self and (
+                    launch := plain[1].get((threads, self.threads))):  # fmt: skip
                 outputs = launch.run(inputs)
                 if outputs is not None:
                     return outputs
@@ -288,17 +289,19 @@ class NumbaRuntime(PooledOutputs):
             return outputs
         plain = block.__dict__.get("_numba_plain")
         if plain is None or plain[0] is not self:
-            plain = (self, {})  # by the thread count asked (the tuner's candidates)
+            # By the thread count asked (the tuner's candidates) and the runtime's own,
+            # which a run that asks none takes (a benchmark sets it between its rows).
+            plain = (self, {})
             object.__setattr__(block, "_numba_plain", plain)
-        launch = plain[1].get(threads)
+        launch = plain[1].get((threads, self.threads))
         if launch is None:
             count = threads
             if count is None:
                 # Waking other threads for a small block costs more than the block.
                 count = 1 if math.prod(block.shape) < PARALLEL_MIN else self.thread_count()
             count = max(1, min(int(count), _MAX_THREADS))
-            launch = plain[1][threads] = _PlainLaunch(self, block, kernel, wanted, tail, count,
-                                                      _parts(count, math.prod(block.shape)))  # fmt: skip
+            launch = plain[1][threads, self.threads] = _PlainLaunch(
+                self, block, kernel, wanted, tail, count, _parts(count, math.prod(block.shape)))
         launch.launch(arrays, outputs)
         return outputs
 
