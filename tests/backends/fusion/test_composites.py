@@ -177,3 +177,21 @@ def test_threads_share_a_template_and_keep_their_own_streams():
     for i in range(4):
         for got in results[i]:
             np.testing.assert_allclose(got, expected[i], rtol=1e-5, atol=1e-6)
+
+
+def test_attributes_are_told_apart_by_type_and_sign():
+    # 0.0 == -0.0 (and 1 == 1.0): a template of one must not record the other's products.
+    device, plain = _device(), ember.device("ndarray")
+    host = np.array([[-2.0, -0.5, 1.0, 3.0]], np.float32)
+    x = Tensor.from_data(host, device)
+    for slope in (0.0, -0.0, 0.0, -0.0):
+        got = activation.leaky_relu(x, slope).to_numpy()
+        want = activation.leaky_relu(Tensor.from_data(host, plain), slope).to_numpy()
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        np.testing.assert_array_equal(got, want)
+    for alpha in (1, 1.0, 1, 1.0):
+        got = activation.elu(x, alpha)
+        assert got.dtype is ember.DType.F32
+        np.testing.assert_allclose(got.to_numpy(), np.where(host > 0, host, np.expm1(host)), rtol=1e-6)
+    nan = activation.leaky_relu(x, float("nan")).to_numpy()
+    assert np.isnan(nan[0, :2]).all() and stats()["templated_composites"] >= 2

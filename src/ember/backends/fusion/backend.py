@@ -25,16 +25,17 @@ without fusion.
 stream) and hold at most ``EMBER_FUSION_SMALL`` elements each (default
 :data:`SMALL_DEFAULT`) runs on the inner backend when it is called and is never recorded;
 an activation or normalization composite on such operands runs as the inner backend's own
-kernel instead of decomposing. So does a creation op with small results, and a convolution, pooling or
-product with a kernel of the tuner's (``op_kernels``; nothing fuses with them here) on
-made operands with small results, such as a large weight by a small batch. On values that
-small, a record, its share of a flush and a launch cost more Python time than a fused
-kernel saves in memory passes: the gradient-penalty step of ``benchmarks/higher_order.py``
-(tensors of 18k-43k floats) ran 1.6x slower on fusion(ndarray) than on NdArray, and the
-784-256-256-10 MLP step of ``benchmarks/autodiff_step.py`` twice as slow. What reads a
-large or pending value is still recorded and fused, a reduction to a small result
-included (softmax and layer norm fuse with what reads their sums), and random ops always
-go to the stream (their draws keep their order). ``EMBER_FUSION_SMALL=0`` records every op.
+kernel instead of decomposing. So does a creation op with small results, and a
+convolution, pooling or product with a kernel of the tuner's (``op_kernels``; nothing
+fuses with them here) on made operands with small results, such as a large weight by a
+small batch. On values that small, a record, its share of a flush and a launch cost more
+Python time than a fused kernel saves in memory passes: the gradient-penalty step of
+``benchmarks/higher_order.py`` (tensors of 18k-43k floats) ran 1.6x slower on
+fusion(ndarray) than on NdArray, and the 784-256-256-10 MLP step of
+``benchmarks/autodiff_step.py`` twice as slow. What reads a large or pending value is
+still recorded and fused, a reduction to a small result included (softmax and layer norm
+fuse with what reads their sums), and random ops always go to the stream (their draws
+keep their order). ``EMBER_FUSION_SMALL=0`` records every op.
 
 Activation and normalization composites (gelu, softmax, layer_norm, ...) decompose into
 primitives here, so they fuse.
@@ -352,8 +353,9 @@ class Fusion(Decorator):
 def _small_first(op: OpDef, name: str):
     """Activation or normalization composite ``name`` of a Fusion backend: decomposed into
     primitives (which are recorded and fuse; from a template of their records after the
-    first call of a signature: ``composites.py``), except that on small made operands the inner backend's
-    own kernel runs at once (one call rather than each primitive of the decomposition)."""
+    first call of a signature: ``composites.py``), except that on small made operands the
+    inner backend's own kernel runs at once (one call rather than each primitive of the
+    decomposition)."""
     decomposed = getattr(Backend, name)
     n = len(op.inputs)
 

@@ -3,14 +3,15 @@
 On a fusion device an activation or normalization composite (``gelu``, ``layer_norm``)
 decomposes into primitives, so that they fuse; each primitive passes through
 ``Fusion.call`` (its rule, the stream's bookkeeping), about 8 us of Python a record on a
-cold cache. The records a
-decomposition makes depend only on its operands' shapes, dtypes and device, which operands
-are the same value, and its attributes. So the first call of each such signature runs the
-decomposition and keeps its records as a :class:`Template`; later calls push records made
-from the template straight into the stream. They are the records the decomposition would
-have pushed (new slots, the same ops, attributes and shapes), so they fuse, plan and run
-as before, and errors cannot differ: the template is made only from a decomposition whose
-rules all passed on the same abstract values.
+cold cache. The records a decomposition makes depend only on its operands' shapes, dtypes
+and device, which operands are the same value, and its attributes (compared by type, and
+floats bit for bit: a slope of -0.0 is not one of 0.0, whose products differ in sign). So
+the first call of each such signature runs the decomposition and keeps its records as a
+:class:`Template`; later calls push records made from the template straight into the
+stream. They are the records the decomposition would have pushed (new slots, the same
+ops, attributes and shapes), so they fuse, plan and run as before, and errors cannot
+differ: the template is made only from a decomposition whose rules all passed on the same
+abstract values.
 
 A signature gets no template, and decomposes every time, where its decomposition does
 anything but push records of its own stream that read only its operands and each other: a
@@ -76,8 +77,9 @@ def record(backend: Any, decomposed: Callable, name: str, n: int, slots: list, p
     device = present[0].device
     try:
         operands = tuple([None if s is None else (s.shape, s.dtype, slots.index(s)) for s in slots])
+        attrs = tuple([a.hex() if type(a) is float else (type(a), a) for a in args[n:]])
         # What runs at once inside a decomposition depends on the backend's small limit.
-        key = (name, device, backend.small, operands, args[n:])
+        key = (name, device, backend.small, operands, attrs)
         template = _templates.get(key)
     except TypeError:  # an attribute that cannot be hashed
         return decomposed(backend, *args)

@@ -25,8 +25,8 @@ def _layer_norm(B, g, s):
     gx = gw = gb = None
     if s.needs[0]:
         h = g if weight is None else B.float_mul(g, weight)
-        along = B.float_add(B.float_mean_dim(h, dim),
-                            B.float_mul(normed, B.float_mean_dim(B.float_mul(h, normed), dim)))  # fmt: skip
+        projection = B.float_mul(normed, B.float_mean_dim(B.float_mul(h, normed), dim))
+        along = B.float_add(B.float_mean_dim(h, dim), projection)
         gx = B.float_mul(rstd, B.float_sub(h, along))
     if weight is not None and s.needs[1]:
         gw = unbroadcast(B, B.float_mul(g, normed), s.shapes[1])
