@@ -28,6 +28,7 @@ from typing import Any
 
 from ember.backends.fusion import counters
 from ember.backends.fusion.handle import FusionTensor, Slot
+from ember.backends.fusion.replayed import Entry
 from ember.backends.fusion.stream import Record, Stream, stream_for
 
 MAX_TEMPLATES = 4096
@@ -38,30 +39,27 @@ _templates: dict[tuple, Any] = {}
 
 
 class Template:
-    """One signature's records: each as ``(op, name, spread, refs, attrs, specs, multi)``,
-    ``refs`` indexing the call's values (its operands, then each record's outputs in
-    order; -1 for an absent operand) and ``specs`` its outputs' ``(shape, dtype)``;
-    ``outputs`` the values the composite returns (a tuple where ``multi``)."""
+    """One signature's records, as a trace's entries (``replayed.Entry``) whose references
+    index the call's values: its operands, then each record's outputs in order (-1 for an
+    absent operand); ``outputs`` the values the composite returns (a tuple where
+    ``multi``)."""
 
     __slots__ = ("entries", "multi", "outputs")
 
-    def __init__(self, entries: tuple, outputs: tuple[int, ...], multi: bool) -> None:
+    def __init__(self, entries: tuple[Entry, ...], outputs: tuple[int, ...], multi: bool) -> None:
         self.entries, self.outputs, self.multi = entries, outputs, multi
 
     def push(self, stream: Stream, slots: list, present: tuple) -> Any:
         """Pushes the records for operands ``slots`` (``present``: those not None) into
         ``stream``, and returns the composite's handles."""
-        device = present[0].device
         stream.reading(present)
         values = list(slots)
         records = []
-        for op, name, spread, refs, attrs, specs, multi in self.entries:
-            ins = [None if r < 0 else values[r] for r in refs]
-            outs = tuple([Slot(shape, dtype, device, stream) for shape, dtype in specs])
-            values.extend(outs)
-            args = [ins, *attrs] if spread else [*ins, *attrs]
-            records.append(Record(op, name, args, tuple([s for s in ins if s is not None]), outs,
-                                  multi))  # fmt: skip
+        for entry in self.entries:
+            ins = [None if r < 0 else values[r] for r in entry.refs]
+            record = entry.record(ins, tuple([s for s in ins if s is not None]), stream)
+            values.extend(record.outputs)
+            records.append(record)
         # Readable before the push, which may run the stream.
         handles = tuple([FusionTensor(values[r]) for r in self.outputs])
         stream.push_all(records)
@@ -126,11 +124,12 @@ def _template(slots: list, records: list[Record], out: Any) -> Template | None:
                 ins.append(refs[s])
             else:
                 return None  # made outside the template: at once, or a constant
-        for s in r.outputs:
-            refs[s] = count
-            count += 1
-        specs = tuple([(s.shape, s.dtype) for s in r.outputs])
-        entries.append((r.op, r.name, spread, tuple(ins), tuple(attrs), specs, r.multi))
+        out_refs = tuple(range(count, count + len(r.outputs)))
+        refs.update(zip(r.outputs, out_refs))
+        count += len(r.outputs)
+        specs = tuple([(s.shape, s.dtype, s.device) for s in r.outputs])
+        entries.append(Entry(r.op, r.name, spread, tuple(ins), tuple(attrs), specs, out_refs,
+                             r.multi, False, False, specs[0][2] if specs else None, False))  # fmt: skip
     multi = type(out) is tuple
     outputs = []
     for handle in out if multi else (out,):

@@ -361,7 +361,7 @@ def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = No
 # ------------------------------------------------------------------ tracing
 
 
-class _Entry:
+class Entry:
     """One dynamic op of a trace."""
 
     __slots__ = ("attrs", "device", "direct", "eager", "hold", "indexed", "multi", "name", "now",
@@ -402,7 +402,7 @@ class Tracer:
         self.outer = outer  # the tensors' backend: ``backend``, or an Autodiff over it
         self.refs: dict[Slot, int] = {}
         self.dynamic: list[bool] = []
-        self.entries: list[_Entry] = []
+        self.entries: list[Entry] = []
         self.consts: list[tuple[int, Slot]] = []
         self.n_inputs = 0
         self._held: list[FusionTensor] = []  # pending constants, readable until made
@@ -486,7 +486,7 @@ class Tracer:
             out_refs.append(len(self.dynamic))
             self.refs[s] = len(self.dynamic)
             self.dynamic.append(True)
-        self.entries.append(_Entry(
+        self.entries.append(Entry(
             op, name, spread, tuple(-1 if s is None else self.ref(s) for s in slots), attrs,
             tuple((s.shape, s.dtype, s.device) for s in out_slots), tuple(out_refs),
             type(out) is tuple, eager, not eager and all(s.prim is not None for s in out_slots),
