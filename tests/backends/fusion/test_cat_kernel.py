@@ -78,7 +78,7 @@ def test_a_join_in_place_takes_only_pieces_side_by_side_in_one_array():
     """A direct replay's ``joined`` step returns a view where its pieces lie side by side
     in one array (the attention gradient wrote them there); pieces that merely happen to
     be adjacent, of other strides, or out of order are joined by copying."""
-    from ember.backends.fusion.direct import _joined
+    from ember.backends.fusion.joins import joined_view as _joined
 
     whole = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12)
     pieces = [whole[:, :, 0:4], whole[:, :, 4:6], whole[:, :, 6:12]]

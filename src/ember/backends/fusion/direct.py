@@ -64,10 +64,9 @@ import numpy as np
 from ember.backend.device import Device
 from ember.backend.errors import UnsupportedError
 from ember.backend.kept import immutable
-from ember.backends.fusion import autotune, counters
+from ember.backends.fusion import autotune, counters, joins
 from ember.backends.fusion.attention import Attention
 from ember.backends.fusion.attention_grad import AttentionGrad
-from ember.backends.fusion.buffers import inverse_order
 from ember.backends.fusion.conv_epilogue import ConvEpilogue
 from ember.backends.fusion.executor import (
     accumulations,
@@ -76,9 +75,7 @@ from ember.backends.fusion.executor import (
     read_transposed,
     reader_layout,
     readers_of,
-    reshape_view,
     runs_inner,
-    single_readers,
 )
 from ember.backends.fusion.explorer import Explorer
 from ember.backends.fusion.fuser import Fused
@@ -144,7 +141,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     added = {i: j for i, (j, _) in accumulations(records, readers, segments).items()}
     adding = {j: i for i, j in added.items()}
     templates = None
-    joins: set[int] = set()  # the cats whose pieces an attention gradient step writes
+    gathered_cats: set[int] = set()  # the cats whose pieces an attention gradient step writes
 
     def refs(slots) -> tuple | None:
         found = tuple(ref_of.get(id(s)) for s in slots)
@@ -187,7 +184,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             if outs is None:
                 return False
             transposed = record.name == "float_matmul" and read_transposed(record, records, readers)
-            if start in joins:
+            if start in gathered_cats:
                 kind = "joined"
             elif transposed:
                 kind = "transposed"
@@ -210,9 +207,9 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
             else:
                 layout = [reader_layout(s, records, readers)
                           for s in (fused.d_query, fused.d_key, fused.d_value)]  # fmt: skip
-                gather = _gathered(fused, records, readers)
+                gather = joins.gathered(fused, records, readers)
                 if gather is not None and "float_cat" in executor.op_kernels:
-                    joins.add(gather[0])
+                    gathered_cats.add(gather[0])
                     gather = (pushed[gather[0]], gather[1])
                 else:
                     gather = None
@@ -262,35 +259,6 @@ def _templates(records: Any) -> dict:
     if found is None or found[1] is None:
         return {}
     return {start: template for start, _, template in found[1] if template is not None}
-
-
-def _gathered(fused: AttentionGrad, records: Any, readers: dict) -> tuple | None:
-    """Where one cat joins an attention gradient's three results, each through layout ops
-    that only it reads (self-attention's packed projection: dQ, dK and dV side by side,
-    the heads merged back): ``(the cat's record index, ((piece, chain) per result))``, a
-    chain the ``(op, its input's shape, its attribute)`` steps from the result to the cat's
-    piece; else None."""
-    ends = []
-    for result in (fused.d_query, fused.d_key, fused.d_value):
-        chain, end = [], None
-        for value, index, reader in single_readers(result, records, readers):
-            if reader.name == "float_cat":
-                end = (index, value)
-                break
-            if reader.name not in ("float_permute", "float_reshape"):
-                return None
-            chain.append((reader.name, value.shape, reader.args[1]))
-        if end is None:
-            return None
-        ends.append((*end, tuple(chain)))
-    index = ends[0][0]
-    pieces = records[index].args[0]
-    if any(i != index for i, _, _ in ends) or len(pieces) != len(ends):
-        return None
-    positions = [next((p for p, s in enumerate(pieces) if s is end), None) for _, end, _ in ends]
-    if None in positions or len(set(positions)) != len(ends):
-        return None
-    return index, tuple(zip(positions, [chain for _, _, chain in ends], strict=True))
 
 
 def _reads(trace: Any, step: tuple) -> set[int]:
@@ -471,7 +439,7 @@ class _Made:
             _keep(entries, indices, made, slots, prims)
         elif kind == "joined":
             entry = entries[step[1]]
-            joined = _joined([prims[r] for r in entry.refs], entry.attrs[0],
+            joined = joins.joined_view([prims[r] for r in entry.refs], entry.attrs[0],
                              specs[entry.out_refs[0]][0])  # fmt: skip
             if joined is None:
                 self._alone(i, step[1])  # the pieces lie apart: a plain cat
@@ -555,7 +523,7 @@ class _Made:
 
     def _gather(self, gather: tuple) -> Any:
         """An allocator for an attention gradient step's three results: views of one
-        pooled array laid out as the cat that joins them (``_gathered``: ``(the cat's
+        pooled array laid out as the cat that joins them (``joins.gathered``: ``(the cat's
         entry, ((piece, chain) per result))``), so that the kernel writes the join in place
         and the cat's ``joined`` step copies nothing; None where a view cannot be made (a
         reshape that would copy)."""
@@ -564,29 +532,9 @@ class _Made:
         specs = self.trace.specs
         shape = specs[entry.out_refs[0]][0]
         dim = entry.attrs[0] % len(shape)
-        sizes = [specs[r][0][dim] for r in entry.refs]
-        starts = [sum(sizes[:p]) for p in range(len(sizes))]
         joined = self.runtime.pool.take(shape, np.float32)
-        views = []
-        for piece, chain in results:
-            view = joined[(slice(None),) * dim + (slice(starts[piece], starts[piece] + sizes[piece]),)]
-            for name, shape_before, attr in reversed(chain):
-                if name == "float_permute":
-                    view = view.transpose(inverse_order(tuple(attr)))
-                else:
-                    view = reshape_view(view, shape_before)
-                    if view is None:
-                        return None
-            views.append(view)
-        handed = iter(views)
-
-        def take(shape: tuple, dtype: Any, order: Any = None) -> np.ndarray:
-            view = next(handed)
-            if view.shape != tuple(shape) or view.dtype != dtype:
-                raise UnsupportedError("a gathered result of another shape")  # pragma: no cover
-            return view
-
-        return take
+        views = joins.piece_views(joined, dim, [specs[r][0][dim] for r in entry.refs], results)
+        return None if views is None else joins.taker(views)
 
     def _alone(self, i: int | None, k: int) -> bool:
         """Runs trace entry ``k`` as ``Executor.run_single`` would: with its compiled kernel
@@ -691,24 +639,6 @@ def _view(inner: Any, entry: Any, prims: list) -> bool:
     prims[entry.out_refs[0]] = getattr(inner, entry.name)(x, *entry.attrs)
     counters.add("unfused_ops")
     return True
-
-
-def _joined(pieces: list, dim: int, shape: tuple) -> np.ndarray | None:
-    """The cat of ``pieces`` along ``dim`` (of ``shape``) as a view, where they lie side by
-    side in one array, each where the one before it ends and with its strides (written in
-    place by the step that made them, ``_Made._gather``); else None."""
-    first = pieces[0]
-    if type(first) is not np.ndarray or first.base is None:
-        return None
-    at = first.__array_interface__["data"][0]
-    for piece in pieces:
-        if (type(piece) is not np.ndarray or piece.base is not first.base
-                or piece.strides != first.strides or piece.dtype != first.dtype
-                or piece.__array_interface__["data"][0] != at):  # fmt: skip
-            return None
-        at += piece.shape[dim] * piece.strides[dim]
-    return np.lib.stride_tricks.as_strided(first, shape, first.strides,
-                                           writeable=first.flags.writeable)  # fmt: skip
 
 
 def _conv(executor: Any, program: Program, i: int, step: tuple, prims: list, to_array) -> Any:

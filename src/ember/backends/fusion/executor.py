@@ -23,7 +23,7 @@ from ember.backend.errors import (
     UnsupportedError,
     fmt_shape,
 )
-from ember.backends.fusion import autotune, counters
+from ember.backends.fusion import autotune, counters, joins
 from ember.backends.fusion.attention import (
     Attention,
     AttentionFuser,
@@ -51,6 +51,7 @@ from ember.backends.fusion.matmul_epilogue import (
 from ember.backends.fusion.stream import Record, ReplayedRecords
 from ember.backends.fusion.views import VIEW_OPS, last_two_swapped
 from ember.backends.ndarray.parallel import blas_held_to_one
+from ember.tensor.data import numpy_dtype
 from ember.tensor.dtype import DType
 
 
@@ -255,11 +256,14 @@ class Executor:
         readers = None  # slot -> the records that read it: in-place writes, transposed products
         added = None  # product record -> the addition that takes it into its other operand
         done: set[int] = set()  # additions made by their products
+        joined: dict[int, np.ndarray] = {}  # cat index -> the array its pieces were written in
         for start, length, fused in segments:
             if fused is None:
                 if start in done:
                     continue
                 record = records[start]
+                if start in joined and self._join(record, joined.pop(start)):
+                    continue
                 if readers is None:
                     readers = readers_of(records)
                 if record.name == "float_matmul":
@@ -286,11 +290,46 @@ class Executor:
                     readers = readers_of(records)
                 layouts = [reader_layout(s, records, readers)
                            for s in (fused.d_query, fused.d_key, fused.d_value)]  # fmt: skip
-                self._attention_grad(fused, records[start : start + length], layouts)
+                take = self._gather(fused, records, readers, joined)
+                self._attention_grad(fused, records[start : start + length], layouts, take)
             else:
                 if readers is None:
                     readers = readers_of(records)
                 self._launch(fused, records[start : start + length], readers, start + length)
+
+    def _gather(self, fused: AttentionGrad, records: list[Record], readers: dict,
+                joined: dict) -> Callable | None:  # fmt: skip
+        """An allocator for an attention gradient's three results that lays them out in one
+        pooled array as the cat that joins them (``joins``), which goes into ``joined`` by
+        the cat's index; None where no cat joins them so, or a view cannot be made."""
+        gather = None if self.recycler is None else joins.gathered(fused, records, readers)
+        if gather is None:
+            return None
+        index, results = gather
+        cat = records[index]
+        shape = cat.outputs[0].shape
+        dim = cat.args[1] % len(shape)
+        array = self.runtime.pool.take(shape, numpy_dtype(cat.outputs[0].dtype))
+        views = joins.piece_views(array, dim, [p.shape[dim] for p in cat.args[0]], results)
+        if views is None:
+            return None
+        joined[index] = array
+        return joins.taker(views)
+
+    def _join(self, cat: Record, array: np.ndarray) -> bool:
+        """Makes ``array`` the result of ``cat`` where its pieces lie side by side in it
+        (:meth:`_gather`'s allocator made them), copying nothing; False, running nothing,
+        where they do not (the attention ran record by record)."""
+        shape = cat.outputs[0].shape
+        pieces = [self.arrays[0](p.prim) for p in cat.args[0]]
+        view = joins.joined_view(pieces, cat.args[1] % len(shape), shape)
+        if (view is None or view.strides != array.strides
+                or view.__array_interface__["data"][0] != array.__array_interface__["data"][0]):  # fmt: skip
+            return False
+        set_output(self.inner, cat.outputs[0], self.arrays[1](array), cat.name)
+        cat.outputs[0].recycle = self.recycler
+        counters.add("joined_in_place")
+        return True
 
     def _transposed_product(self, record: Record, records: list[Record], readers: dict) -> bool:
         """Computes the product ``a @ b`` of ``record`` as ``(b^T @ a^T)^T`` where the one
