@@ -7,7 +7,10 @@ result fills it (only the reduced axis may be 1): a smaller result, such as a bi
 optimizer update beside its weight's, would be computed again at every position. With
 ``reduce=True`` it also takes the reductions of ``ir.REDUCTIONS`` over one axis (the
 block's ``axis``; every reduction of a block reduces the same one), and element-wise ops
-after them: softmax, layer norm and mean/var are one block each.
+after them: softmax, layer norm and mean/var are one block each. With ``totals=True`` too,
+a block reducing its last dim also takes totals (``ir.is_total``): float sums over one
+other dim of values of its full shape on the CPU, which no later record of the block reads
+(a layer norm's gradient and its weight's and bias's sums over the batch).
 
 Example:
     >>> import ember
@@ -66,10 +69,15 @@ class ElementwiseFuser(Taking):
     Args:
         can_fuse: whether a slot's values can reach a runtime (a NumPy-viewable CPU tensor).
         reduce: also take reductions over one axis.
+        totals: with ``reduce``, also take totals (a runtime that computes them: numba's,
+            the interpreter).
     """
 
-    def __init__(self, can_fuse, reduce: bool = False) -> None:
-        self.name = "elementwise+reduce" if reduce else "elementwise"
+    def __init__(self, can_fuse, reduce: bool = False, totals: bool = False) -> None:
+        self.sums_totals = reduce and totals
+        # A name of its own: plan keys hold the fusers' names, and its plans differ.
+        self.name = "elementwise+totals" if self.sums_totals else (
+            "elementwise+reduce" if reduce else "elementwise")  # fmt: skip
         self.can_fuse = can_fuse
         self.reduce = reduce
         self.reset()
@@ -78,6 +86,7 @@ class ElementwiseFuser(Taking):
         self.records: list[Record] = []
         self.shape: tuple[int, ...] = ()
         self.axis: int | None = None  # counted from the end, so lower ranks agree
+        self.totals: dict[int, int] = {}  # a total's slot id -> its summed dim, from the end
         self._status = Status.OPEN
 
     def properties(self) -> Properties:
@@ -103,6 +112,8 @@ class ElementwiseFuser(Taking):
             return False
         if record.multi:
             return False
+        if self.totals and any(s.id in self.totals for s in record.inputs):
+            return False  # a total is complete after the kernel only
         axis = self.axis
         if record.op.name in REDUCTIONS:
             if not self.reduce:
@@ -113,7 +124,7 @@ class ElementwiseFuser(Taking):
             dim = dim + rank if dim < 0 else dim
             here = dim - rank  # from the end
             if axis is not None and axis != here:
-                return False
+                return self._takes_total(record, here)
             axis = here
         elif not elementwise(record):
             return False
@@ -127,6 +138,22 @@ class ElementwiseFuser(Taking):
         if not self._fills(record.outputs[0].shape, shape, axis):
             return False  # a smaller result would be computed once per position of the block
         self.shape, self.axis = shape, axis
+        return True
+
+    def _takes_total(self, record: Record, here: int) -> bool:
+        """Takes ``record``, a reduction over dim ``here`` (from the end) of a block that
+        reduces another, where it is a total (``ir.is_total``) the runtime computes: a
+        float ``sum_dim`` on the CPU of a value of the block's full shape, the block's axis
+        its last dim, ``here`` not a unit dim and the dim of the block's other totals."""
+        x, out = record.inputs[0], record.outputs[0]
+        rank = len(self.shape)
+        if (not self.sums_totals or record.op.name != "sum_dim" or self.axis != -1
+                or x.dtype not in (DType.F32, DType.F64) or out.dtype != x.dtype
+                or x.device.place != "cpu" or _pad(x.shape, rank) != self.shape
+                or self.shape[rank + here] == 1
+                or any(d != here for d in self.totals.values())):  # fmt: skip
+            return False
+        self.totals[out.id] = here
         return True
 
     @staticmethod
@@ -152,9 +179,9 @@ class ElementwiseFuser(Taking):
         for record in self.records:
             args = tuple(registers[s.id] for s in record.inputs)
             attrs = tuple(record.args[len(record.op.inputs) :])
-            if record.op.name in REDUCTIONS:
-                attrs = (rank + self.axis,)
             out = record.outputs[0]
+            if record.op.name in REDUCTIONS:
+                attrs = (rank + self.totals.get(out.id, self.axis),)
             registers[out.id] = len(inputs) + len(body)
             body.append(Instr(record.op.name, args, attrs, _pad(out.shape, rank), out.dtype))
             if out.id in keep:
@@ -275,9 +302,12 @@ class Template:
                 if type(a) is not int or not 0 <= a < n_inputs + i:
                     raise StateError(f"instruction {i} reads register {a!r}, not an earlier one")
             if op in REDUCTIONS:
-                if axis is None or fixed != [axis] or type(fixed[0]) is not int:
-                    raise StateError(f"instruction {i}: a reduction's attrs must be [{axis}]")
-                reduces, fixed = True, (axis,)
+                total = (op == "sum_dim" and axis == rank - 1 and type(fixed) is list
+                         and len(fixed) == 1 and type(fixed[0]) is int and 0 <= fixed[0] < axis)  # fmt: skip
+                if axis is None or not ((fixed == [axis] and type(fixed[0]) is int) or total):
+                    raise StateError(f"instruction {i}: a reduction's attrs must be [{axis}], "
+                                     "or a dim before the last for a total (sum_dim)")  # fmt: skip
+                reduces, fixed = True, tuple(fixed)
             elif fixed is not None:
                 raise StateError(f"instruction {i}: {op} has no fixed attrs")
             body.append((op, tuple(args), fixed))

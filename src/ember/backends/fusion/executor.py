@@ -179,7 +179,8 @@ class Executor:
     def __init__(self, inner: Backend, runtime=None, gpu_runtime=None) -> None:
         self.inner = inner
         self.runtime = runtime if runtime is not None else runtime_named()
-        fusers = [ElementwiseFuser(self.can_fuse), ElementwiseFuser(self.can_fuse, reduce=True)]
+        fusers = [ElementwiseFuser(self.can_fuse),
+                  ElementwiseFuser(self.can_fuse, reduce=True, totals=not takes_torch(self.runtime))]
         if takes_torch(self.runtime):
             on_cpu = inner.name == "torch" and self.runtime.place == "cpu"
             self.arrays = (_same, _same) if on_cpu else None

@@ -15,6 +15,12 @@ one block reduce the same axis, so a kernel runs one loop nest: for each positio
 the axis, the passes its reductions need along the axis, then the outputs. This covers
 element-wise chains and softmax, log-softmax, layer norm, mean/var and cross-entropy.
 
+One exception, a *total* (:func:`is_total`): a float ``sum_dim`` over another dim than the
+axis (the last dim) of a register of the block's full shape, which only the block's
+outputs read. The kernel adds each value into its total as it computes it (a layer norm's
+gradient summed over the batch for its weight's gradient), so the summed value is never
+written and read back. The totals of a block sum the same dim, not a unit one.
+
 A runtime compiles a block once per :meth:`Block.key` (ops, registers, dtypes, ranks and
 which dims are broadcast, never the sizes) and runs it on arrays of any sizes that fit.
 Numeric attributes (the scalar of ``mul_scalar``, the bounds of ``clamp``, the value of
@@ -122,6 +128,11 @@ class Block:
             tuple((i.op, i.args, attrs(i), pattern(i.shape), i.dtype.value) for i in self.body),
             self.outputs,
         )
+
+
+def is_total(instr: Instr, axis: int | None) -> bool:
+    """Whether ``instr`` of a block reducing ``axis`` is a total (see the module doc)."""
+    return instr.op == "sum_dim" and axis is not None and instr.attrs[0] != axis
 
 
 def is_scalar(instr: Instr, value: Any) -> bool:

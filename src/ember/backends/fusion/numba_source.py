@@ -445,7 +445,7 @@ def variance_pairs(block: ir.Block) -> dict[int, tuple[int, int]]:
 
     pairs = {}
     for k, v in enumerate(block.body):
-        if v.op not in ("mean_dim", "sum_dim") or not v.dtype.is_float:
+        if v.op not in ("mean_dim", "sum_dim") or not v.dtype.is_float or ir.is_total(v, block.axis):
             continue
         sq = instr(v.args[0])
         if sq is None or sq.op != "mul" or sq.args[0] != sq.args[1]:
@@ -470,6 +470,12 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     constant along the axis are scalars. Lane mode (groups follow the axis): the last group
     is cut into :data:`LANES`-wide chunks, a task per (other position x chunk); each loop along the axis walks the chunk innermost, and registers
     constant along the axis (accumulators included) are arrays over the chunk.
+
+    Totals (``ir.is_total``, row mode only): a task is a position outside the axis and the
+    totals' dim, whose positions along that dim it runs in order, adding each total's
+    operand along the axis into a float64 accumulator row (``tot{o}``) in its final loop;
+    the row is written after the last of them. No two tasks share a total's element, so
+    the parts need no lock, and each element's sum runs in NumPy's order.
     """
     n_in = len(block.inputs)
     n_regs = n_in + len(block.body)
@@ -477,6 +483,9 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     inner = lay.inner
     lanes = inner != len(lay.groups) - 1
     last = len(lay.groups) - 1
+    totals = {n_in + k: i.attrs[0] for k, i in enumerate(block.body) if ir.is_total(i, axis)}
+    if totals and (lanes or len(set(totals.values())) != 1):
+        raise KernelUnsupported("numba runtime: totals of a block in lane mode, or of two dims")
     varies = [block.register_shape(r)[axis] != 1 for r in range(n_regs)]
     instr_of = {n_in + k: instr for k, instr in enumerate(block.body)}
     pairs = variance_pairs(block)
@@ -487,7 +496,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     for k, instr in enumerate(block.body):
         r = n_in + k
         before = max((stage[a] for a in instr.args), default=0)
-        stage[r] = before + 1 if instr.op in ir.REDUCTIONS else before
+        stage[r] = before + 1 if instr.op in ir.REDUCTIONS and r not in totals else before
         if r in pairs:
             stage[r] = stage[pairs[r][0]]
     passes = max(stage, default=0)
@@ -544,7 +553,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     names = [f"in{i}" for i in range(n_in)] + [f"out{o}" for o in range(len(block.outputs))]
     body: list[str] = []  # the kernel's loop body, written after the helpers
     kw = _Writer(body)
-    top = 2  # the indent of the per-position code
+    top = 3 if totals else 2  # the indent of the per-position code
 
     def index(array: str, along: str | None) -> str:
         idx = f"b_{array}"
@@ -620,11 +629,12 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
             for part in ("sh", "s1_", "s2_"):
                 kw(top, f"{part}{m} = np.empty(width, np.float64)")
     finals = [(o, r) for o, r in enumerate(block.outputs) if varies[r]]
-    stash = _stash(block, finals, stage, passes, pairs, closure)
+    stash = _stash(block, [(o, r) for o, r in finals if r not in totals], stage, passes, pairs,
+                   closure)  # fmt: skip
     outer_stage(0)
     for p in range(1, passes + 1):
         reds = [r for r in range(n_in, n_regs) if stage[r] == p
-                and instr_of[r].op in ir.REDUCTIONS and r not in pairs]  # fmt: skip
+                and instr_of[r].op in ir.REDUCTIONS and r not in pairs and r not in totals]  # fmt: skip
         operands = [instr_of[r].args[0] for r in reds]
         if any(r in shifted for r in reds):
             # The shift of shifted sums: the first element along the axis (0 when it is not
@@ -674,17 +684,22 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     # loop leaves it be (a gradient and the sum of it over the batch: one pass fewer).
     finals = [(o, r) for o, r in finals if stash.get(r) != o]
     if finals:
-        need = closure([r for _, r in finals], frozenset(stash))
-        read = {a for r in need for a in instr_of[r].args} | {r for _, r in finals}
+        # A total's operand is computed here, then added into the total's row.
+        sources = [instr_of[r].args[0] if r in totals else r for _, r in finals]
+        need = closure(sources, frozenset(stash))
+        read = {a for r in need for a in instr_of[r].args} | set(sources)
         kw(top, f"for k in range(n{inner}):")
         ind = per_lane(top + 1)
         for e, o in stash.items():
             if e in read:
                 kw(ind, f"r{e} = out{o}[{index(f'out{o}', 'k')}]")
-        values(ind, [r for _, r in finals], [f"f{o}" for o, _ in finals], "final", "k",
+        values(ind, sources, [f"f{o}" for o, _ in finals], "final", "k",
                frozenset(stash))  # fmt: skip
-        for o, _ in finals:
-            kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = f{o}")
+        for o, r in finals:
+            if r in totals:
+                kw(ind, f"tot{o}[k] += np.float64(f{o})")
+            else:
+                kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = f{o}")
 
     for h in helpers:
         w(0, "")
@@ -707,11 +722,48 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
         w(2, "pos = task // nchunk")
         w(2, f"start = (task - pos * nchunk) * {LANES}")
         w(2, f"width = min(start + {LANES}, n{last}) - start")
+    elif totals:
+        _total_tasks(block, lay, w, names, totals, body, index)
+        return
     else:
         w(1, f"tasks = {' * '.join(outer) if outer else '1'}")
         w(1, "for pos in range(tasks * part // parts, tasks * (part + 1) // parts):")
     _positions(lay, w, 2, "pos", names, skip)
     w.lines.extend(body)
+
+
+def _total_tasks(block: ir.Block, lay: Layout, w: _Writer, names: list[str], totals: dict,
+                 body: list[str], index) -> None:  # fmt: skip
+    """The task loop of a row-mode kernel with totals (see :func:`_reduction`): ``body``
+    runs at each position along the totals' dim ``d`` of a task's position outside it."""
+    (d,) = set(totals.values())
+    gd = next((g for g, dims in enumerate(lay.groups) if dims == (d,)), None)
+    if gd is None:
+        raise KernelUnsupported(f"numba runtime: a total's dim {d} shares a loop with another")
+    inner = lay.inner
+    outer = [g for g in range(len(lay.groups)) if g != inner]
+    outs = [o for o, r in enumerate(block.outputs) if r in totals]
+    for o in outs:
+        w(1, f"tot{o} = np.empty(n{inner}, np.float64)")
+    w(1, f"after = {' * '.join(f'n{g}' for g in outer if g > gd) or '1'}")
+    w(1, f"tasks = {' * '.join(f'n{g}' for g in outer if g != gd) or '1'}")
+    w(1, "for task in range(tasks * part // parts, tasks * (part + 1) // parts):")
+    w(2, "head = task // after")
+    w(2, "tail = task - head * after")
+    # The totals' bases, the same at every position along d (their stride there is 0).
+    w(2, f"pos = head * n{gd} * after + tail")
+    _positions(lay, w, 2, "pos", names, (inner,))
+    w(2, f"for k in range(n{inner}):")
+    for o in outs:
+        w(3, f"tot{o}[k] = np.float64(0)")
+    w(2, f"for along in range(n{gd}):")
+    w(3, f"pos = (head * n{gd} + along) * after + tail")
+    _positions(lay, w, 3, "pos", names, (inner,))
+    w.lines.extend(body)
+    w(2, f"for k in range(n{inner}):")
+    for o in outs:
+        t = numpy_ctor(block.register_dtype(block.outputs[o]))
+        w(3, f"out{o}[{index(f'out{o}', 'k')}] = {t}(tot{o}[k])")
 
 
 def _stash(block: ir.Block, finals, stage, passes: int, pairs, closure) -> dict[int, int]:
@@ -723,7 +775,7 @@ def _stash(block: ir.Block, finals, stage, passes: int, pairs, closure) -> dict[
     n_in = len(block.inputs)
     operands = [i.args[0] for k, i in enumerate(block.body)
                 if i.op in ir.REDUCTIONS and stage[n_in + k] == passes
-                and n_in + k not in pairs]  # fmt: skip
+                and n_in + k not in pairs and not ir.is_total(i, block.axis)]  # fmt: skip
     stash: dict[int, int] = {}
     for o, r in finals:
         if block.register_shape(r) != block.shape:

@@ -255,6 +255,8 @@ def check(block: ir.Block) -> None:
     if block.axis is None and any(i.op in ir.REDUCTIONS for i in block.body):
         raise KernelUnsupported("triton runtime: a reduction in a block without an axis")
     for instr in block.body:
+        if ir.is_total(instr, block.axis):
+            raise KernelUnsupported("triton runtime: a total (a sum over another dim than the axis)")
         if instr.op in ir.REDUCTIONS:
             continue
         rule = _rule(instr.op)
