@@ -144,14 +144,17 @@ class ElementwiseFuser(Taking):
         """Takes ``record``, a reduction over dim ``here`` (from the end) of a block that
         reduces another, where it is a total (``ir.is_total``) the runtime computes: a
         float ``sum_dim`` on the CPU of a value of the block's full shape, the block's axis
-        its last dim, ``here`` not a unit dim and the dim of the block's other totals."""
+        its last dim, ``here`` not a unit dim and the dim of the block's other totals.
+        Another dim of more than one position must remain: the kernel's parallel tasks are
+        its positions (a ``[rows, D]`` block summed over its rows would run on one thread)."""
         x, out = record.inputs[0], record.outputs[0]
         rank = len(self.shape)
         if (not self.sums_totals or record.op.name != "sum_dim" or self.axis != -1
                 or x.dtype not in (DType.F32, DType.F64) or out.dtype != x.dtype
                 or x.device.place != "cpu" or _pad(x.shape, rank) != self.shape
                 or self.shape[rank + here] == 1
-                or any(d != here for d in self.totals.values())):  # fmt: skip
+                or any(d != here for d in self.totals.values())
+                or all(n == 1 for n in self.shape[: rank + here] + self.shape[rank + here + 1 : -1])):  # fmt: skip
             return False
         self.totals[out.id] = here
         return True
