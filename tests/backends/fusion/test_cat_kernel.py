@@ -75,9 +75,9 @@ def test_a_cat_on_a_fusion_device_runs_the_kernel_into_the_pool():
 
 
 def test_a_join_in_place_takes_only_pieces_side_by_side_in_one_array():
-    """A direct replay's ``joined`` step returns a view where its pieces lie side by side
-    in one array (the attention gradient wrote them there); pieces that merely happen to
-    be adjacent, of other strides, or out of order are joined by copying."""
+    """A join in place is a view where its pieces lie side by side in one array (the
+    attention gradient wrote them there); pieces that merely happen to be adjacent, of
+    other strides, or out of order are joined by copying."""
     from ember.backends.fusion.joins import joined_view as _joined
 
     whole = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12)
@@ -93,3 +93,35 @@ def test_a_join_in_place_takes_only_pieces_side_by_side_in_one_array():
     assert _joined([raw[:32].reshape(2, 16), other], 0, (4, 16)) is None
     assert _joined([raw[:32].reshape(2, 16), raw[32:].reshape(2, 16)], 0, (4, 16)) is not None
     assert _joined([np.ascontiguousarray(p) for p in pieces], 2, whole.shape) is None
+
+
+def test_piece_views_lay_each_result_out_where_its_chain_puts_it():
+    """``joins.piece_views`` takes each piece's part of the joined array back through its
+    chain of layout ops (heads split, then permuted): a result written into its view, then
+    run forward through the chain, is exactly the piece's part; a chain whose reshape
+    would copy gives None; the allocator hands the views out in turn and refuses a shape
+    that is not the next view's."""
+    from ember.backend.errors import UnsupportedError
+    from ember.backends.fusion.joins import piece_views, taker
+
+    b, s, h, d = 2, 5, 3, 4
+    joined = np.zeros((b, s, 3 * h * d), np.float32)
+    # result [b, h, s, d] -> permute (0, 2, 1, 3) -> [b, s, h, d] -> reshape [b, s, h * d]
+    chain = (("float_permute", (b, h, s, d), (0, 2, 1, 3)),
+             ("float_reshape", (b, s, h, d), (b, s, h * d)))  # fmt: skip
+    views = piece_views(joined, 2, [h * d] * 3, ((2, chain), (0, chain), (1, chain)))
+    rng = np.random.default_rng(0)
+    results = [rng.standard_normal((b, h, s, d)).astype(np.float32) for _ in range(3)]
+    take = taker(views)
+    for result in results:
+        take((b, h, s, d), np.float32)[...] = result
+    for piece, result in zip((2, 0, 1), results, strict=True):
+        forward = result.transpose(0, 2, 1, 3).reshape(b, s, h * d)
+        np.testing.assert_array_equal(joined[:, :, piece * h * d : (piece + 1) * h * d], forward)
+    with pytest.raises(UnsupportedError, match="none left"):
+        take((b, h, s, d), np.float32)
+    with pytest.raises(UnsupportedError, match="gathered result"):
+        taker(views)((b, s, h, d), np.float32)
+    # a reshape that merges dims a permute separated cannot be a view
+    merged = (("float_reshape", (b, h * s * d), (b, s, h * d)),)
+    assert piece_views(joined, 2, [h * d] * 3, ((0, merged),)) is None

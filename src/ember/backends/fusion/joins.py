@@ -80,10 +80,11 @@ def taker(views: list):
     handed = iter(views)
 
     def take(shape: tuple, dtype: Any, order: Any = None) -> np.ndarray:
-        view = next(handed)
-        if view.shape != tuple(shape) or view.dtype != dtype:
-            raise UnsupportedError(f"a gathered result of shape {tuple(shape)} and dtype {dtype} "
-                             f"where its view is {view.shape} {view.dtype}")  # fmt: skip
+        view = next(handed, None)
+        if view is None or view.shape != tuple(shape) or view.dtype != dtype:
+            have = "none left" if view is None else f"{view.shape} {view.dtype}"
+            raise UnsupportedError(f"a gathered result of shape {tuple(shape)} and dtype "
+                                   f"{dtype} where its view is {have}")  # fmt: skip
         return view
 
     return take
