@@ -74,6 +74,25 @@ def test_totals_equal_numpys_sums(shape, dim, dtype, threads):
                                        err_msg=f"{type(runtime).__name__}: {name}")  # fmt: skip
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_total_of_an_input_adds_as_numpy_does(threads):
+    """A total adds in its dtype, in order along its dim, as NumPy's sum over a leading dim
+    does: an input's total has NumPy's bits, and overflows to inf where NumPy's does
+    (float32: 3e38 + 3e38 - 3e38)."""
+    shape = (5, 6, 16)
+    block = _norm_block(shape, 0, F32)
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32) * 1e3
+    x[:3, 0, 0] = (3e38, 3e38, -3e38)
+    w = np.ones((1, 1, 16), np.float32)
+    for runtime in _runtimes():
+        kwargs = {"threads": threads} if hasattr(runtime, "thread_count") else {}
+        with np.errstate(over="ignore", invalid="ignore"):
+            x_total = runtime.run(block, [x, w], **kwargs)[2]
+            want = x.sum(axis=0, keepdims=True)
+        assert want[0, 0, 0] == np.inf
+        np.testing.assert_array_equal(x_total, want, err_msg=type(runtime).__name__)
+
+
 def test_a_total_over_an_empty_dim_is_zero():
     """Nothing to add: the totals are zeros (as NumPy's sum), the other output empty."""
     block = _norm_block((0, 5, 8), 0, F32)

@@ -473,9 +473,11 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
 
     Totals (``ir.is_total``, row mode only): a task is a position outside the axis and the
     totals' dim, whose positions along that dim it runs in order, adding each total's
-    operand along the axis into a float64 accumulator row (``tot{o}``) in its final loop;
-    the row is written after the last of them. No two tasks share a total's element, so
-    the parts need no lock, and each element's sum runs in NumPy's order.
+    operand along the axis into an accumulator row of its dtype (``tot{o}``) in its final
+    loop; the row is written after the last of them. No two tasks share a total's element,
+    so the parts need no lock, and each element's sum adds the same values in the same
+    order and precision as NumPy's sum over that dim (which adds rows in order): it
+    overflows where NumPy's does.
     """
     n_in = len(block.inputs)
     n_regs = n_in + len(block.body)
@@ -697,7 +699,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
                frozenset(stash))  # fmt: skip
         for o, r in finals:
             if r in totals:
-                kw(ind, f"tot{o}[k] += np.float64(f{o})")
+                kw(ind, f"tot{o}[k] += f{o}")
             else:
                 kw(ind, f"out{o}[{index(f'out{o}', 'k')}] = f{o}")
 
@@ -743,8 +745,9 @@ def _total_tasks(block: ir.Block, lay: Layout, w: _Writer, names: list[str], tot
     inner = lay.inner
     outer = [g for g in range(len(lay.groups)) if g != inner]
     outs = [o for o, r in enumerate(block.outputs) if r in totals]
+    types = {o: numpy_ctor(block.register_dtype(block.outputs[o])) for o in outs}
     for o in outs:
-        w(1, f"tot{o} = np.empty(n{inner}, np.float64)")
+        w(1, f"tot{o} = np.empty(n{inner}, {types[o]})")
     w(1, f"after = {' * '.join(f'n{g}' for g in outer if g > gd) or '1'}")
     w(1, f"tasks = {' * '.join(f'n{g}' for g in outer if g != gd) or '1'}")
     w(1, "for task in range(tasks * part // parts, tasks * (part + 1) // parts):")
@@ -755,15 +758,14 @@ def _total_tasks(block: ir.Block, lay: Layout, w: _Writer, names: list[str], tot
     _positions(lay, w, 2, "pos", names, (inner,))
     w(2, f"for k in range(n{inner}):")
     for o in outs:
-        w(3, f"tot{o}[k] = np.float64(0)")
+        w(3, f"tot{o}[k] = {types[o]}(0)")
     w(2, f"for along in range(n{gd}):")
     w(3, f"pos = (head * n{gd} + along) * after + tail")
     _positions(lay, w, 3, "pos", names, (inner,))
     w.lines.extend(body)
     w(2, f"for k in range(n{inner}):")
     for o in outs:
-        t = numpy_ctor(block.register_dtype(block.outputs[o]))
-        w(3, f"out{o}[{index(f'out{o}', 'k')}] = {t}(tot{o}[k])")
+        w(3, f"out{o}[{index(f'out{o}', 'k')}] = tot{o}[k]")
 
 
 def _stash(block: ir.Block, finals, stage, passes: int, pairs, closure) -> dict[int, int]:
