@@ -272,9 +272,10 @@ def _replayed_steps(inputs: list, masked: bool, every_param: bool, threads: int,
 def test_a_replayed_training_step_runs_its_attention_directly(masked):
     """A training step through the attention (its forward and gradient kernels, the
     scaled queries kept for the backward pass, the heads merged back) replayed on new
-    inputs: from the fourth call its launches run directly, the gradient kernel writing
-    dQ, dK and dV side by side where the packed projection's gradient joins them (the
-    join copies nothing), and every call's gradients equal NdArray's."""
+    inputs: from the fourth call its launches run directly; on every call, recorded or
+    direct, the gradient kernel writes dQ, dK and dV side by side where the packed
+    projection's gradient joins them (the join copies nothing); every call's gradients
+    equal NdArray's."""
     rng = np.random.default_rng(6)
     inputs = [rng.standard_normal((2, 24, 32)).astype(np.float32) for _ in range(5)]
 
