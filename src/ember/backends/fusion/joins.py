@@ -9,7 +9,8 @@ by side there. A recorded flush (``Executor``) and a direct replay (``direct``) 
 
 * :func:`gathered` finds the cat and each result's chain of layout ops to it;
 * :func:`piece_views` lays the results out in the cat's array (None where a reshape of the
-  chain would copy: the kernel then writes arrays of its own and the cat copies them);
+  chain would copy: the kernel then writes arrays of its own and the cat copies them),
+  which :func:`taker` hands the kernel as its allocator;
 * :func:`joined_view` checks, when the cat runs, that its pieces do lie side by side.
 """
 
