@@ -40,6 +40,17 @@ class DTypeUsage(enum.Flag):
         return DTypeUsage.STORAGE | DTypeUsage.ARITHMETIC
 
 
+def normalized(B: Any, x: Any, epsilon: float) -> tuple[Any, Any]:
+    """``((x - mean) * rstd, rstd)`` over the last dim of ``x`` on backend ``B``, with
+    ``rstd = 1 / sqrt(var + epsilon)`` (the variance biased): layer norm's decomposition,
+    and the statistics its backward rule computes again."""
+    dim = len(B.shape(x)) - 1
+    centered = B.float_sub(x, B.float_mean_dim(x, dim))
+    var = B.float_mean_dim(B.float_mul(centered, centered), dim)
+    rstd = B.float_rsqrt(B.float_add_scalar(var, epsilon))
+    return B.float_mul(centered, rstd), rstd
+
+
 def _kinded(generic, *bound_args):
     """A composite for one kind from a generic one taking the kind (and more) first."""
 
@@ -340,10 +351,7 @@ class Backend:
 
     # ------------------------------------------------------------ normalization
     def layer_norm(self, x, weight, bias, epsilon: float):
-        dim = len(self.shape(x)) - 1
-        centered = self.float_sub(x, self.float_mean_dim(x, dim))
-        var = self.float_mean_dim(self.float_mul(centered, centered), dim)
-        y = self.float_mul(centered, self.float_rsqrt(self.float_add_scalar(var, epsilon)))
+        y, _ = normalized(self, x, epsilon)
         if weight is not None:
             y = self.float_mul(y, weight)
         return y if bias is None else self.float_add(y, bias)

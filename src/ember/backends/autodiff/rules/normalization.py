@@ -11,6 +11,7 @@ writes only its output; so do the weight's and the bias's sums over the first le
 
 from __future__ import annotations
 
+from ember.backend.base import normalized
 from ember.backends.autodiff.rule import backward
 
 
@@ -19,10 +20,7 @@ def _layer_norm(B, g, s):
     x, weight, bias = s.inputs
     (epsilon,) = s.attrs
     dim = len(s.shapes[0]) - 1
-    centered = B.float_sub(x, B.float_mean_dim(x, dim))
-    var = B.float_mean_dim(B.float_mul(centered, centered), dim)
-    rstd = B.float_rsqrt(B.float_add_scalar(var, epsilon))
-    normed = B.float_mul(centered, rstd)
+    normed, rstd = normalized(B, x, epsilon)
     gx = gw = gb = None
     if s.needs[0]:
         h = g if weight is None else B.float_mul(g, weight)
