@@ -97,6 +97,32 @@ def test_named_shapes(case, dtype):
     check(x, w, b, ConvOptions(stride, padding, dilation, groups), dtype)
 
 
+ROW_VECTOR_CASES = [
+    # Rows whose valid columns fill whole vectors with a padding column between them: the
+    # tiles take each row's vectors and skip that column (``_rows_of_vectors``).
+    ((2, 16, 32, 32), (16, 16, 3, 3), (1, 1), (1, 1), 1),  # 32 wide: 2 vectors a row
+    ((2, 8, 16, 16), (24, 8, 3, 3), (1, 1), (1, 1), 1),  # 16 wide: a span is 3 rows
+    ((1, 8, 32, 32), (16, 8, 3, 3), (2, 2), (1, 1), 1),  # stride 2 onto 16 wide
+    ((2, 4, 48, 48), (8, 2, 3, 3), (1, 1), (1, 1), 2),  # 48 wide (3 vectors), 2 groups
+    ((1, 3, 70, 16), (8, 3, 3, 3), (1, 1), (1, 1), 1),  # many row tiles of 16 wide
+    ((1, 4, 8, 8), (8, 4, 3, 3), (1, 1), (1, 1), 1),  # 8 wide: float64's whole vector
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ROW_VECTOR_CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}g{c[4]}")
+def test_rows_of_whole_vectors_skip_their_padding_column(case, dtype):
+    xs, ws, stride, padding, groups = case
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    options = ConvOptions(stride, padding, (1, 1), groups)
+    got = check(x, w, b, options, dtype)
+    for parts in (2, 3):  # the same bits on any number of parts
+        np.testing.assert_array_equal(numba_conv.conv2d(x, w, b, options, threads=parts), got)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_non_contiguous_input_is_read_in_place(dtype):
     rng = np.random.default_rng(2)

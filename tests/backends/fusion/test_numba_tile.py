@@ -45,6 +45,48 @@ def test_tile_sums_taps_into_strided_rows(dtype, ob, nv):
     assert (acc[:a0] == -7.0).all()
 
 
+@pytest.mark.parametrize("nv", [2, 3])
+def test_spread_tile_places_each_vector_at_its_own_position(nv):
+    # A convolution's rows without their padding column: vector v covers positions q_v ..,
+    # stored at a0 + o * stride + q_v - q0, and nothing between them is written.
+    tile = numba_tile.tile_kernel(4, nv, spread=True)
+    width = numba_tile.lanes(4)
+    positions = (3, 3 + width + 5, 3 + 2 * width + 17)[:nv]
+
+    q0, more = positions[0], positions[1:]
+    if nv == 3:
+        run = numba.njit(lambda xq, offs, wt, taps, acc, stride: tile(
+            xq, offs, wt, 0, q0, taps, acc, 2, stride, more[0], more[1]))  # fmt: skip
+    else:
+        run = numba.njit(lambda xq, offs, wt, taps, acc, stride: tile(
+            xq, offs, wt, 0, q0, taps, acc, 2, stride, more[0]))  # fmt: skip
+
+    rng = np.random.default_rng(8)
+    taps, stride = 23, 3 * width + 40
+    xq = rng.standard_normal(500).astype(np.float32)
+    offs = rng.integers(0, 400, taps).astype(np.int64)
+    wt = rng.standard_normal(taps * 4).astype(np.float32)
+    acc = np.full(2 + 4 * stride, -7.0, np.float32)
+    run(xq, offs, wt, taps, acc, stride)
+    w = wt.astype(np.float64).reshape(taps, 4)
+    written = np.zeros(acc.size, bool)
+    for q in positions:
+        windows = np.stack([xq[o + q : o + q + width] for o in offs]).astype(np.float64)
+        exact, bound = w.T @ windows, np.abs(w.T) @ np.abs(windows)
+        for o in range(4):
+            at = 2 + o * stride + q - positions[0]
+            np.testing.assert_array_less(np.abs(acc[at : at + width] - exact[o]), 1e-6 * bound[o])
+            written[at : at + width] = True
+    assert (acc[~written] == -7.0).all()
+
+
+def test_spread_needs_the_plain_variant_of_at_most_three_vectors():
+    with pytest.raises(ValueError, match="spread"):
+        numba_tile.tile_kernel(4, 2, strided=True, spread=True)
+    with pytest.raises(ValueError, match="spread"):
+        numba_tile.tile_kernel(4, 4, spread=True)
+
+
 @pytest.mark.parametrize("prefetch", [0, 4], ids=["no prefetch", "prefetch"])
 def test_strided_tile_accumulates_over_evenly_spaced_taps(prefetch):
     # The GEMM's variant: tap t reads xq from t * step + q0, and with ``add`` the sums start

@@ -26,6 +26,11 @@ output rows):
   the forward kernel at stride 1, a row's right padding columns are the next row's left
   ones (zeros too; taps reading past a row's end wrap onto them): ``min(pw, (kw - 1) dw)``
   fewer columns per row (a 3x3 layer at 16x16 computes 17 columns a row, not 18).
+  Where a row's valid columns fill whole vectors with columns to spare (32 wide and a
+  padding column: 2 vectors a row, not 33 / 16), the forward kernel's tiles take each
+  row's vectors only, wherever they lie (:func:`_rows_of_vectors`, the tile's ``spread``
+  variant; each output is the same sum): measured on the ONNX CNN's layers alternating
+  with the full rows, 1.3-1.6% less time at 32 wide and 3.4-4% at 16 wide.
 * **Epilogue.** The forward kernel's store applies :class:`Epilogue` (clamp, residual
   add, clamp: ReLU and a residual block's ``relu(conv + skip)``), compiled without
   fast-math so each step rounds as the op alone does (``conv_epilogue`` fuses the ops).
@@ -92,7 +97,7 @@ from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 # numba's disk cache keys these kernels by this file only, not by numba_tile.py, whose IR
 # they inline. A test (test_numba_tile.py) checks this digest of numba_tile.py: editing that
 # file means updating the digest here, which changes this file and so renews the cache.
-TILE_SOURCE_SHA256 = "a5bb5f1d390ba7cc"
+TILE_SOURCE_SHA256 = "f572836a73d3b7ae"
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions
@@ -387,6 +392,9 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
 _tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS)
 _tile1 = None if numba is None else tile_kernel(TILE_OB, 1)  # a tile's last, partial span
 _tile2 = None if numba is None else tile_kernel(TILE_OB, 2)
+# A row's vectors, without its padding column (_rows_of_vectors).
+_tile_rows = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS, spread=True)
+_tile_rows2 = None if numba is None else tile_kernel(TILE_OB, 2, spread=True)
 
 
 @_jit
@@ -412,6 +420,11 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
     xq = np.zeros(max(cg * sh * sw * hq * wq, reach) + LANES, x.dtype)
     # Every channel of the group's tile: [nblk * TILE_OB, longest].
     acc = np.empty(nblk * TILE_OB * longest, x.dtype)
+    # Where a row's valid columns take fewer vectors than the full rows' numbering does
+    # (32 wide: 2 vectors, not 33 / 16), the tiles take those vectors only.
+    width = span // TILE_VECTORS
+    row_vectors = (out.shape[3] + width - 1) // width
+    by_rows = row_vectors * width < wq
     tasks = n_all * groups * ntiles
     packed = -1
     for task in range(tasks * part // parts, tasks * (part + 1) // parts):
@@ -424,6 +437,14 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
+        if by_rows:
+            _rows_of_vectors(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, row_vectors,
+                             width, longest)  # fmt: skip
+            for o in range(og):
+                oc = g * og + o
+                _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res,
+                               has_res, bounds)  # fmt: skip
+            continue
         positions = (r1 - r0) * wq
         whole = positions // span * span
         # A last span of 1 or 2 vectors takes a narrower tile: a 16x16 layer's
@@ -446,6 +467,33 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
             oc = g * og + o
             _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
                            bounds)  # fmt: skip
+
+
+@_inline
+def _rows_of_vectors(xq, offs, wt, acc, block0, nblk, taps, r0, r1, wq, row_vectors, width,
+                     longest):  # fmt: skip  # pragma: no cover - runs compiled
+    """The sums of rows ``r0 .. r1`` for every block of channels, as :func:`_conv_tiled`'s
+    spans do, but over each row's ``row_vectors`` vectors only (not the padding column
+    that the full rows' numbering computes and drops): vector ``i`` of the rows starts at
+    position ``(r0 + i // row_vectors) * wq + i % row_vectors * width``, and the tiles
+    take :data:`TILE_VECTORS` of them at a time, wherever they lie."""
+    vectors = (r1 - r0) * row_vectors
+    for first in range(0, vectors, TILE_VECTORS):
+        count = min(TILE_VECTORS, vectors - first)
+        qa = (r0 + first // row_vectors) * wq + first % row_vectors * width
+        second, third = first + 1, first + 2
+        qb = (r0 + second // row_vectors) * wq + second % row_vectors * width
+        qc = (r0 + third // row_vectors) * wq + third % row_vectors * width
+        s = qa - r0 * wq
+        for blk in range(nblk):
+            wstart = (block0 + blk) * taps * TILE_OB
+            a0 = blk * TILE_OB * longest + s
+            if count == TILE_VECTORS:
+                _tile_rows(xq, offs, wt, wstart, qa, taps, acc, a0, longest, qb, qc)
+            elif count == 2:
+                _tile_rows2(xq, offs, wt, wstart, qa, taps, acc, a0, longest, qb)
+            else:
+                _tile1(xq, offs, wt, wstart, qa, taps, acc, a0, longest)
 
 
 @_exact

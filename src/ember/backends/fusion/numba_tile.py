@@ -78,7 +78,7 @@ def _data(context, builder, array_type, value):
 
 @cache
 def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = False,
-                prefetch: int = 0):
+                prefetch: int = 0, spread: bool = False):
     """The intrinsic ``tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)`` for ``ob`` output
     channels by ``nv`` vectors of positions (see the module doc). Two variants serve a
     matrix product's packed panels (``numba_gemm``): ``strided`` takes for ``offs`` an int64
@@ -86,11 +86,17 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
     ``accumulating`` adds a last argument ``add`` (a bool): where true, the sums start from
     ``acc``'s values instead of zero (a product's later blocks of ``K`` add to the earlier
     ones'). ``prefetch`` (strided only) asks for the cache lines of ``xq`` that tap ``t +
-    prefetch`` reads at each tap ``t`` (a hint: a line past the array is never loaded)."""
+    prefetch`` reads at each tap ``t`` (a hint: a line past the array is never loaded).
+    ``spread`` (neither of those) places each vector at a position of its own: ``nv - 1``
+    more int64 arguments ``q1 ...`` after ``stride``, vector ``v`` covering positions
+    ``q_v .. q_v + lanes - 1`` and stored at ``a0 + o * stride + q_v - q0`` (a convolution's
+    rows without the padding column between them)."""
     if intrinsic is None:  # pragma: no cover - exercised where numba is missing
         raise ImportError("numba is not installed")
     if prefetch and not strided:
         raise ValueError("tile_kernel: prefetch needs the strided variant")
+    if spread and (strided or accumulating):
+        raise ValueError("tile_kernel: spread vectors are for the plain variant")
 
     def signature_of(xq, offs, wt, acc):
         if not _float_arrays(xq, wt, acc) or not (strided or _flat(offs)):
@@ -127,8 +133,14 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         def const(value):
             return ir.Constant(i64, value)
 
+        # Where vector v lies, after the first one: lanes apart, or its own position.
+        if spread:
+            shifts = [const(0), *(builder.sub(q, q0_v) for q in args[9 : 9 + nv - 1])]
+        else:
+            shifts = [const(v * width) for v in range(nv)]
+
         def acc_vector(o, v):
-            at = builder.add(builder.add(a0_v, builder.mul(stride_v, const(o))), const(v * width))
+            at = builder.add(builder.add(a0_v, builder.mul(stride_v, const(o))), shifts[v])
             p = builder.gep(aptr, [at], inbounds=True, source_etype=fty)
             return builder.bitcast(p, vptr)
 
@@ -182,7 +194,7 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
                 builder.call(fetch, [builder.bitcast(p, byte_ptr), *flags])
         xs = []
         for v in range(nv):
-            p = builder.gep(xptr, [builder.add(base, const(v * width))], inbounds=True,
+            p = builder.gep(xptr, [builder.add(base, shifts[v])], inbounds=True,
                             source_etype=fty)  # fmt: skip
             xs.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
         wbase = builder.add(wstart_v, builder.mul(t, const(ob)))
@@ -213,7 +225,24 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
             builder.store(final, acc_vector(o, v), align=itemsize)
         return context.get_dummy_value()
 
-    if accumulating:
+    if spread and nv > 3:
+        raise ValueError("tile_kernel: spread takes up to 3 vectors")
+    if spread and nv == 3:
+
+        @intrinsic
+        def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride, q1, q2):
+            sig = signature_of(xq, offs, wt, acc)
+            return None if sig is None else (types.void(*sig.args, types.int64, types.int64),
+                                             codegen)  # fmt: skip
+
+    elif spread and nv == 2:
+
+        @intrinsic
+        def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride, q1):
+            sig = signature_of(xq, offs, wt, acc)
+            return None if sig is None else (types.void(*sig.args, types.int64), codegen)
+
+    elif accumulating:
 
         @intrinsic
         def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride, add):
