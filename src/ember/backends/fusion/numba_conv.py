@@ -440,33 +440,37 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
         if by_rows:
             _rows_of_vectors(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, row_vectors,
                              width, longest)  # fmt: skip
-            for o in range(og):
-                oc = g * og + o
-                _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res,
-                               has_res, bounds)  # fmt: skip
-            continue
-        positions = (r1 - r0) * wq
-        whole = positions // span * span
-        # A last span of 1 or 2 vectors takes a narrower tile: a 16x16 layer's
-        # 272 positions are 5 spans of 48 and one of 32, not 6 spans (6% more work).
-        rest = -(-(positions - whole) // (span // TILE_VECTORS))
-        # Spans outside, blocks inside: a span's input (its taps' windows) stays in L1
-        # while every block's weights stream past it.
-        for s in range(0, whole + (span if rest else 0), span):
-            q = r0 * wq + s
-            for blk in range(nblk):
-                wstart = (g * nblk + blk) * taps * TILE_OB
-                a0 = blk * TILE_OB * longest + s
-                if s < whole or rest == TILE_VECTORS:
-                    _tile(xq, offs, wt, wstart, q, taps, acc, a0, longest)
-                elif rest == 1:
-                    _tile1(xq, offs, wt, wstart, q, taps, acc, a0, longest)
-                else:
-                    _tile2(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+        else:
+            _full_rows(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, span, longest)
         for o in range(og):
             oc = g * og + o
             _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
                            bounds)  # fmt: skip
+
+
+@_inline
+def _full_rows(xq, offs, wt, acc, block0, nblk, taps, r0, r1, wq, span,
+               longest):  # fmt: skip  # pragma: no cover - runs compiled
+    """The sums of rows ``r0 .. r1`` for every block of channels, over the full rows'
+    positions (``wq`` a row), in spans of :data:`TILE_VECTORS` vectors."""
+    positions = (r1 - r0) * wq
+    whole = positions // span * span
+    # A last span of 1 or 2 vectors takes a narrower tile: a 16x16 layer's
+    # 272 positions are 5 spans of 48 and one of 32, not 6 spans (6% more work).
+    rest = -(-(positions - whole) // (span // TILE_VECTORS))
+    # Spans outside, blocks inside: a span's input (its taps' windows) stays in L1
+    # while every block's weights stream past it.
+    for s in range(0, whole + (span if rest else 0), span):
+        q = r0 * wq + s
+        for blk in range(nblk):
+            wstart = (block0 + blk) * taps * TILE_OB
+            a0 = blk * TILE_OB * longest + s
+            if s < whole or rest == TILE_VECTORS:
+                _tile(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+            elif rest == 1:
+                _tile1(xq, offs, wt, wstart, q, taps, acc, a0, longest)
+            else:
+                _tile2(xq, offs, wt, wstart, q, taps, acc, a0, longest)
 
 
 @_inline
