@@ -95,8 +95,8 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         raise ImportError("numba is not installed")
     if prefetch and not strided:
         raise ValueError("tile_kernel: prefetch needs the strided variant")
-    if spread and (strided or accumulating):
-        raise ValueError("tile_kernel: spread vectors are for the plain variant")
+    if spread and (strided or accumulating or nv > 3):
+        raise ValueError("tile_kernel: spread vectors are for the plain variant, 3 at most")
 
     def signature_of(xq, offs, wt, acc):
         if not _float_arrays(xq, wt, acc) or not (strided or _flat(offs)):
@@ -225,8 +225,6 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
             builder.store(final, acc_vector(o, v), align=itemsize)
         return context.get_dummy_value()
 
-    if spread and nv > 3:
-        raise ValueError("tile_kernel: spread takes up to 3 vectors")
     if spread and nv == 3:
 
         @intrinsic
