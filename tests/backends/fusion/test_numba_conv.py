@@ -99,7 +99,7 @@ def test_named_shapes(case, dtype):
 
 ROW_VECTOR_CASES = [
     # Rows whose valid columns fill whole vectors with a padding column between them: the
-    # tiles take each row's vectors and skip that column (``_rows_of_vectors``).
+    # tiles take each row's vectors and skip that column (``_spans``).
     ((2, 16, 32, 32), (16, 16, 3, 3), (1, 1), (1, 1), 1),  # 32 wide: 2 vectors a row
     ((2, 8, 16, 16), (24, 8, 3, 3), (1, 1), (1, 1), 1),  # 16 wide: a span is 3 rows
     ((1, 8, 32, 32), (16, 8, 3, 3), (2, 2), (1, 1), 1),  # stride 2 onto 16 wide

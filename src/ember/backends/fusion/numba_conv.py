@@ -28,7 +28,7 @@ output rows):
   fewer columns per row (a 3x3 layer at 16x16 computes 17 columns a row, not 18).
   Where a row's valid columns fill whole vectors with columns to spare (32 wide and a
   padding column: 2 vectors a row, not 33 / 16), the forward kernel's tiles take each
-  row's vectors only, wherever they lie (:func:`_rows_of_vectors`, the tile's ``spread``
+  row's vectors only, wherever they lie (:func:`_spans`, the tile's ``spread``
   variant; each output is the same sum): measured on the ONNX CNN's layers alternating
   with the full rows, 1.3-1.6% less time at 32 wide and 3.4-4% at 16 wide.
 * **Epilogue.** The forward kernel's store applies :class:`Epilogue` (clamp, residual
@@ -389,12 +389,10 @@ def _conv_blocked(x, wt, offs, used, bias, out, sh, sw, ph, pw, hq, wq, groups, 
                     dst[np.uintp(j)] = row_acc[np.uintp(src + j)]
 
 
-_tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS)
-_tile1 = None if numba is None else tile_kernel(TILE_OB, 1)  # a tile's last, partial span
-_tile2 = None if numba is None else tile_kernel(TILE_OB, 2)
-# A row's vectors, without its padding column (_rows_of_vectors).
-_tile_rows = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS, spread=True)
-_tile_rows2 = None if numba is None else tile_kernel(TILE_OB, 2, spread=True)
+# Vectors wherever they lie (_spans), a tile's last 1 or 2 in a narrower one.
+_tile = None if numba is None else tile_kernel(TILE_OB, TILE_VECTORS, spread=True)
+_tile2 = None if numba is None else tile_kernel(TILE_OB, 2, spread=True)
+_tile1 = None if numba is None else tile_kernel(TILE_OB, 1)
 
 
 @_jit
@@ -437,11 +435,8 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
             packed = sample_group
         r0 = tile * rows_per_tile
         r1 = min(oh, r0 + rows_per_tile)
-        if by_rows:
-            _rows_of_vectors(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, row_vectors,
-                             width, longest)  # fmt: skip
-        else:
-            _full_rows(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, span, longest)
+        _spans(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, by_rows, row_vectors,
+               width, longest)  # fmt: skip
         for o in range(og):
             oc = g * og + o
             _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
@@ -449,55 +444,42 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
 
 
 @_inline
-def _full_rows(xq, offs, wt, acc, block0, nblk, taps, r0, r1, wq, span,
-               longest):  # fmt: skip  # pragma: no cover - runs compiled
-    """The sums of rows ``r0 .. r1`` for every block of channels, over the full rows'
-    positions (``wq`` a row), in spans of :data:`TILE_VECTORS` vectors."""
-    positions = (r1 - r0) * wq
-    whole = positions // span * span
-    # A last span of 1 or 2 vectors takes a narrower tile: a 16x16 layer's
-    # 272 positions are 5 spans of 48 and one of 32, not 6 spans (6% more work).
-    rest = -(-(positions - whole) // (span // TILE_VECTORS))
-    # Spans outside, blocks inside: a span's input (its taps' windows) stays in L1
-    # while every block's weights stream past it.
-    for s in range(0, whole + (span if rest else 0), span):
-        q = r0 * wq + s
-        for blk in range(nblk):
-            wstart = (block0 + blk) * taps * TILE_OB
-            a0 = blk * TILE_OB * longest + s
-            if s < whole or rest == TILE_VECTORS:
-                _tile(xq, offs, wt, wstart, q, taps, acc, a0, longest)
-            elif rest == 1:
-                _tile1(xq, offs, wt, wstart, q, taps, acc, a0, longest)
-            else:
-                _tile2(xq, offs, wt, wstart, q, taps, acc, a0, longest)
-
-
-@_inline
-def _rows_of_vectors(xq, offs, wt, acc, block0, nblk, taps, r0, r1, wq, row_vectors, width,
-                     longest):  # fmt: skip  # pragma: no cover - runs compiled
-    """The sums of rows ``r0 .. r1`` for every block of channels, as :func:`_conv_tiled`'s
-    spans do, but over each row's ``row_vectors`` vectors only (not the padding column
-    that the full rows' numbering computes and drops): vector ``i`` of the rows starts at
-    position ``(r0 + i // row_vectors) * wq + i % row_vectors * width``, and the tiles
-    take :data:`TILE_VECTORS` of them at a time, wherever they lie."""
-    vectors = (r1 - r0) * row_vectors
+def _spans(xq, offs, wt, acc, block0, nblk, taps, r0, r1, wq, by_rows, row_vectors, width,
+           longest):  # fmt: skip  # pragma: no cover - runs compiled
+    """The sums of rows ``r0 .. r1`` for every block of channels, :data:`TILE_VECTORS`
+    vectors of positions at a time (a last 1 or 2 take a narrower tile: a 16x16 layer's
+    272 positions are 5 spans of 48 and one of 32, not 6 spans). Vector ``i`` starts at
+    position ``r0 * wq + i * width`` over the full rows, or ``by_rows`` at ``(r0 + i //
+    row_vectors) * wq + i % row_vectors * width``: each row's vectors only, not the padding
+    column that the full rows compute and drop. Spans outside, blocks inside: a span's
+    input (its taps' windows) stays in L1 while every block's weights stream past it."""
+    if by_rows:
+        vectors = (r1 - r0) * row_vectors
+    else:
+        vectors = ((r1 - r0) * wq + width - 1) // width
     for first in range(0, vectors, TILE_VECTORS):
         count = min(TILE_VECTORS, vectors - first)
-        qa = (r0 + first // row_vectors) * wq + first % row_vectors * width
-        second, third = first + 1, first + 2
-        qb = (r0 + second // row_vectors) * wq + second % row_vectors * width
-        qc = (r0 + third // row_vectors) * wq + third % row_vectors * width
+        qa = _vector_at(first, r0, wq, by_rows, row_vectors, width)
+        qb = _vector_at(first + 1, r0, wq, by_rows, row_vectors, width)
+        qc = _vector_at(first + 2, r0, wq, by_rows, row_vectors, width)
         s = qa - r0 * wq
         for blk in range(nblk):
             wstart = (block0 + blk) * taps * TILE_OB
             a0 = blk * TILE_OB * longest + s
             if count == TILE_VECTORS:
-                _tile_rows(xq, offs, wt, wstart, qa, taps, acc, a0, longest, qb, qc)
+                _tile(xq, offs, wt, wstart, qa, taps, acc, a0, longest, qb, qc)
             elif count == 2:
-                _tile_rows2(xq, offs, wt, wstart, qa, taps, acc, a0, longest, qb)
+                _tile2(xq, offs, wt, wstart, qa, taps, acc, a0, longest, qb)
             else:
                 _tile1(xq, offs, wt, wstart, qa, taps, acc, a0, longest)
+
+
+@_inline
+def _vector_at(i, r0, wq, by_rows, row_vectors, width):  # pragma: no cover - runs compiled
+    """Where vector ``i`` of :func:`_spans` starts."""
+    if by_rows:
+        return (r0 + i // row_vectors) * wq + i % row_vectors * width
+    return r0 * wq + i * width
 
 
 @_exact
