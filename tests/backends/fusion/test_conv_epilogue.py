@@ -92,9 +92,9 @@ def _block(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
     return activation.relu(module.conv2d(h, w2, b2, padding=1) + x)
 
 
-def _weights(dtype=np.float32, seed=0):
+def _weights(dtype=np.float32, seed=0, width=12):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((4, 8, 12, 12)).astype(dtype)
+    x = rng.standard_normal((4, 8, width, width)).astype(dtype)
     ws = [rng.standard_normal(s).astype(dtype) for s in ((8, 8, 3, 3), (8,), (8, 8, 3, 3), (8,))]
     return x, ws
 
@@ -107,8 +107,9 @@ def _unfused_with_the_kernel(x: np.ndarray, ws: list) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_residual_block_runs_as_two_convolutions_with_epilogues(dtype):
-    x, ws = _weights(dtype)
+@pytest.mark.parametrize("width", [12, 16])  # 16: rows of whole vectors, stored by the tiles
+def test_a_residual_block_runs_as_two_convolutions_with_epilogues(dtype, width):
+    x, ws = _weights(dtype, width=width)
     fused = ember.device("ndarray").fusion(runtime="numba")
     reset_stats()
     with autotune.forcing(Choice("fused", 1)):

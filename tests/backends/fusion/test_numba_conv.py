@@ -7,6 +7,7 @@ order of adding the products can stray.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import ml_dtypes
@@ -121,6 +122,48 @@ def test_rows_of_whole_vectors_skip_their_padding_column(case, dtype):
     got = check(x, w, b, options, dtype)
     for parts in (2, 3):  # the same bits on any number of parts
         np.testing.assert_array_equal(numba_conv.conv2d(x, w, b, options, threads=parts), got)
+
+
+DIRECT_CASES = [
+    # (input, weight, stride, padding, groups, whether float32's tiles store the outputs
+    # themselves with AVX-512: whole blocks of 8 channels over whole vectors of a row)
+    ((2, 16, 32, 32), (16, 16, 3, 3), (1, 1), (1, 1), 1, True),  # rows of 2 vectors
+    ((2, 8, 16, 16), (24, 8, 3, 3), (1, 1), (1, 1), 1, True),  # 16 wide, 3 blocks
+    ((1, 8, 32, 32), (16, 8, 3, 3), (2, 2), (1, 1), 1, True),  # stride 2 onto 16 wide
+    ((2, 32, 16, 16), (64, 32, 1, 1), (2, 2), (0, 0), 1, True),  # 1x1: full rows are the output
+    ((1, 4, 12, 12), (8, 4, 1, 1), (1, 1), (0, 0), 1, True),  # 1x1, 144 positions: 9 vectors
+    ((1, 4, 10, 10), (8, 4, 1, 1), (1, 1), (0, 0), 1, False),  # 100 positions: a part vector
+    ((2, 4, 48, 48), (16, 2, 3, 3), (1, 1), (1, 1), 2, True),  # 2 groups of 8 channels
+    ((2, 4, 48, 48), (8, 2, 3, 3), (1, 1), (1, 1), 2, False),  # groups of 4: padded blocks
+    ((2, 8, 20, 20), (16, 8, 3, 3), (1, 1), (1, 1), 1, False),  # 20 wide: a part vector
+    ((1, 3, 70, 16), (16, 3, 3, 3), (1, 1), (1, 1), 1, True),  # many row tiles
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}g{c[4]}")
+def test_tiles_that_store_outputs_equal_the_epilogue_pass(case, dtype):
+    xs, ws, stride, padding, groups, direct = case
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal(xs).astype(dtype)
+    x[0, 0, 2, 3] = np.nan  # a NaN's outputs stay NaN through the clamps
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    options = ConvOptions(stride, padding, (1, 1), groups)
+    plain = numba_conv.prepare(x, w, b, options, 1)
+    if dtype == np.float32 and numba_conv.TILE_OB == 8:  # the AVX-512 geometry
+        assert plain.after[-1] is direct
+    residual = rng.standard_normal(plain.out_shape).astype(dtype)
+    with_relu = ((0.0, None), (None, 2.0))
+    for threads in (1, 2, 3):  # the same bits on any number of parts
+        launch = numba_conv.prepare(x, w, b, options, threads, with_relu)
+        buffered = dataclasses.replace(launch, after=(*launch.after[:-1], False))
+        got = numba_conv.run(launch, x, np.empty, residual)
+        np.testing.assert_array_equal(got, numba_conv.run(buffered, x, np.empty, residual))
+        sums = numba_conv.run(plain, x)
+        np.testing.assert_array_equal(got, np.minimum(np.maximum(sums, 0.0) + residual, 2.0))
+    x[0, 0, 2, 3] = 0.0
+    check(x, w, b, options, dtype)  # and the plain convolution against float64
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -87,6 +87,56 @@ def test_spread_needs_the_plain_variant_of_at_most_three_vectors():
         numba_tile.tile_kernel(4, 4, spread=True)
 
 
+@pytest.mark.parametrize("nv", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_epilogue_tile_stores_outputs_side_by_side(nv, dtype):
+    # Loads from each vector's own position; stores clamp(clamp(sum + bias) + res) at a0 +
+    # o * stride + v * lanes, each step rounded as NumPy's op, and nothing else.
+    tile = numba_tile.tile_kernel(4, nv, epilogue=True)
+    width = numba_tile.lanes(np.dtype(dtype).itemsize)
+    positions = (3, 3 + width + 5, 3 + 2 * width + 17)
+
+    @numba.njit
+    def run(xq, offs, wt, taps, out, stride, bias, bounds, res, has_res):
+        tile(xq, offs, wt, 0, positions[0], taps, out, 2, stride, positions[1], positions[2],
+             bias, 5, bounds, res, has_res)  # fmt: skip
+
+    rng = np.random.default_rng(9)
+    taps, stride = 23, nv * width + 11
+    xq = rng.standard_normal(500).astype(dtype)
+    xq[7] = np.nan  # one lane's sum is NaN, and stays NaN through both clamps
+    offs = rng.integers(0, 400, taps).astype(np.int64)
+    offs[0] = 4  # the first vector reads xq[7]
+    wt = rng.standard_normal(taps * 4).astype(dtype)
+    bias = rng.standard_normal(12).astype(dtype)
+    res = rng.standard_normal(2 + 4 * stride).astype(dtype)
+    sums = np.empty((4, nv * width), dtype)  # the plain tile's sums, the same products
+    plain = numba_tile.tile_kernel(4, 1)
+    at = numba.njit(lambda xq, offs, wt, q, taps, acc, a0, stride: plain(
+        xq, offs, wt, 0, q, taps, acc, a0, stride))  # fmt: skip
+    flat = sums.reshape(-1)
+    for v in range(nv):
+        at(xq, offs, wt, positions[v], taps, flat, v * width, nv * width)
+    for bounds, has_res in [((0.0, 0.5, -0.25, 1.0), True), ((-np.inf, np.inf) * 2, False),
+                            ((1.0, -1.0, -np.inf, np.inf), True)]:  # fmt: skip
+        out = np.full(2 + 4 * stride, -7.0, dtype)
+        run(xq, offs, wt, taps, out, stride, bias, np.array(bounds, dtype), res, has_res)
+        lo1, hi1, lo2, hi2 = (dtype(b) for b in bounds)
+        want = np.minimum(np.maximum(sums + bias[5:9, None], lo1), hi1)
+        written = np.zeros(out.size, bool)
+        for o in range(4):
+            got = out[2 + o * stride : 2 + o * stride + nv * width]
+            row = want[o] + res[2 + o * stride : 2 + o * stride + nv * width] if has_res else want[o]
+            np.testing.assert_array_equal(got, np.minimum(np.maximum(row, lo2), hi2))
+            written[2 + o * stride : 2 + o * stride + nv * width] = True
+        assert np.isnan(out[2]) and (out[~written] == -7.0).all()
+
+
+def test_epilogue_tile_needs_the_plain_variant():
+    with pytest.raises(ValueError, match="plain variant"):
+        numba_tile.tile_kernel(4, 2, accumulating=True, epilogue=True)
+
+
 @pytest.mark.parametrize("prefetch", [0, 4], ids=["no prefetch", "prefetch"])
 def test_strided_tile_accumulates_over_evenly_spaced_taps(prefetch):
     # The GEMM's variant: tap t reads xq from t * step + q0, and with ``add`` the sums start
