@@ -426,8 +426,9 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
     for t in range(taps):
         reach = max(reach, offs[t] + oh * wq + span)
     xq = np.zeros(max(cg * sh * sw * hq * wq, reach) + LANES, x.dtype)
-    # Every channel of the group's tile: [nblk * TILE_OB, longest].
-    acc = np.empty(nblk * TILE_OB * longest, x.dtype)
+    # Every channel of the group's tile: [nblk * TILE_OB, longest] (none where the tiles
+    # store outputs).
+    acc = np.empty(0 if direct else nblk * TILE_OB * longest, x.dtype)
     # Where a row's valid columns take fewer vectors than the full rows' numbering does
     # (32 wide: 2 vectors, not 33 / 16), the tiles take those vectors only.
     ow = out.shape[3]
