@@ -84,6 +84,8 @@ CASES = [
     ((1, 3, 2, 3), (5, 3, 5, 5), (1, 1), (2, 2), (1, 1), 1),  # kernel larger than input
     ((1, 2, 5, 40), (4, 2, 1, 7), (1, 3), (0, 3), (1, 2), 1),  # asymmetric everything
     ((1, 4, 70, 3), (6, 4, 3, 1), (1, 1), (1, 0), (1, 1), 1),  # many short rows, many tiles
+    ((1, 3, 9, 11), (8, 3, 3, 3), (2, 2), (1, 1), (2, 2), 1),  # one phase of four, odd width
+    ((2, 4, 9, 7), (8, 4, 1, 1), (2, 2), (0, 1), (1, 1), 1),  # 1x1 at stride 2, padded columns
 ]
 
 
