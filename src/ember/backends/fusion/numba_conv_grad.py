@@ -70,7 +70,7 @@ import numpy as np
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.backend.options import ConvOptions
 from ember.backends.fusion import numba_conv
-from ember.backends.fusion.numba_conv import LANES
+from ember.backends.fusion.numba_conv import LANES, _split_row
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES
 
@@ -321,8 +321,20 @@ def _pack(x, grad, xq, gq, n0, nb, chunk, sh, sw, ph, pw, hq, wq, groups, ogp): 
     ow = grad.shape[3]
     og = o_all // groups
     plane = hq * wq
+    # At column stride 2 each row is split into both column phases at once, as
+    # numba_conv.pack_phases does: a loop per phase becomes vector gathers (slow).
+    padded = np.zeros(max(2 * wq, pw + w), xq.dtype)
     for c in range(c_all):
         for a in range(sh):
+            if sw == 2:
+                for s in range(nb):
+                    start = (((c * sh + a) * 2) * chunk + s) * plane
+                    for i in range(hq):
+                        row = i * sh + a - ph
+                        if 0 <= row < h:
+                            _split_row(x[n0 + s, c, row], xq, start + i * wq,
+                                       start + chunk * plane + i * wq, padded, pw, wq)  # fmt: skip
+                continue
             for b in range(sw):
                 jlo = min(wq, max(0, (pw - b + sw - 1) // sw))
                 jhi = max(jlo, min(wq, (w + pw - b + sw - 1) // sw))
