@@ -73,6 +73,12 @@ def test_random_sweep(dtype):
         check(x, w, b, ConvOptions(stride, padding, dilation, groups), dtype)
 
 
+def _arrays(seed: int, xs: tuple, ws: tuple, dtype) -> tuple[np.ndarray, ...]:
+    """A random input, weight and bias of those shapes."""
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(s).astype(dtype) for s in (xs, ws, ws[0]))
+
+
 CASES = [
     # (input, weight, stride, padding, dilation, groups)
     ((3, 1, 28, 28), (8, 1, 3, 3), (1, 1), (0, 0), (1, 1), 1),  # guide CNN, first layer
@@ -93,10 +99,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}p{c[3]}g{c[5]}")
 def test_named_shapes(case, dtype):
     xs, ws, stride, padding, dilation, groups = case
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal(xs).astype(dtype)
-    w = rng.standard_normal(ws).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
+    x, w, b = _arrays(1, xs, ws, dtype)
     check(x, w, b, ConvOptions(stride, padding, dilation, groups), dtype)
 
 
@@ -116,10 +119,7 @@ ROW_VECTOR_CASES = [
 @pytest.mark.parametrize("case", ROW_VECTOR_CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}g{c[4]}")
 def test_rows_of_whole_vectors_skip_their_padding_column(case, dtype):
     xs, ws, stride, padding, groups = case
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal(xs).astype(dtype)
-    w = rng.standard_normal(ws).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
+    x, w, b = _arrays(6, xs, ws, dtype)
     options = ConvOptions(stride, padding, (1, 1), groups)
     got = check(x, w, b, options, dtype)
     for parts in (2, 3):  # the same bits on any number of parts
@@ -146,16 +146,13 @@ DIRECT_CASES = [
 @pytest.mark.parametrize("case", DIRECT_CASES, ids=lambda c: f"{c[0]}x{c[1]}s{c[2]}g{c[4]}")
 def test_tiles_that_store_outputs_equal_the_epilogue_pass(case, dtype):
     xs, ws, stride, padding, groups, direct = case
-    rng = np.random.default_rng(15)
-    x = rng.standard_normal(xs).astype(dtype)
+    x, w, b = _arrays(15, xs, ws, dtype)
     x[0, 0, 2, 3] = np.nan  # a NaN's outputs stay NaN through the clamps
-    w = rng.standard_normal(ws).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
     options = ConvOptions(stride, padding, (1, 1), groups)
     plain = numba_conv.prepare(x, w, b, options, 1)
     if dtype == np.float32 and numba_conv.TILE_OB == 8:  # the AVX-512 geometry
         assert plain.after[-1] is direct
-    residual = rng.standard_normal(plain.out_shape).astype(dtype)
+    residual = np.random.default_rng(16).standard_normal(plain.out_shape).astype(dtype)
     with_relu = ((0.0, None), (None, 2.0))
     for threads in (1, 2, 3):  # the same bits on any number of parts
         launch = numba_conv.prepare(x, w, b, options, threads, with_relu)
