@@ -186,6 +186,32 @@ def test_a_run_that_loads_a_parallel_launcher_is_timed_again(monkeypatch, tmp_pa
     assert loaded[0] == 1
 
 
+@pytest.mark.parametrize(("work", "timed"), [(autotune.MAX_TUNED_WORK - 1, [1, 2]),
+                                             (autotune.MAX_TUNED_WORK, [2])])  # fmt: skip
+def test_a_large_single_op_is_timed_at_the_thread_limit_only(work, timed, monkeypatch, tmp_path):
+    """A product of half a millisecond or more runs on every thread: timed at one thread too,
+    a run of two threads that waited for a vCPU the host had taken away chose one thread
+    for good. It is still timed against the inner op, which may win."""
+    clock = [0.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
+    seconds = {1: 0.004, 2: 0.009}  # this time, two threads waited for a core
+    calls: set[int] = set()
+
+    def run_fused(threads: int) -> None:
+        calls.add(threads)
+        clock[0] += seconds[threads]
+
+    def run_unfused() -> None:
+        clock[0] += 0.006
+
+    tuner = Tuner(numba_runtime.NumbaRuntime(cache=tmp_path, threads=2), tmp_path)
+    pending = tuner.lookup_op(("a product",), work)
+    assert type(pending) is Pending
+    chosen = tuner.tune_with(pending, run_fused, run_unfused)
+    assert sorted(calls) == timed
+    assert chosen == (Choice("fused", 1) if timed == [1, 2] else UNFUSED)
+
+
 def test_a_tuning_timed_beside_other_processes_is_timed_again_later(runtime, monkeypatch,
                                                                       tmp_path):  # fmt: skip
     """A process uses such a choice for PROVISIONAL_SECONDS (longer each time it was busy

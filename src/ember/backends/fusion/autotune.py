@@ -78,6 +78,7 @@ return before the kernel ends).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -105,9 +106,10 @@ OP_KERNEL_FILES = ("op_kernels.py", "conv_epilogue.py", "numba_conv.py", "numba_
 """The sources of single-op kernels (``op_kernels``): a change to any of them voids the
 choices between those kernels and the inner backend's ops (a faster kernel would
 otherwise stay unchosen where a settled choice said the inner op)."""
-VERSION = 5
+VERSION = 6
 """The file format's and the tuning method's version: a change voids older choices (5:
-version 4's timings could include a parallel launcher's load)."""
+version 4's timings could include a parallel launcher's load; 6: version 5 timed large
+single ops at every thread count, see :data:`MAX_TUNED_WORK`)."""
 SETTLED_AFTER = 3
 """Tunings after which a bucket's choice is kept even when they did not agree (see
 "Settling" in the module doc); two in a row that agree settle it sooner."""
@@ -126,6 +128,13 @@ MAX_ELEMENTS = 1 << 21
 thread's wake-up is small beside their work, and a fused pass beats the unfused ops'
 several passes over tens of MB, while timing those ops would cost a second (16M f32
 GELU: about 0.8 s unfused, 5 ms fused on 2 threads)."""
+MAX_TUNED_WORK = 1 << 26
+"""A single op of at least this much work (about half a millisecond of multiply-adds on one
+thread) is timed only at the runtime's thread count, against the inner op: a thread's
+wake-up is small beside it, and one or two runs of each, all such a tuning affords, chose
+one thread on a host that takes a vCPU away for milliseconds (the transformer step's
+weight-gradient products, 10-14 ms each on one thread against 5-7 on two, settled there:
+1.3-1.55x torch at two threads against 0.95x with fresh choices)."""
 MAX_ENTRIES = 4096
 """The most choices a file keeps (the newest), and reads."""
 MAX_FILE_BYTES = 1 << 20
@@ -180,6 +189,7 @@ class Pending:
     entry: str  # the choice's key in the file
     limit: int  # the runtime's thread count for this run
     earlier: Stored | None = None  # the file's unsettled choice for it, if any
+    counts: tuple[int, ...] | None = None  # the thread counts to time (None: 1, 2, 4, ...)
 
 
 @dataclass(frozen=True)
@@ -352,7 +362,10 @@ class Tuner:
             return _forced
         if self._provisional:
             self._expire()
-        return self._find(("op", _op_kernels_version(), *key), f"w{work.bit_length()}")
+        found = self._find(("op", _op_kernels_version(), *key), f"w{work.bit_length()}")
+        if type(found) is Pending and work >= MAX_TUNED_WORK:
+            return dataclasses.replace(found, counts=(found.limit,))
+        return found
 
     def _find(self, key: tuple, bucket: str) -> Choice | Pending:
         limit = self.thread_limit()
@@ -439,8 +452,8 @@ class Tuner:
         unfused ops, keeps and saves the fastest."""
         if candidates is None:
             limit = pending.limit
-            counts = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit}
-                            | {limit})  # fmt: skip
+            counts = pending.counts or sorted(
+                {1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})  # fmt: skip
             candidates = [Choice("fused", t) for t in counts]
         started = time.perf_counter()
         busy = others_running()
