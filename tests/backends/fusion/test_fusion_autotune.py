@@ -188,7 +188,7 @@ def test_a_run_that_loads_a_parallel_launcher_is_timed_again(monkeypatch, tmp_pa
 
 @pytest.mark.parametrize(("work", "timed"), [(autotune.MAX_TUNED_WORK - 1, [1, 2]),
                                              (autotune.MAX_TUNED_WORK, [2])])  # fmt: skip
-def test_a_large_single_op_is_timed_at_the_thread_limit_only(work, timed, monkeypatch, tmp_path):
+def test_a_large_single_op_is_not_timed_on_fewer_threads(work, timed, monkeypatch, tmp_path):
     """A product of half a millisecond or more runs on every thread: timed at one thread too,
     a run of two threads that waited for a vCPU the host had taken away chose one thread
     for good. It is still timed against the inner op, which may win."""
@@ -210,6 +210,19 @@ def test_a_large_single_op_is_timed_at_the_thread_limit_only(work, timed, monkey
     chosen = tuner.tune_with(pending, run_fused, run_unfused)
     assert sorted(calls) == timed
     assert chosen == (Choice("fused", 1) if timed == [1, 2] else UNFUSED)
+
+
+@pytest.mark.parametrize(("work", "timed"), [(1 << 26, [2, 4, 8, 16]), (1 << 28, [8, 16]),
+                                             (1 << 30, [16]), (1 << 20, [1, 2, 4, 8, 16])])  # fmt: skip
+def test_a_single_op_is_timed_where_more_threads_might_not_pay(work, timed, tmp_path):
+    """On 16 threads a count ``c`` is timed only where ``2c`` threads would have under
+    ``MAX_TUNED_WORK / 2`` each (a thread's wake-up could then matter)."""
+    class Sixteen:  # a runtime of 16 threads, whatever this machine has
+        def thread_count(self) -> int:
+            return 16
+
+    pending = Tuner(Sixteen(), tmp_path).lookup_op(("a product",), work)
+    assert type(pending) is Pending and list(pending.counts) == timed
 
 
 def test_a_tuning_timed_beside_other_processes_is_timed_again_later(runtime, monkeypatch,

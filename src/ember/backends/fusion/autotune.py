@@ -28,12 +28,13 @@ unchosen by a choice settled against its older self.
 
 **Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
 are not tuned: they run on one thread and their per-step cost stays a size check; nor
-are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). A
-tuning times the fused candidates first and the unfused ops after them (see ``_time``):
-each candidate twice (once where that costs over :data:`MAX_TUNING_SECONDS`), dropping
-those whose best run is twice the best of all, then the others in at most
-:data:`MAX_ROUNDS` rounds within
-about :data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` while those cost under
+are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). A single
+op is not timed at thread counts that twice as many threads surely beat
+(:data:`MAX_TUNED_WORK`). A tuning times the fused candidates first and the unfused ops
+after them (see ``_time``): each candidate twice (once where that costs over
+:data:`MAX_TUNING_SECONDS`), dropping those whose best run is twice the best of all, then
+the others in at most :data:`MAX_ROUNDS` rounds within about :data:`BUDGET_SECONDS` (at
+least :data:`MIN_ROUNDS` while those cost under
 :data:`MAX_TUNING_SECONDS`): a few ms for a block of a few hundred thousand elements on an
 idle machine, more where a candidate itself takes longer. A bucket is tuned at most
 :data:`SETTLED_AFTER` times per cache folder and machine kind (see "Settling").
@@ -129,12 +130,14 @@ thread's wake-up is small beside their work, and a fused pass beats the unfused 
 several passes over tens of MB, while timing those ops would cost a second (16M f32
 GELU: about 0.8 s unfused, 5 ms fused on 2 threads)."""
 MAX_TUNED_WORK = 1 << 26
-"""A single op of at least this much work (about half a millisecond of multiply-adds on one
-thread) is timed only at the runtime's thread count, against the inner op: a thread's
-wake-up is small beside it, and one or two runs of each, all such a tuning affords, chose
-one thread on a host that takes a vCPU away for milliseconds (the transformer step's
-weight-gradient products, 10-14 ms each on one thread against 5-7 on two, settled there:
-1.3-1.55x torch at two threads against 0.95x with fresh choices)."""
+"""A single op is not timed at a thread count ``c`` below the runtime's when its work is at
+least ``c`` times this (about half a millisecond of multiply-adds on one thread): at twice
+the threads each still has a quarter of a millisecond or more, beside which a thread's
+wake-up is small. On two threads, an op of this much work is timed on two only, against
+the inner op. One or two runs of each count, all that a large op's tuning affords, chose
+one thread on a host that takes a vCPU away for milliseconds: the transformer step's
+weight-gradient products (10-14 ms each on one thread, 5-7 on two) settled there, and
+the step ran at 1.3-1.55x torch at two threads instead of 1.1x."""
 MAX_ENTRIES = 4096
 """The most choices a file keeps (the newest), and reads."""
 MAX_FILE_BYTES = 1 << 20
@@ -363,8 +366,10 @@ class Tuner:
         if self._provisional:
             self._expire()
         found = self._find(("op", _op_kernels_version(), *key), f"w{work.bit_length()}")
-        if type(found) is Pending and work >= MAX_TUNED_WORK:
-            return dataclasses.replace(found, counts=(found.limit,))
+        if type(found) is Pending:
+            counts = [c for c in _thread_counts(found.limit)
+                      if c == found.limit or work < MAX_TUNED_WORK * c]  # fmt: skip
+            return dataclasses.replace(found, counts=tuple(counts))
         return found
 
     def _find(self, key: tuple, bucket: str) -> Choice | Pending:
@@ -451,9 +456,7 @@ class Tuner:
         """Times ``candidates`` (default: every thread count up to the limit) and the
         unfused ops, keeps and saves the fastest."""
         if candidates is None:
-            limit = pending.limit
-            counts = pending.counts or sorted(
-                {1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})  # fmt: skip
+            counts = pending.counts or _thread_counts(pending.limit)
             candidates = [Choice("fused", t) for t in counts]
         started = time.perf_counter()
         busy = others_running()
@@ -616,6 +619,11 @@ class Tuner:
     def _log(self, message: str) -> None:
         if self.debug:
             print(f"[ember.fusion] autotune: {message}", file=sys.stderr)
+
+
+def _thread_counts(limit: int) -> list[int]:
+    """The thread counts a tuning times: the powers of two up to ``limit``, and ``limit``."""
+    return sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
 
 
 def _score(choice: Choice, samples: list[float]) -> float:
