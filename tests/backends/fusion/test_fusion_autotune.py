@@ -326,6 +326,14 @@ def test_small_and_huge_blocks_are_not_tuned(runtime, tmp_path):
     assert tuner.lookup(_block((autotune.MAX_ELEMENTS + 1,))) is None  # too costly to time
 
 
+@pytest.mark.parametrize(("elements", "timed"), [(autotune.MAX_TUNED_ELEMENTS - 1024, [1, 2]),
+                                                 (autotune.MAX_TUNED_ELEMENTS, [2])])  # fmt: skip
+def test_a_large_block_is_not_timed_on_fewer_threads(elements, timed, tmp_path):
+    runtime = numba_runtime.NumbaRuntime(cache=tmp_path, threads=2)
+    pending = Tuner(runtime, tmp_path).lookup(_block((elements // 1024, 1024)))
+    assert type(pending) is Pending and list(pending.counts) == timed
+
+
 def test_writers_merge_their_choices(runtime, tmp_path):
     first, second = Tuner(runtime, tmp_path), Tuner(runtime, tmp_path)
     a, b = _block((ROWS, COLS)), _block((ROWS * 4, COLS))

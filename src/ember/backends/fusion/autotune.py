@@ -28,13 +28,13 @@ unchosen by a choice settled against its older self.
 
 **Cost.** Blocks under ``PARALLEL_MIN`` elements (the numba runtime's one-thread limit)
 are not tuned: they run on one thread and their per-step cost stays a size check; nor
-are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). A single
-op is not timed at thread counts that twice as many threads surely beat
-(:data:`MAX_TUNED_WORK`). A tuning times the fused candidates first and the unfused ops
-after them (see ``_time``): each candidate twice (once where that costs over
-:data:`MAX_TUNING_SECONDS`), dropping those whose best run is twice the best of all, then
-the others in at most :data:`MAX_ROUNDS` rounds within about :data:`BUDGET_SECONDS` (at
-least :data:`MIN_ROUNDS` while those cost under
+are those over :data:`MAX_ELEMENTS` (the runtime's own thread count, no timing). Nor are
+a block or a single op timed at thread counts that twice as many threads surely beat
+(:data:`MAX_TUNED_ELEMENTS`, :data:`MAX_TUNED_WORK`). A tuning times the fused candidates
+first and the unfused ops after them (see ``_time``): each candidate twice (once where
+that costs over :data:`MAX_TUNING_SECONDS`), dropping those whose best run is twice the
+best of all, then the others in at most :data:`MAX_ROUNDS` rounds within about
+:data:`BUDGET_SECONDS` (at least :data:`MIN_ROUNDS` while those cost under
 :data:`MAX_TUNING_SECONDS`): a few ms for a block of a few hundred thousand elements on an
 idle machine, more where a candidate itself takes longer. A bucket is tuned at most
 :data:`SETTLED_AFTER` times per cache folder and machine kind (see "Settling").
@@ -110,7 +110,7 @@ otherwise stay unchosen where a settled choice said the inner op)."""
 VERSION = 6
 """The file format's and the tuning method's version: a change voids older choices (5:
 version 4's timings could include a parallel launcher's load; 6: version 5 timed large
-single ops at every thread count, see :data:`MAX_TUNED_WORK`)."""
+single ops and blocks at every thread count, see :data:`MAX_TUNED_WORK`)."""
 SETTLED_AFTER = 3
 """Tunings after which a bucket's choice is kept even when they did not agree (see
 "Settling" in the module doc); two in a row that agree settle it sooner."""
@@ -138,6 +138,11 @@ the inner op. One or two runs of each count, all that a large op's tuning afford
 one thread on a host that takes a vCPU away for milliseconds: the transformer step's
 weight-gradient products (10-14 ms each on one thread, 5-7 on two) settled there, and
 the step ran at 1.3-1.55x torch at two threads instead of 1.1x."""
+MAX_TUNED_ELEMENTS = 1 << 20
+""":data:`MAX_TUNED_WORK` for a fused block, in elements: a block of at least ``c`` times
+this is not timed at ``c`` threads below the runtime's (on two threads, a block of a
+million elements or more is timed on two only, against its ops unfused). A block of two
+million took 1.1-2.1 ms on two threads and 1.9-2.1 on one, and a tuning chose one."""
 MAX_ENTRIES = 4096
 """The most choices a file keeps (the newest), and reads."""
 MAX_FILE_BYTES = 1 << 20
@@ -351,7 +356,7 @@ class Tuner:
         found = self._find(block.key(), bucket)
         if type(found) is Choice:
             object.__setattr__(block, "_tuned", (self, limit, self._forgets, found))
-        return found
+        return _sure_counts(found, elements, MAX_TUNED_ELEMENTS)
 
     def lookup_op(self, key: tuple, work: int) -> Choice | Pending | None:
         """How a single op with a compiled kernel runs (``op_kernels``): ``key`` is what the
@@ -366,11 +371,7 @@ class Tuner:
         if self._provisional:
             self._expire()
         found = self._find(("op", _op_kernels_version(), *key), f"w{work.bit_length()}")
-        if type(found) is Pending:
-            counts = [c for c in _thread_counts(found.limit)
-                      if c == found.limit or work < MAX_TUNED_WORK * c]  # fmt: skip
-            return dataclasses.replace(found, counts=tuple(counts))
-        return found
+        return _sure_counts(found, work, MAX_TUNED_WORK)
 
     def _find(self, key: tuple, bucket: str) -> Choice | Pending:
         limit = self.thread_limit()
@@ -624,6 +625,16 @@ class Tuner:
 def _thread_counts(limit: int) -> list[int]:
     """The thread counts a tuning times: the powers of two up to ``limit``, and ``limit``."""
     return sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
+
+
+def _sure_counts(found: Choice | Pending, size: int, per_thread: int) -> Choice | Pending:
+    """``found``, a :class:`Pending` one to be timed only at the thread counts ``c`` that
+    twice as many threads do not surely beat: the limit, and those where ``size`` is under
+    ``c * per_thread`` (see :data:`MAX_TUNED_WORK`)."""
+    if type(found) is not Pending:
+        return found
+    counts = [c for c in _thread_counts(found.limit) if c == found.limit or size < per_thread * c]
+    return dataclasses.replace(found, counts=tuple(counts))
 
 
 def _score(choice: Choice, samples: list[float]) -> float:
