@@ -454,8 +454,8 @@ class Tuner:
     def _tune(self, pending: Pending, candidates: list[Choice] | None,
               run_fused: Callable[[Choice], object], run_unfused: Callable[[], object],
               what: str) -> Choice:  # fmt: skip
-        """Times ``candidates`` (default: every thread count up to the limit) and the
-        unfused ops, keeps and saves the fastest."""
+        """Times ``candidates`` (default: ``pending``'s thread counts) and the unfused ops,
+        keeps and saves the fastest."""
         if candidates is None:
             counts = pending.counts or _thread_counts(pending.limit)
             candidates = [Choice("fused", t) for t in counts]
