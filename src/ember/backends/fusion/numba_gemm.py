@@ -107,7 +107,7 @@ PARALLEL_MIN_MACS = 1 << 24
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "503ed98e27de2cc6"
+TILE_SOURCE_SHA256 = "77043c7e6b38fe85"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:

@@ -296,17 +296,22 @@ def _prefetch(builder, address, write: int, keep: int) -> None:
     builder.call(fetch, [builder.bitcast(address, byte_ptr), *flags])
 
 
+# Where the epilogue tile's own arguments sit (see tile_kernel): the output, then after
+# ``stride, q1, q2`` the bias, its first channel, the bounds, the residual and has_res.
+_OUT, _BIAS, _OC0, _BOUNDS, _RES, _HAS_RES = 6, 11, 12, 13, 14, 15
+
+
 def _prefetch_epilogue(context, builder, signature, args, cells, vector_at) -> None:
     """The epilogue tile asks, before its taps run, for the lines it will store to and,
     where ``has_res``, the residual's: read only at the end, a line of each of ``ob``
     planes, they missed the caches and stalled the tile (a 32x32 layer with a residual
     block's add took 3-6% longer than with the epilogue's own pass, which streams them
     row by row; with the requests, 2-5% less)."""
-    out_p = _data(context, builder, signature.args[6], args[6])
+    out_p = _data(context, builder, signature.args[_OUT], args[_OUT])
     for cell in cells:
         _prefetch(builder, vector_at(out_p, *cell), 1, 3)
-    with builder.if_then(args[15]):
-        res_p = _data(context, builder, signature.args[14], args[14])
+    with builder.if_then(args[_HAS_RES]):
+        res_p = _data(context, builder, signature.args[_RES], args[_RES])
         for cell in cells:
             _prefetch(builder, vector_at(res_p, *cell), 0, 3)
 
@@ -315,8 +320,9 @@ def _store_epilogue(context, builder, signature, args, finals, vector_at, vty) -
     """The epilogue tile's stores (:func:`tile_kernel`): each final sum plus its channel's
     bias, clamped, plus the residual where ``has_res``, clamped again, at its output. Plain
     IR instructions without fast-math flags, so each step rounds as NumPy's op does."""
-    out_t, bias_t, bounds_t, res_t = (signature.args[i] for i in (6, 11, 13, 14))
-    out_v, bias_v, oc0_v, bounds_v, res_v, has_res_v = (args[i] for i in (6, 11, 12, 13, 14, 15))
+    out_t, bias_t, bounds_t, res_t = (signature.args[i] for i in (_OUT, _BIAS, _BOUNDS, _RES))
+    out_v, bias_v, oc0_v, bounds_v, res_v, has_res_v = (
+        args[i] for i in (_OUT, _BIAS, _OC0, _BOUNDS, _RES, _HAS_RES))  # fmt: skip
     fty = vty.element
     i64 = ir.IntType(64)
 
