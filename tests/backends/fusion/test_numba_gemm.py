@@ -109,6 +109,16 @@ def test_parts_split_the_tasks_without_changing_a_bit(m, k, n, b_blocks):
         np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
 
 
+def test_a_block_of_k_keeps_one_parts_panels_in_l2():
+    # A part that packs half of B's columns takes blocks of K twice as long; where all of B
+    # fits, K is cut only where a strip would outgrow STRIP_BYTES.
+    full = gemm._k_block(4096, 1024, 4)
+    assert full * 1024 * 4 == gemm.B_BLOCK_BYTES
+    assert gemm._k_block(4096, 512, 4) == 2 * full
+    assert gemm._k_block(1024, 256, 4) == 1024
+    assert gemm._k_block(4096, 64, 4) == gemm.STRIP_BYTES // (gemm.MR * 4)
+
+
 @pytest.mark.parametrize("n", [40, 900], ids=["parts by strips", "parts by panels"])
 def test_a_transposed_a_packed_by_groups_of_strips(n, monkeypatch):
     # A weight gradient's dYᵀ: more strips than one group (``STRIP_GROUP``), so each block

@@ -87,9 +87,11 @@ NR = {np.dtype(np.float32): VECTORS * VECTOR_BYTES // 4,
 """Columns of a register tile per dtype."""
 B_BLOCK_BYTES = 1 << 20
 """Bytes of ``B``'s panels per block of ``K``, at most (L2 holds them beside the strips)."""
-STRIP_BYTES = 12 << 10
-"""Bytes of a packed strip of ``A`` per block of ``K``, at most (L1 holds it beside a
-panel's rows; over the encoder's products 24 KiB measured 2-3% slower, 9 KiB no faster)."""
+STRIP_BYTES = 48 << 10
+"""Bytes of a packed strip of ``A`` per block of ``K``, at most: L1's size. A strip read
+once per step streams in ahead of the tile, so where all of ``B`` fits in L2 its ``K``
+need not be cut for the strip's sake; at 12 KiB (blocks of 256 rows), products of ``K``
+768-1024 took 3-10% longer, each later block loading and storing the tiles' sums again."""
 K_BLOCK_MIN = 128
 """Rows of ``B`` per block of ``K``, at least (the tile's sums load and store once a
 block)."""
@@ -408,9 +410,9 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
-    """Rows of ``B`` per block of ``K``: its column panels stay in L2 (about
-    :data:`B_BLOCK_BYTES`) while every strip of ``A`` runs against them, and a packed strip
-    in L1 (:data:`STRIP_BYTES`) while it runs against every panel."""
+    """Rows of ``B`` per block of ``K``, for a part that packs ``n`` of its columns: their
+    panels stay in L2 (about :data:`B_BLOCK_BYTES`) while every strip of ``A`` runs against
+    them, and a packed strip is at most :data:`STRIP_BYTES`."""
     nr = NR[np.dtype(f"f{itemsize}")]
     columns = -(-n // nr) * nr
     fits = min(B_BLOCK_BYTES // (columns * itemsize), STRIP_BYTES // (MR * itemsize))
@@ -485,6 +487,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     elif panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
+        kc = _k_block(k, shared * nr, dtype.itemsize)  # a part's panels in its L2
         bufs = _scratch("blocks", (parts, shared * kc * nr), dtype)
         strips = min(STRIP_GROUP, -(-m // MR) if by_panels else -(-m // (MR * parts)))
         slack = VECTOR_BYTES // dtype.itemsize
