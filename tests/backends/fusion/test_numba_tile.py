@@ -162,6 +162,53 @@ def test_strided_tile_accumulates_over_evenly_spaced_taps(prefetch):
         np.testing.assert_allclose(acc.reshape(4, span), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("taps", [0, 29], ids=["no taps", "taps"])
+def test_biased_tile_starts_every_row_from_the_bias_vectors(taps):
+    # The GEMM's first block of K with a bias: without ``add`` and with ``use_bias``, each of
+    # the ob rows starts from bias[bias_at : bias_at + span] (the sums are bit-equal to
+    # adding each product to the bias in tap order); ``add`` still starts from acc, and
+    # neither flag from zero, the bias unread.
+    tile = numba_tile.tile_kernel(4, 2, accumulating=True, strided=True, biased=True)
+
+    @numba.njit
+    def run(xq, step, wt, taps, acc, add, bias, bias_at, use_bias):
+        tile(xq, step, wt, 0, 0, taps, acc, 0, span, add, bias, bias_at, use_bias)
+
+    rng = np.random.default_rng(6)
+    span = 2 * numba_tile.lanes(4)
+    step = span + 1
+    xq = rng.standard_normal(max(taps - 1, 0) * step + span).astype(np.float32)
+    wt = rng.standard_normal(max(taps, 1) * 4).astype(np.float32)
+    bias, bias_at = rng.standard_normal(span + 9).astype(np.float32), 5
+    start = rng.standard_normal(4 * span).astype(np.float32)
+    want = np.empty((4, span), np.float32)
+    for o in range(4):  # the tile's own order: an fma per tap, in float32
+        total = bias[bias_at : bias_at + span].copy()
+        for t in range(taps):
+            total = (total.astype(np.float64) + np.float64(wt[t * 4 + o])
+                     * xq[t * step : t * step + span].astype(np.float64)).astype(np.float32)  # fmt: skip
+        want[o] = total
+    acc = start.copy()
+    run(xq, step, wt, taps, acc, False, bias, bias_at, True)
+    np.testing.assert_array_equal(acc.reshape(4, span), want)
+    acc = start.copy()
+    run(xq, step, wt, taps, acc, True, bias, bias_at, True)  # add wins
+    exact = (wt[: taps * 4].reshape(taps, 4).T.astype(np.float64)
+             @ np.stack([xq[t * step : t * step + span] for t in range(taps)] or
+                        [np.zeros(span)]).astype(np.float64)) if taps else 0  # fmt: skip
+    np.testing.assert_allclose(acc.reshape(4, span), start.reshape(4, span) + exact, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    acc = start.copy()
+    run(xq, step, wt, taps, acc, False, bias[:0], 0, False)  # from zero, no bias read
+    np.testing.assert_allclose(acc.reshape(4, span), np.zeros((4, span)) + exact, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
+def test_biased_tile_needs_the_accumulating_variant():
+    with pytest.raises(ValueError, match="accumulating"):
+        numba_tile.tile_kernel(4, 2, biased=True)
+
+
 def test_prefetch_needs_the_strided_tile():
     with pytest.raises(ValueError, match="strided"):
         numba_tile.tile_kernel(4, 2, prefetch=8)

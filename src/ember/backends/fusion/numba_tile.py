@@ -78,14 +78,19 @@ def _data(context, builder, array_type, value):
 
 @cache
 def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = False,
-                prefetch: int = 0, spread: bool = False, epilogue: bool = False):
+                prefetch: int = 0, spread: bool = False, epilogue: bool = False,
+                biased: bool = False):  # fmt: skip
     """The intrinsic ``tile(xq, offs, wt, wstart, q0, taps, acc, a0, stride)`` for ``ob`` output
     channels by ``nv`` vectors of positions (see the module doc). Two variants serve a
     matrix product's packed panels (``numba_gemm``): ``strided`` takes for ``offs`` an int64
     step, tap ``t`` reading ``xq`` from ``t * offs + q0`` (no load per tap), and
     ``accumulating`` adds a last argument ``add`` (a bool): where true, the sums start from
     ``acc``'s values instead of zero (a product's later blocks of ``K`` add to the earlier
-    ones'). ``prefetch`` (strided only) asks for the cache lines of ``xq`` that tap ``t +
+    ones'). ``biased`` (accumulating only) adds three arguments after ``add``: ``bias``
+    (an array of ``xq``'s dtype), ``bias_at`` and ``use_bias``; where ``add`` is false and
+    ``use_bias`` true, every row's sums start from the vectors ``bias[bias_at + v * lanes
+    ...]`` (a product's bias by columns: no rows of it to store and load back).
+    ``prefetch`` (strided only) asks for the cache lines of ``xq`` that tap ``t +
     prefetch`` reads at each tap ``t`` (a hint: a line past the array is never loaded).
     ``spread`` (neither of those) places each vector at a position of its own: ``nv - 1``
     more int64 arguments ``q1 ...`` after ``stride``, vector ``v`` covering positions
@@ -100,6 +105,8 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         raise ImportError("numba is not installed")
     if prefetch and not strided:
         raise ValueError("tile_kernel: prefetch needs the strided variant")
+    if biased and not accumulating:
+        raise ValueError("tile_kernel: a bias start needs the accumulating variant")
     if (spread or epilogue) and (strided or accumulating or nv > 3):
         raise ValueError("tile_kernel: spread vectors are for the plain variant, 3 at most")
 
@@ -158,17 +165,35 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         if accumulating:  # the sums start from acc's values where ``add``
             load = builder.append_basic_block("tile.load")
             begin = builder.append_basic_block("tile.begin")
-            builder.cbranch(args[9], load, begin)
+            if biased:  # else from the bias's vectors where ``use_bias``
+                check = builder.append_basic_block("tile.check")
+                from_bias = builder.append_basic_block("tile.bias")
+                builder.cbranch(args[9], load, check)
+                builder.position_at_end(check)
+                builder.cbranch(args[12], from_bias, begin)
+                builder.position_at_end(from_bias)
+                bptr = data(signature.args[10], args[10])
+                starts = []
+                for v in range(nv):
+                    at = builder.add(args[11], dense[v])
+                    p = builder.gep(bptr, [at], inbounds=True, source_etype=fty)
+                    starts.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
+                builder.branch(begin)
+                start = check
+            else:
+                builder.cbranch(args[9], load, begin)
             builder.position_at_end(load)
             loaded = {(o, v): builder.load(acc_vector(o, v), align=itemsize, typ=vty)
                       for o, v in cells}  # fmt: skip
             builder.branch(begin)
             builder.position_at_end(begin)
-            for cell in cells:
+            for o, v in cells:
                 phi = builder.phi(vty)
                 phi.add_incoming(zero, start)
-                phi.add_incoming(loaded[cell], load)
-                firsts[cell] = phi
+                phi.add_incoming(loaded[o, v], load)
+                if biased:
+                    phi.add_incoming(starts[v], from_bias)
+                firsts[o, v] = phi
             start = begin
         if epilogue:
             _prefetch_epilogue(context, builder, signature, args, cells, vector_at)
@@ -258,6 +283,17 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
         def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride, q1):
             sig = signature_of(xq, offs, wt, acc)
             return None if sig is None else (types.void(*sig.args, types.int64), codegen)
+
+    elif biased:
+
+        @intrinsic
+        def tile(typingctx, xq, offs, wt, wstart, q0, taps, acc, a0, stride, add, bias, bias_at,
+                 use_bias):  # fmt: skip
+            sig = signature_of(xq, offs, wt, acc)
+            if (sig is None or add != types.boolean or not _float_arrays(xq, bias)
+                    or bias_at != types.int64 or use_bias != types.boolean):  # fmt: skip
+                return None
+            return types.void(*sig.args, bias, types.int64, types.boolean), codegen
 
     elif accumulating:
 
