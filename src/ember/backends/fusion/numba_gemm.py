@@ -34,9 +34,10 @@ GEMM:
   gradient's activations) is packed a block at a time, just before the strips run against
   it (:func:`_blocks`), so the block is still in L2. A ``B`` nothing can change (an
   imported model's weight) keeps its panels.
-* **Epilogues.** The first block's sums start from a ``bias`` (set in the strip's output
-  rows just before, while they are in cache) or, adding ``into`` an array, from its
-  values: a linear layer's bias and a sum of products need no pass of their own.
+* **Epilogues.** The first block's sums start from a ``bias`` (the tile loads its two
+  vectors of columns for every row: the tile's ``biased`` variant) or, adding ``into`` an
+  array, from its values: a linear layer's bias and a sum of products need no pass of
+  their own.
 
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
 (:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``; :func:`_blocks`: the
