@@ -50,12 +50,14 @@ def b_blocks(request, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transposed", [False, True], ids=["a by rows", "a by columns"])
-def test_blocks_of_k_add_up_at_every_edge(dtype, transposed, b_blocks):
-    # K longer than a block (``_k_block``: the tiles add later blocks to their sums), rows
-    # and columns past whole tiles (the edge tiles add through their scratch tile), and
-    # ``A`` read by columns where it is a transposed C-contiguous array (a weight's gradient).
+def test_blocks_of_k_add_up_at_every_edge(dtype, transposed, b_blocks, monkeypatch):
+    # K longer than a block (``_k_block``: the tiles add later blocks to their sums; strips
+    # of 512 steps at most, whatever the host's vectors), rows and columns past whole tiles
+    # of either geometry (the edge tiles add through their scratch tile), and ``A`` read by
+    # columns where it is a transposed C-contiguous array (a weight's gradient).
+    monkeypatch.setattr(gemm, "STRIP_BYTES", gemm.MR * np.dtype(dtype).itemsize * 512)
     rng = np.random.default_rng(4)
-    m, k, n = 2 * gemm.MR + 5, 1500, gemm.NR[np.dtype(dtype)] + 7
+    m, k, n = 2 * max(gemm.MR, gemm.WIDE_MR) + 5, 1500, gemm.NR[np.dtype(dtype)] + 7
     assert gemm._k_block(k, n, np.dtype(dtype).itemsize) < k
     for batch in ((), (3,)):
         a = rng.standard_normal((*batch, k, m) if transposed else (*batch, m, k)).astype(dtype)

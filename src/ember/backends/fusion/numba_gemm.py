@@ -26,7 +26,10 @@ GEMM:
   vectors, and the loop compiles to two loads, ``MR`` broadcasts and ``2 MR`` FMAs per
   step, and asks for the panel's rows :data:`PREFETCH_TAPS` steps ahead (a panel comes
   from L2 once per strip). Alone, with its operands in cache, it ran at 185-190 GFLOP/s on
-  one thread of that Xeon, whose FMA peak is about 203.
+  one thread of that Xeon, whose FMA peak is about 203. Where ``B`` is packed whole
+  (:func:`_tiles`), AVX-512 hosts run a 24 x 1 tile instead, on panels one vector wide
+  (:data:`WIDE_MR`): the encoder step's 24 products back to back took 0.90-0.97x the time
+  of the 12 x 2 tile everywhere (one process, alternating, one and two threads).
 * **Blocking.** ``K`` is cut into blocks whose panels of ``B`` fit in L2
   (:data:`B_BLOCK_BYTES`); a strip's tiles add each later block's sums to the earlier ones.
   Where all of ``B``'s panels fit in that much, they are packed first (:func:`_pack`, then
@@ -86,6 +89,16 @@ VECTORS = 2
 NR = {np.dtype(np.float32): VECTORS * VECTOR_BYTES // 4,
       np.dtype(np.float64): VECTORS * VECTOR_BYTES // 8}  # fmt: skip
 """Columns of a register tile per dtype."""
+WIDE = VECTOR_BYTES == 64
+"""Whether products whose ``B`` is packed whole (:func:`_tiles`) run the 24 x 1 tile."""
+WIDE_MR = 24
+"""Rows of the 24 x 1 tile: with AVX-512, each value of ``A`` feeds one FMA, which reads it
+as an embedded broadcast (``{1to16}``): a step is one load and 24 FMAs, 26 instructions
+against the 12 x 2 tile's 41 (12 broadcasts of their own). On a host whose core is shared,
+issue slots are what a thread runs short of: alone in L1 it ran 1-7% faster (more in the
+slower phases). Its panels are one vector wide, twice as many: the weight gradients, which
+pack ``B`` a block at a time (:func:`_blocks`), took 1.01-1.10x as long with them at one
+thread, and keep the 12 x 2 tile."""
 B_BLOCK_BYTES = 1 << 20
 """Bytes of ``B``'s panels per block of ``K``, at most (L2 holds them beside the strips)."""
 STRIP_BYTES = 48 << 10
@@ -222,42 +235,57 @@ def _pack(b, rows_of_b, bp, part, parts):  # pragma: no cover - runs compiled
 _tile = (None if numba is None
          else tile_kernel(MR, VECTORS, accumulating=True, strided=True, prefetch=PREFETCH_TAPS,
                           biased=True))  # fmt: skip
+_wide_tile = (None if numba is None
+              else tile_kernel(WIDE_MR, 1, accumulating=True, strided=True,
+                               prefetch=PREFETCH_TAPS, biased=True))  # fmt: skip
 _transpose = None if numba is None else transpose_kernel()
 _transpose_strip = None if numba is None else transpose_kernel(MR)
+_transpose8 = None if numba is None else transpose_kernel(8)  # a wide strip: by vectors
+_transpose16 = None if numba is None else transpose_kernel(16)  # of its rows
 _copy = None if numba is None else vector_copy()
 
 
 @_jit
-def _pack_strip(flat_a, by_columns, base, m, k, i0, rows, k0, kk, strip, row_at):  # pragma: no cover
+def _pack_strip(flat_a, by_columns, base, m, k, i0, rows, k0, kk, strip, row_at,
+                mr):  # fmt: skip  # pragma: no cover - runs compiled
     """Packs rows ``i0 : i0 + rows`` of ``A`` (from ``base`` of ``flat_a``: ``[M, K]``, or
     its transpose ``[K, M]`` where ``by_columns``), columns ``k0 : k0 + kk``, into ``strip``
-    ``[kk, MR]`` (rows past ``rows`` repeat the last one, never stored)."""
-    if by_columns and rows == MR:  # a strip's MR values of one step of K lie side by side
+    ``[kk, mr]`` (``mr``: :data:`MR` or :data:`WIDE_MR`; rows past ``rows`` repeat the last
+    one, never stored)."""
+    if by_columns and rows == mr:  # a strip's mr values of one step of K lie side by side
         for q in range(kk):
             src = np.uintp(base + (k0 + q) * m + i0)
-            at = np.uintp(q * MR)
-            for r in range(MR):
+            at = np.uintp(q * mr)
+            for r in range(mr):
                 strip[at + np.uintp(r)] = flat_a[src + np.uintp(r)]
         return
     if by_columns:
-        for r in range(MR):
+        for r in range(mr):
             row_at[r] = base + k0 * m + i0 + min(r, rows - 1)
         for q in range(kk):
             step = np.uintp(q * m)
-            for r in range(MR):
-                strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + step]
+            for r in range(mr):
+                strip[np.uintp(q * mr + r)] = flat_a[row_at[r] + step]
         return
     done = 0
-    if rows == MR:  # whole vectors of K transposed in registers
+    if rows == mr:  # whole vectors of K transposed in registers
         width = VECTOR_BYTES // strip.itemsize
         while done + width <= kk:
-            _transpose_strip(flat_a, base + i0 * k + k0 + done, k, strip, done * MR, MR)
+            src = base + i0 * k + k0 + done
+            if mr == MR:
+                _transpose_strip(flat_a, src, k, strip, done * mr, mr)
+            elif width == 16:  # 24 rows: 8, whose stores spill into the next step's first
+                _transpose8(flat_a, src + 16 * k, k, strip, done * mr + 16, mr)  # 16,
+                _transpose16(flat_a, src, k, strip, done * mr, mr)  # then those 16
+            else:  # float64: three vectors of 8 rows
+                for r0 in range(0, mr, width):
+                    _transpose8(flat_a, src + r0 * k, k, strip, done * mr + r0, mr)
             done += width
-    for r in range(MR):
+    for r in range(mr):
         row_at[r] = base + (i0 + min(r, rows - 1)) * k + k0
     for q in range(done, kk):
-        for r in range(MR):
-            strip[np.uintp(q * MR + r)] = flat_a[row_at[r] + np.uintp(q)]
+        for r in range(mr):
+            strip[np.uintp(q * mr + r)] = flat_a[row_at[r] + np.uintp(q)]
 
 
 @_jit
@@ -283,21 +311,27 @@ def _pack_columns(flat_a, base, m, s0, s1, k0, kk, apack, stride):  # pragma: no
 
 @_jit
 def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, flat_out, out_at,
-               n, later, edge, bias):  # fmt: skip  # pragma: no cover - runs compiled
+               n, later, edge, bias, mr):  # fmt: skip  # pragma: no cover - runs compiled
     """Runs a packed strip of ``rows`` rows (from ``strip_at`` of ``strip``) against column
     panels ``p0 : p1`` (panel ``p`` at
     ``b_at + (p - p0) * panel_step`` of ``flat_b``), into the output rows from ``out_at``
     (adding to them where ``later``; a first block of ``K`` with a ``bias`` adds to it: the
     tiles start from its vectors, where setting it in the strip's rows first cost a product
-    4-11%); tiles past an edge go through the scratch ``edge``."""
+    4-11%); tiles past an edge go through the scratch ``edge``. ``mr`` rows: :data:`MR`
+    for the 12 x 2 tile, :data:`WIDE_MR` for the 24 x 1 (panels of one vector)."""
     biased = not later and bias.size > 0
     for jb in range(p0, p1):
         j0 = jb * nr
         cols = min(nr, n - j0)
         b0 = b_at + (jb - p0) * panel_step
         at = out_at + j0
-        if rows == MR and cols == nr:
-            _tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias, j0, biased)
+        if rows == mr and cols == nr:
+            if mr == MR:
+                _tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias, j0,
+                      biased)  # fmt: skip
+            else:
+                _wide_tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias, j0,
+                           biased)  # fmt: skip
             continue
         if later:
             for r in range(rows):
@@ -307,19 +341,24 @@ def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, 
             for r in range(rows):
                 for j in range(cols):
                     edge[r * nr + j] = bias[j0 + j]
-        _tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later or biased, bias, 0, False)
+        if mr == MR:
+            _tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later or biased, bias, 0,
+                  False)  # fmt: skip
+        else:
+            _wide_tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later or biased, bias,
+                       0, False)  # fmt: skip
         for r in range(rows):
             for j in range(cols):
                 flat_out[at + r * n + j] = edge[r * nr + j]
 
 
 @_jit
-def _strip_scratch(out, kc, k, nr):  # pragma: no cover - runs compiled
+def _strip_scratch(out, kc, k, nr, mr):  # pragma: no cover - runs compiled
     """A task's scratch: a packed strip (with a vector of slack after it, for the
     transposing copy's last store), an edge tile and the strip's row offsets."""
     width = VECTOR_BYTES // out.itemsize
-    return (np.empty(min(kc, k) * MR + width, out.dtype), np.empty(MR * nr, out.dtype),
-            np.empty(MR, np.uintp))  # fmt: skip
+    return (np.empty(min(kc, k) * mr + width, out.dtype), np.empty(mr * nr, out.dtype),
+            np.empty(mr, np.uintp))  # fmt: skip
 
 
 @_jit
@@ -328,7 +367,8 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part,
     """Part ``part`` of ``parts`` of ``out[t] = A[a_of[t]] @ B[b_of[t]]`` for ``A`` given as
     ``a`` ``[Ba, M, K]``, or as its transpose ``[Ba, K, M]`` where ``by_columns``, ``B``'s
     column panels ``bp`` ``[Bb, N / nr, K, nr]`` and ``out`` ``[batch, M, N]`` (see the
-    module doc). A task is one strip of :data:`MR` rows of one batch entry; per block of
+    module doc). A task is one strip of rows of one batch entry (:data:`WIDE_MR` where the
+    panels are one vector wide, else :data:`MR`); per block of
     ``kc`` of ``K`` it packs the strip and runs it against every column panel (adding to
     ``out`` where ``adding``, else to ``bias`` where it is not empty, else to zero). With
     ``k_inner`` (all panels fit in L2) a task runs all its blocks before the next task, so
@@ -339,13 +379,14 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part,
     n = out.shape[2]
     k = a.shape[1] if by_columns else a.shape[2]
     nr = bp.shape[3]
+    mr = WIDE_MR if nr * out.itemsize == VECTOR_BYTES else MR
     panels = bp.shape[1]
-    strips = (m + MR - 1) // MR
+    strips = (m + mr - 1) // mr
     tasks = out.shape[0] * strips
     flat_a = a.reshape(-1)
     flat_b = bp.reshape(-1)
     flat_out = out.reshape(-1)
-    strip, edge, row_at = _strip_scratch(out, kc, k, nr)
+    strip, edge, row_at = _strip_scratch(out, kc, k, nr, mr)
     first, end = tasks * part // parts, tasks * (part + 1) // parts
     blocks = (k + kc - 1) // kc
     for step in range((end - first) * blocks):
@@ -356,12 +397,13 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, part,
         k0 = kb * kc
         kk = min(kc, k - k0)
         t = task // strips
-        i0 = task % strips * MR
-        rows = min(MR, m - i0)
-        _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at)
+        i0 = task % strips * mr
+        rows = min(mr, m - i0)
+        _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk, strip, row_at,
+                    mr)  # fmt: skip
         _run_strip(strip, 0, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
-                   panels, nr, flat_out, (t * m + i0) * n, n, adding or k0 > 0, edge,
-                   bias)  # fmt: skip
+                   panels, nr, flat_out, (t * m + i0) * n, n, adding or k0 > 0, edge, bias,
+                   mr)  # fmt: skip
 
 
 @_jit
@@ -387,7 +429,7 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
     stride = kc * MR + VECTOR_BYTES // out.itemsize
     flat_a = a.reshape(-1)
     flat_out = out.reshape(-1)
-    strip, edge, row_at = _strip_scratch(out, kc, k, nr)
+    strip, edge, row_at = _strip_scratch(out, kc, k, nr, MR)
     for t in range(out.shape[0]):
         for k0 in range(0, k, kc):
             kk = min(kc, k - k0)
@@ -398,22 +440,23 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
                 out_at = (t * m + i0) * n
                 if not by_columns:
                     _pack_strip(flat_a, by_columns, a_of[t] * m * k, m, k, i0, rows, k0, kk,
-                                strip, row_at)  # fmt: skip
+                                strip, row_at, MR)  # fmt: skip
                     _run_strip(strip, 0, kk, rows, buf, 0, kk * nr, p0, p1, nr, flat_out,
-                               out_at, n, adding or k0 > 0, edge, bias)  # fmt: skip
+                               out_at, n, adding or k0 > 0, edge, bias, MR)  # fmt: skip
                     continue
                 group = (s - s0) % STRIP_GROUP
                 if group == 0:
                     _pack_columns(flat_a, a_of[t] * m * k, m, s, min(s + STRIP_GROUP, s1), k0,
                                   kk, abuf, stride)  # fmt: skip
                 _run_strip(abuf, group * stride, kk, rows, buf, 0, kk * nr, p0, p1, nr,
-                           flat_out, out_at, n, adding or k0 > 0, edge, bias)  # fmt: skip
+                           flat_out, out_at, n, adding or k0 > 0, edge, bias, MR)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
     """Rows of ``B`` per block of ``K``, for a part that packs ``n`` of its columns: their
     panels stay in L2 (about :data:`B_BLOCK_BYTES`) while every strip of ``A`` runs against
-    them, and a packed strip is at most :data:`STRIP_BYTES`."""
+    them, and a packed strip of :data:`MR` rows is at most :data:`STRIP_BYTES` (a strip of
+    :data:`WIDE_MR` takes as many steps: 1024 steps of float32 ran 2-7% faster than 512)."""
     nr = NR[np.dtype(f"f{itemsize}")]
     columns = -(-n // nr) * nr
     fits = min(B_BLOCK_BYTES // (columns * itemsize), STRIP_BYTES // (MR * itemsize))
@@ -496,7 +539,8 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
                              a_of, b_of, kc, nr, by_panels, bias, adding], parts)  # fmt: skip
     else:
-        bp = _scratch("b", (b3.shape[0], panels, k, nr), dtype)
+        width = _panel_width(dtype)
+        bp = _scratch("b", (b3.shape[0], -(-n // width), k, width), dtype)
         out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
                         b_of, threads, empty, bias, adding, parts, kc)  # fmt: skip
     return into if adding else out
@@ -525,13 +569,19 @@ _kept = Kept()
 """The column panels of ``B`` operands nothing can change, per owner array and view."""
 
 
+def _panel_width(dtype: np.dtype) -> int:
+    """Columns of the panels of a ``B`` packed whole (:func:`_tiles`): one vector where the
+    24 x 1 tile runs (:data:`WIDE`), else :data:`NR`."""
+    return VECTOR_BYTES // dtype.itemsize if WIDE else NR[dtype]
+
+
 def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
                    parts: int) -> np.ndarray:  # fmt: skip
     """``b3``'s column panels in an array of their own (:func:`_pack`), to keep."""
     from ember.backends.fusion.numba_runtime import _run_parts
 
     k, n = b3.shape[1:]
-    nr = NR[b3.dtype]
+    nr = _panel_width(b3.dtype)
     bp = np.empty((b3.shape[0], -(-n // nr), k, nr), b3.dtype)
     _run_parts(_pack, [b3, rows_of_b, bp], parts)
     return bp
@@ -588,7 +638,6 @@ def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
                                 "not supported")  # fmt: skip
     k, n = values.shape
     m = a.shape[-2]
-    nr = NR[a.dtype]
     scales = np.ascontiguousarray(scales, np.float32)
     zero_points = (np.zeros((1, 1), np.int32) if zero_points is None
                    else np.ascontiguousarray(zero_points, np.int32))  # fmt: skip
@@ -605,7 +654,8 @@ def matmul_dequantized(a: np.ndarray, values: np.ndarray, scales: np.ndarray,
                    parts)  # fmt: skip
         return out
     a3, by_columns = _batched_a(a, m, k)
-    bp = _scratch("b", (1, -(-n // nr), k, nr), a.dtype)
+    width = _panel_width(a.dtype)
+    bp = _scratch("b", (1, -(-n // width), k, width), a.dtype)
     a_of = np.arange(a3.shape[0], dtype=np.int64)
     b_of = np.zeros(a3.shape[0], dtype=np.int64)
     pack = (_pack_dequantized, [values, scales, zero_points, bp])
