@@ -123,7 +123,7 @@ PARALLEL_MIN_MACS = 1 << 24
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "52344a7a96492bd6"
+TILE_SOURCE_SHA256 = "652a34fc981ea757"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
@@ -326,7 +326,7 @@ def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, 
         b0 = b_at + (jb - p0) * panel_step
         at = out_at + j0
         if rows == mr and cols == nr:
-            if mr == MR:
+            if mr == MR:  # the tiles are intrinsics, inlined here (through a helper: 5% slower)
                 _tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias, j0,
                       biased)  # fmt: skip
             else:
@@ -517,7 +517,6 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     rows_of_b = np.swapaxes(b3, 1, 2)  # a transposed b (a weight's Wᵀ): its rows, flat
     rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[dtype]
     panels = -(-n // nr)
-    kc = _k_block(k, n, dtype.itemsize)
     parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
     by_panels = n >= m  # each part packs all of the smaller operand
     panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
@@ -527,7 +526,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
                 b.shape, b.strides, dtype.str)  # fmt: skip
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
         out = _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
-                        bias, adding, parts, kc)  # fmt: skip
+                        bias, adding, parts)  # fmt: skip
     elif panel_bytes > B_BLOCK_BYTES and (panels if by_panels else -(-m // MR)) >= parts:
         out = empty((*batch, m, n), dtype)
         shared = -(-panels // parts) if by_panels else panels
@@ -542,7 +541,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         width = _panel_width(dtype)
         bp = _scratch("b", (b3.shape[0], -(-n // width), k, width), dtype)
         out = _multiply(a3, by_columns, bp, (_pack, [b3, rows_of_b, bp]), (*batch, m, n), a_of,
-                        b_of, threads, empty, bias, adding, parts, kc)  # fmt: skip
+                        b_of, threads, empty, bias, adding, parts)  # fmt: skip
     return into if adding else out
 
 
@@ -589,13 +588,13 @@ def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
 
 def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | None,
               shape: tuple[int, ...], a_of: np.ndarray, b_of: np.ndarray, threads: int | None,
-              empty: Callable, bias: np.ndarray, adding: bool = False, parts: int | None = None,
-              kc: int | None = None) -> np.ndarray:  # fmt: skip
+              empty: Callable, bias: np.ndarray, adding: bool = False,
+              parts: int | None = None) -> np.ndarray:  # fmt: skip
     """Runs ``pack`` (a kernel filling the column panels ``bp``, and its arguments; None:
     ``bp`` is filled) and the tile kernel over ``a3`` (:func:`_batched_a`), its sums
     starting from the output's values where ``adding``, else from ``bias`` where it is not
-    empty; returns the output of ``shape``. ``parts`` and ``kc`` as :func:`matmul` worked
-    them out (from ``threads`` and the sizes where not given)."""
+    empty; returns the output of ``shape``. ``parts`` as :func:`matmul` worked it out (from
+    ``threads`` and the sizes where not given)."""
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     m, n = shape[-2:]
@@ -605,8 +604,7 @@ def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | No
         parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
     if pack is not None:
         _run_parts(pack[0], pack[1], parts)
-    if kc is None:
-        kc = _k_block(k, n, a3.dtype.itemsize)
+    kc = _k_block(k, n, a3.dtype.itemsize)
     k_inner = bp[0].nbytes <= B_BLOCK_BYTES
     _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc, k_inner,
                         bias, adding], parts)  # fmt: skip

@@ -168,20 +168,20 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
             if biased:  # else from the bias's vectors where ``use_bias``
                 check = builder.append_basic_block("tile.check")
                 from_bias = builder.append_basic_block("tile.bias")
-                builder.cbranch(args[9], load, check)
+                builder.cbranch(args[_ADD], load, check)
                 builder.position_at_end(check)
-                builder.cbranch(args[12], from_bias, begin)
+                builder.cbranch(args[_USE_BIAS], from_bias, begin)
                 builder.position_at_end(from_bias)
-                bptr = data(signature.args[10], args[10])
+                bptr = data(signature.args[_START_BIAS], args[_START_BIAS])
                 starts = []
                 for v in range(nv):
-                    at = builder.add(args[11], dense[v])
+                    at = builder.add(args[_BIAS_AT], dense[v])
                     p = builder.gep(bptr, [at], inbounds=True, source_etype=fty)
                     starts.append(builder.load(builder.bitcast(p, vptr), align=itemsize, typ=vty))
                 builder.branch(begin)
                 start = check
             else:
-                builder.cbranch(args[9], load, begin)
+                builder.cbranch(args[_ADD], load, begin)
             builder.position_at_end(load)
             loaded = {(o, v): builder.load(acc_vector(o, v), align=itemsize, typ=vty)
                       for o, v in cells}  # fmt: skip
@@ -335,6 +335,8 @@ def _prefetch(builder, address, write: int, keep: int) -> None:
 # Where the epilogue tile's own arguments sit (see tile_kernel): the output, then after
 # ``stride, q1, q2`` the bias, its first channel, the bounds, the residual and has_res.
 _OUT, _BIAS, _OC0, _BOUNDS, _RES, _HAS_RES = 6, 11, 12, 13, 14, 15
+# The accumulating tile's after ``stride``: add, then the biased variant's three.
+_ADD, _START_BIAS, _BIAS_AT, _USE_BIAS = 9, 10, 11, 12
 
 
 def _prefetch_epilogue(context, builder, signature, args, cells, vector_at) -> None:
