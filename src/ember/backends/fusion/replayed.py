@@ -307,22 +307,32 @@ class _Flattened:
         self._walk_fields(module, "", self._module_leaves.setdefault(id(module), []), parts)
 
     def _walk_fields(self, value: Any, path: str, leaves: list, parts: list) -> None:
-        for name, item in value.fields() if isinstance(value, Module) else _items(value):
-            if isinstance(item, Param):
+        # Every call of a replayed model walks its fields (its parameters are the call's
+        # inputs): a module's public fields straight from vars() (Module.fields' own
+        # rule) and the commonest kinds tested first.
+        if isinstance(value, Module):
+            items = [(name, item) for name, item in vars(value).items() if name[:1] != "_"]
+        else:
+            items = _items(value)
+        for name, item in items:
+            kind = type(item)
+            if kind is tuple and _of_ints(item):  # a stride, a padding: as it is
+                parts.append((name, tuple, item))
+            elif kind is int or kind is float or kind is bool or kind is str or item is None:
+                parts.append((name, kind, item))
+            elif isinstance(item, Param):
                 where = _join(path, name)
-                parts.append((where, type(item), item.require_grad))
+                parts.append((where, kind, item.require_grad))
                 leaves.append((where, len(self.tensors)))
                 self._walk(item.val(), parts)
             elif isinstance(item, Tensor):
                 parts.append((name, _fusion_prim(item, self.outer).slot
                               if item._device.backend is self.outer else id(item)))  # fmt: skip
-            elif type(item) is tuple and _of_ints(item):  # a stride, a padding: as it is
-                parts.append((name, tuple, item))
             elif isinstance(item, Module | list | tuple | dict):
-                parts.append((name, type(item)))
+                parts.append((name, kind))
                 self._walk_fields(item, _join(path, name), leaves, parts)
             else:
-                parts.append((name, type(item), item))
+                parts.append((name, kind, item))
 
     def rebuild(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[tuple, dict]:
         """``args`` and ``kwargs`` with their tensors replaced by ``tensors`` (in the order
@@ -343,7 +353,10 @@ class _Flattened:
 def _of_ints(value: tuple) -> bool:
     """Whether ``value`` holds only ints and tuples of them (equal such tuples are equal
     configurations: no 1 against 1.0 or True to tell apart)."""
-    return all(type(v) is int or (type(v) is tuple and _of_ints(v)) for v in value)
+    for v in value:  # noqa: SIM110 - a loop: all() over a generator costs twice as much a call
+        if type(v) is not int and not (type(v) is tuple and _of_ints(v)):
+            return False
+    return True
 
 
 def _swap(value: Any, by_id: dict[int, Tensor] | None, new: Callable | None = None) -> Any:
