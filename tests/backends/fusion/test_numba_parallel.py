@@ -196,3 +196,25 @@ def test_a_forked_child_launches_on_the_workers(on_numbas_threads):
     answer = os.read(read, 1)
     os.waitpid(pid, 0)
     assert answer == b"1"
+
+
+def test_thread_setting_reads_numbas_own_setting_per_thread():
+    """The launch's shortcut past numba's locks reads what ``numba.get_num_threads`` reads:
+    the calling thread's own setting, before and after the layer starts."""
+    import threading
+
+    import numba
+
+    assert numba_parallel._thread_setting() == numba.get_num_threads()
+    seen = {}
+
+    def other() -> None:
+        numba.set_num_threads(1)
+        seen["other"] = (numba_parallel._thread_setting(), numba.get_num_threads())
+
+    previous = numba.get_num_threads()
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen["other"] == (1, 1)
+    assert numba_parallel._thread_setting() == numba.get_num_threads() == previous
