@@ -5,9 +5,10 @@ as records that run one by one. On NdArray (whose convolution is an im2col copy 
 the numba runtime has direct kernels for them (``numba_conv``, ``numba_pool``): faster on
 small channel counts and 3x3 windows, slower on 1x1 convolutions; a GEMM (``numba_gemm``),
 faster than NumPy's BLAS where that is held to AVX2 kernels; a linear layer by an int8
-weight that the GEMM dequantizes while it packs it (``ember.quantization``); and an int8
+weight that the GEMM dequantizes while it packs it (``ember.quantization``); an int8
 input by an int8 weight, multiplied in integers (``numba_int8``, its panels packed once per
-weight); and a join of pieces (a split's gradient) copied into pooled memory by threads.
+weight); a join of pieces (a split's gradient) copied into pooled memory by threads; and
+a lone sum or mean over the last dim (``numba_reduce``).
 Which one runs is the tuner's choice (``autotune.py``), per op, options and work bucket,
 like a fused block's.
 
@@ -325,6 +326,31 @@ def _cat_share(pieces: list, dim: int, out: np.ndarray, part: int, parts: int) -
         at += p.shape[0]
 
 
+def _last_sum_supports(args: list) -> bool:
+    from ember.backends.fusion import numba_reduce
+
+    return numba_reduce.supports(*args)
+
+
+def _last_sum_key(name: str) -> Callable[[list], tuple]:
+    # The row's length decides how much of a row's sum its vector lanes carry.
+    return lambda args: (name, _dtype_name(args[0].dtype), args[0].shape[-1].bit_length())
+
+
+def _last_sum_work(args: list) -> int:
+    """Elements read."""
+    return args[0].size
+
+
+def _last_sum_run(mean: bool) -> Callable[[list, int, Callable], np.ndarray]:
+    def run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
+        from ember.backends.fusion import numba_reduce
+
+        return numba_reduce.sum_last(args[0], mean, threads, empty)
+
+    return run
+
+
 def _quantized_params(args: list) -> tuple | None:
     """The scales and zero points of a quantized linear as ``[KB, NB]`` arrays (see
     ``numba_gemm.matmul_dequantized``), or None for a layout the kernel does not take."""
@@ -431,6 +457,11 @@ NDARRAY_KERNELS = {
                  blas=True),
         # Pieces gathered (a split's or a chunk's gradient) into pooled memory, by threads.
         OpKernel("float_cat", _cat_supports, _cat_key, _cat_work, _cat_run),
+        # A lone sum or mean over the last dim (a global average pooling): rows in lanes.
+        OpKernel("float_sum_dim", _last_sum_supports, _last_sum_key("float_sum_dim"),
+                 _last_sum_work, _last_sum_run(mean=False)),
+        OpKernel("float_mean_dim", _last_sum_supports, _last_sum_key("float_mean_dim"),
+                 _last_sum_work, _last_sum_run(mean=True)),
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),

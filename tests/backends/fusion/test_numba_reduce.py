@@ -1,0 +1,94 @@
+"""The lone sum and mean over the last dim (``numba_reduce``, the ``float_sum_dim`` and
+``float_mean_dim`` op kernels): against float64 sums, through a fusion device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+
+import ember
+from ember import Tensor
+from ember.backends.fusion import autotune, counters, numba_reduce, op_kernels
+from ember.backends.fusion.autotune import Choice
+
+SUM = op_kernels.NDARRAY_KERNELS["float_sum_dim"]
+MEAN = op_kernels.NDARRAY_KERNELS["float_mean_dim"]
+
+
+def _nan_filled(shape, dtype):
+    return np.full(shape, np.nan, dtype)  # every output must be written
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(7,), (1, 1), (5, 1), (3, 4, 33), (8, 64, 256), (2, 3, 4, 1000)])
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_sums_and_means_match_float64(shape, dtype, threads):
+    rng = np.random.default_rng(len(shape) * 7 + threads)
+    x = rng.standard_normal(shape).astype(dtype)
+    exact = x.astype(np.float64).sum(-1, keepdims=True)
+    # A float32 row of n values: the sum's rounding grows with n and the magnitudes.
+    tol = (1e-6 if dtype == np.float32 else 1e-14) * (np.abs(x).sum(-1, keepdims=True) + 1)
+    total = numba_reduce.sum_last(x, False, threads, _nan_filled)
+    mean = numba_reduce.sum_last(x, True, threads, _nan_filled)
+    assert total.shape == mean.shape == (*shape[:-1], 1)
+    assert total.dtype == mean.dtype == dtype
+    assert np.all(np.abs(total - exact) <= tol)
+    assert np.all(np.abs(mean - exact / shape[-1]) <= tol / shape[-1])
+
+
+def test_a_mean_divides_the_sum_by_the_length_as_numpy_does():
+    x = np.full((2, 3), 1.0, np.float32)
+    x[1] = [1.0, 2.0, 4.0]
+    np.testing.assert_array_equal(numba_reduce.sum_last(x, True), x.mean(-1, keepdims=True))
+    np.testing.assert_array_equal(numba_reduce.sum_last(x, False), [[3.0], [7.0]])
+
+
+def test_non_finite_values_carry_through_their_rows_only():
+    x = np.ones((4, 40), np.float32)
+    x[0, 17] = np.nan
+    x[1, 3] = np.inf
+    x[2, 5], x[2, 30] = np.inf, -np.inf
+    got = numba_reduce.sum_last(x, False, 2).ravel()
+    assert np.isnan(got[0]) and got[1] == np.inf and np.isnan(got[2]) and got[3] == 40.0
+
+
+def test_the_kernel_takes_only_c_contiguous_float_rows_over_the_last_dim():
+    x = np.ones((4, 6), np.float32)
+    assert numba_reduce.supports(x, 1) and numba_reduce.supports(x, -1)
+    assert not numba_reduce.supports(x, 0)  # not the last dim
+    assert not numba_reduce.supports(x.T, 1)  # not C-contiguous
+    assert not numba_reduce.supports(x[:, ::2], 1)
+    assert not numba_reduce.supports(x.astype(np.int32), 1)
+    assert not numba_reduce.supports(x.astype(np.float16), 1)
+    assert not numba_reduce.supports(np.ones((4, 0), np.float32), 1)  # no elements
+    assert not numba_reduce.supports([1.0, 2.0], 0)
+    with pytest.raises(numba_reduce.KernelUnsupported, match="int32"):
+        numba_reduce.sum_last(x.astype(np.int32), False)
+    with pytest.raises(numba_reduce.KernelUnsupported, match=r"\(6, 4\)"):
+        numba_reduce.sum_last(x.T, True)
+
+
+def test_the_op_kernels_key_the_row_length_and_count_elements():
+    a, b = np.ones((8, 256), np.float32), np.ones((8, 4096), np.float32)
+    assert SUM.supports([a, 1]) and MEAN.supports([a, -1]) and not MEAN.supports([a, 0])
+    assert MEAN.key([a, 1]) != MEAN.key([b, 1]) and MEAN.key([a, 1]) != SUM.key([a, 1])
+    assert MEAN.work([a, 1]) == a.size
+    np.testing.assert_array_equal(MEAN.run([a * 3, 1], 2), np.full((8, 1), 3.0, np.float32))
+
+
+@pytest.mark.parametrize("op", ["mean_dim", "sum_dim"])
+def test_a_lone_reduction_on_a_fusion_device_runs_the_kernel(op):
+    rng = np.random.default_rng(5)
+    host = rng.standard_normal((8, 64, 256)).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    x = Tensor.from_data(host, device)
+    exact = host.astype(np.float64)
+    want = getattr(exact, op.split("_")[0])(axis=2, keepdims=True)
+    scale = np.abs(exact).sum(2, keepdims=True) / (256 if op == "mean_dim" else 1)
+    with autotune.forcing(Choice("fused", 2)):
+        before = counters.stats()["op_kernels"]
+        got = getattr(x, op)(2).to_numpy()
+        assert counters.stats()["op_kernels"] == before + 1
+    assert np.all(np.abs(got - want) <= 1e-6 * scale)
