@@ -12,6 +12,8 @@ import ember
 from ember import Tensor
 from ember.backends.fusion import autotune, counters, numba_reduce, op_kernels
 from ember.backends.fusion.autotune import Choice
+from ember.backends.fusion.backend import SMALL_DEFAULT
+from ember.tensor import module as F
 
 SUM = op_kernels.NDARRAY_KERNELS["float_sum_dim"]
 MEAN = op_kernels.NDARRAY_KERNELS["float_mean_dim"]
@@ -92,3 +94,24 @@ def test_a_lone_reduction_on_a_fusion_device_runs_the_kernel(op):
         got = getattr(x, op)(2).to_numpy()
         assert counters.stats()["op_kernels"] == before + 1
     assert np.all(np.abs(got - want) <= 1e-6 * scale)
+
+
+def test_a_reduction_that_fuses_with_what_reads_it_is_not_run_alone(monkeypatch):
+    """A mean or sum is an op a fuser takes: on a large made value it is recorded and fuses
+    (layer norm's mean with its normalization, one pass over the rows) where a convolution
+    or product on made operands with small results runs at once."""
+    rng = np.random.default_rng(6)
+    host = rng.standard_normal((512, 256)).astype(np.float32)
+    device = ember.device("ndarray").fusion(runtime="numba")
+    # Small values run at once, as outside the suite (its conftest records every op).
+    monkeypatch.setattr(device.backend, "small", SMALL_DEFAULT)
+    x = Tensor.from_data(host, device)  # made, large; the sums small
+    with autotune.forcing(Choice("fused", 2)):
+        before = counters.stats()["op_kernels"]
+        centered = (x - x.mean_dim(1)).to_numpy()
+        normed = F.layer_norm(x).to_numpy()
+        assert counters.stats()["op_kernels"] == before
+    exact = host.astype(np.float64)
+    np.testing.assert_allclose(centered, exact - exact.mean(1, keepdims=True), atol=1e-5)
+    want = (exact - exact.mean(1, keepdims=True)) / np.sqrt(exact.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(normed, want, atol=1e-4)

@@ -204,7 +204,8 @@ class Fusion(Decorator):
             # Made operands: small ones run at once (without asking the rule for the results'
             # size); a convolution's, pooling's or product's may be large, its results small.
             now = self.small and _all_made(present)
-            kernel = name in self.executor.op_kernels
+            found = self.executor.op_kernels.get(name)
+            kernel = found is not None and not found.fuses
             if now and not kernel and not has_device and _elements_at_most(present, self.small):
                 return self._now(name, slots, spread, args[n:], present[0].device)
             if _side_arithmetic(present):

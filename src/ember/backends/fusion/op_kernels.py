@@ -49,6 +49,10 @@ class OpKernel:
     blas: bool = False
     """Whether the inner op is a BLAS call: where the runtime has workers, it runs with the
     BLAS held to one thread (see ``Executor.run_inner``)."""
+    fuses: bool = False
+    """Whether a fuser takes the op too (a reduction): its records are recorded and fused as
+    any others, and the kernel runs only where one runs alone. The other ops' records on
+    made operands with small results run at once, as nothing fuses with them."""
 
 
 def _floats(array: Any) -> bool:
@@ -459,9 +463,9 @@ NDARRAY_KERNELS = {
         OpKernel("float_cat", _cat_supports, _cat_key, _cat_work, _cat_run),
         # A lone sum or mean over the last dim (a global average pooling): rows in lanes.
         OpKernel("float_sum_dim", _last_sum_supports, _last_sum_key("float_sum_dim"),
-                 _last_sum_work, _last_sum_run(mean=False)),
+                 _last_sum_work, _last_sum_run(mean=False), fuses=True),
         OpKernel("float_mean_dim", _last_sum_supports, _last_sum_key("float_mean_dim"),
-                 _last_sum_work, _last_sum_run(mean=True)),
+                 _last_sum_work, _last_sum_run(mean=True), fuses=True),
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),
