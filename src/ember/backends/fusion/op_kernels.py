@@ -8,7 +8,7 @@ faster than NumPy's BLAS where that is held to AVX2 kernels; a linear layer by a
 weight that the GEMM dequantizes while it packs it (``ember.quantization``); an int8
 input by an int8 weight, multiplied in integers (``numba_int8``, its panels packed once per
 weight); a join of pieces (a split's gradient) copied into pooled memory by threads; and
-a lone sum or mean over the last dim (``numba_reduce``).
+a lone sum or mean (``numba_reduce``).
 Which one runs is the tuner's choice (``autotune.py``), per op, options and work bucket,
 like a fused block's.
 
@@ -330,27 +330,33 @@ def _cat_share(pieces: list, dim: int, out: np.ndarray, part: int, parts: int) -
         at += p.shape[0]
 
 
-def _last_sum_supports(args: list) -> bool:
+def _sum_supports(args: list) -> bool:
     from ember.backends.fusion import numba_reduce
 
     return numba_reduce.supports(*args)
 
 
-def _last_sum_key(name: str) -> Callable[[list], tuple]:
-    # The row's length decides how much of a row's sum its vector lanes carry.
-    return lambda args: (name, _dtype_name(args[0].dtype), args[0].shape[-1].bit_length())
+def _sum_key(name: str) -> Callable[[list], tuple]:
+    def key(args: list) -> tuple:
+        x, dim = args
+        inner = math.prod(x.shape[dim % x.ndim + 1 :])
+        # Which kernel (rows in lanes, or columns in order) and how long its loops are.
+        return (name, _dtype_name(x.dtype), inner == 1, x.shape[dim].bit_length(),
+                inner.bit_length())  # fmt: skip
+
+    return key
 
 
-def _last_sum_work(args: list) -> int:
+def _sum_work(args: list) -> int:
     """Elements read."""
     return args[0].size
 
 
-def _last_sum_run(mean: bool) -> Callable[[list, int, Callable], np.ndarray]:
+def _sum_run(mean: bool) -> Callable[[list, int, Callable], np.ndarray]:
     def run(args: list, threads: int, empty: Callable = np.empty) -> np.ndarray:
         from ember.backends.fusion import numba_reduce
 
-        return numba_reduce.sum_last(args[0], mean, threads, empty)
+        return numba_reduce.sum_along(args[0], args[1], mean, threads, empty)
 
     return run
 
@@ -461,11 +467,11 @@ NDARRAY_KERNELS = {
                  blas=True),
         # Pieces gathered (a split's or a chunk's gradient) into pooled memory, by threads.
         OpKernel("float_cat", _cat_supports, _cat_key, _cat_work, _cat_run),
-        # A lone sum or mean over the last dim (a global average pooling): rows in lanes.
-        OpKernel("float_sum_dim", _last_sum_supports, _last_sum_key("float_sum_dim"),
-                 _last_sum_work, _last_sum_run(mean=False), fuses=True),
-        OpKernel("float_mean_dim", _last_sum_supports, _last_sum_key("float_mean_dim"),
-                 _last_sum_work, _last_sum_run(mean=True), fuses=True),
+        # A lone sum or mean (a global average pooling, a bias's gradient), by threads.
+        OpKernel("float_sum_dim", _sum_supports, _sum_key("float_sum_dim"), _sum_work,
+                 _sum_run(mean=False), fuses=True),
+        OpKernel("float_mean_dim", _sum_supports, _sum_key("float_mean_dim"), _sum_work,
+                 _sum_run(mean=True), fuses=True),
         # A weight-only quantized linear: the GEMM's packing dequantizes the int8 weight.
         OpKernel("quantized_linear", _qlinear_supports, _qlinear_key, _qlinear_work,
                  _qlinear_run),
