@@ -84,6 +84,8 @@ def test_the_kernels_take_only_c_contiguous_float_arrays_and_their_dims():
     assert not numba_reduce.supports(x.astype(np.float16), 1)
     assert not numba_reduce.supports(np.ones((4, 0), np.float32), 1)  # no elements
     assert not numba_reduce.supports([1.0, 2.0], 0)
+    assert not numba_reduce.supports(x, 1.0) and not numba_reduce.supports(x, True)
+    assert numba_reduce.supports(x, np.int64(1))
     with pytest.raises(numba_reduce.KernelUnsupported, match="int32"):
         numba_reduce.sum_along(x.astype(np.int32), 1, False)
     with pytest.raises(numba_reduce.KernelUnsupported, match=r"\(6, 4\)"):

@@ -91,8 +91,9 @@ if numba is not None:
 
 def supports(x: object, dim: int) -> bool:
     """Whether :func:`sum_along` takes ``x`` reduced over ``dim``: numba present, a
-    C-contiguous float32 or float64 array with elements, ``dim`` one of its dims."""
+    C-contiguous float32 or float64 array with elements, ``dim`` one of its dims (an int)."""
     return (numba is not None and type(x) is np.ndarray and x.dtype in _DTYPES
+            and isinstance(dim, int | np.integer) and not isinstance(dim, bool)
             and x.ndim >= 1 and -x.ndim <= dim < x.ndim and x.size > 0
             and x.flags.c_contiguous)  # fmt: skip
 
