@@ -23,6 +23,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 
 def pytest_configure(config) -> None:
+    sharding.record_durations(config)
     # Fused kernels compiled by the tests go to one folder of this run, shared by the xdist
     # workers (they inherit the variable), never to the user's cache.
     if "EMBER_FUSION_CACHE" not in os.environ:

@@ -11,11 +11,16 @@ many cases (the conformance suites) go to the shards in turn; every other file g
 whole to the shard with the least expected time so far, its time taken from
 ``tests/durations.json`` (seconds per file from a full run; a file missing there counts
 10 ms a case). A stale table costs balance, never a test.
+
+``--durations-out PATH`` writes the seconds this process spent on each file (setup, call
+and teardown of its tests) as JSON; ``scripts/run_shards.py N --update-durations`` adds
+the shards' files up into a new ``tests/durations.json``.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -29,6 +34,43 @@ SECONDS_PER_UNKNOWN_CASE = 0.01
 def pytest_addoption(parser) -> None:
     parser.addoption("--shard", default=None, metavar="K/N",
                      help="run only the K-th (1-based) of N disjoint parts of the tests")  # fmt: skip
+    parser.addoption("--durations-out", default=None, metavar="PATH",
+                     help="write the seconds spent on each test file to PATH (JSON)")  # fmt: skip
+
+
+def record_durations(config) -> None:
+    """Registers the recorder of ``--durations-out`` where the option is given."""
+    path = config.getoption("--durations-out")
+    if path is not None:
+        config.pluginmanager.register(FileSeconds(Path(path)), "ember-file-seconds")
+
+
+class FileSeconds:
+    """Adds up each test file's seconds (every phase of every test in it) and writes them
+    to ``path`` when the session ends, whole or not at all."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid.split("::")[0]] += report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        from ember.atomic import atomic_write
+
+        table = {path: round(seconds, 2) for path, seconds in sorted(self.seconds.items())}
+        atomic_write(self.path, (json.dumps(table, indent=1) + "\n").encode())
+
+
+def merge_durations(tables: list[dict[str, float]]) -> dict[str, float]:
+    """One table of seconds per file from the shards' tables: a file dealt case by case
+    ran in several shards, and its seconds are their sum."""
+    total: defaultdict[str, float] = defaultdict(float)
+    for table in tables:
+        for path, seconds in table.items():
+            total[path] += seconds
+    return {path: round(seconds, 1) for path, seconds in sorted(total.items())}
 
 
 def _parse(text: str) -> tuple[int, int]:
