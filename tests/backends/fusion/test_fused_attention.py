@@ -629,6 +629,41 @@ def test_the_gradient_kernel_equals_float64(seed):
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
+def test_parts_that_claim_tasks_take_each_once_in_any_order(monkeypatch):
+    # The kernels' parts claim their tasks one at a time from a counter they share: run
+    # one after another, last part first, the last takes every task and the others none,
+    # and forward and gradients have one part's bits.
+    from ember.backends.fusion import numba_runtime
+
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 3, 40, 16), dtype=np.float32) for _ in range(3))
+    d_out = rng.standard_normal((2, 3, 40, 16), dtype=np.float32)
+    weights = np.empty((2, 3, 40, 40), np.float32)
+    one = numba_attention.attention(q, k, v, 0.25, weights=weights, threads=1)
+    grads = numba_attention.attention_backward(q, k, v, weights, d_out, factor=0.25, threads=1)
+    claims = []
+
+    def in_reverse(kernel, args, parts, threads=None, calls=None):
+        claims.append(args[-1])
+        for part in reversed(range(parts)):
+            kernel(*args, part, parts)
+
+    monkeypatch.setattr(numba_runtime, "_run_parts", in_reverse)
+    for parts in (2, 3):
+        claims.clear()
+        again = np.empty_like(weights)
+        got = numba_attention.attention(q, k, v, 0.25, weights=again, threads=parts)
+        np.testing.assert_array_equal(got, one)
+        np.testing.assert_array_equal(again, weights)
+        for g, want in zip(numba_attention.attention_backward(
+                q, k, v, weights, d_out, factor=0.25, threads=parts), grads, strict=True):  # fmt: skip
+            np.testing.assert_array_equal(g, want)
+        # a claim per task (batch entries, by chunks of queries forward), one empty a part
+        forward, backward = claims
+        chunks = numba_attention.chunk_sizes(6, 40, 40, parts, True)[0]
+        assert forward[1] == 6 * -(-40 // chunks) + parts and backward[1] == 6 + parts
+
+
 def test_the_gradient_kernel_stores_the_query_gradient_scaled():
     rng = np.random.default_rng(13)
     q, k, v, d_out = (rng.standard_normal((2, 2, 30, 8), dtype=np.float32) for _ in range(4))

@@ -193,6 +193,35 @@ def test_parts_split_the_tasks_without_changing_a_bit():
             )
 
 
+def test_parts_that_claim_samples_take_each_once_in_any_order(monkeypatch):
+    # The forward kernel's parts claim one sample's (and group's) tiles at a time from a
+    # counter they share: run one after another, last part first, the last takes every
+    # sample and the others none, and the output has one part's bits.
+    from ember.backends.fusion import numba_runtime
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 16, 70, 20)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    options = ConvOptions((1, 1), (1, 1), (1, 1), 2)
+    geometry = numba_conv._geometry(x.shape, w.shape, 2, (1, 1), (1, 1), (1, 1), 4)
+    assert geometry.rows_per_tile < geometry.oh  # several tiles a sample
+    one = numba_conv.conv2d(x, w, b, options, threads=1)
+    launches = []
+
+    def in_reverse(kernel, args, parts, threads=None, calls=None):
+        launches.append(args)
+        for part in reversed(range(parts)):
+            kernel(*args, part, parts)
+
+    monkeypatch.setattr(numba_conv, "_run_parts", in_reverse)
+    for parts in (2, 4):
+        launches.clear()
+        np.testing.assert_array_equal(numba_conv.conv2d(x, w, b, options, threads=parts), one)
+        (args,) = launches
+        assert args[-1][1] == 3 * 2 + parts  # a claim per sample and group, one empty a part
+
+
 def test_inputs_are_not_written():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)

@@ -111,6 +111,34 @@ def test_parts_split_the_tasks_without_changing_a_bit(m, k, n, b_blocks):
         np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
 
 
+def test_parts_that_claim_strips_take_each_once_in_any_order(monkeypatch):
+    # Where B is packed whole, the tile kernel's parts claim CLAIM_STRIPS strips at a time
+    # from a counter they share: run one after another, last part first, the last takes
+    # every strip and the others none, and the output has the bits of one thread's.
+    from ember.backends.fusion import numba_runtime
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2, 150, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 200)).astype(np.float32)
+    one = gemm.matmul(a, b, threads=1)
+    launches = []
+
+    def in_reverse(kernel, args, parts, threads=None, calls=None):
+        launches.append((kernel, args))
+        for part in reversed(range(parts)):
+            kernel(*args, part, parts)
+
+    monkeypatch.setattr(numba_runtime, "_run_parts", in_reverse)
+    for threads in (2, 5):
+        launches.clear()
+        np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads), one)
+        claims = next(args[-1] for kernel, args in launches if kernel is gemm._tiles)
+        mr = gemm.WIDE_MR if gemm.WIDE else gemm.MR
+        tasks = 2 * -(-150 // mr)
+        # every claim that found strips, then one empty claim a part
+        assert claims[1] == -(-tasks // gemm.CLAIM_STRIPS) + threads
+
+
 def test_a_block_of_k_keeps_one_parts_panels_in_l2():
     # A part that packs half of B's columns takes blocks of K twice as long; where all of B
     # fits, K is cut only where a strip would outgrow STRIP_BYTES.

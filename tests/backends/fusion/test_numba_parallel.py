@@ -141,7 +141,7 @@ def test_a_launcher_compiled_by_the_compiler_process_is_loaded_from_disk_later(t
         for _ in range(2):
             np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), a @ b)
             numba_parallel.wait()
-        launch = numba_parallel.launcher(numba_gemm._tiles, 10)
+        launch = numba_parallel.launcher(numba_gemm._tiles, 11)
         print(numba_parallel.enabled(), len(launch.overloads),
               sum(launch.stats.cache_hits.values()), numba_parallel._compiler["process"] is None)
     """)

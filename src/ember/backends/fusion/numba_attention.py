@@ -23,6 +23,11 @@ terms are rescaled by ``exp(m_old - m_new)``), and the output is divided by ``l`
 the end. Written weights need the final sums, so a call that writes them takes all keys
 in one block.
 
+**Parts.** A launch's parts claim their tasks (a batch entry's chunk of queries; a batch
+entry, for the gradients) one at a time from a counter they share, as the GEMM's and the
+convolution's parts do, so a core that a neighbour slows takes fewer. A task writes its
+outputs alone, so the results do not depend on which part ran it.
+
 **What it computes.** Up to float rounding, exactly the unfused ops: a masked score is
 replaced by ``fill`` (``mask_fill`` after the scaling), a bias is added after the
 scaling, the maximum is the row's (a NaN anywhere in a row makes the row NaN, as the
@@ -54,6 +59,8 @@ from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel, transpos
 
 try:  # numba is optional: attention raises KernelUnsupported without it
     import numba
+
+    from ember.backends.fusion.numba_math import next_part
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
@@ -235,7 +242,7 @@ def _read_tiles(x, b0, b1, r0, rows, cols, flat, strides, i, fast,
 
 @_jit
 def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, flags, qc, kb,
-            flat_q, flat_k, flat_v, flat_out, flat_q_out, flat_weights, strides, fast,
+            flat_q, flat_k, flat_v, flat_out, flat_q_out, flat_weights, strides, fast, claims,
             part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Tasks ``part`` of ``parts`` (see the module doc). ``flags``: 1 writes ``weights``
     (then ``kb`` covers every key), 2 applies ``mask``, 4 adds ``bias``, 8 writes ``q *
@@ -268,7 +275,11 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
     blocks = (lk + kb - 1) // kb
     chunks = (lq + qc - 1) // qc
     tasks = b0n * b1n * chunks
-    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+    task, end = tasks * part // parts - 1, tasks * (part + 1) // parts
+    while True:  # this part's slice of the tasks, or claimed one by one (see the module doc)
+        task = next_part(claims) if claims.size > 0 else task + 1
+        if task >= (tasks if claims.size > 0 else end):
+            return
         b0 = task // (b1n * chunks)
         b1 = task // chunks % b1n
         i0 = task % chunks * qc
@@ -395,7 +406,15 @@ def _kernel():
     i64, f32 = numba.types.int64, numba.types.float32
     return _compiled_once(_attend, floats, floats, floats, target, target, target, flags, floats,
                           f32, f32, f32, i64, i64, i64, flat_in, flat_in, flat_in, flat_out,
-                          flat_out, flat_out, strides, i64, i64, i64)  # fmt: skip
+                          flat_out, flat_out, strides, i64, _CLAIMS, i64, i64)  # fmt: skip
+
+
+_CLAIMS = numba.types.Array(numba.types.int64, 1, "C") if numba is not None else None
+
+
+def _claims(parts: int) -> np.ndarray:
+    """The counter a launch's parts claim their tasks from (none for one part)."""
+    return np.zeros(2 if parts > 1 else 0, np.int64)
 
 
 def _flat_types():
@@ -530,7 +549,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
             _read_only(np.zeros((1, 1, 1, 1), np.bool_) if mask is None else mask),
             _read_only(dummy if bias is None else bias),
             np.float32(scale), np.float32(q_factor), np.float32(fill), flags, qc, kb,
-            *flat, strides, fast]  # fmt: skip
+            *flat, strides, fast, _claims(parts)]  # fmt: skip
     _run_parts(_kernel(), args, parts)
     return out
 
@@ -557,7 +576,7 @@ if numba is not None:
 @_jit
 def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_factor, masked,
                      flat_q, flat_k, flat_v, flat_d_out, flat_d_q, flat_d_k, flat_d_v, strides,
-                     fast, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
+                     fast, claims, part, parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Batch entries ``part`` of ``parts`` of :func:`attention_backward`; ``fast`` bit ``i``:
     operand ``i`` of ``(q, k, v, d_out, d_q, d_k, d_v)`` is given flat too (see
     :func:`_attend`)."""
@@ -586,7 +605,11 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_fac
     offs_r = np.arange(lq) * kbp
     offs_j = np.arange(lk) * qcp
     tasks = b0n * b1n
-    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
+    task, end = tasks * part // parts - 1, tasks * (part + 1) // parts
+    while True:  # this part's slice of the tasks, or claimed one by one (see the module doc)
+        task = next_part(claims) if claims.size > 0 else task + 1
+        if task >= (tasks if claims.size > 0 else end):
+            return
         b0 = task // b1n
         b1 = task % b1n
         qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
@@ -641,7 +664,7 @@ def _backward_kernel():
     i64, f32 = numba.types.int64, numba.types.float32
     return _compiled_once(_attend_backward, floats, floats, floats, rows, floats, target,
                           target, target, flags, f32, f32, i64, flat_in, flat_in, flat_in,
-                          flat_in, flat_out, flat_out, flat_out, strides, i64, i64,
+                          flat_in, flat_out, flat_out, flat_out, strides, i64, _CLAIMS, i64,
                           i64)  # fmt: skip
 
 
@@ -702,7 +725,8 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
     weights = np.ascontiguousarray(weights)  # read row by row: a copy only if it is a view
     q, k, v, d_out = _read_only(q), _read_only(k), _read_only(v), _read_only(d_out)
     flat, strides, fast = _flats((q, k, v, d_out), tuple(made))
+    parts = min(parts, int(np.prod(batch)))
     args = [q, k, v, _read_only(weights), d_out, *made, _read_only(flags), np.float32(factor),
-            np.float32(q_factor), int(mask is not None), *flat, strides, fast]  # fmt: skip
-    _run_parts(_backward_kernel(), args, min(parts, int(np.prod(batch))))
+            np.float32(q_factor), int(mask is not None), *flat, strides, fast, _claims(parts)]  # fmt: skip
+    _run_parts(_backward_kernel(), args, parts)
     return made[0], made[1], made[2]

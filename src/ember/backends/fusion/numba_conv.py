@@ -76,7 +76,10 @@ The tile alone (no packing, no waste) runs at about 270 GFLOP/s.
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their task
 range (like the fusion runtime's generated kernels); :func:`conv2d` runs them with
 ``numba_runtime._run_parts``: part 0 on the calling thread, the others on the runtime's
-worker threads (kernels release the GIL; numba's own thread pool is not used).
+worker threads (kernels release the GIL; numba's own thread pool is not used). The forward
+kernel's parts instead claim one sample's tiles at a time from a counter they share, so a
+core that a neighbour slows takes fewer samples (each still packed once, by the part that
+claims it; each output the same sum).
 
 Kernels are compiled with ``fastmath={'contract', 'reassoc'}``: sums may be added in
 another order than NdArray's GEMM adds them (the results agree to rounding).
@@ -110,6 +113,8 @@ if TYPE_CHECKING:
 
 try:  # numba is optional: conv2d raises KernelUnsupported without it
     import numba
+
+    from ember.backends.fusion.numba_math import next_part
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
@@ -408,7 +413,7 @@ _out3, _out2, _out1 = (None if numba is None else tile_kernel(TILE_OB, nv, epilo
 
 @_jit
 def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
-                ph, pw, hq, wq, groups, cg, nblk, rows_per_tile, span, direct, part,
+                ph, pw, hq, wq, groups, cg, nblk, rows_per_tile, span, direct, claims, part,
                 parts):  # fmt: skip  # pragma: no cover - runs compiled
     """Output channel blocks of :data:`TILE_OB` by spans of ``span`` positions, summed in
     registers by :func:`numba_tile.tile_kernel` (see the module doc); ``wt`` is flat
@@ -441,25 +446,35 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
     flat_res = res.reshape(res.size)
     tasks = n_all * groups * ntiles
     packed = -1
-    for task in range(tasks * part // parts, tasks * (part + 1) // parts):
-        tile = task % ntiles
-        sample_group = task // ntiles
-        g = sample_group % groups
-        n = sample_group // groups
-        if sample_group != packed:
-            pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
-            packed = sample_group
-        r0 = tile * rows_per_tile
-        r1 = min(oh, r0 + rows_per_tile)
-        _spans(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, by_rows, row_vectors,
-               width, longest, direct, flat_out, n * o_all, oh * ow, ow, bias, bounds,
-               flat_res, has_res)  # fmt: skip
-        if direct:
-            continue
-        for o in range(og):
-            oc = g * og + o
-            _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res, has_res,
-                           bounds)  # fmt: skip
+    claiming = claims.size > 0
+    first, end = tasks * part // parts, tasks * (part + 1) // parts
+    while True:
+        if claiming:  # the next sample's (and group's) tiles, whichever part is free first
+            first = next_part(claims) * ntiles
+            if first >= tasks:
+                return
+            end = first + ntiles
+        for task in range(first, end):
+            tile = task % ntiles
+            sample_group = task // ntiles
+            g = sample_group % groups
+            n = sample_group // groups
+            if sample_group != packed:
+                pack_phases(x, xq, used, n, g * cg, cg, sh, sw, ph, pw, hq, wq, 0.0)
+                packed = sample_group
+            r0 = tile * rows_per_tile
+            r1 = min(oh, r0 + rows_per_tile)
+            _spans(xq, offs, wt, acc, g * nblk, nblk, taps, r0, r1, wq, by_rows, row_vectors,
+                   width, longest, direct, flat_out, n * o_all, oh * ow, ow, bias, bounds,
+                   flat_res, has_res)  # fmt: skip
+            if direct:
+                continue
+            for o in range(og):
+                oc = g * og + o
+                _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res,
+                               has_res, bounds)  # fmt: skip
+        if not claiming:
+            return
 
 
 @_inline
@@ -848,7 +863,10 @@ def run(launch: Launch, x: np.ndarray, empty: Callable = np.empty,
         )
     else:
         res = np.ascontiguousarray(residual)
-    args = [x, *launch.before, out, res, residual is not None, launch.bounds, *launch.after]
+    # Parts claim a sample's tiles at a time where there are several (see the module doc).
+    claims = np.zeros(2 if launch.parts > 1 else 0, np.int64)
+    args = [x, *launch.before, out, res, residual is not None, launch.bounds, *launch.after,
+            claims]  # fmt: skip
     _run_parts(launch.kernel, args, launch.parts)
     return out
 
