@@ -122,9 +122,9 @@ the output out of L2: weight gradients ran 7-14% slower)."""
 CLAIM_STRIPS = 4
 """Strips a part of :func:`_tiles` claims at a time where parts claim theirs (48 or 96 rows:
 an atomic add per claim). Against fixed halves, alternating in one process at two threads on
-the ``nn_step`` encoder's forward and input-gradient products: 0.89-0.94x the time over the
-eight of them, 0.83-0.99x each (this 2-vCPU host's cores ran at unequal speeds there);
-at one thread there is one part, and nothing claims."""
+the ``nn_step`` encoder's forward and input-gradient products: 0.89-0.98x the time over the
+eight of them in six runs, 0.83-0.99x each (this 2-vCPU host's cores often ran at unequal
+speeds); at one thread there is one part, and nothing claims."""
 PREFETCH_TAPS = 32
 """Steps of ``K`` ahead that the tile prefetches its panel's rows into L1 (4 KiB for
 float32; 16-64 measured within noise of each other, 7-12% faster than none: a panel's rows
