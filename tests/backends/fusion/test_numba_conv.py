@@ -197,7 +197,6 @@ def test_parts_that_claim_samples_take_each_once_in_any_order(monkeypatch):
     # The forward kernel's parts claim one sample's (and group's) tiles at a time from a
     # counter they share: run one after another, last part first, the last takes every
     # sample and the others none, and the output has one part's bits.
-    from ember.backends.fusion import numba_runtime
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 16, 70, 20)).astype(np.float32)
