@@ -630,9 +630,9 @@ def test_the_gradient_kernel_equals_float64(seed):
 
 
 def test_parts_that_claim_tasks_take_each_once_in_any_order(monkeypatch):
-    # The kernels' parts claim their tasks one at a time from a counter they share: run
-    # one after another, last part first, the last takes every task and the others none,
-    # and forward and gradients have one part's bits.
+    # The kernels run a call a thread, each taking a task at a time from a counter they
+    # share: run one after another, last call first, the last claims every task but the
+    # others' own, and forward and gradients have one part's bits.
     from ember.backends.fusion import numba_runtime
 
     rng = np.random.default_rng(9)
@@ -645,7 +645,7 @@ def test_parts_that_claim_tasks_take_each_once_in_any_order(monkeypatch):
 
     def in_reverse(kernel, args, parts, threads=None, calls=None):
         claims.append(args[-1])
-        for part in reversed(range(parts)):
+        for part in reversed(range(min(calls or parts, parts))):  # the runtime makes `calls` calls
             kernel(*args, part, parts)
 
     monkeypatch.setattr(numba_runtime, "_run_parts", in_reverse)
@@ -658,7 +658,8 @@ def test_parts_that_claim_tasks_take_each_once_in_any_order(monkeypatch):
         for g, want in zip(numba_attention.attention_backward(
                 q, k, v, weights, d_out, factor=0.25, threads=parts), grads, strict=True):  # fmt: skip
             np.testing.assert_array_equal(g, want)
-        # a claim per task (batch entries, by chunks of queries forward), one empty a part
+        # the counter: its start (a call a part) and a claim per task (batch entries, by
+        # chunks of queries forward), found or empty
         forward, backward = claims
         chunks = numba_attention.chunk_sizes(6, 40, 40, parts, True)[0]
         assert forward[1] == 6 * -(-40 // chunks) + parts and backward[1] == 6 + parts

@@ -112,9 +112,10 @@ def test_parts_split_the_tasks_without_changing_a_bit(m, k, n, b_blocks):
 
 
 def test_parts_that_claim_strips_take_each_once_in_any_order(monkeypatch):
-    # Where B is packed whole, the tile kernel's parts claim CLAIM_STRIPS strips at a time
-    # from a counter they share: run one after another, last part first, the last takes
-    # every strip and the others none, and the output has the bits of one thread's.
+    # Where B is packed whole, the tile kernel runs a call a thread, each taking slices of
+    # CLAIM_STRIPS strips from a counter they share: run one after another, last call
+    # first, the last claims every slice but the others' own, and the output has the bits
+    # of one thread's.
     from ember.backends.fusion import numba_runtime
 
     rng = np.random.default_rng(4)
@@ -125,7 +126,7 @@ def test_parts_that_claim_strips_take_each_once_in_any_order(monkeypatch):
 
     def in_reverse(kernel, args, parts, threads=None, calls=None):
         launches.append((kernel, args))
-        for part in reversed(range(parts)):
+        for part in reversed(range(min(calls or parts, parts))):  # the runtime makes `calls` calls
             kernel(*args, part, parts)
 
     monkeypatch.setattr(numba_runtime, "_run_parts", in_reverse)
@@ -135,8 +136,8 @@ def test_parts_that_claim_strips_take_each_once_in_any_order(monkeypatch):
         claims = next(args[-1] for kernel, args in launches if kernel is gemm._tiles)
         mr = gemm.WIDE_MR if gemm.WIDE else gemm.MR
         tasks = 2 * -(-150 // mr)
-        # every claim that found strips, then one empty claim a part
-        assert claims[1] == -(-tasks // gemm.CLAIM_STRIPS) + threads
+        # the counter: its start (a call a thread) and a claim per slice, found or empty
+        assert claims[1] == max(threads, -(-tasks // gemm.CLAIM_STRIPS)) + threads
 
 
 def test_a_block_of_k_keeps_one_parts_panels_in_l2():

@@ -275,102 +275,102 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
     blocks = (lk + kb - 1) // kb
     chunks = (lq + qc - 1) // qc
     tasks = b0n * b1n * chunks
-    task, end = tasks * part // parts - 1, tasks * (part + 1) // parts
-    while True:  # this part's slice of the tasks, or claimed one by one (see the module doc)
-        task = next_part(claims) if claims.size > 0 else task + 1
-        if task >= (tasks if claims.size > 0 else end):
-            return
-        b0 = task // (b1n * chunks)
-        b1 = task // chunks % b1n
-        i0 = task % chunks * qc
-        rows = min(qc, lq - i0)
-        width = (rows + LANES - 1) // LANES * LANES
-        qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
-        kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
-        vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
-        _read_transposed(q, qb0, qb1, i0, rows, d, flat_q, strides, 0, fast, qt, qcp)
-        for c in range(d):
-            row = c * qcp
-            for r in range(rows):
-                qt[u(row + r)] *= scale
-        if write_q and fast & 17 == 17:
-            at, to = _row_at(strides, 0, qb0, qb1, i0), _row_at(strides, 4, qb0, qb1, i0)
-            for r in range(rows):
-                src_at, dst_at = at + r * strides[0, 2], to + r * strides[4, 2]
-                for c in range(d):
-                    flat_q_out[u(dst_at + c)] = flat_q[u(src_at + c)] * q_factor
-        elif write_q:
-            for r in range(rows):
-                src = q[qb0, qb1, i0 + r]
-                dst = q_out[qb0, qb1, i0 + r]
-                for c in range(d):
-                    dst[c] = src[c] * q_factor
-        for r in range(width):
-            m[u(r)] = -np.inf
-            total[u(r)] = 0
-        for j0 in range(0, lk, kb):
-            keys = min(kb, lk - j0)
-            _read_tiles_transposed(k, kb0, kb1, j0, keys, d, flat_k, strides, 1, fast, kp)
-            for t in range((keys + OB - 1) // OB):
-                _spans(qt, offs_q, kp, t * d * OB, d, st, t * OB * qcp, qcp, width)
-            if masked or biased:
+    piece = np.int64(part)  # a parallel launch's prange index is unsigned
+    while piece < parts:  # this call's slice, then those it claims (numba_runtime.claims)
+        for task in range(tasks * piece // parts, tasks * (piece + 1) // parts):
+            b0 = task // (b1n * chunks)
+            b1 = task // chunks % b1n
+            i0 = task % chunks * qc
+            rows = min(qc, lq - i0)
+            width = (rows + LANES - 1) // LANES * LANES
+            qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
+            kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
+            vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
+            _read_transposed(q, qb0, qb1, i0, rows, d, flat_q, strides, 0, fast, qt, qcp)
+            for c in range(d):
+                row = c * qcp
                 for r in range(rows):
-                    mrow = mask[min(b0, mask.shape[0] - 1), min(b1, mask.shape[1] - 1),
-                                min(i0 + r, mask.shape[2] - 1)]  # fmt: skip
-                    brow = bias[min(b0, bias.shape[0] - 1), min(b1, bias.shape[1] - 1),
-                                min(i0 + r, bias.shape[2] - 1)]  # fmt: skip
-                    for j in range(keys):
-                        at = u(j * qcp + r)
-                        if masked and mrow[min(j0 + j, mrow.shape[0] - 1)]:
-                            st[at] = fill
-                        if biased:
-                            st[at] += brow[min(j0 + j, brow.shape[0] - 1)]
-            # The running maximum, lane by lane (a NaN is skipped here and poisons the
-            # sums below, as it poisons the unfused softmax).
-            for r in range(width):
-                m_new[u(r)] = m[u(r)]
-            for j in range(keys):
-                row = j * qcp
-                for r in range(width):
-                    x = st[u(row + r)]
-                    m_new[u(r)] = x if x > m_new[u(r)] else m_new[u(r)]
-            for r in range(width):
-                alpha[u(r)] = fast_exp_f32(m[u(r)] - m_new[u(r)])
-                total[u(r)] *= alpha[u(r)]
-                m[u(r)] = m_new[u(r)]
-            for j in range(keys):
-                row = j * qcp
-                for r in range(width):
-                    e = fast_exp_f32(st[u(row + r)] - m_new[u(r)])
-                    st[u(row + r)] = e
-                    total[u(r)] += e
-            _read_tiles(v, vb0, vb1, j0, keys, dv, flat_v, strides, 2, fast, vp)
-            target = acc if blocks == 1 else block_out
-            for t in range(value_tiles):
-                _spans(st, offs_s, vp, t * keys * OB, keys, target, t * OB * qcp, qcp, width)
-            if blocks > 1:
-                for c in range(dv):
-                    row = c * qcp
-                    if j0 == 0:
-                        for r in range(width):
-                            acc[u(row + r)] = block_out[u(row + r)]
-                    else:
-                        for r in range(width):
-                            acc[u(row + r)] = acc[u(row + r)] * alpha[u(r)] + block_out[u(row + r)]
-        for r in range(width):
-            total[u(r)] = one / total[u(r)]
-        for c in range(dv):
-            row = c * qcp
-            for r in range(rows):
-                acc[u(row + r)] *= total[u(r)]
-        _write_transposed(acc, qcp, rows, dv, out, b0, b1, i0, flat_out, strides, 3, fast)
-        if write_weights:  # one block: st holds every key's exp
-            for j in range(lk):
-                row = j * qcp
+                    qt[u(row + r)] *= scale
+            if write_q and fast & 17 == 17:
+                at, to = _row_at(strides, 0, qb0, qb1, i0), _row_at(strides, 4, qb0, qb1, i0)
                 for r in range(rows):
-                    st[u(row + r)] *= total[u(r)]
-            _write_transposed(st, qcp, rows, lk, weights, b0, b1, i0, flat_weights, strides, 5,
-                              fast)  # fmt: skip
+                    src_at, dst_at = at + r * strides[0, 2], to + r * strides[4, 2]
+                    for c in range(d):
+                        flat_q_out[u(dst_at + c)] = flat_q[u(src_at + c)] * q_factor
+            elif write_q:
+                for r in range(rows):
+                    src = q[qb0, qb1, i0 + r]
+                    dst = q_out[qb0, qb1, i0 + r]
+                    for c in range(d):
+                        dst[c] = src[c] * q_factor
+            for r in range(width):
+                m[u(r)] = -np.inf
+                total[u(r)] = 0
+            for j0 in range(0, lk, kb):
+                keys = min(kb, lk - j0)
+                _read_tiles_transposed(k, kb0, kb1, j0, keys, d, flat_k, strides, 1, fast, kp)
+                for t in range((keys + OB - 1) // OB):
+                    _spans(qt, offs_q, kp, t * d * OB, d, st, t * OB * qcp, qcp, width)
+                if masked or biased:
+                    for r in range(rows):
+                        mrow = mask[min(b0, mask.shape[0] - 1), min(b1, mask.shape[1] - 1),
+                                    min(i0 + r, mask.shape[2] - 1)]  # fmt: skip
+                        brow = bias[min(b0, bias.shape[0] - 1), min(b1, bias.shape[1] - 1),
+                                    min(i0 + r, bias.shape[2] - 1)]  # fmt: skip
+                        for j in range(keys):
+                            at = u(j * qcp + r)
+                            if masked and mrow[min(j0 + j, mrow.shape[0] - 1)]:
+                                st[at] = fill
+                            if biased:
+                                st[at] += brow[min(j0 + j, brow.shape[0] - 1)]
+                # The running maximum, lane by lane (a NaN is skipped here and poisons the
+                # sums below, as it poisons the unfused softmax).
+                for r in range(width):
+                    m_new[u(r)] = m[u(r)]
+                for j in range(keys):
+                    row = j * qcp
+                    for r in range(width):
+                        x = st[u(row + r)]
+                        m_new[u(r)] = x if x > m_new[u(r)] else m_new[u(r)]
+                for r in range(width):
+                    alpha[u(r)] = fast_exp_f32(m[u(r)] - m_new[u(r)])
+                    total[u(r)] *= alpha[u(r)]
+                    m[u(r)] = m_new[u(r)]
+                for j in range(keys):
+                    row = j * qcp
+                    for r in range(width):
+                        e = fast_exp_f32(st[u(row + r)] - m_new[u(r)])
+                        st[u(row + r)] = e
+                        total[u(r)] += e
+                _read_tiles(v, vb0, vb1, j0, keys, dv, flat_v, strides, 2, fast, vp)
+                target = acc if blocks == 1 else block_out
+                for t in range(value_tiles):
+                    _spans(st, offs_s, vp, t * keys * OB, keys, target, t * OB * qcp, qcp, width)
+                if blocks > 1:
+                    for c in range(dv):
+                        row = c * qcp
+                        if j0 == 0:
+                            for r in range(width):
+                                acc[u(row + r)] = block_out[u(row + r)]
+                        else:
+                            for r in range(width):
+                                acc[u(row + r)] = (acc[u(row + r)] * alpha[u(r)]
+                                                   + block_out[u(row + r)])
+            for r in range(width):
+                total[u(r)] = one / total[u(r)]
+            for c in range(dv):
+                row = c * qcp
+                for r in range(rows):
+                    acc[u(row + r)] *= total[u(r)]
+            _write_transposed(acc, qcp, rows, dv, out, b0, b1, i0, flat_out, strides, 3, fast)
+            if write_weights:  # one block: st holds every key's exp
+                for j in range(lk):
+                    row = j * qcp
+                    for r in range(rows):
+                        st[u(row + r)] *= total[u(r)]
+                _write_transposed(st, qcp, rows, lk, weights, b0, b1, i0, flat_weights, strides, 5,
+                                  fast)  # fmt: skip
+        piece = next_part(claims)
 
 
 _ready: set = set()  # the dispatchers compiled for their one signature
@@ -410,11 +410,6 @@ def _kernel():
 
 
 _CLAIMS = numba.types.Array(numba.types.int64, 1, "C") if numba is not None else None
-
-
-def _claims(parts: int) -> np.ndarray:
-    """The counter a launch's parts claim their tasks from (none for one part)."""
-    return np.zeros(2 if parts > 1 else 0, np.int64)
 
 
 def _flat_types():
@@ -510,7 +505,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
         array([[0.731, 0.269],
                [0.269, 0.731]], dtype=float32)
     """
-    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+    from ember.backends.fusion.numba_runtime import _run_parts, claims, parts_for
 
     if not supports(q, k, v):
         raise KernelUnsupported(f"numba attention: q {q.dtype} {q.shape}, k {k.dtype} {k.shape}, "
@@ -549,8 +544,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
             _read_only(np.zeros((1, 1, 1, 1), np.bool_) if mask is None else mask),
             _read_only(dummy if bias is None else bias),
             np.float32(scale), np.float32(q_factor), np.float32(fill), flags, qc, kb,
-            *flat, strides, fast, _claims(parts)]  # fmt: skip
-    _run_parts(_kernel(), args, parts)
+            *flat, strides, fast, claims(parts)]  # fmt: skip
+    # A call a thread, each claiming a task at a time as it comes free.
+    tasks = int(np.prod(batch)) * -(-lq // qc) if parts > 1 else 1
+    _run_parts(_kernel(), args, tasks, parts, calls=parts)
     return out
 
 
@@ -605,53 +602,52 @@ def _attend_backward(q, k, v, weights, d_out, d_q, d_k, d_v, mask, factor, q_fac
     offs_r = np.arange(lq) * kbp
     offs_j = np.arange(lk) * qcp
     tasks = b0n * b1n
-    task, end = tasks * part // parts - 1, tasks * (part + 1) // parts
-    while True:  # this part's slice of the tasks, or claimed one by one (see the module doc)
-        task = next_part(claims) if claims.size > 0 else task + 1
-        if task >= (tasks if claims.size > 0 else end):
-            return
-        b0 = task // b1n
-        b1 = task % b1n
-        qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
-        kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
-        vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
-        for r in range(lq):
-            p_row = weights[b0, b1, r]
-            for j in range(lk):
-                pp[u(r * kbp + j)] = p_row[j]
-        _read_tiles_transposed(d_out, b0, b1, 0, lq, dv, flat_d_out, strides, 3, fast, out_q)
-        _read_tiles(d_out, b0, b1, 0, lq, dv, flat_d_out, strides, 3, fast, out_f)
-        _read_tiles(q, qb0, qb1, 0, lq, d, flat_q, strides, 0, fast, q_f)
-        _read_transposed(v, vb0, vb1, 0, lk, dv, flat_v, strides, 2, fast, vt, kbp)
-        _read_tiles(k, kb0, kb1, 0, lk, d, flat_k, strides, 1, fast, k_f)
-        # dP = dO vᵀ, then dS = P (dP - rowsum(dP P)), scaled, masked to 0
-        for t in range(q_tiles):
-            _spans(vt, offs_c, out_q, t * dv * OB, dv, dp, t * OB * kbp, kbp, kbp)
-        for r in range(lq):
-            at = r * kbp
-            total = _row_dot(dp, pp, at, lk)
-            for j in range(lk):
-                ds[u(at + j)] = pp[u(at + j)] * (dp[u(at + j)] - total) * factor
-            if masked:
-                mrow = mask[min(b0, mask.shape[0] - 1), min(b1, mask.shape[1] - 1),
-                            min(r, mask.shape[2] - 1)]  # fmt: skip
-                for j in range(lk):
-                    if mrow[min(j, mrow.shape[0] - 1)]:
-                        ds[u(at + j)] = 0
-        _transposed(ds, 0, kbp, lq, lk, dst, 0, qcp)  # dSᵀ, by blocks in registers
-        # dKᵀ = qᵀ dS, dVᵀ = dOᵀ P, dQᵀ = kᵀ dSᵀ: feature rows by key (query) lanes
-        for t in range(d_tiles):
-            _spans(ds, offs_r, q_f, t * lq * OB, lq, dkt, t * OB * kbp, kbp, kbp)
-            _spans(dst, offs_j, k_f, t * lk * OB, lk, dqt, t * OB * qcp, qcp, qcp)
-        for t in range(v_tiles):
-            _spans(pp, offs_r, out_f, t * lq * OB, lq, dvt, t * OB * kbp, kbp, kbp)
-        for c in range(d):
-            row = c * qcp
+    piece = np.int64(part)  # a parallel launch's prange index is unsigned
+    while piece < parts:  # this call's slice, then those it claims (numba_runtime.claims)
+        for task in range(tasks * piece // parts, tasks * (piece + 1) // parts):
+            b0 = task // b1n
+            b1 = task % b1n
+            qb0, qb1 = min(b0, q.shape[0] - 1), min(b1, q.shape[1] - 1)
+            kb0, kb1 = min(b0, k.shape[0] - 1), min(b1, k.shape[1] - 1)
+            vb0, vb1 = min(b0, v.shape[0] - 1), min(b1, v.shape[1] - 1)
             for r in range(lq):
-                dqt[u(row + r)] *= q_factor
-        _write_transposed(dkt, kbp, lk, d, d_k, b0, b1, 0, flat_d_k, strides, 5, fast)
-        _write_transposed(dvt, kbp, lk, dv, d_v, b0, b1, 0, flat_d_v, strides, 6, fast)
-        _write_transposed(dqt, qcp, lq, d, d_q, b0, b1, 0, flat_d_q, strides, 4, fast)
+                p_row = weights[b0, b1, r]
+                for j in range(lk):
+                    pp[u(r * kbp + j)] = p_row[j]
+            _read_tiles_transposed(d_out, b0, b1, 0, lq, dv, flat_d_out, strides, 3, fast, out_q)
+            _read_tiles(d_out, b0, b1, 0, lq, dv, flat_d_out, strides, 3, fast, out_f)
+            _read_tiles(q, qb0, qb1, 0, lq, d, flat_q, strides, 0, fast, q_f)
+            _read_transposed(v, vb0, vb1, 0, lk, dv, flat_v, strides, 2, fast, vt, kbp)
+            _read_tiles(k, kb0, kb1, 0, lk, d, flat_k, strides, 1, fast, k_f)
+            # dP = dO vᵀ, then dS = P (dP - rowsum(dP P)), scaled, masked to 0
+            for t in range(q_tiles):
+                _spans(vt, offs_c, out_q, t * dv * OB, dv, dp, t * OB * kbp, kbp, kbp)
+            for r in range(lq):
+                at = r * kbp
+                total = _row_dot(dp, pp, at, lk)
+                for j in range(lk):
+                    ds[u(at + j)] = pp[u(at + j)] * (dp[u(at + j)] - total) * factor
+                if masked:
+                    mrow = mask[min(b0, mask.shape[0] - 1), min(b1, mask.shape[1] - 1),
+                                min(r, mask.shape[2] - 1)]  # fmt: skip
+                    for j in range(lk):
+                        if mrow[min(j, mrow.shape[0] - 1)]:
+                            ds[u(at + j)] = 0
+            _transposed(ds, 0, kbp, lq, lk, dst, 0, qcp)  # dSᵀ, by blocks in registers
+            # dKᵀ = qᵀ dS, dVᵀ = dOᵀ P, dQᵀ = kᵀ dSᵀ: feature rows by key (query) lanes
+            for t in range(d_tiles):
+                _spans(ds, offs_r, q_f, t * lq * OB, lq, dkt, t * OB * kbp, kbp, kbp)
+                _spans(dst, offs_j, k_f, t * lk * OB, lk, dqt, t * OB * qcp, qcp, qcp)
+            for t in range(v_tiles):
+                _spans(pp, offs_r, out_f, t * lq * OB, lq, dvt, t * OB * kbp, kbp, kbp)
+            for c in range(d):
+                row = c * qcp
+                for r in range(lq):
+                    dqt[u(row + r)] *= q_factor
+            _write_transposed(dkt, kbp, lk, d, d_k, b0, b1, 0, flat_d_k, strides, 5, fast)
+            _write_transposed(dvt, kbp, lk, dv, d_v, b0, b1, 0, flat_d_v, strides, 6, fast)
+            _write_transposed(dqt, qcp, lq, d, d_q, b0, b1, 0, flat_d_q, strides, 4, fast)
+        piece = next_part(claims)
 
 
 @functools.cache
@@ -700,7 +696,7 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
     strides); new arrays otherwise. Raises :class:`KernelUnsupported` for what
     :func:`supports_backward` refuses.
     """
-    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+    from ember.backends.fusion.numba_runtime import _run_parts, claims, parts_for
 
     if not supports_backward(q, k, v, weights, d_out):
         raise KernelUnsupported("numba attention backward: q, k, v, weights, d_out "
@@ -727,6 +723,7 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
     flat, strides, fast = _flats((q, k, v, d_out), tuple(made))
     parts = min(parts, int(np.prod(batch)))
     args = [q, k, v, _read_only(weights), d_out, *made, _read_only(flags), np.float32(factor),
-            np.float32(q_factor), int(mask is not None), *flat, strides, fast, _claims(parts)]  # fmt: skip
-    _run_parts(_backward_kernel(), args, parts)
+            np.float32(q_factor), int(mask is not None), *flat, strides, fast, claims(parts)]  # fmt: skip
+    tasks = int(np.prod(batch)) if parts > 1 else 1
+    _run_parts(_backward_kernel(), args, tasks, parts, calls=parts)
     return made[0], made[1], made[2]

@@ -99,7 +99,7 @@ import numpy as np
 
 from ember.backend.errors import ShapeError, fmt_shape
 from ember.backend.kept import immutable
-from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+from ember.backends.fusion.numba_runtime import _run_parts, claims, parts_for
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 
@@ -446,15 +446,9 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
     flat_res = res.reshape(res.size)
     tasks = n_all * groups * ntiles
     packed = -1
-    claiming = claims.size > 0
-    first, end = tasks * part // parts, tasks * (part + 1) // parts
-    while True:
-        if claiming:  # the next sample's (and group's) tiles, whichever part is free first
-            first = next_part(claims) * ntiles
-            if first >= tasks:
-                return
-            end = first + ntiles
-        for task in range(first, end):
+    piece = np.int64(part)  # a parallel launch's prange index is unsigned
+    while piece < parts:  # this call's slice, then those it claims (numba_runtime.claims)
+        for task in range(tasks * piece // parts, tasks * (piece + 1) // parts):
             tile = task % ntiles
             sample_group = task // ntiles
             g = sample_group % groups
@@ -473,8 +467,7 @@ def _conv_tiled(x, wt, offs, used, bias, out, res, has_res, bounds, sh, sw,
                 oc = g * og + o
                 _epilogue_rows(out, acc, o * longest, bias[oc], n, oc, r0, r1, wq, res,
                                has_res, bounds)  # fmt: skip
-        if not claiming:
-            return
+        piece = next_part(claims)
 
 
 @_inline
@@ -863,11 +856,13 @@ def run(launch: Launch, x: np.ndarray, empty: Callable = np.empty,
         )
     else:
         res = np.ascontiguousarray(residual)
-    # Parts claim a sample's tiles at a time where there are several (see the module doc).
-    claims = np.zeros(2 if launch.parts > 1 else 0, np.int64)
+    # A call a thread, each claiming a sample's (and group's) tiles as it comes free (see
+    # the module doc).
+    threads = launch.parts
+    samples = x.shape[0] * launch.after[6] if threads > 1 else 1  # after[6]: groups
     args = [x, *launch.before, out, res, residual is not None, launch.bounds, *launch.after,
-            claims]  # fmt: skip
-    _run_parts(launch.kernel, args, launch.parts)
+            claims(threads)]  # fmt: skip
+    _run_parts(launch.kernel, args, samples, threads, calls=threads)
     return out
 
 

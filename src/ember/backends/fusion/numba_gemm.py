@@ -399,14 +399,9 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, claims
     flat_out = out.reshape(-1)
     strip, edge, row_at = _strip_scratch(out, kc, k, nr, mr)
     blocks = (k + kc - 1) // kc
-    claiming = claims.size > 0
-    first, end = tasks * part // parts, tasks * (part + 1) // parts
-    while True:
-        if claiming:  # the next CLAIM_STRIPS tasks, whichever part is free first
-            first = next_part(claims) * CLAIM_STRIPS
-            if first >= tasks:
-                return
-            end = min(tasks, first + CLAIM_STRIPS)
+    piece = np.int64(part)  # a parallel launch's prange index is unsigned
+    while piece < parts:  # this call's slice, then those it claims (numba_runtime.claims)
+        first, end = tasks * piece // parts, tasks * (piece + 1) // parts
         for step in range((end - first) * blocks):
             if k_inner:  # a strip's output rows stay in L1 over all of K
                 task, kb = first + step // blocks, step % blocks
@@ -422,8 +417,7 @@ def _tiles(a, by_columns, bp, out, a_of, b_of, kc, k_inner, bias, adding, claims
             _run_strip(strip, 0, kk, rows, flat_b, (b_of[t] * panels * k + k0) * nr, k * nr, 0,
                        panels, nr, flat_out, (t * m + i0) * n, n, adding or k0 > 0, edge, bias,
                        mr)  # fmt: skip
-        if not claiming:
-            return
+        piece = next_part(claims)
 
 
 @_jit
@@ -615,7 +609,7 @@ def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | No
     starting from the output's values where ``adding``, else from ``bias`` where it is not
     empty; returns the output of ``shape``. ``parts`` as :func:`matmul` worked it out (from
     ``threads`` and the sizes where not given)."""
-    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+    from ember.backends.fusion.numba_runtime import _run_parts, claims, parts_for
 
     m, n = shape[-2:]
     k = a3.shape[1] if by_columns else a3.shape[2]
@@ -626,11 +620,16 @@ def _multiply(a3: np.ndarray, by_columns: bool, bp: np.ndarray, pack: tuple | No
         _run_parts(pack[0], pack[1], parts)
     kc = _k_block(k, n, a3.dtype.itemsize)
     k_inner = bp[0].nbytes <= B_BLOCK_BYTES
-    # Parts claim their strips as they come free (k_inner: a strip is one task over all of
-    # K, so no two parts add to one output), where fixed halves wait for the slower core.
-    claims = np.zeros(2 if parts > 1 and k_inner else 0, np.int64)
+    # A call a thread, each claiming slices of CLAIM_STRIPS strips as it comes free
+    # (k_inner: a strip is one task over all of K, so no two calls add to one output),
+    # where fixed halves wait for the slower core.
+    mr = WIDE_MR if bp.shape[3] * bp.itemsize == VECTOR_BYTES else MR
+    slices = parts
+    if parts > 1 and k_inner:
+        slices = max(parts, -(-a_of.size * -(-m // mr) // CLAIM_STRIPS))
     _run_parts(_tiles, [a3, by_columns, bp, out.reshape(-1, m, n), a_of, b_of, kc, k_inner,
-                        bias, adding, claims], parts)  # fmt: skip
+                        bias, adding, claims(parts)], slices, parts,
+               calls=parts)  # fmt: skip
     return out
 
 

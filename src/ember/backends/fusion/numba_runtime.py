@@ -384,12 +384,20 @@ def _launch(runtime: NumbaRuntime, kernel, arrays: list[np.ndarray], outputs: li
     """Calls ``kernel`` ``calls`` times over ``parts`` slices, each call claiming slices
     until none is left (``numba_source``); returns whether NumPy would have raised (an int
     raised to a negative power)."""
-    err = np.zeros(2, np.int64)  # [NumPy would raise, the next slice to claim]
-    err[1] = calls
+    err = claims(calls)  # [NumPy would raise, the next slice to claim]
     args = [a.reshape(-1) for a in arrays] + [o.reshape(-1) for o in outputs] + [*tail, err]
     _run_parts(kernel, args, parts, calls, calls=calls)
     runtime.stats.launches += 1
     return bool(err[0])
+
+
+def claims(calls: int) -> np.ndarray:
+    """The counter of a launch whose ``calls`` calls each run their own slice and then claim
+    the slices above them (``numba_math.next_part``) until none is left: ``[0, calls]``,
+    the next slice to claim in its second element (its first is free for a flag)."""
+    counter = np.zeros(2, np.int64)
+    counter[1] = calls
+    return counter
 
 
 _MAX_THREADS = os.cpu_count() or 1
