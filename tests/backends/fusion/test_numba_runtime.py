@@ -31,7 +31,7 @@ if not nr.available():
     pytest.skip("numba is not installed (pip install 'ember[jit]')", allow_module_level=True)
 
 from ember.backends.fusion import numba_math
-from ember.backends.fusion.numba_source import KernelUnsupported, generate
+from ember.backends.fusion.numba_source import KernelUnsupported, generate, layout
 
 F32, F64, I32, I64, I8, U8, BOOL = (DType.F32, DType.F64, DType.I32, DType.I64, DType.I8,
                                     DType.U8, DType.BOOL)  # fmt: skip
@@ -447,16 +447,64 @@ def moments_block(shape, axis, dtype=F32):
     return ir.Block(shape, (ir.Input(shape, dtype),), body, (1, 4, 5, 8), axis)
 
 
-def test_a_one_group_elementwise_block_is_one_loop_per_part():
-    """A block whose arrays all broadcast alike runs each part's slice as one loop (nested
-    in a loop over chunks, LLVM reloaded an erf's constants from the constant pool on every
-    vector: the GELU ran 20-30% slower), in ``span``, which the loop over claimed slices
-    calls; a bias added along the rows keeps its two loops."""
+def test_a_one_group_elementwise_block_is_one_loop_nest_per_part():
+    """A block whose arrays all broadcast alike runs each part's slice as one loop nest
+    (nested in a loop over chunks, LLVM reloaded an erf's constants from the constant pool
+    on every vector: the GELU ran 20-30% slower), in ``span``, which the loop over claimed
+    slices calls: runs of PREFETCH_RUN elements, each asking for the lines its streamed
+    arrays reach PREFETCH_BYTES ahead (reads for inputs, writes for outputs; a broadcast
+    input is not streamed), then a tail. A bias added along the rows keeps its two loops."""
+    from ember.backends.fusion.numba_source import PREFETCH_BYTES, PREFETCH_RUN
+
     flat = generate(gelu_block((64, 32)))
-    assert flat.count("for ") == 1 and "for j in range(n0 * part // parts" in flat
+    assert "nchunk" not in flat and f"for i in range({PREFETCH_RUN}):" in flat
+    assert f"prefetch_read(in0, np.uintp(b_in0 + at + {PREFETCH_BYTES // 4}))" in flat
+    assert f"prefetch_write(out0, np.uintp(b_out0 + at + {PREFETCH_BYTES // 4}))" in flat
+    assert f"for j in range(lo + runs * {PREFETCH_RUN}, hi):" in flat
+    scaled = generate(ir.Block((100,), (ir.Input((100,), F64), ir.Input((1,), F64)),
+                               (I("mul", (0, 1), (), (100,), F64),), (2,)))  # fmt: skip
+    assert "prefetch_read(in1" not in scaled  # the broadcast input is one value
+    lines = [f"prefetch_read(in0, np.uintp(b_in0 + at + {(PREFETCH_BYTES + k * 64) // 8}))"
+             for k in range(PREFETCH_RUN * 8 // 64)]  # a run of float64 spans two lines
+    assert all(line in scaled for line in lines)
     rows = ir.Block((4, 8), (ir.Input((4, 8), F32), ir.Input((1, 8), F32)),
                     (I("add", (0, 1), (), (4, 8), F32),), (2,))  # fmt: skip
     assert generate(rows).count("for ") == 2
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 47, 64, 100, 1000])
+def test_runs_and_tails_cover_every_part_exactly(runtime, n):
+    """Each part's slice ends anywhere (runs of PREFETCH_RUN, then a tail), and a part may
+    arrive unsigned, as numba's parallel launch passes it: every element is written once,
+    by the op alone. In ``kernel``, numba unifies such a part with ``next_part``'s int64
+    into a float64, so ``span`` is compiled for that too: its index arithmetic must stay
+    int64 for every part type (a float64 index, converted back at each element, stopped
+    vectorization and cost a GELU 13x at two threads)."""
+    shape = (n,)
+    block = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)),
+                     (I("add", (0, 1), (), shape, F32), I("neg", (2,), (), shape, F32)), (3,))  # fmt: skip
+    rng = np.random.default_rng(n)
+    x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    want = -(x + y)
+    dispatcher = runtime.kernel(block).dispatcher
+    sizes = [np.int64(n)] * len(layout(block).groups)  # none where every array is one value
+    for parts in (1, 2, 3, 5):
+        for unsigned in (False, True):
+            out = np.full(n, np.nan, np.float32)
+            err = np.zeros(2, np.int64)
+            err[1] = parts  # one call a part: none left to claim
+            for part in range(parts):
+                dispatcher(x, y, out, *sizes, np.int64(n), err,
+                           np.uint64(part) if unsigned else np.int64(part), np.int64(parts))
+            np.testing.assert_array_equal(out, want)
+    span = dispatcher.py_func.__globals__["span"]
+    parts_types = {str(signature[-2]) for signature in span.signatures}
+    assert parts_types >= {"int64", "uint64", "float64"} if n > 1 else parts_types
+    for signature in span.signatures:
+        types = span.overloads[signature].type_annotation.typemap
+        indexes = {name: str(t) for name, t in types.items()
+                   if name.split(".")[0] in ("lo", "hi", "at", "j")}  # fmt: skip
+        assert set(indexes.values()) <= {"int64"}, (signature, indexes)
 
 
 @pytest.mark.parametrize("axis", [0, 1])

@@ -43,6 +43,8 @@ try:  # numba is optional: the kernels that use the tile check numba first
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
+
+    from ember.backends.fusion.numba_math import prefetch_line
 except ImportError:  # pragma: no cover - exercised where numba is missing
     intrinsic = None
 
@@ -222,7 +224,7 @@ def tile_kernel(ob: int, nv: int, accumulating: bool = False, strided: bool = Fa
             ahead = builder.add(base, builder.mul(offs_v, const(prefetch)))
             for at in range(0, nv * width, CACHE_LINE_BYTES // itemsize):
                 p = builder.gep(xptr, [builder.add(ahead, const(at))], source_etype=fty)
-                _prefetch(builder, p, 0, 3)
+                prefetch_line(builder, p, 0, 3)
         xs = []
         for v in range(nv):
             p = builder.gep(xptr, [builder.add(base, shifts[v])], inbounds=True,
@@ -320,18 +322,6 @@ def _splat(builder, value, vty):
     return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), mask)
 
 
-def _prefetch(builder, address, write: int, keep: int) -> None:
-    """``llvm.prefetch``: ask for the line at ``address`` (to write to it where ``write``),
-    kept in the caches ``keep`` (3: every level, L1 too). A hint: it never faults."""
-    byte_ptr = ir.PointerType(ir.IntType(8))
-    i32 = ir.IntType(32)
-    fetch = builder.module.declare_intrinsic(
-        "llvm.prefetch", [byte_ptr], ir.FunctionType(ir.VoidType(), [byte_ptr] + [i32] * 3)
-    )
-    flags = [ir.Constant(i32, f) for f in (write, keep, 1)]
-    builder.call(fetch, [builder.bitcast(address, byte_ptr), *flags])
-
-
 # Where the epilogue tile's own arguments sit (see tile_kernel): the output, then after
 # ``stride, q1, q2`` the bias, its first channel, the bounds, the residual and has_res.
 _OUT, _BIAS, _OC0, _BOUNDS, _RES, _HAS_RES = 6, 11, 12, 13, 14, 15
@@ -347,11 +337,11 @@ def _prefetch_epilogue(context, builder, signature, args, cells, vector_at) -> N
     row by row; with the requests, 2-5% less)."""
     out_p = _data(context, builder, signature.args[_OUT], args[_OUT])
     for cell in cells:
-        _prefetch(builder, vector_at(out_p, *cell), 1, 3)
+        prefetch_line(builder, vector_at(out_p, *cell), 1, 3)
     with builder.if_then(args[_HAS_RES]):
         res_p = _data(context, builder, signature.args[_RES], args[_RES])
         for cell in cells:
-            _prefetch(builder, vector_at(res_p, *cell), 0, 3)
+            prefetch_line(builder, vector_at(res_p, *cell), 0, 3)
 
 
 def _store_epilogue(context, builder, signature, args, finals, vector_at, vty) -> None:
