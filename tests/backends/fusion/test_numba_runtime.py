@@ -499,7 +499,7 @@ def test_runs_and_tails_cover_every_part_exactly(runtime, n):
             np.testing.assert_array_equal(out, want)
     span = dispatcher.py_func.__globals__["span"]
     parts_types = {str(signature[-2]) for signature in span.signatures}
-    assert parts_types >= {"int64", "uint64", "float64"} if n > 1 else parts_types
+    assert parts_types >= {"int64", "uint64", "float64"}
     for signature in span.signatures:
         types = span.overloads[signature].type_annotation.typemap
         indexes = {name: str(t) for name, t in types.items()
