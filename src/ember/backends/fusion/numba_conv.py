@@ -106,7 +106,7 @@ from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 # numba's disk cache keys these kernels by this file only, not by numba_tile.py, whose IR
 # they inline. A test (test_numba_tile.py) checks this digest of numba_tile.py: editing that
 # file means updating the digest here, which changes this file and so renews the cache.
-TILE_SOURCE_SHA256 = "4e8b98737152d8e8"
+TILE_SOURCE_SHA256 = "47e810bb65cc25cd"
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions

@@ -134,7 +134,7 @@ PARALLEL_MIN_MACS = 1 << 24
 
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
-TILE_SOURCE_SHA256 = "4e8b98737152d8e8"
+TILE_SOURCE_SHA256 = "47e810bb65cc25cd"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:

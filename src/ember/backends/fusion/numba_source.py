@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 from ember.backend.errors import UnsupportedError
 from ember.backends.fusion import ir
+from ember.backends.fusion.numba_target import CACHE_LINE_BYTES
 from ember.tensor.dtype import DType
 
 SUPPORTED = frozenset({DType.F64, DType.F32, DType.I64, DType.I32, DType.I16, DType.I8,
@@ -70,7 +71,6 @@ PREFETCH_RUN = 16
 """Elements of an element-wise kernel's loop between its prefetches (a line of float32)."""
 PREFETCH_BYTES = 4096
 """How far ahead of its loop an element-wise kernel asks for its arrays' lines."""
-CACHE_LINE_BYTES = 64
 REDUCTION_FLAGS = {"arcp", "contract", "reassoc"}
 
 

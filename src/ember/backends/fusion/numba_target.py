@@ -32,7 +32,12 @@ import os
 
 from ember.backend.errors import ConfigError
 
-__all__ = ["host_features", "requested_bits", "target_name", "vector_bytes", "widen_vectors"]
+__all__ = ["CACHE_LINE_BYTES", "host_features", "requested_bits", "target_name", "vector_bytes",
+           "widen_vectors"]  # fmt: skip
+
+CACHE_LINE_BYTES = 64
+"""Bytes of a cache line: what one prefetch asks for (the GEMM tile's, the element-wise
+kernels')."""
 
 _NARROW = "-prefer-256-bit"
 _widened = False

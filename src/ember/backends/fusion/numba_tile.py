@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ember.backends.fusion.numba_target import vector_bytes
+from ember.backends.fusion.numba_target import CACHE_LINE_BYTES, vector_bytes
 
 try:  # numba is optional: the kernels that use the tile check numba first
     from llvmlite import ir
@@ -54,7 +54,6 @@ __all__ = ["VECTOR_BYTES", "lanes", "tile_kernel", "transpose_kernel", "vector_c
 VECTOR_BYTES = vector_bytes()
 """Bytes of one accumulator vector: an AVX-512 register where the host has one and LLVM
 may use it (``numba_target.vector_bytes``)."""
-CACHE_LINE_BYTES = 64
 
 
 def lanes(itemsize: int) -> int:
