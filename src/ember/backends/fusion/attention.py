@@ -394,7 +394,7 @@ def attention_arrays(fused: Attention, to_numpy, composed: bool) -> tuple | None
         q = q if type(q) is np.ndarray and q.dtype == np.float32 else None
     if q is None or kt is None or v is None:
         return None
-    q, k, v = _four(q), _four(np.swapaxes(kt, -1, -2)), _four(v)  # the key enters as [..., d, Lk]
+    q, k, v = _four(q), _four(kt.swapaxes(-1, -2)), _four(v)  # the key enters as [..., d, Lk]
     mask = bias = None
     if fused.mask is not None:
         mask = to_numpy(fused.mask[0].prim)

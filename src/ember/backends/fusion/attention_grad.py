@@ -332,7 +332,7 @@ def grad_arrays(fused: AttentionGrad, to_numpy, composed: bool) -> tuple | None:
         return None
     if weights.dtype != np.float32:
         return None
-    q, v = np.swapaxes(qt, -1, -2), np.swapaxes(vt, -1, -2)
+    q, v = qt.swapaxes(-1, -2), vt.swapaxes(-1, -2)
     mask = None
     if fused.mask is not None:
         mask = to_numpy(fused.mask.prim)
@@ -366,6 +366,6 @@ def run_attention_grad(fused: AttentionGrad, arrays: tuple, threads: int, take,
     d_v = take(fused.d_value.shape, f32, orders[2])
     numba_attention.attention_backward(
         q, k, v, weights, d_out, factor=fused.scale(), mask=mask, d_q=_four(d_q),
-        d_k=_four(np.swapaxes(d_kt, -1, -2)), d_v=_four(d_v), threads=threads,
+        d_k=_four(d_kt.swapaxes(-1, -2)), d_v=_four(d_v), threads=threads,
         q_factor=product_of(fused.d_query_factors))  # fmt: skip
     return [d_q, d_kt, d_v]

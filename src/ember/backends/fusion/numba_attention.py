@@ -50,6 +50,7 @@ transposed the same way; the same bits).
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import numpy as np
@@ -94,10 +95,18 @@ def supports(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
     if q.shape[3] != k.shape[3] or k.shape[2] != v.shape[2] or 0 in (*q.shape, *k.shape, *v.shape):
         return False
     try:
-        np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+        _batch_shape(q, k, v)
     except ValueError:
         return False
     return True
+
+
+def _batch_shape(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, ...]:
+    """The operands' two batch dims, broadcast (NumPy's function costs microseconds a call,
+    and self-attention's operands share theirs)."""
+    if q.shape[:2] == k.shape[:2] == v.shape[:2]:
+        return q.shape[:2]
+    return np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
 
 
 def _jit(fn):
@@ -435,9 +444,27 @@ def _flat(array: np.ndarray | None) -> tuple[np.ndarray, tuple[int, ...]] | None
         return None
     strides = tuple(0 if n == 1 else s // item for n, s in zip(array.shape, array.strides))
     span = 1 + sum((n - 1) * s for n, s in zip(array.shape, strides))
-    flat = np.lib.stride_tricks.as_strided(array, (span,), (item,),
+    return _span(array, span), strides
+
+
+def _span(array: np.ndarray, span: int) -> np.ndarray:
+    """``span`` elements of ``array``'s memory from its first element, as a 1-d view as
+    writeable as ``array``: through the contiguous array that holds them where there is one
+    (NumPy's ``as_strided``, the fallback, builds an interface dict: 6 us a call against
+    0.6, four to six calls a launch)."""
+    owner = array
+    while type(owner.base) is np.ndarray:
+        owner = owner.base
+    if owner.flags.c_contiguous:
+        offset = array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+        if offset >= 0 and offset + span * array.itemsize <= owner.nbytes:
+            flat = np.ndarray((span,), array.dtype, owner, offset)
+            if not array.flags.writeable:
+                flat.flags.writeable = False
+            if flat.flags.writeable == array.flags.writeable:
+                return flat
+    return np.lib.stride_tricks.as_strided(array, (span,), (array.itemsize,),
                                            writeable=array.flags.writeable)  # fmt: skip
-    return flat, strides
 
 
 def _flats(inputs: tuple, outputs: tuple) -> tuple[list, np.ndarray, int]:
@@ -510,7 +537,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
     if not supports(q, k, v):
         raise KernelUnsupported(f"numba attention: q {q.dtype} {q.shape}, k {k.dtype} {k.shape}, "
                                 f"v {v.dtype} {v.shape} are not supported")  # fmt: skip
-    batch = np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    batch = _batch_shape(q, k, v)
     lq, lk, d, dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
     scores = (*batch, lq, lk)
     if out is None:
@@ -534,9 +561,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
         if array is not None and (array.shape != shape or array.dtype != dtype):
             raise KernelUnsupported(f"numba attention: {array.dtype} {array.shape} where "
                                     f"{np.dtype(dtype)} {shape} is needed")  # fmt: skip
-    work = int(np.prod(batch)) * lq * lk * (d + dv)
+    work = math.prod(batch) * lq * lk * (d + dv)
     parts = parts_for(work, 1 << 22, threads)
-    qc, kb = chunk_sizes(int(np.prod(batch)), lq, lk, parts, weights is not None)
+    qc, kb = chunk_sizes(math.prod(batch), lq, lk, parts, weights is not None)
     q, k, v = _read_only(q), _read_only(k), _read_only(v)
     flat, strides, fast = _flats((q, k, v), (out, q_out, weights))
     args = [q, k, v, out, dummy if weights is None else weights,
@@ -546,7 +573,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
             np.float32(scale), np.float32(q_factor), np.float32(fill), flags, qc, kb,
             *flat, strides, fast, claims(parts)]  # fmt: skip
     # A call a thread, each claiming a task at a time as it comes free.
-    tasks = int(np.prod(batch)) * -(-lq // qc) if parts > 1 else 1
+    tasks = math.prod(batch) * -(-lq // qc) if parts > 1 else 1
     _run_parts(_kernel(), args, tasks, parts, calls=parts)
     return out
 
@@ -671,7 +698,7 @@ def supports_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.n
     :data:`BACKWARD_MAX_SCORES` scores per batch entry."""
     if not supports(q, k, v) or not all(type(a) is np.ndarray for a in (weights, d_out)):
         return False
-    batch = np.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    batch = _batch_shape(q, k, v)
     lq, lk = q.shape[2], k.shape[2]
     return (weights.shape == (*batch, lq, lk) and d_out.shape == (*batch, lq, v.shape[3])
             and weights.dtype == d_out.dtype == np.float32 and lq * lk <= BACKWARD_MAX_SCORES)  # fmt: skip
@@ -716,14 +743,14 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
         made.append(array)
     flags = np.zeros((1, 1, 1, 1), np.bool_) if mask is None else np.broadcast_to(
         mask, batch + (lq, lk))  # fmt: skip
-    work = int(np.prod(batch)) * lq * lk * (2 * d + 2 * dv)
+    work = math.prod(batch) * lq * lk * (2 * d + 2 * dv)
     parts = parts_for(work, 1 << 22, threads)
     weights = np.ascontiguousarray(weights)  # read row by row: a copy only if it is a view
     q, k, v, d_out = _read_only(q), _read_only(k), _read_only(v), _read_only(d_out)
     flat, strides, fast = _flats((q, k, v, d_out), tuple(made))
-    parts = min(parts, int(np.prod(batch)))
+    parts = min(parts, math.prod(batch))
     args = [q, k, v, _read_only(weights), d_out, *made, _read_only(flags), np.float32(factor),
             np.float32(q_factor), int(mask is not None), *flat, strides, fast, claims(parts)]  # fmt: skip
-    tasks = int(np.prod(batch)) if parts > 1 else 1
+    tasks = math.prod(batch) if parts > 1 else 1
     _run_parts(_backward_kernel(), args, tasks, parts, calls=parts)
     return made[0], made[1], made[2]

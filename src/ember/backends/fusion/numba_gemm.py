@@ -94,6 +94,7 @@ VECTORS = 2
 NR = {np.dtype(np.float32): VECTORS * VECTOR_BYTES // 4,
       np.dtype(np.float64): VECTORS * VECTOR_BYTES // 8}  # fmt: skip
 """Columns of a register tile per dtype."""
+_NR_BY_ITEMSIZE = {dtype.itemsize: nr for dtype, nr in NR.items()}
 WIDE = VECTOR_BYTES == 64
 """Whether products whose ``B`` is packed whole (:func:`_tiles`) run the 24 x 1 tile."""
 WIDE_MR = 24
@@ -119,12 +120,14 @@ STRIP_GROUP = 16
 ``MR * STRIP_GROUP`` values read side by side, and strips that stay in L2 beside the
 output rows they add to (all of a ``[1024, 2048]`` ``dYᵀ``'s strips, 1 MB a block, pushed
 the output out of L2: weight gradients ran 7-14% slower)."""
-CLAIM_STRIPS = 4
-"""Strips a part of :func:`_tiles` claims at a time where parts claim theirs (48 or 96 rows:
+CLAIM_STRIPS = 2
+"""Strips a part of :func:`_tiles` claims at a time where parts claim theirs (24 or 48 rows:
 an atomic add per claim). Against fixed halves, alternating in one process at two threads on
 the ``nn_step`` encoder's forward and input-gradient products: 0.89-0.98x the time over the
 eight of them in six runs, 0.83-0.99x each (this 2-vCPU host's cores often ran at unequal
-speeds); at one thread there is one part, and nothing claims."""
+speeds); at one thread there is one part, and nothing claims. Two strips a claim against
+four: 0.984-0.998x the time over the same eight (three runs; the last claim's wait is
+shorter, most where a strip runs ``K = 1024``); one strip within those."""
 PREFETCH_TAPS = 32
 """Steps of ``K`` ahead that the tile prefetches its panel's rows into L1 (4 KiB for
 float32; 16-64 measured within noise of each other, 7-12% faster than none: a panel's rows
@@ -471,7 +474,7 @@ def _k_block(k: int, n: int, itemsize: int) -> int:
     panels stay in L2 (about :data:`B_BLOCK_BYTES`) while every strip of ``A`` runs against
     them, and a packed strip of :data:`MR` rows is at most :data:`STRIP_BYTES` (a strip of
     :data:`WIDE_MR` takes as many steps: 1024 steps of float32 ran 2-7% faster than 512)."""
-    nr = NR[np.dtype(f"f{itemsize}")]
+    nr = _NR_BY_ITEMSIZE[itemsize]
     columns = -(-n // nr) * nr
     fits = min(B_BLOCK_BYTES // (columns * itemsize), STRIP_BYTES // (MR * itemsize))
     return min(k, max(K_BLOCK_MIN, fits))
@@ -528,7 +531,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     b_of = _batch_map(b.shape[:-2], batch)
     a3, by_columns = _batched_a(a, m, k)
     b3 = b.reshape(-1, k, n)
-    rows_of_b = np.swapaxes(b3, 1, 2)  # a transposed b (a weight's Wᵀ): its rows, flat
+    rows_of_b = b3.swapaxes(1, 2)  # a transposed b (a weight's Wᵀ): its rows, flat
     rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[dtype]
     panels = -(-n // nr)
     parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
@@ -569,8 +572,8 @@ def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:
     an unaligned array is a type of its own to numba, compiled anew). A read-only one (a
     step's input, an imported constant) is read where it lies: its kernels are compiled
     once more, and copying it cost 0.15 ms a 2 MB operand on every call."""
-    by_columns = a.ndim >= 2 and m > 1 and np.swapaxes(a, -1, -2).flags.c_contiguous
-    a3 = np.swapaxes(a, -1, -2).reshape(-1, k, m) if by_columns else a.reshape(-1, m, k)
+    by_columns = a.ndim >= 2 and m > 1 and a.swapaxes(-1, -2).flags.c_contiguous
+    a3 = a.swapaxes(-1, -2).reshape(-1, k, m) if by_columns else a.reshape(-1, m, k)
     if not (a3.flags.c_contiguous and a3.flags.aligned):
         copy = _scratch("a", a3.shape, a.dtype)
         np.copyto(copy, a3)
