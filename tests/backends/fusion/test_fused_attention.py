@@ -129,7 +129,7 @@ def test_an_operands_flat_view_spans_its_memory_as_writeable_as_it(case):
     raw = np.arange(1 << 16, dtype=np.uint8)
     if case == "bytes":
         operand = np.frombuffer(bytes(range(256)) * 16, np.float32).reshape(1, 4, 16, 16)
-    elif case == "as_strided":  # a view whose base is not an array: no owner to go through
+    elif case == "as_strided":  # its base is not an array: the view is its own owner
         operand = np.lib.stride_tricks.as_strided(
             np.arange(512, dtype=np.float32), (1, 2, 8, 8), (0, 256, 32, 4))
     else:  # a pooled [batch, seq, 3 * heads * features] projection's value heads
@@ -151,6 +151,7 @@ def test_an_operands_flat_view_spans_its_memory_as_writeable_as_it(case):
         for index in [(0, 0, 0, 0), (1, 1, 3, 5), (1, 3, 7, 7)]:
             index = tuple(min(i, n - 1) for i, n in zip(index, operand.shape))
             assert flat[int(np.dot(index, lanes))] == operand[index]
+
 
 def test_the_kernel_keeps_the_unfused_nan_rows():
     """A NaN score makes its row NaN; a row whose every score is -inf is NaN (-inf - -inf),
