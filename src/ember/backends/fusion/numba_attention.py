@@ -55,6 +55,7 @@ import threading
 
 import numpy as np
 
+from ember.backend.kept import owner
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel, transpose_kernel
 
@@ -452,13 +453,11 @@ def _span(array: np.ndarray, span: int) -> np.ndarray:
     writeable as ``array``: through the contiguous array that holds them where there is one
     (NumPy's ``as_strided``, the fallback, builds an interface dict: 6 us a call against
     0.6, four to six calls a launch)."""
-    owner = array
-    while type(owner.base) is np.ndarray:
-        owner = owner.base
-    if owner.flags.c_contiguous:
-        offset = array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
-        if offset >= 0 and offset + span * array.itemsize <= owner.nbytes:
-            flat = np.ndarray((span,), array.dtype, owner, offset)
+    holder = owner(array)
+    if holder.flags.c_contiguous:
+        offset = array.__array_interface__["data"][0] - holder.__array_interface__["data"][0]
+        if offset >= 0 and offset + span * array.itemsize <= holder.nbytes:
+            flat = np.ndarray((span,), array.dtype, holder, offset)
             if not array.flags.writeable:
                 flat.flags.writeable = False
             if flat.flags.writeable == array.flags.writeable:
