@@ -116,43 +116,6 @@ def test_the_kernel_writes_a_strided_output():
                                rtol=1e-5, atol=1e-6)  # fmt: skip
 
 
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
-@pytest.mark.parametrize("case", ["pooled head view", "read-only view", "bytes", "as_strided",
-                                  "past the end"])  # fmt: skip
-def test_an_operands_flat_view_spans_its_memory_as_writeable_as_it(case):
-    """``_flat``'s view starts at the operand's first element, spans exactly what it asks for
-    and is writeable exactly where the operand is, through the contiguous array that holds
-    the memory or, where none does, NumPy's ``as_strided``."""
-    raw = np.arange(1 << 16, dtype=np.uint8)
-    if case == "bytes":
-        operand = np.frombuffer(bytes(range(256)) * 16, np.float32).reshape(1, 4, 16, 16)
-    elif case == "as_strided":  # its base is not an array: the view is its own owner
-        operand = np.lib.stride_tricks.as_strided(
-            np.arange(512, dtype=np.float32), (1, 2, 8, 8), (0, 256, 32, 4))
-    else:  # a pooled [batch, seq, 3 * heads * features] projection's value heads
-        projection = np.ndarray((2, 8, 3 * 4 * 8), np.float32, raw, 64)
-        operand = projection.reshape(2, 8, 3, 4, 8)[:, :, 2].transpose(0, 2, 1, 3)
-        if case == "read-only view":
-            operand = operand.view()
-            operand.flags.writeable = False
-    span = 1 + sum((n - 1) * s // operand.itemsize for n, s in zip(operand.shape,
-                                                                   operand.strides))  # fmt: skip
-    if case == "past the end":  # more than the owner holds: as_strided, unchecked, as before
-        span = raw.nbytes
-    flat = numba_attention._span(operand, span)
-    assert flat.shape == (span,) and flat.dtype == operand.dtype
-    assert _address(flat) == _address(operand)
-    assert flat.flags.writeable == operand.flags.writeable
-    if case != "past the end":
-        lanes = np.array(operand.strides) // operand.itemsize
-        for index in [(0, 0, 0, 0), (1, 1, 3, 5), (1, 3, 7, 7)]:
-            index = tuple(min(i, n - 1) for i, n in zip(index, operand.shape))
-            assert flat[int(np.dot(index, lanes))] == operand[index]
-
-
 def test_the_kernel_keeps_the_unfused_nan_rows():
     """A NaN score makes its row NaN; a row whose every score is -inf is NaN (-inf - -inf),
     as in the max-subtract-exp softmax."""

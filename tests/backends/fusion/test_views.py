@@ -1,12 +1,14 @@
 """``views.compose``: reshape and permute chains as one strided view, against NumPy's own
-chains of the same steps (which copy where a step has no view)."""
+chains of the same steps (which copy where a step has no view); ``views.strided``, the
+views it and the kernels' flat operands are made by."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ember.backends.fusion.views import compose
+from ember.backend.kept import owner
+from ember.backends.fusion.views import compose, strided
 
 
 def _random_chain(rng: np.random.Generator, x: np.ndarray) -> tuple[list, np.ndarray, bool]:
@@ -72,3 +74,57 @@ def test_an_imported_models_head_split_is_one_view():
 @pytest.mark.parametrize("chain", [[("permute", (0, 0))], [("reshape", (5,))], [("flip", (0,))]])
 def test_compose_refuses_what_is_not_a_chain_of_this_array(chain):
     assert compose(np.zeros((2, 3), np.float32), chain) is None
+
+
+def test_a_composed_view_of_pooled_memory_is_made_through_its_owner():
+    """A pooled array views a raw byte buffer: the composed view's owner is that buffer, so
+    views of it (a kernel's flat operand) are made the cheap way too."""
+    raw = np.zeros(4096 + 8 * 128 * 768 * 4, np.uint8)
+    qkv = np.ndarray((8, 128, 768), np.float32, raw, 4096)
+    qkv[...] = np.random.default_rng(1).standard_normal(qkv.shape)
+    chain = [("reshape", (8, 128, 3, 8, 32)), ("slice", ((0, 8, 1), (0, 128, 1), (1, 2, 1), (0, 8, 1), (0, 32, 1))),
+             ("reshape", (8, 128, 8, 32)), ("permute", (0, 2, 1, 3))]  # fmt: skip
+    got = compose(qkv, chain)
+    want = qkv.reshape(8, 128, 3, 8, 32)[:, :, 1].transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(got, want)
+    assert owner(got) is raw and not got.flags.writeable and qkv.flags.writeable
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("case", ["pooled head view", "read-only view", "bytes", "as_strided",
+                                  "past the end", "asked read-only", "offset"])  # fmt: skip
+def test_a_strided_view_spans_its_memory_as_writeable_as_asked(case):
+    """The view starts where asked, holds exactly the elements its strides name and is
+    writeable exactly where the operand is (and was not asked otherwise), through the
+    contiguous array that holds the memory or, where none does, NumPy's ``as_strided``."""
+    raw = np.arange(1 << 16, dtype=np.uint8)
+    if case == "bytes":
+        operand = np.frombuffer(bytes(range(256)) * 16, np.float32).reshape(1, 4, 16, 16)
+    elif case == "as_strided":  # its base is not an array: the view is its own owner
+        operand = np.lib.stride_tricks.as_strided(
+            np.arange(512, dtype=np.float32), (1, 2, 8, 8), (0, 256, 32, 4))
+    else:  # a pooled [batch, seq, 3 * heads * features] projection's value heads
+        projection = np.ndarray((2, 8, 3 * 4 * 8), np.float32, raw, 64)
+        operand = projection.reshape(2, 8, 3, 4, 8)[:, :, 2].transpose(0, 2, 1, 3)
+        if case == "read-only view":
+            operand = operand.view()
+            operand.flags.writeable = False
+    item = operand.itemsize
+    span = 1 + sum((n - 1) * s // item for n, s in zip(operand.shape, operand.strides))
+    skip = 3 if case == "offset" else 0
+    if case == "past the end":  # more than the owner holds: as_strided, unchecked
+        span = raw.nbytes
+    flat = strided(operand, (span - skip,), (item,), skip * item,
+                   writeable=False if case == "asked read-only" else None)  # fmt: skip
+    assert flat.shape == (span - skip,) and flat.dtype == operand.dtype
+    assert _address(flat) == _address(operand) + skip * item
+    assert flat.flags.writeable == (operand.flags.writeable and case != "asked read-only")
+    if case != "past the end":
+        lanes = np.array(operand.strides) // item
+        for index in [(0, 0, 0, 0), (1, 1, 3, 5), (1, 3, 7, 7)]:
+            index = tuple(min(i, n - 1) for i, n in zip(index, operand.shape))
+            if int(np.dot(index, lanes)) >= skip:
+                assert flat[int(np.dot(index, lanes)) - skip] == operand[index]

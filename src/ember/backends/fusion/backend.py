@@ -223,7 +223,7 @@ class Fusion(Decorator):
         if device is None:
             device = present[0].device
         try:
-            avals = [None if s is None else AVal(s.shape, s.dtype) for s in slots]
+            avals = [None if s is None else _aval(AVal, (s.shape, s.dtype)) for s in slots]
             aval = op.rule(op.name, *avals, *attrs)
         except Exception:  # the inner backend says what is wrong, at the op
             return self._eager(op, name, args)
@@ -379,6 +379,8 @@ def _small_first(op: OpDef, name: str):
 for _op, _kind, _name in primitives():
     if _op.composite and not Fusion.forward_composite(_op):
         setattr(Fusion, _name, _small_first(_op, _name))
+
+_aval = tuple.__new__  # AVal(shape, dtype) without its Python constructor: an op's operands
 
 _layouts: dict[str, tuple[int, bool, bool, bool, bool]] = {}
 

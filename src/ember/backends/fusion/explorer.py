@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ember.backend.errors import EmberError
-from ember.backend.ops import OpDef
 from ember.backends.fusion import counters
 from ember.backends.fusion.fuser import Fuser, Status
 from ember.backends.fusion.ir import REDUCTIONS, StateError
@@ -273,7 +272,8 @@ def relativize(records: list[Record]) -> tuple:
     """The stream's pattern: what a plan depends on, without ids or sizes.
 
     It runs on every flush, so it is written for speed: each slot's dtype and unit dims
-    come from a per-shape table, and attributes from a per-op rule (:func:`_attr`).
+    come from a per-shape table; a reduction's attributes are kept (its axis decides the
+    plan), other ops' only by type (a scalar's value does not), dtypes by value.
     """
     made: dict[int, tuple[str, int, int]] = {}  # slot id -> ("r", record index, output index)
     outside: dict[int, int] = {}
@@ -294,14 +294,20 @@ def relativize(records: list[Record]) -> tuple:
                 sources.append(("r", i - origin[1], origin[2]))
         op = record.op
         extra = record.args[len(op.inputs) :]
-        attrs = tuple([_attr(op, a) for a in extra]) if extra else ()
+        if not extra:
+            attrs = ()
+        elif op.name in REDUCTIONS:
+            attrs = tuple(extra)
+        else:
+            attrs = tuple([a if isinstance(a, DType) else type(a).__name__ for a in extra])
         outs = []
         for k, o in enumerate(record.outputs):
             shape = o.shape
             unit = units.get(shape)
             if unit is None:
                 unit = _unit(shape)
-            outs.append((o.dtype, unit, o.readable()))
+            handle = o.handle  # Slot.readable, inlined
+            outs.append((o.dtype, unit, handle is not None and handle() is not None))
             made[o.id] = ("r", i, k)
         pattern.append((record.name, tuple(sources), attrs, tuple(outs)))
     return tuple(pattern)
@@ -318,7 +324,3 @@ def _unit(shape: tuple[int, ...]) -> tuple[bool, ...]:
     return unit
 
 
-def _attr(op: OpDef, value) -> object:
-    if op.name in REDUCTIONS or isinstance(value, DType):
-        return value
-    return type(value).__name__

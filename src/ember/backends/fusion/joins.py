@@ -23,6 +23,7 @@ import numpy as np
 from ember.backend.errors import UnsupportedError
 from ember.backends.fusion import executor  # a module: the executor imports this one
 from ember.backends.fusion.buffers import inverse_order
+from ember.backends.fusion.views import strided
 
 __all__ = ["gathered", "joined_view", "piece_views", "taker"]
 
@@ -105,5 +106,4 @@ def joined_view(pieces: list, dim: int, shape: tuple) -> np.ndarray | None:
                 or piece.__array_interface__["data"][0] != at):  # fmt: skip
             return None
         at += piece.shape[dim] * piece.strides[dim]
-    return np.lib.stride_tricks.as_strided(first, shape, first.strides,
-                                           writeable=first.flags.writeable)  # fmt: skip
+    return strided(first, shape, first.strides)

@@ -55,9 +55,9 @@ import threading
 
 import numpy as np
 
-from ember.backend.kept import owner
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel, transpose_kernel
+from ember.backends.fusion.views import strided
 
 try:  # numba is optional: attention raises KernelUnsupported without it
     import numba
@@ -441,29 +441,16 @@ def _flat(array: np.ndarray | None) -> tuple[np.ndarray, tuple[int, ...]] | None
     if array is None:
         return None
     item = array.itemsize
-    if array.strides[-1] != item or any(s < 0 or s % item for s in array.strides):
+    if array.strides[-1] != item:
         return None
-    strides = tuple(0 if n == 1 else s // item for n, s in zip(array.shape, array.strides))
-    span = 1 + sum((n - 1) * s for n, s in zip(array.shape, strides))
-    return _span(array, span), strides
-
-
-def _span(array: np.ndarray, span: int) -> np.ndarray:
-    """``span`` elements of ``array``'s memory from its first element, as a 1-d view as
-    writeable as ``array``: through the contiguous array that holds them where there is one
-    (NumPy's ``as_strided``, the fallback, builds an interface dict: 6 us a call against
-    0.6, four to six calls a launch)."""
-    holder = owner(array)
-    if holder.flags.c_contiguous:
-        offset = array.__array_interface__["data"][0] - holder.__array_interface__["data"][0]
-        if offset >= 0 and offset + span * array.itemsize <= holder.nbytes:
-            flat = np.ndarray((span,), array.dtype, holder, offset)
-            if not array.flags.writeable:
-                flat.flags.writeable = False
-            if flat.flags.writeable == array.flags.writeable:
-                return flat
-    return np.lib.stride_tricks.as_strided(array, (span,), (array.itemsize,),
-                                           writeable=array.flags.writeable)  # fmt: skip
+    strides, span = [], 1
+    for n, s in zip(array.shape, array.strides):  # a loop: generators cost a call a step
+        if s < 0 or s % item:
+            return None
+        lane = 0 if n == 1 else s // item
+        strides.append(lane)
+        span += (n - 1) * lane
+    return strided(array, (span,), (item,)), tuple(strides)
 
 
 def _flats(inputs: tuple, outputs: tuple) -> tuple[list, np.ndarray, int]:
