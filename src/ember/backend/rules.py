@@ -207,7 +207,7 @@ def var_mean(op: str, x: AVal, dim: int, correction: int) -> tuple[AVal, AVal]:
 
 # ---------------------------------------------------------------- layout
 def reshape(op: str, x: AVal, shape: Shape) -> AVal:
-    if math.prod(shape) != math.prod(x.shape) or any(d < 0 for d in shape):
+    if math.prod(shape) != math.prod(x.shape) or (shape and min(shape) < 0):
         raise ShapeError(
             f"{op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) "
             f"into {fmt_shape(shape)}"
@@ -218,7 +218,8 @@ def reshape(op: str, x: AVal, shape: Shape) -> AVal:
 def permute(op: str, x: AVal, axes: Shape) -> AVal:
     if sorted(axes) != list(range(len(x.shape))):
         raise ArgumentError(f"{op}: {list(axes)} is not a permutation of the dims of rank {len(x.shape)}")
-    return AVal(tuple(x.shape[a] for a in axes), x.dtype)
+    shape = x.shape
+    return AVal(tuple([shape[a] for a in axes]), x.dtype)
 
 
 def expand(op: str, x: AVal, shape: Shape) -> AVal:

@@ -52,6 +52,22 @@ def size_class(nbytes: int) -> int:
     return math.ceil(nbytes / step) * step
 
 
+def _class_of(nbytes: int) -> int:
+    """The bytes a pool allocates for a request of ``nbytes``: its size class, and a page
+    more from :data:`_PAGED_MIN` on (room to start on a page); remembered per request size
+    (a launch takes one or two outputs, and the arithmetic costs microseconds cold)."""
+    wanted = size_class(nbytes)
+    if wanted >= _PAGED_MIN:
+        wanted += _PAGE
+    if len(_classes) >= 4096:
+        _classes.clear()
+    _classes[nbytes] = wanted
+    return wanted
+
+
+_classes: dict[int, int] = {}
+
+
 class BufferPool:
     """Output buffers reused by size class, up to ``max_idle_bytes`` kept while unused.
 
@@ -90,11 +106,11 @@ class BufferPool:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes <= _MIN_CLASS:
             return empty_in_order(shape, dtype, order)
-        stored = shape if order is None else tuple(shape[d] for d in order)
-        wanted = size_class(nbytes)
+        stored = shape if order is None else tuple([shape[d] for d in order])
+        wanted = _classes.get(nbytes)
+        if wanted is None:
+            wanted = _class_of(nbytes)
         paged = wanted >= _PAGED_MIN
-        if paged:
-            wanted += _PAGE  # room to start on a page
         # One spell of the lock for the buffer and the loan: a launch takes one or two
         # outputs, and each step of taking costs microseconds of Python on a cold cache.
         with self._lock:
