@@ -83,7 +83,8 @@ def compose(array: np.ndarray, chain: list[tuple[str, tuple]]) -> np.ndarray | N
 def strided(array: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
             offset: int = 0, writeable: bool | None = None) -> np.ndarray:  # fmt: skip
     """A view of ``array``'s memory of ``shape`` and ``strides`` (bytes, none negative),
-    starting ``offset`` bytes after its first element; as writeable as ``array`` unless
+    starting ``offset`` bytes (a multiple of the itemsize) after its first element; as
+    writeable as ``array`` unless
     ``writeable`` says otherwise (it cannot make a read-only array writeable).
 
     Made through the contiguous array that owns the memory where there is one, whose
@@ -104,8 +105,9 @@ def strided(array: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
                 view.flags.writeable = writeable
                 return view
     if offset:
-        array = np.lib.stride_tricks.as_strided(array, (offset // array.itemsize + 1,),
-                                                (array.itemsize,))[offset // array.itemsize :]  # fmt: skip
+        skip = offset // array.itemsize
+        array = np.lib.stride_tricks.as_strided(array, (skip + 1,), (array.itemsize,),
+                                                writeable=writeable)[skip:]  # fmt: skip
     return np.lib.stride_tricks.as_strided(array, shape, strides, writeable=writeable)
 
 
