@@ -339,7 +339,10 @@ class AttentionFuser(Taking):
         return record.inputs == (value,) and record.args[1] in (rank - 1, -1)
 
     def _made_here(self, slot: Slot) -> bool:
-        return any(slot is o for r in self.records for o in r.outputs)
+        for r in self.records:  # noqa: SIM110 - a loop: a generator costs a call a step
+            if slot in r.outputs:  # slots compare by identity
+                return True
+        return False
 
     # ------------------------------------------------------------------ results
     def finish(self, keep: set[int]) -> Attention:

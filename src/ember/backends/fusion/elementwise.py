@@ -360,8 +360,8 @@ class Template:
                         shape[offset + d] = size
                     elif have != size:
                         return None
-        inputs = tuple(records[j].inputs[k] for j, k in self.inputs)
-        outs = tuple(records[j].outputs[0] for j in self.out_positions)
+        inputs = tuple([records[j].inputs[k] for j, k in self.inputs])
+        outs = tuple([records[j].outputs[0] for j in self.out_positions])
         shape = tuple(shape)
         # The plan key fixes every slot's rank, unit dims and dtype, so the block's shape
         # gives every size: the last block is this one where its scalars are the same too.
