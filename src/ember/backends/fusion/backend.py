@@ -229,8 +229,9 @@ class Fusion(Decorator):
             return self._eager(op, name, args)
         multi = type(aval) is tuple
         out_avals = aval if multi else (aval,)
-        for a in out_avals:
-            if _unknown(a):
+        for a in out_avals:  # a size or dtype the rule cannot know: the inner op tells
+            shape = a.shape
+            if (shape and min(shape) < 0) or not isinstance(a.dtype, DType):
                 return self._eager(op, name, args)
 
         call_args = [slots, *attrs] if spread else [*slots, *attrs]
@@ -245,13 +246,21 @@ class Fusion(Decorator):
             return handles if multi else handles[0]
 
         stream = stream_for(device, self.executor)
-        stream.reading(present)
-        outputs = tuple([Slot(a.shape, a.dtype, device, stream) for a in out_avals])
+        for s in present:
+            if s.origin is not stream:  # a made value, or another stream's
+                stream.reading(present)
+                break
         # The handles exist before the record is pushed: a push that fills the stream runs
         # it, and a fused block writes only the outputs someone can read.
+        if not multi:
+            output = Slot(aval.shape, aval.dtype, device, stream)
+            handle = FusionTensor(output)
+            stream.push(Record(op, name, call_args, present, (output,), False))
+            return handle
+        outputs = tuple([Slot(a.shape, a.dtype, device, stream) for a in out_avals])
         handles = tuple([FusionTensor(s) for s in outputs])
         stream.push(Record(op, name, call_args, present, outputs, multi))
-        return handles if multi else handles[0]
+        return handles
 
     def _now(self, name: str, slots: list, spread: bool, attrs, device: Device) -> Any:
         """Runs a small op on made values at once on the inner backend (module doc), its
@@ -441,6 +450,3 @@ def _side_arithmetic(slots: tuple[Slot, ...]) -> bool:
     return True
 
 
-def _unknown(aval: AVal) -> bool:
-    shape = aval.shape
-    return (len(shape) > 0 and min(shape) < 0) or not isinstance(aval.dtype, DType)
