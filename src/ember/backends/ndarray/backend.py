@@ -346,11 +346,12 @@ class NdArray(Backend):
         return np.take_along_axis(x, indices, dim), indices
 
     # ------------------------------------------------------------ layout
+    # Layout ops as the array's own methods: NumPy's functions add three Python calls each.
     def _reshape(self, x, shape):
-        return np.reshape(x, shape)
+        return x.reshape(shape)
 
     def _permute(self, x, axes):
-        return np.transpose(x, axes)
+        return x.transpose(axes)
 
     def _expand(self, x, shape):
         return np.broadcast_to(x, shape)
@@ -359,7 +360,7 @@ class NdArray(Backend):
         return np.flip(x, axes) if axes else x
 
     def _slice(self, x, ranges):
-        return x[tuple(slice(start, stop, step) for start, stop, step in ranges)]
+        return x[tuple([slice(start, stop, step) for start, stop, step in ranges])]
 
     def _slice_assign(self, x, values, ranges):
         out = x.copy()
