@@ -48,6 +48,7 @@ tracer, which runs it as here and logs it; replays push their records from the t
 from __future__ import annotations
 
 import math
+import operator
 import os
 import warnings
 from typing import Any
@@ -349,11 +350,9 @@ class Fusion(Decorator):
             raise EmberError(f"fusion: %{slot.id} was never made (an earlier op failed)")
         return slot.prim
 
-    def shape(self, x: FusionTensor) -> tuple[int, ...]:
-        return x.slot.shape
-
-    def dtype(self, x: FusionTensor) -> DType:
-        return x.slot.dtype
+    # C-level getters: every op asks for its operands' shapes and dtypes, some several times.
+    shape = staticmethod(operator.attrgetter("slot.shape"))
+    dtype = staticmethod(operator.attrgetter("slot.dtype"))
 
     def device_of(self, x: FusionTensor) -> Device:
         d = x.slot.device
