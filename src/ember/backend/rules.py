@@ -265,16 +265,15 @@ def cat(op: str, *avals_and_dim) -> AVal:
     if not avals:
         raise ArgumentError(f"{op}: needs at least one tensor")
     first = avals[0]
+    outside = first.shape[:dim] + first.shape[dim + 1 :]
     for av in avals[1:]:
-        if len(av.shape) != len(first.shape) or any(
-            a != b for i, (a, b) in enumerate(zip(av.shape, first.shape)) if i != dim
-        ):
+        if len(av.shape) != len(first.shape) or av.shape[:dim] + av.shape[dim + 1 :] != outside:
             raise ShapeError(
                 f"{op}: shapes {fmt_shape(first.shape)} and {fmt_shape(av.shape)} differ outside "
                 f"dim {dim}"
             )
     dtype = _same_dtype(op, *avals)
-    size = sum(av.shape[dim] for av in avals)
+    size = sum([av.shape[dim] for av in avals])
     return AVal(first.shape[:dim] + (size,) + first.shape[dim + 1 :], dtype)
 
 

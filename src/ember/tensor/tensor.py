@@ -81,7 +81,7 @@ def _dims(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, int):
         return (shape,)
     try:
-        return tuple(int(d) for d in shape)
+        return tuple([int(d) for d in shape])
     except TypeError:
         raise ArgumentError(f"a shape must be a sequence of ints, got {shape!r}") from None
 
@@ -1022,7 +1022,7 @@ class Tensor:
     def permute(self, *axes: int | Sequence[int]) -> Tensor:
         order = _dims(axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else axes)
         rank = self.rank
-        order = tuple(check_dim("permute", a, rank) for a in order)
+        order = tuple([check_dim("permute", a, rank) for a in order])
         if order == tuple(range(rank)):
             return self
         return self._checked(ops.permute, order)
