@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember.backend.kept import owner
-from ember.backends.fusion.views import compose, strided
+from ember.backends.fusion.views import _byte_offset, _interface_offset, compose, strided
 
 
 def _random_chain(rng: np.random.Generator, x: np.ndarray) -> tuple[list, np.ndarray, bool]:
@@ -129,3 +129,16 @@ def test_a_strided_view_spans_its_memory_as_writeable_as_asked(case):
             index = tuple(min(i, n - 1) for i, n in zip(index, operand.shape))
             if int(np.dot(index, lanes)) >= skip:
                 assert flat[int(np.dot(index, lanes)) - skip] == operand[index]
+
+
+def test_the_byte_offset_is_numpys():
+    """numba's reading of two addresses (``strided``'s fast path) agrees with NumPy's
+    interface for views of every kind: read-only, transposed, of another dtype."""
+    raw = np.zeros(1 << 14, np.uint8)
+    projection = np.ndarray((4, 8, 48), np.float32, raw, 192)
+    read_only = projection[1:, :, 8:].view()
+    read_only.flags.writeable = False
+    views = [projection, projection[:, 2:, 16:32].transpose(1, 0, 2), read_only,
+             np.ndarray((100,), np.float64, raw, 4000), raw[7:]]  # fmt: skip
+    for view in views:
+        assert _byte_offset(view, raw) == _interface_offset(view, raw) > 0
