@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ember.backend.kept import owner
-from ember.backends.fusion.views import _byte_offset, _interface_offset, compose, strided
+from ember.backends.fusion.views import _interface_offset, byte_offset, compose, strided
 
 
 def _random_chain(rng: np.random.Generator, x: np.ndarray) -> tuple[list, np.ndarray, bool]:
@@ -141,4 +141,4 @@ def test_the_byte_offset_is_numpys():
     views = [projection, projection[:, 2:, 16:32].transpose(1, 0, 2), read_only,
              np.ndarray((100,), np.float64, raw, 4000), raw[7:]]  # fmt: skip
     for view in views:
-        assert _byte_offset(view, raw) == _interface_offset(view, raw) > 0
+        assert byte_offset(view, raw) == _interface_offset(view, raw) > 0

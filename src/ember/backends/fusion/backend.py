@@ -247,10 +247,7 @@ class Fusion(Decorator):
             return handles if multi else handles[0]
 
         stream = stream_for(device, self.executor)
-        for s in present:
-            if s.origin is not stream:  # a made value, or another stream's
-                stream.reading(present)
-                break
+        stream.reading(present)
         # The handles exist before the record is pushed: a push that fills the stream runs
         # it, and a fused block writes only the outputs someone can read.
         if not multi:

@@ -75,6 +75,7 @@ from ember.backends.fusion.numba_tile import (
     transpose_kernel,
     vector_copy,
 )
+from ember.backends.fusion.views import byte_offset
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
@@ -539,8 +540,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
     if immutable(b):  # a constant (an imported model's weight): its panels are packed once
         base = owner(b)
-        view = (b.__array_interface__["data"][0] - base.__array_interface__["data"][0],
-                b.shape, b.strides, dtype.str)  # fmt: skip
+        view = (byte_offset(b, base), b.shape, b.strides, dtype.str)
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
         out = _multiply(a3, by_columns, bp, None, (*batch, m, n), a_of, b_of, threads, empty,
                         bias, adding, parts)  # fmt: skip
