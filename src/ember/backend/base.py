@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ember.backend import conv_grad
@@ -176,6 +176,14 @@ class Backend:
 
     def sync(self, device: Device) -> None:
         """Waits for queued work on ``device``; eager CPU backends have none."""
+
+    def replay_keyed(self, key: Hashable, inputs: list, fn: Callable[[list], list]) -> list:
+        """``fn(inputs)``: a list of primitives (or None) that ``fn`` computes from the
+        primitives ``inputs`` with this backend's ops alone, issuing the same ops with
+        the same attributes whenever ``key`` is equal and the inputs have the same
+        shapes, dtypes and devices. A backend that records its ops (Fusion) may push
+        the ops an earlier call issued instead of running ``fn``; here it runs."""
+        return fn(inputs)
 
     def dtype_usage(self, device: Device, dtype: DType) -> DTypeUsage:
         raise UnsupportedError(f"backend {self.name!r} does not implement dtype_usage")

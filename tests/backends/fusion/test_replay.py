@@ -871,6 +871,35 @@ def test_a_direct_replay_runs_its_products_on_the_arrays_for_any_operand_layout(
                 assert "float_matmul" not in singles and counts["op_kernels"] == 2, (singles, counts)
 
 
+def test_a_direct_replay_whose_product_choice_is_pending_again_runs_the_records(monkeypatch):
+    """A tuner choice timed again later (a provisional one expired) is pending in the middle
+    of a direct replay: the records run that call (and time it), computing the same; the
+    program was not left with a value no step made."""
+    pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    from ember.backends.fusion import autotune, direct
+
+    device = ember.device("ndarray").fusion(runtime="numba")
+    w1, w2 = _data((64, 48), 1), _data((48, 40), 2)
+    t1, t2 = (Tensor.from_data(a, device) for a in (w1, w2))
+    g = replay(lambda x: (x @ t1).tanh() @ t2)
+    settled = direct._settled
+    with autotune.forcing(autotune.Choice("fused", 2)):
+        for call in range(6):
+            if call == 4:
+                monkeypatch.setattr(direct, "_settled",
+                                    lambda *a: autotune.Pending(("again",), "again", 1))
+            if call == 5:
+                monkeypatch.setattr(direct, "_settled", settled)
+            x = _data((96, 64), 40 + call)
+            reset_stats()
+            got = g(Tensor.from_data(x, device)).to_numpy()
+            np.testing.assert_allclose(got, np.tanh(x.astype(np.float64) @ w1) @ w2, rtol=1e-4,
+                                       atol=1e-4)
+            counts = stats()
+            assert counts["direct_replays"] == (call in (3, 5)), (call, counts)
+            assert counts["replays"] == (call >= 2), (call, counts)  # not a plain call
+
+
 def test_a_direct_replay_runs_every_op_with_a_compiled_kernel_on_the_arrays(monkeypatch):
     """Pooling (with its indices: two outputs) and a convolution's gradients take the same
     path as products in a direct replay of a training step: their kernels at the tuner's

@@ -23,7 +23,14 @@ from ember.backend.errors import ArgumentError, UnsupportedError
 from ember.backend.ops import OpDef
 from ember.backends.autodiff import listener
 from ember.backends.autodiff import rules as _rules  # noqa: F401  (registers every rule)
-from ember.backends.autodiff.graph import Gradients, Node, Recompute, TrackedTensor, backward
+from ember.backends.autodiff.graph import (
+    Gradients,
+    Node,
+    Recompute,
+    TrackedTensor,
+    backward,
+    keyed_backward,
+)
 from ember.backends.autodiff.partial import Accumulator
 from ember.backends.autodiff.rule import RULES, Saved
 
@@ -56,6 +63,7 @@ class Autodiff(Decorator):
         self._plans: dict[str, _Plan] = {}  # per primitive name, made on its first call
         self._graph_accumulator: Accumulator | None = None  # create_graph's (adds on self)
         self._recording_gradients = 0  # > 0 inside a create_graph pass (see _record)
+        self._ran: dict[tuple, tuple[int, ...]] = {}  # graph key -> nodes a pass ran (keyed_backward)
 
     def _config(self) -> tuple:
         return (*super()._config(), self.checkpointing)
@@ -212,6 +220,8 @@ class Autodiff(Decorator):
             # of a restricted or create_graph pass (a penalty's, an inner step's) are not
             # the parameters' gradients of the step.
             hear = listener.current() if targets is None else None
+            if hear is None and self.checkpointing is None:
+                return keyed_backward(x.node, seed, inner, self._accumulator, targets, self._ran)
             return backward(x.node, seed, inner, self._accumulator, hear, targets=targets)
         if self._graph_accumulator is None:
             self._graph_accumulator = Accumulator(self)

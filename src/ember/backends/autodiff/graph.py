@@ -20,12 +20,14 @@ the node is visited.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
 from ember.backend.errors import EmberError
 from ember.backends.autodiff.listener import GradientListener
 from ember.backends.autodiff.partial import INCOMPLETE, Accumulator
+from ember.backends.autodiff.rule import Saved
 
 _ids = itertools.count()  # thread-safe under the GIL; ids only need to increase
 
@@ -179,6 +181,116 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
     if listener is not None:
         listener.on_finish(grads)
     return grads
+
+
+def keyed_backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
+                   targets: frozenset[int] | None, ran: dict) -> Gradients:  # fmt: skip
+    """:func:`backward` (no listener, no ``lift``) as one call of ``inner.replay_keyed``,
+    keyed by the graph's structure: a backend that records its ops (Fusion) then pushes
+    an earlier step's ops for the same graph instead of running the rules' Python again.
+
+    The key holds, per node in visiting order, its rule, its parents' positions, what it
+    saved (the tensors as the call's inputs, the rest as values) and whether its
+    gradient is wanted. ``ran`` maps a key to the positions of the nodes a plain pass of it
+    ran (learned when it runs plainly), which a replayed pass frees as the plain one does.
+    """
+    order = _reachable(root)
+    structure = _structure(order, targets)
+    if structure is None:
+        return backward(root, seed, inner, accumulator, targets=targets)
+    key, inputs, wanted = structure
+    inputs.append(seed)
+    plain: list[Gradients] = []
+
+    def run(_inputs: list) -> list:
+        # The inputs are the nodes' own saved primitives (and the seed): the rules read them
+        # from the nodes.
+        grads = backward(root, seed, inner, accumulator, targets=targets)
+        plain.append(grads)
+        ran[key] = tuple([i for i, node in enumerate(order) if node.freed])
+        while len(ran) > MAX_RAN:
+            del ran[next(iter(ran))]
+        return [grads.get(order[i]) for i in wanted]
+
+    outputs = inner.replay_keyed(key, inputs, run)
+    if plain:
+        return plain[-1]
+    freed = ran.pop(key, None)
+    if freed is not None:
+        ran[key] = freed  # the most recently used last
+    for i in range(len(order)) if freed is None else freed:
+        node = order[i]
+        if not node.is_leaf:
+            node.saved, node.freed = None, True
+    grads = Gradients()
+    for i, grad in zip(wanted, outputs):
+        if grad is not None:
+            grads.replace(order[i], grad)
+    return grads
+
+
+MAX_RAN = 64
+"""Keys whose freed positions :func:`keyed_backward` keeps (more than a fusion backend keeps
+traces for: ``keyed.MAX_KEYS``)."""
+
+
+def _structure(order: list[Node], targets: frozenset[int] | None) -> tuple | None:
+    """The key of a pass over ``order``, the saved primitives in key order, and the positions
+    of the nodes whose gradients the pass returns; None where a node was freed or saved
+    something else than a :class:`Saved` (checkpointing's recipes)."""
+    position = {node.id: i for i, node in enumerate(order)}
+    parts: list = []
+    inputs: list = []
+    wanted: list[int] = []
+    for i, node in enumerate(order):
+        parents = tuple([-1 if p is None else position[p.id] for p in node.parents])
+        if targets is not None and node.id in targets:
+            wanted.append(i)
+        if node.backward is None:
+            parts.append(parents)
+            if targets is None:
+                wanted.append(i)
+            continue
+        saved = node.saved
+        if node.freed or (saved is not None and type(saved) is not Saved):
+            return None
+        if saved is None:
+            parts.append((node.backward, parents))
+            continue
+        kept = saved.inputs
+        if kept is not None:
+            kept = tuple([x is not None for x in kept])
+            inputs.extend([x for x in saved.inputs if x is not None])
+        output = saved.output
+        if output is not None:
+            if type(output) is tuple:
+                inputs.extend(output)
+                output = len(output)
+            else:
+                inputs.append(output)
+                output = -1
+        parts.append((node.backward, parents, kept, output, _typed(saved.attrs), saved.shapes,
+                      saved.dtypes, saved.needs))  # fmt: skip
+    if targets is not None:
+        parts.append(tuple(wanted))
+    return tuple(parts), inputs, wanted
+
+
+def _typed(values: tuple) -> tuple:
+    """``values`` as a key that tells ``1``, ``1.0`` and ``True`` apart, and ``0.0`` from
+    ``-0.0`` (equal in Python, not to the ops that take them)."""
+    out = []
+    for v in values:
+        kind = type(v)
+        if kind is int or kind is str or v is None:
+            out.append(v)
+        elif kind is float:
+            out.append((v, math.copysign(1.0, v)))
+        elif kind is tuple:
+            out.append((tuple, _typed(v)))
+        else:
+            out.append((kind, v))
+    return tuple(out)
 
 
 def _leading_to(order: list[Node], targets: frozenset[int]) -> set[int]:

@@ -43,6 +43,7 @@ primitives here, so they fuse.
 
 While a call of a replayed function is traced (``replayed.py``), each op goes through the
 tracer, which runs it as here and logs it; replays push their records from the trace.
+Autodiff's backward pass is replayed the same way, by its graph's key (``keyed.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import math
 import operator
 import os
 import warnings
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ember.backend.base import Backend
@@ -63,6 +65,7 @@ from ember.backend.rules import AVal
 from ember.backends.fusion import composites, counters
 from ember.backends.fusion.executor import Executor, inner_args, runtime_named
 from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
+from ember.backends.fusion.keyed import KeyedReplays
 from ember.backends.fusion.replayed import active, tracing
 from ember.backends.fusion.stream import Record, flush_device, stream_for
 from ember.tensor.dtype import DType
@@ -149,6 +152,7 @@ class Fusion(Decorator):
             self._cpu_error = error
             cpu = runtime_named("interpreter")
         self.executor = Executor(inner, cpu)
+        self._keyed = KeyedReplays(self)
 
     def placed(self, place: str, index: int) -> None:
         """Picks the runtime of a Torch CUDA device's blocks (``Device.wrap`` calls it):
@@ -317,6 +321,11 @@ class Fusion(Decorator):
         inner = self.inner_device(device)
         flush_device(inner)
         self.inner.sync(inner)
+
+    def replay_keyed(self, key: Hashable, inputs: list, fn: Callable[[list], list]) -> list:
+        """``fn(inputs)``, or the ops it issued for an earlier call of an equal key pushed
+        again from a trace (``keyed.py``): Autodiff's backward pass, for one."""
+        return self._keyed.run(key, inputs, fn)
 
     def seed(self, device: Device, seed: int) -> None:
         _no_trace(self, "seeds the generator")

@@ -31,6 +31,9 @@ _FIELDS = (
     "traces",  # calls of a replayed function traced (replayed.py)
     "replays",  # calls of a replayed function re-recorded from their trace
     "direct_replays",  # replays whose launches ran without records (direct.py)
+    "keyed_traces",  # keyed passes traced (keyed.py: Autodiff's backward)
+    "keyed_replays",  # keyed passes re-recorded from their trace
+    "keyed_direct_replays",  # keyed replays whose launches ran without records
     "joined_in_place",  # joins (cat) whose pieces a direct replay's kernel wrote in place
     "templated_composites",  # composites recorded from their signature's template (composites.py)
 )

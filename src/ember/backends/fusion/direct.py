@@ -328,7 +328,8 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
     except UnsupportedError:
         trace.program = False  # the runtime refuses a launch: the records run, from now on
         return None
-    counters.add_each(replays=1, direct_replays=1, kernels=program.blocks,
+    replays, direct_replays = trace.counted
+    counters.add_each(**{replays: 1, direct_replays: 1}, kernels=program.blocks,
                       fused_ops=len(trace.entries))  # fmt: skip
     for r in trace.returned:
         slot = slots[r]
@@ -442,7 +443,7 @@ class _Made:
             joined = joins.joined_view([prims[r] for r in entry.refs], entry.attrs[0],
                              specs[entry.out_refs[0]][0])  # fmt: skip
             if joined is None:
-                self._alone(i, step[1])  # the pieces lie apart: a plain cat
+                return self._alone(i, step[1])  # the pieces lie apart: a plain cat
             else:
                 prims[entry.out_refs[0]] = joined
                 counters.add("joined_in_place")
@@ -456,7 +457,8 @@ class _Made:
                     executor.run_single(record)
                 _keep(entries, (step[1],), (record,), slots, prims)
             else:
-                self._alone(i if kind == "kernel" else None, step[1])
+                # False where the tuner's choice is pending (re-timed, say): the records run
+                return self._alone(i if kind == "kernel" else None, step[1])
         return True
 
     def _attention(self, i: int, step: tuple) -> bool:

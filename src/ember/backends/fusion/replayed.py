@@ -449,6 +449,22 @@ class Tracer:
         self.n_inputs = len(self.dynamic)
         return out
 
+    def input_handles(self, handles: list[FusionTensor]) -> None:
+        """Takes ``handles``' slots as the call's inputs, as they are (the caller's own
+        primitives, which the call reads and captures nothing else of: ``keyed.py``)."""
+        refs, dynamic = self.refs, self.dynamic
+        for handle in handles:
+            if handle.slot not in refs:
+                refs[handle.slot] = len(dynamic)
+                dynamic.append(True)
+        self.n_inputs = len(dynamic)
+
+    def out(self, handle: FusionTensor) -> _Out:
+        """The template of ``handle`` returned by the traced call (``const``: the handle
+        itself, where it is a constant of the trace)."""
+        r = self.ref(handle.slot)
+        return _Out(r, None, None, None if self.dynamic[r] else handle)
+
     def reads(self, slot: Slot) -> None:
         """The traced call reads ``slot``'s inner value (``Fusion.unwrap``)."""
         r = self.refs.get(slot)
@@ -527,6 +543,12 @@ class Tracer:
             template = self._template(out)
         except _Unreplayable as error:
             self.fail(str(error))
+            template = None
+        return self.trace(template, Trace)
+
+    def trace(self, template: Any, kind: type[Trace]) -> Trace | str:
+        """A ``kind`` of trace of the call whose outputs ``template`` describes (``_Out``
+        each, in the structure ``kind`` reads), or why it cannot be replayed."""
         if self.failure is not None:
             return self.failure
         for _, slot in self.consts:
@@ -535,7 +557,7 @@ class Tracer:
             if slot.prim is None:
                 return f"a value it captures (%{slot.id}) was never made"
         self._held.clear()
-        return Trace(self, template)
+        return kind(self, template)
 
     def _template(self, value: Any) -> Any:
         """The output's structure, each tensor as ``(ref, device, kind, tensor)``."""
@@ -578,6 +600,8 @@ class _Out:
 class Trace:
     """A traced call's dynamic entries, constants and output structure, ready to replay."""
 
+    counted = ("replays", "direct_replays")  # the counters of a replay, and of a direct one
+
     def __init__(self, tracer: Tracer, template: Any) -> None:
         self.backend = tracer.backend
         self.outer = tracer.outer
@@ -614,8 +638,12 @@ class Trace:
         self._direct_ok = bool(self.entries) and len(devices) == 1 and not any(
             entry.eager for entry in self.entries
         )
-        self.specs = {r: spec for entry in self.entries
-                       for r, spec in zip(entry.out_refs, entry.outputs)}  # fmt: skip
+        # Each value's (shape, dtype, device): the inputs' (fixed by the signature) and
+        # the entries' outputs.
+        self.specs = {r: (slot.shape, slot.dtype, slot.device)
+                      for slot, r in tracer.refs.items() if r < self.n_inputs}  # fmt: skip
+        self.specs.update((r, spec) for entry in self.entries
+                          for r, spec in zip(entry.out_refs, entry.outputs))  # fmt: skip
         executor = self.backend.executor
         for entry in self.entries:
             entry.direct = (entry.now and entry.name not in executor.op_kernels
@@ -628,7 +656,7 @@ class Trace:
             out = direct.run(self, self.program, tensors)
             if out is not None:
                 return out  # counted there, with its launches
-        counters.add("replays")
+        counters.add(self.counted[0])
         backend = self.backend
         executor = backend.executor
         values: list[Any] = [None] * self.n_refs
