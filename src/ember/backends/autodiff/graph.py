@@ -15,6 +15,11 @@ Gradients are summed per node as they arrive. A rule may return a
 of its input's gradient); the node keeps such pieces and the
 :class:`~ember.backends.autodiff.partial.Accumulator` assembles them once, when
 the node is visited.
+
+A plain pass (no listener, no checkpointing, no ``create_graph``) goes through
+:func:`keyed_backward`: keyed by the graph's structure, a backend that records its ops
+(Fusion) may push an earlier pass's ops for the same structure instead of running the
+rules' Python again.
 """
 
 from __future__ import annotations
@@ -209,7 +214,7 @@ def keyed_backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
         plain.append(grads)
         ran[key] = tuple([i for i, node in enumerate(order) if node.freed])
         while len(ran) > MAX_RAN:
-            del ran[next(iter(ran))]
+            ran.pop(next(iter(ran), None), None)  # another thread may have taken it
         return [grads.get(order[i]) for i in wanted]
 
     outputs = inner.replay_keyed(key, inputs, run)
