@@ -63,7 +63,10 @@ class Autodiff(Decorator):
         self._plans: dict[str, _Plan] = {}  # per primitive name, made on its first call
         self._graph_accumulator: Accumulator | None = None  # create_graph's (adds on self)
         self._recording_gradients = 0  # > 0 inside a create_graph pass (see _record)
-        self._ran: dict[tuple, tuple[int, ...]] = {}  # graph key -> nodes a pass ran (keyed_backward)
+        # Plain passes go through inner.replay_keyed where the inner backend may replay them
+        # (keyed_backward; the key costs a few microseconds a node).
+        self._keyed = type(inner).replay_keyed is not Backend.replay_keyed
+        self._ran: dict[tuple, tuple[int, ...]] = {}  # graph key -> the nodes its pass ran
 
     def _config(self) -> tuple:
         return (*super()._config(), self.checkpointing)
@@ -220,7 +223,7 @@ class Autodiff(Decorator):
             # of a restricted or create_graph pass (a penalty's, an inner step's) are not
             # the parameters' gradients of the step.
             hear = listener.current() if targets is None else None
-            if hear is None and self.checkpointing is None:
+            if hear is None and self.checkpointing is None and self._keyed:
                 return keyed_backward(x.node, seed, inner, self._accumulator, targets, self._ran)
             return backward(x.node, seed, inner, self._accumulator, hear, targets=targets)
         if self._graph_accumulator is None:
