@@ -119,7 +119,8 @@ class Gradients:
 def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
              listener: GradientListener | None = None,
              lift: Callable[[Node, Any], Any] | None = None,
-             targets: frozenset[int] | None = None) -> Gradients:  # fmt: skip
+             targets: frozenset[int] | None = None,
+             order: list[Node] | None = None) -> Gradients:  # fmt: skip
     """Runs every backward rule reachable from ``root`` once, in reverse creation order.
 
     Args:
@@ -137,8 +138,11 @@ def backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
         targets: ids of the nodes (leaves or not) whose gradients are wanted; None: every
             leaf's. Only the nodes on a path to a target run, and their rules are told
             which inputs need a gradient (``Saved.needs``).
+        order: the nodes reachable from ``root`` in decreasing id order, where the caller
+            has them.
     """
-    order = _reachable(root)
+    if order is None:
+        order = _reachable(root)
     useful = None if targets is None else _leading_to(order, targets)
     recomputed: dict[int, Any] = {}  # outputs recomputed for checkpointing, during this pass only
     pending: dict[int, Any] = {root.id: seed}
@@ -202,7 +206,7 @@ def keyed_backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
     order = _reachable(root)
     structure = _structure(order, targets)
     if structure is None:
-        return backward(root, seed, inner, accumulator, targets=targets)
+        return backward(root, seed, inner, accumulator, targets=targets, order=order)
     key, inputs, wanted = structure
     inputs.append(seed)
     plain: list[Gradients] = []
@@ -210,7 +214,7 @@ def keyed_backward(root: Node, seed: Any, inner: Any, accumulator: Accumulator,
     def run(_inputs: list) -> list:
         # The inputs are the nodes' own saved primitives (and the seed): the rules read them
         # from the nodes.
-        grads = backward(root, seed, inner, accumulator, targets=targets)
+        grads = backward(root, seed, inner, accumulator, targets=targets, order=order)
         plain.append(grads)
         ran[key] = tuple([i for i, node in enumerate(order) if node.freed])
         while len(ran) > MAX_RAN:
