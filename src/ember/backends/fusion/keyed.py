@@ -23,30 +23,24 @@ trace's).
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from ember.backend import effects
 from ember.backends.fusion import counters
 from ember.backends.fusion.handle import FusionTensor, Slot
-from ember.backends.fusion.replayed import Trace, Tracer, _debug, tracing
+from ember.backends.fusion.replayed import NEW, Trace, Tracer, Traces, _debug, tracing
 from ember.backends.fusion.stream import stream_for
 
 MAX_KEYS = 16
 """Keys a backend keeps traces for (the least recently used goes first)."""
-
-_NEW = object()
-
 
 class KeyedReplays:
     """One fusion backend's keyed traces (see the module doc)."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self._traces: OrderedDict[tuple, KeyedTrace | str | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._traces = Traces(MAX_KEYS)
 
     def run(self, key: Hashable, inputs: list, fn: Callable[[list], list]) -> list:
         if (not self.backend.lazy or tracing.tracer is not None
@@ -55,15 +49,8 @@ class KeyedReplays:
         signature = _signature(key, inputs)
         if signature is None:
             return fn(inputs)
-        with self._lock:
-            state = self._traces.get(signature, _NEW)
-            if state is _NEW:
-                self._traces[signature] = None  # ran plainly; the next call traces
-                while len(self._traces) > MAX_KEYS:
-                    self._traces.popitem(last=False)
-            else:
-                self._traces.move_to_end(signature)
-        if state is _NEW or type(state) is str:
+        state = self._traces.state(signature)
+        if state is NEW or type(state) is str:
             return fn(inputs)
         if state is None:
             return self._trace(signature, inputs, fn)
@@ -94,9 +81,7 @@ class KeyedReplays:
         else:
             _debug(f"keyed pass: traced {len(trace.entries)} dynamic ops "
                    f"({len(trace.consts)} constants)")  # fmt: skip
-        with self._lock:
-            if signature in self._traces:
-                self._traces[signature] = trace
+        self._traces.store(signature, trace)
         return out
 
 

@@ -149,8 +149,7 @@ class Replayed:
     def __init__(self, fn: Callable[..., Any]) -> None:
         functools.update_wrapper(self, fn, updated=())
         self.fn = fn
-        self._traces: OrderedDict[tuple, Trace | str | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._traces = Traces(MAX_TRACES)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if tracing.tracer is not None or os.environ.get("EMBER_FUSION_REPLAY", "1") == "0":
@@ -160,15 +159,8 @@ class Replayed:
             _debug(f"{_name(self.fn)}: runs plainly: {flat.reason}")
             return self.fn(*args, **kwargs)
         key = flat.signature
-        with self._lock:
-            state = self._traces.get(key, _NEW)
-            if state is _NEW:
-                self._traces[key] = None  # warmed up; the next call traces
-                while len(self._traces) > MAX_TRACES:
-                    self._traces.popitem(last=False)
-            else:
-                self._traces.move_to_end(key)
-        if state is _NEW or type(state) is str:
+        state = self._traces.state(key)
+        if state is NEW or type(state) is str:
             return self.fn(*args, **kwargs)
         if state is None:
             return self._trace(key, flat, args, kwargs)
@@ -197,13 +189,43 @@ class Replayed:
         else:
             _debug(f"{_name(self.fn)}: traced {len(trace.entries)} dynamic ops "
                    f"({len(trace.consts)} constants)")  # fmt: skip
-        with self._lock:
-            if key in self._traces:
-                self._traces[key] = trace
+        self._traces.store(key, trace)
         return out
 
 
-_NEW = object()
+NEW = object()
+""":meth:`Traces.state` of a signature not seen before (the call runs plainly)."""
+
+
+class Traces:
+    """Each signature's state, the least recently used first (at most ``limit``): None once
+    seen (the next call traces), then its trace, or why it cannot be replayed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._states: OrderedDict[tuple, Trace | str | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def state(self, key: tuple) -> Any:
+        """``key``'s state (:data:`NEW` the first time, which marks it seen)."""
+        with self._lock:
+            state = self._states.get(key, NEW)
+            if state is NEW:
+                self._states[key] = None
+                while len(self._states) > self.limit:
+                    self._states.popitem(last=False)
+            else:
+                self._states.move_to_end(key)
+            return state
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def store(self, key: tuple, trace: Trace | str) -> None:
+        """Keeps ``key``'s trace (or reason), unless the key was dropped meanwhile."""
+        with self._lock:
+            if key in self._states:
+                self._states[key] = trace
 
 
 def _name(fn: Any) -> str:
