@@ -27,20 +27,20 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from ember.backend import effects
-from ember.backends.fusion import counters
 from ember.backends.fusion.handle import FusionTensor, Slot
-from ember.backends.fusion.replayed import NEW, Trace, Tracer, Traces, _debug, tracing
+from ember.backends.fusion.replayed import NEW, Trace, Tracer, Traces, tracing
 from ember.backends.fusion.stream import stream_for
 
 MAX_KEYS = 16
 """Keys a backend keeps traces for (the least recently used goes first)."""
+
 
 class KeyedReplays:
     """One fusion backend's keyed traces (see the module doc)."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self._traces = Traces(MAX_KEYS)
+        self._traces = Traces(MAX_KEYS, "keyed_traces")
 
     def run(self, key: Hashable, inputs: list, fn: Callable[[list], list]) -> list:
         if (not self.backend.lazy or tracing.tracer is not None
@@ -75,13 +75,7 @@ class KeyedReplays:
         else:
             template = [None if h is None else tracer.out(h) for h in out]
         trace = tracer.trace(template, KeyedTrace)
-        counters.add("keyed_traces")
-        if type(trace) is str:
-            _debug(f"keyed pass: not replayable: {trace}")
-        else:
-            _debug(f"keyed pass: traced {len(trace.entries)} dynamic ops "
-                   f"({len(trace.consts)} constants)")  # fmt: skip
-        self._traces.store(signature, trace)
+        self._traces.store(signature, trace, "keyed pass")
         return out
 
 

@@ -149,7 +149,7 @@ class Replayed:
     def __init__(self, fn: Callable[..., Any]) -> None:
         functools.update_wrapper(self, fn, updated=())
         self.fn = fn
-        self._traces = Traces(MAX_TRACES)
+        self._traces = Traces(MAX_TRACES, "traces")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if tracing.tracer is not None or os.environ.get("EMBER_FUSION_REPLAY", "1") == "0":
@@ -183,13 +183,7 @@ class Replayed:
             tracing.tracer = None
         trace = tracer.finish(out)
         out = _swap(out, {id(a): t for a, t in zip(aliases, flat.tensors)})
-        counters.add("traces")
-        if type(trace) is str:
-            _debug(f"{_name(self.fn)}: not replayable: {trace}")
-        else:
-            _debug(f"{_name(self.fn)}: traced {len(trace.entries)} dynamic ops "
-                   f"({len(trace.consts)} constants)")  # fmt: skip
-        self._traces.store(key, trace)
+        self._traces.store(key, trace, _name(self.fn))
         return out
 
 
@@ -199,10 +193,11 @@ NEW = object()
 
 class Traces:
     """Each signature's state, the least recently used first (at most ``limit``): None once
-    seen (the next call traces), then its trace, or why it cannot be replayed."""
+    seen (the next call traces), then its trace, or why it cannot be replayed; ``counter``
+    counts the traces made (``counters``)."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self, limit: int, counter: str) -> None:
+        self.limit, self.counter = limit, counter
         self._states: OrderedDict[tuple, Trace | str | None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -221,8 +216,15 @@ class Traces:
     def __len__(self) -> int:
         return len(self._states)
 
-    def store(self, key: tuple, trace: Trace | str) -> None:
-        """Keeps ``key``'s trace (or reason), unless the key was dropped meanwhile."""
+    def store(self, key: tuple, trace: Trace | str, what: str) -> None:
+        """Keeps ``key``'s trace (or reason), unless the key was dropped meanwhile; counts
+        it, and logs it as ``what``'s under ``EMBER_FUSION_DEBUG``."""
+        counters.add(self.counter)
+        if type(trace) is str:
+            _debug(f"{what}: not replayable: {trace}")
+        else:
+            _debug(f"{what}: traced {len(trace.entries)} dynamic ops "
+                   f"({len(trace.consts)} constants)")  # fmt: skip
         with self._lock:
             if key in self._states:
                 self._states[key] = trace
