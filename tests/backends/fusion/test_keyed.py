@@ -269,3 +269,25 @@ def test_only_a_backend_that_can_replay_pays_for_the_key(monkeypatch):
         x = Tensor.from_data([1.0, 2.0], device).require_grad()
         assert x.grad((x * x).sum().backward()).tolist() == [2.0, 4.0]
         assert len(keyed) == calls
+
+
+def test_a_replayed_backward_reads_each_steps_indices(device):
+    """Saved integer tensors (an embedding's token ids, a loss's labels) are inputs of the
+    replayed pass like any saved value: each step's gradients follow its own indices."""
+    from ember.tensor import module as F
+
+    table_host = _data((10, 6), 1)
+    for step in range(6):
+        tokens_host = np.random.default_rng(step).integers(0, 10, (4, 3))
+        labels_host = np.random.default_rng(step + 50).integers(0, 6, (4, 3, 1))
+        got, want = [], []
+        for d, out in ((device, got), (REFERENCE, want)):
+            table = Tensor.from_data(table_host, d).require_grad()
+            tokens = Tensor.from_data(tokens_host, d)
+            logits = F.embedding(table, tokens)
+            picked = activation.log_softmax(logits, 2).gather(2, Tensor.from_data(labels_host, d))
+            reset_stats()
+            out.append(table.grad((-picked).sum().backward()).to_numpy())
+            if d is device:
+                assert stats()["keyed_replays"] == (step >= 2), (step, stats())
+        _close(got[0], want[0])
