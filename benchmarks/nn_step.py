@@ -11,7 +11,8 @@ Each row is the median time of one step (the sides' steps alternate, one of each
 ``sum()`` of the output, and
 the backward pass to every parameter and the input, on ``autodiff(ndarray)``,
 ``autodiff(fusion(ndarray))`` (ops recorded lazily, element-wise chains of the forward
-and backward passes run as fused numba kernels; the checking step compiles them), the same
+and backward passes run as fused numba kernels; the checking step compiles them; from the
+third step the backward pass is replayed by its graph's key, ``fusion/keyed.py``), the same
 through ``fusion.replay`` (the step's records pushed from a trace, without the Python of
 the layers and of the autodiff graph) and ``autodiff(torch)``. Each ember step ends with ``device.sync()``, which runs what a fusion
 device still holds, so the lazy work is timed. ember's layers load the PyTorch
