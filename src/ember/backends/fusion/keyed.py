@@ -13,6 +13,10 @@ value. Before pushing, the stream's pending records run (a training step's forwa
 so the flush holds only the trace's records: its plan is kept, and from the next call on
 its launches run directly (``direct.py``).
 
+Traces live in memory only, :data:`MAX_KEYS` per backend, the least recently used
+dropped first; a trace's direct program is made again where a replay's would be (after
+``clear_plans()``, or a tuner choice timed again).
+
 A key whose trace fails (``fn`` reads a value it computes, draws a value-dependent shape,
 changes state outside the op table) runs plainly from then on; a replay that raises runs
 ``fn`` plainly instead, so the error is the plain call's. ``EMBER_FUSION_REPLAY=0`` runs
