@@ -59,8 +59,22 @@ def _weights(seed: int) -> list[np.ndarray]:
     return [_data((24, 32), seed) * 0.3, _data((32,), seed + 1), _data((32, 16), seed + 2) * 0.3]
 
 
+@pytest.fixture(params=["interpreter", "numba", "torch-numba"])
+def any_device(request) -> ember.Device:
+    if request.param.endswith("numba"):
+        pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
+    if request.param == "torch-numba":
+        pytest.importorskip("torch", reason="the Torch backend needs torch")
+        return ember.device("torch").fusion(runtime="numba").autodiff()
+    return ember.device("ndarray").fusion(runtime=request.param).autodiff()
+
+
 @pytest.mark.parametrize("inputs", ["leaves", "hidden"])
-def test_a_repeated_backward_replays_by_its_graphs_key_and_equals_the_plain_pass(device, inputs):
+def test_a_repeated_backward_replays_by_its_graphs_key_and_equals_the_plain_pass(any_device,
+                                                                                 inputs):  # fmt: skip
+    device = any_device
+    # Torch's values take the direct path where the tuner has settled (not asserted here).
+    arrays = device.backend.inner.inner.name == "ndarray"
     for step in range(6):
         weights, x = _weights(10 * step), _data((48, 24), 10 * step + 5)  # new values each step
         reset_stats()
@@ -74,8 +88,8 @@ def test_a_repeated_backward_replays_by_its_graphs_key_and_equals_the_plain_pass
                 _close(g, w)
         assert counts["keyed_traces"] == (step == 1), (step, counts)
         assert counts["keyed_replays"] == (step >= 2), (step, counts)
-        # From the fourth step the pass runs as the launches its flush was planned into.
-        assert counts["keyed_direct_replays"] == (step >= 3), (step, counts)
+        if arrays:  # from the fourth step: the launches its flush was planned into
+            assert counts["keyed_direct_replays"] == (step >= 3), (step, counts)
 
 
 def test_a_replayed_backward_frees_the_graph_as_the_plain_one_does(device):
