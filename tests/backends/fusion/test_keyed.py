@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from fusion_devices import FUSION_DEVICES, fusion_device
 
 import ember
 from ember import Tensor, activation
@@ -19,11 +20,9 @@ from ember.backends.fusion import reset_stats, stats
 from ember.backends.fusion.handle import FusionTensor
 
 
-@pytest.fixture(params=["interpreter", "numba"])
+@pytest.fixture(params=FUSION_DEVICES[:2])
 def device(request) -> ember.Device:
-    if request.param == "numba":
-        pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
-    return ember.device("ndarray").fusion(runtime=request.param).autodiff()
+    return fusion_device(request.param).autodiff()
 
 
 REFERENCE = ember.device("ndarray").autodiff()
@@ -59,14 +58,9 @@ def _weights(seed: int) -> list[np.ndarray]:
     return [_data((24, 32), seed) * 0.3, _data((32,), seed + 1), _data((32, 16), seed + 2) * 0.3]
 
 
-@pytest.fixture(params=["interpreter", "numba", "torch-numba"])
+@pytest.fixture(params=FUSION_DEVICES)
 def any_device(request) -> ember.Device:
-    if request.param.endswith("numba"):
-        pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
-    if request.param == "torch-numba":
-        pytest.importorskip("torch", reason="the Torch backend needs torch")
-        return ember.device("torch").fusion(runtime="numba").autodiff()
-    return ember.device("ndarray").fusion(runtime=request.param).autodiff()
+    return fusion_device(request.param).autodiff()
 
 
 @pytest.mark.parametrize("inputs", ["leaves", "hidden"])

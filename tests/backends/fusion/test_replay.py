@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 import pytest
+from fusion_devices import FUSION_DEVICES, fusion_device
 
 import ember
 from ember import Tensor
@@ -19,14 +20,9 @@ from ember.backends.fusion.replayed import MAX_TRACES
 from ember.backends.fusion.stream import MAX_RECORDS
 
 
-@pytest.fixture(params=["interpreter", "numba", "torch-numba"])
+@pytest.fixture(params=FUSION_DEVICES)
 def device(request) -> ember.Device:
-    if request.param.endswith("numba"):
-        pytest.importorskip("numba", reason="the numba runtime needs ember[jit]")
-    if request.param == "torch-numba":
-        pytest.importorskip("torch", reason="the Torch backend needs torch")
-        return ember.device("torch").fusion(runtime="numba")
-    return ember.device("ndarray").fusion(runtime=request.param)
+    return fusion_device(request.param)
 
 
 @pytest.fixture

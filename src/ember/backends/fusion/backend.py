@@ -453,5 +453,3 @@ def _side_arithmetic(slots: tuple[Slot, ...]) -> bool:
         if s.prim is None or not s.dtype.is_int or len(s.shape) > 1 or (s.shape and s.shape[0] > 64):
             return False
     return True
-
-
