@@ -12,11 +12,12 @@ Sapphire Rapids-class vCPU, one thread: the fused GELU kernel over 16M float32 2
 plus ``-prefer-256-bit``. numba reads its target features once, when its code generator
 is made (at the first function it compiles or decorates), so this module calls it on
 import, which ``ember.backends.fusion`` does first, before any of ember's kernels exist.
-It changes nothing where:
+``EMBER_FUSION_VECTOR_BITS=256`` asks for 256-bit vectors instead: the features then end
+in ``+prefer-256-bit``, since LLVM's model of AMD's Zen 4 has no such preference and used
+``zmm`` registers where the setting promised ``ymm`` ones. It changes nothing where:
 
 * the host has no AVX-512;
 * the user chose numba's target (``NUMBA_CPU_NAME`` or ``NUMBA_CPU_FEATURES``);
-* ``EMBER_FUSION_VECTOR_BITS=256`` asks for LLVM's own choice;
 * numba's code generator exists already (its target is fixed by then).
 
 The setting is numba's, so it holds for any numba code the process compiles later.
@@ -39,7 +40,8 @@ CACHE_LINE_BYTES = 64
 """Bytes of a cache line: what one prefetch asks for (the GEMM tile's, the element-wise
 kernels')."""
 
-_NARROW = "-prefer-256-bit"
+_WIDE = "-prefer-256-bit"
+_NARROW = "+prefer-256-bit"
 _widened = False
 
 
@@ -56,7 +58,7 @@ def host_features() -> dict[str, bool]:
 
 
 def requested_bits() -> int | None:
-    """``EMBER_FUSION_VECTOR_BITS``: 256 (LLVM's own choice) or 512 (the default where the
+    """``EMBER_FUSION_VECTOR_BITS``: 256 (256-bit vectors) or 512 (the default where the
     host has AVX-512); None when unset or blank.
 
     Raises:
@@ -66,16 +68,17 @@ def requested_bits() -> int | None:
     if text is None or not text.strip():
         return None
     if text.strip() not in ("256", "512"):
-        raise ConfigError(f"EMBER_FUSION_VECTOR_BITS={text!r}: expected 256 (LLVM's choice of "
-                          "vector width) or 512 (the widest on an AVX-512 host; the default)")  # fmt: skip
+        raise ConfigError(f"EMBER_FUSION_VECTOR_BITS={text!r}: expected 256 (256-bit "
+                          "vectors) or 512 (the widest on an AVX-512 host; the default)")  # fmt: skip
     return int(text)
 
 
 def widen_vectors() -> bool:
-    """Lets LLVM use 512-bit vectors in numba's code where the host has AVX-512 (see the
-    module doc); returns whether numba's target now says so. numba's code generator is made
-    here too, so its target is fixed: a later reload of numba's config (any ``NUMBA_``
-    variable set afterwards) would otherwise reset the features before the first compile."""
+    """Lets LLVM use 512-bit vectors in numba's code where the host has AVX-512, or keeps it
+    at 256 bits where ``EMBER_FUSION_VECTOR_BITS=256`` (see the module doc); returns whether
+    numba's target now says 512. numba's code generator is made here too, so its target is
+    fixed: a later reload of numba's config (any ``NUMBA_`` variable set afterwards) would
+    otherwise reset the features before the first compile."""
     global _widened
     if _widened:
         return True
@@ -85,17 +88,18 @@ def widen_vectors() -> bool:
         from numba.core.registry import cpu_target
     except ImportError:  # numba is an optional extra
         return False
-    chosen = any(os.environ.get(name) for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"))
-    if chosen or requested_bits() == 256:
+    if any(os.environ.get(name) for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")):
         return False
     if "_toplevel_target_context" in vars(cpu_target):  # numba's codegen exists already
         return False
     if not host_features().get("avx512f", False):
         return False
-    config.CPU_FEATURES = f"{binding.get_host_cpu_features().flatten()},{_NARROW}"
+    wide = requested_bits() != 256
+    preference = _WIDE if wide else _NARROW
+    config.CPU_FEATURES = f"{binding.get_host_cpu_features().flatten()},{preference}"
     cpu_target.target_context  # noqa: B018 - makes the codegen, which reads the features (~2 ms)
-    _widened = True
-    return True
+    _widened = wide
+    return wide
 
 
 def vector_bytes() -> int:
