@@ -159,13 +159,20 @@ def test_gradients_match_float64_finite_differences(backend, kind):
 def test_kernels_match_the_references(monkeypatch, base_device, kind, case, save, numba):
     """Both ops' NdArray / Torch kernels against the definitions from primitives, the backward
     kernel with what its forward pass kept (save) and with the activations recomputed;
-    NdArray's LSTM with its numba step kernels and without (numba is an optional extra)."""
+    NdArray's with their numba kernels (the LSTM's step kernels, both ops' products, each
+    step's by a ``W_hh`` packed once) and without (numba is an optional extra)."""
+    steps_run = []
     if not numba:
-        if base_device.backend.name != "ndarray" or kind != "lstm":
-            pytest.skip("only NdArray's LSTM has numba kernels")
+        if base_device.backend.name != "ndarray":
+            pytest.skip("only NdArray's kernels use numba")
         monkeypatch.setattr(rnn_sequence, "_numba_steps", lambda: None)
-    elif base_device.backend.name == "ndarray" and kind == "lstm":
+        monkeypatch.setattr(rnn_sequence, "_numba_gemm", lambda: None)
+    elif base_device.backend.name == "ndarray":
+        gemm = pytest.importorskip("ember.backends.fusion.numba_gemm")
         pytest.importorskip("numba")
+        packed_product = gemm.matmul_packed
+        monkeypatch.setattr(gemm, "matmul_packed",
+                            lambda *args: steps_run.append(1) or packed_product(*args))  # fmt: skip
     op, op_backward = (_LSTM_SEQUENCE, _LSTM_SEQUENCE_BACKWARD) if kind == "lstm" else (
         _GRU_SEQUENCE, _GRU_SEQUENCE_BACKWARD)  # fmt: skip
     B = base_device.backend
@@ -177,6 +184,10 @@ def test_kernels_match_the_references(monkeypatch, base_device, kind, case, save
         np.testing.assert_allclose(*as_numpy, atol=atol, rtol=1e-5)
 
     out = getattr(B, op.name)(*prims, save)
+    if numba and base_device.backend.name == "ndarray":  # a packed product per step and direction
+        columns = (4 if kind == "lstm" else 3) * ref.d  # of W_hh: a quarter tile at least
+        packs = columns >= gemm.NR[np.dtype(np.float32)] // 4
+        assert len(steps_run) == (ref.x.shape[0] * ref.dirs if packs else 0)
     # On CUDA the kernel is cuDNN's, whose float32 sums run in another order than the
     # reference's products (2.6e-6 apart at most, measured on an H200).
     cuda = base_device.place == "cuda"

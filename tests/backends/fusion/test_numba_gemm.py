@@ -693,3 +693,63 @@ def test_a_residual_with_a_view_the_caller_holds_is_not_written_over():
     np.testing.assert_array_equal(seen, (x * 2).reshape(-1))
     np.testing.assert_allclose(got, x.astype(np.float64) * 2 + a.astype(np.float64) @ w,
                                rtol=1e-5, atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transposed", [False, True], ids=["a by rows", "a by columns"])
+def test_a_b_packed_once_multiplies_any_rows_like_numpy(dtype, transposed):
+    # Row counts around both tiles a packed product picks from (12 rows, or 8 with AVX-512
+    # where that runs fewer: 16, 40, 64), as few columns as a product takes, a K of one.
+    rng = np.random.default_rng(7)
+    nr = gemm.NR[np.dtype(dtype)]
+    for m in (1, 5, 8, 12, 13, 16, 24, 40, 64):
+        for k, n in ((1, nr // 4), (7, 33), (256, 3 * nr + 5)):
+            b = rng.standard_normal((k, n)).astype(dtype)
+            a = rng.standard_normal((k, m) if transposed else (m, k)).astype(dtype)
+            a = a.T if transposed else a
+            packed = gemm.pack_b(b)
+            outs = []
+            for threads in (1, 2, 3):
+                out = np.full((m, n), np.nan, dtype)
+                assert gemm.matmul_packed(a, packed, out, threads=threads) is out
+                outs.append(out)
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            tol = (1e-5 if dtype == np.float32 else 1e-12) * np.sqrt(k) * np.abs(want).max()
+            np.testing.assert_allclose(outs[0], want, rtol=0, atol=tol, err_msg=f"{m}x{k}x{n}")
+            # Each output is one part's sums in one order, at any thread count.
+            assert all(np.array_equal(outs[0], o) for o in outs[1:]), (m, k, n)
+
+
+def test_a_packed_b_is_a_copy_and_a_non_contiguous_a_is_read_as_it_is():
+    rng = np.random.default_rng(8)
+    b = rng.standard_normal((64, 96)).astype(np.float32)
+    want_b = b.copy()
+    packed = gemm.pack_b(b[:, ::1])
+    b[...] = 0  # the panels hold their own copy
+    a = rng.standard_normal((20, 128)).astype(np.float32)[:, ::2]  # strided columns
+    out = np.empty((20, 96), np.float32)
+    gemm.matmul_packed(a, packed, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ want_b, rtol=0, atol=1e-4)
+    transposed_b = np.asfortranarray(want_b)  # packed by whole vectors of its rows
+    gemm.matmul_packed(a, gemm.pack_b(transposed_b), out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ want_b, rtol=0, atol=1e-4)
+
+
+def test_what_a_packed_product_cannot_take_is_refused_by_name():
+    b = np.ones((8, 64), np.float32)
+    for bad, says in ((np.ones(64, np.float32), "(64,)"), (np.ones((8, 64), np.int32), "int32"),
+                      (np.ones((8, 3), np.float32), "(8, 3)"), ([[1.0]], "list")):  # fmt: skip
+        with pytest.raises(gemm.KernelUnsupported, match=says.replace("(", r"\(").replace(")", r"\)")):
+            gemm.pack_b(bad)
+    packed = gemm.pack_b(b)
+    a, out = np.ones((4, 8), np.float32), np.empty((4, 64), np.float32)
+    for args in ((np.ones((4, 9), np.float32), packed, out),  # K differs
+                 (a.astype(np.float64), packed, out),  # dtype differs
+                 (a, packed, np.empty((4, 63), np.float32)),  # output shape
+                 (a, packed, np.empty((64, 4), np.float32).T),  # output not C-contiguous
+                 (np.empty((0, 8), np.float32), packed, np.empty((0, 64), np.float32))):  # fmt: skip
+        with pytest.raises(gemm.KernelUnsupported, match="packed 8x64"):
+            gemm.matmul_packed(*args)
+    shared = np.zeros(4 * 8 + 4 * 64, np.float32)
+    with pytest.raises(gemm.KernelUnsupported, match="packed 8x64"):  # out overlaps a
+        gemm.matmul_packed(shared[:32].reshape(4, 8), packed, shared[16:272].reshape(4, 64))

@@ -85,8 +85,8 @@ try:  # numba is optional: matmul raises KernelUnsupported without it
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["MR", "NR", "KernelUnsupported", "matmul", "matmul_dequantized", "supports",
-           "supports_dequantized"]
+__all__ = ["MR", "NR", "KernelUnsupported", "PackedB", "matmul", "matmul_dequantized",
+           "matmul_packed", "pack_b", "supports", "supports_dequantized"]
 
 MR = 12 if VECTOR_BYTES == 64 else 6
 """Rows of a register tile (broadcast values of ``A`` per step of ``K``)."""
@@ -106,6 +106,10 @@ issue slots are what a thread runs short of: alone in L1 it ran 1-7% faster (mor
 slower phases). Its panels are one vector wide, twice as many: the weight gradients, which
 pack ``B`` a block at a time (:func:`_blocks`), took 1.01-1.10x as long with them at one
 thread, and keep the 12 x 2 tile."""
+NARROW_MR = 8
+"""Rows of the 8 x 2 tile (AVX-512 only), on the 12 x 2 tile's panels: products of few rows
+by a ``B`` packed once (:func:`matmul_packed`) whose row count 8 divides and 12 does not (a
+recurrent step's batch of 16 ran 24 rows of tiles with either of the others)."""
 B_BLOCK_BYTES = 1 << 20
 """Bytes of ``B``'s panels per block of ``K``, at most (L2 holds them beside the strips)."""
 STRIP_BYTES = 48 << 10
@@ -253,6 +257,9 @@ _tile = (None if numba is None
 _wide_tile = (None if numba is None
               else tile_kernel(WIDE_MR, 1, accumulating=True, strided=True,
                                prefetch=PREFETCH_TAPS, biased=True))  # fmt: skip
+_narrow_tile = (_tile if numba is None or not WIDE  # (never chosen there: MR is 6)
+                else tile_kernel(NARROW_MR, VECTORS, accumulating=True, strided=True,
+                                 prefetch=PREFETCH_TAPS, biased=True))  # fmt: skip
 _transpose = None if numba is None else transpose_kernel()
 _transpose_strip = None if numba is None else transpose_kernel(MR)
 _transpose8 = None if numba is None else transpose_kernel(8)  # a wide strip: by vectors
@@ -289,11 +296,11 @@ def _pack_strip(flat_a, by_columns, base, m, k, i0, rows, k0, kk, strip, row_at,
             src = base + i0 * k + k0 + done
             if mr == MR:
                 _transpose_strip(flat_a, src, k, strip, done * mr, mr)
-            elif width == 16:  # 24 rows: 8, whose stores spill into the next step's first
-                _transpose8(flat_a, src + 16 * k, k, strip, done * mr + 16, mr)  # 16,
-                _transpose16(flat_a, src, k, strip, done * mr, mr)  # then those 16
-            else:  # float64: three vectors of 8 rows
-                for r0 in range(0, mr, width):
+            elif width == 16 and mr == WIDE_MR:  # 24 rows: 8, whose stores spill into the
+                _transpose8(flat_a, src + 16 * k, k, strip, done * mr + 16, mr)  # next step's
+                _transpose16(flat_a, src, k, strip, done * mr, mr)  # first 16, then those 16
+            else:  # vectors of 8 rows (float64's 24, or the narrow tile's 8)
+                for r0 in range(0, mr, 8):
                     _transpose8(flat_a, src + r0 * k, k, strip, done * mr + r0, mr)
             done += width
     for r in range(mr):
@@ -344,6 +351,9 @@ def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, 
             if mr == MR:  # the tiles are intrinsics, inlined here (through a helper: 5% slower)
                 _tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias, j0,
                       biased)  # fmt: skip
+            elif mr == NARROW_MR:
+                _narrow_tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias,
+                             j0, biased)  # fmt: skip
             else:
                 _wide_tile(flat_b, nr, strip, strip_at, b0, kk, flat_out, at, n, later, bias, j0,
                            biased)  # fmt: skip
@@ -359,6 +369,9 @@ def _run_strip(strip, strip_at, kk, rows, flat_b, b_at, panel_step, p0, p1, nr, 
         if mr == MR:
             _tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later or biased, bias, 0,
                   False)  # fmt: skip
+        elif mr == NARROW_MR:
+            _narrow_tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later or biased,
+                         bias, 0, False)  # fmt: skip
         else:
             _wide_tile(flat_b, nr, strip, strip_at, b0, kk, edge, 0, nr, later or biased, bias,
                        0, False)  # fmt: skip
@@ -470,6 +483,32 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
                            flat_out, out_at, n, adding or k0 > 0, edge, bias, MR)  # fmt: skip
 
 
+@_jit
+def _across_panels(a, by_columns, bp, out, bias, part, parts):  # pragma: no cover - runs compiled
+    """``out = A @ B`` for ``A`` ``[M, K]`` (or its transpose ``[K, M]`` where
+    ``by_columns``) and all of ``B``'s column panels ``bp`` ``[1, N / nr, K, nr]``, a part
+    taking a share of the panels and every strip of ``A`` (:func:`matmul_packed`); ``bias``
+    is empty (the tiles' signature)."""
+    m = out.shape[0]
+    n = out.shape[1]
+    k = a.shape[0] if by_columns else a.shape[1]
+    nr = bp.shape[3]
+    mr = MR  # or the narrow tile where it runs fewer rows (16: 16 rather than 24)
+    if WIDE and -(-m // NARROW_MR) * NARROW_MR < -(-m // MR) * MR:
+        mr = NARROW_MR
+    panels = bp.shape[1]
+    p0, p1 = panels * part // parts, panels * (part + 1) // parts
+    flat_a = a.reshape(-1)
+    flat_b = bp.reshape(-1)
+    flat_out = out.reshape(-1)
+    strip, edge, row_at = _strip_scratch(out, k, k, nr, mr)
+    for i0 in range(0, m, mr):
+        rows = min(mr, m - i0)
+        _pack_strip(flat_a, by_columns, 0, m, k, i0, rows, 0, k, strip, row_at, mr)
+        _run_strip(strip, 0, k, rows, flat_b, p0 * k * nr, k * nr, p0, p1, nr, flat_out,
+                   i0 * n, n, False, edge, bias, mr)  # fmt: skip
+
+
 def _k_block(k: int, n: int, itemsize: int) -> int:
     """Rows of ``B`` per block of ``K``, for a part that packs ``n`` of its columns: their
     panels stay in L2 (about :data:`B_BLOCK_BYTES`) while every strip of ``A`` runs against
@@ -563,6 +602,71 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
 
 
 _NO_ROWS = {dtype: np.empty(0, dtype) for dtype in NR}
+
+
+class PackedB:
+    """A ``[K, N]`` operand's column panels, packed once for many products by the same
+    ``B`` (:func:`pack_b`, :func:`matmul_packed`): a recurrent layer's ``W_hh``, read by
+    every step."""
+
+    __slots__ = ("dtype", "panels", "shape")
+
+    def __init__(self, panels: np.ndarray, shape: tuple[int, int], dtype: np.dtype) -> None:
+        self.panels, self.shape, self.dtype = panels, shape, dtype
+
+
+def pack_b(b: np.ndarray, threads: int | None = None) -> PackedB:
+    """``b`` (``[K, N]``, float32 or float64, any strides) packed for :func:`matmul_packed`.
+
+    Raises:
+        KernelUnsupported: numba missing, or ``b`` not a 2-D float32/float64 array with at
+            least a quarter tile of columns.
+    """
+    if (numba is None or type(b) is not np.ndarray or b.ndim != 2 or b.dtype not in NR
+            or 0 in b.shape or b.shape[1] < NR[b.dtype] // 4):  # fmt: skip
+        raise KernelUnsupported(f"numba matmul: cannot pack {getattr(b, 'dtype', type(b))} "
+                                f"{getattr(b, 'shape', '')} as a product's B")  # fmt: skip
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    k, n = b.shape
+    b3 = b.reshape(1, k, n)
+    rows_of_b = b3.swapaxes(1, 2)
+    rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[b.dtype]
+    bp = np.empty((1, -(-n // NR[b.dtype]), k, NR[b.dtype]), b.dtype)
+    _run_parts(_pack, [b3, rows_of_b, bp], parts_for(k * n * 64, PARALLEL_MIN_MACS, threads))
+    return PackedB(bp, (k, n), b.dtype)
+
+
+def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
+                  threads: int | None = None) -> np.ndarray:  # fmt: skip
+    """``a @ B`` into ``out`` for ``B`` packed by :func:`pack_b`: ``a`` ``[M, K]`` of
+    ``B``'s dtype, C-contiguous or the transpose of a C-contiguous array, and ``out``
+    ``[M, N]`` C-contiguous. Each thread takes a share of ``B``'s panels and every row of
+    ``a``, so for a product of few rows (a recurrent step's ``[batch, H] @ W_hh``) its
+    share of ``B`` stays in its cache from one call to the next, and nothing is packed
+    again. Returns ``out``.
+
+    Raises:
+        KernelUnsupported: shapes, dtypes or layouts other than those.
+    """
+    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+
+    k, n = packed.shape
+    if (type(a) is not np.ndarray or a.ndim != 2 or a.dtype != packed.dtype or a.shape[1] != k
+            or a.shape[0] == 0 or type(out) is not np.ndarray
+            or out.shape != (a.shape[0], n) or out.dtype != packed.dtype
+            or not out.flags.c_contiguous or not out.flags.writeable
+            or np.may_share_memory(out, a)):  # fmt: skip
+        raise KernelUnsupported(f"numba matmul: {getattr(a, 'shape', a)} @ packed {k}x{n} "
+                                f"into {getattr(out, 'shape', out)}")  # fmt: skip
+    m = a.shape[0]
+    by_columns = m > 1 and a.T.flags.c_contiguous
+    a2 = a.T if by_columns else a
+    if not (a2.flags.c_contiguous and a2.flags.aligned):
+        a2, by_columns = np.ascontiguousarray(a), False
+    parts = min(parts_for(m * n * k, PARALLEL_MIN_MACS // 4, threads), packed.panels.shape[1])
+    _run_parts(_across_panels, [a2, by_columns, packed.panels, out, _NO_ROWS[a.dtype]], parts)
+    return out
 
 
 def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:
