@@ -399,13 +399,17 @@ def _gru_sequence_backward(B, grad, s):
 # gates of a step and two in-place ops give every activation. Halving is exact in binary
 # floating point. The arrays of a time loop are laid out [T, dirs, B, ...] in the order
 # each direction reads the steps (direction 1's reversed), so one step is one index.
-def _lstm_perm(d: int) -> np.ndarray:
-    """ember's LSTM columns ``[i | f | g | o]`` as the kernels' ``[o | i | f | g]``."""
-    return np.r_[3 * d : 4 * d, 0 : 2 * d, 2 * d : 3 * d]
+def _lstm_columns(w: np.ndarray, d: int) -> np.ndarray:
+    """A copy of ``w`` with ember's LSTM columns ``[i | f | g | o]`` in the kernels' order ``[o
+    | i | f | g]``: one gate block rotated (``np.roll`` copies two slices; indexing the
+    columns gathered them 17x slower)."""
+    return np.roll(w, d, axis=-1)
 
 
-def _halved(w: np.ndarray, cols: np.ndarray | None, sigmoid_cols: int) -> np.ndarray:
-    w = w[..., cols] if cols is not None else w.copy()
+def _halved(w: np.ndarray, lstm_d: int | None, sigmoid_cols: int) -> np.ndarray:
+    """A copy of ``w`` (in the LSTM kernels' column order where ``lstm_d``, its gate width,
+    is given) with its first ``sigmoid_cols`` columns halved."""
+    w = _lstm_columns(w, lstm_d) if lstm_d is not None else w.copy()
     w[..., :sigmoid_cols] *= 0.5
     return w
 
@@ -649,11 +653,10 @@ def _lstm_sequence_ndarray(B, x, h0, c0, w_ih, w_hh, bias, save):
         return _lstm_reference(B, x, h0, c0, w_ih, w_hh, bias, save)
     steps, batch, _ = x.shape
     dirs, _, d = h0.shape
-    perm = _lstm_perm(d)
     kernels = _numba_steps() if x.dtype == np.float32 else None
     step = None if kernels is None else kernels[0]
     sigmoid_cols = 3 * d if step is None else 0  # the numba step takes σ itself
-    weights = (_halved(w, perm, sigmoid_cols) for w in (w_ih, w_hh, bias))
+    weights = (_halved(w, d, sigmoid_cols) for w in (w_ih, w_hh, bias))
     acts, hs, cs, tcs = _lstm_forward_np(x, h0, c0, *weights, step)
     out = np.empty((steps + 1, batch, dirs * d), x.dtype)
     _to_output(out[:steps], hs)
@@ -669,14 +672,13 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
         return _lstm_backward_reference(B, grad, x, h0, c0, w_ih, w_hh, bias, out, need_x)
     steps, batch, d_in = x.shape
     dirs, _, d = h0.shape
-    perm = _lstm_perm(d)
     kept = _kept(out)
     if kept is not None:
         acts, hs, cs, tcs = kept
     else:  # the forward pass ran elsewhere: its activations again, from the hidden states
         hs = _hidden_reading_order(out[:steps], dirs, d)
-        acts = _project_np(x, _halved(w_ih, perm, 3 * d), _halved(bias, perm, 3 * d))
-        acts += np.matmul(_previous(hs, h0), _halved(w_hh, perm, 3 * d)[None])
+        acts = _project_np(x, _halved(w_ih, d, 3 * d), _halved(bias, d, 3 * d))
+        acts += np.matmul(_previous(hs, h0), _halved(w_hh, d, 3 * d)[None])
         np.tanh(acts, out=acts)
         acts[..., : 3 * d] *= 0.5
         acts[..., : 3 * d] += 0.5
@@ -689,7 +691,7 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
             c = cs[s]
         tcs = None
     grad_h = _hidden_reading_order(grad[:steps], dirs, d)
-    w_t = np.ascontiguousarray(w_hh[..., perm].transpose(0, 2, 1))  # [dirs, 4H, H]
+    w_t = np.ascontiguousarray(_lstm_columns(w_hh, d).transpose(0, 2, 1))  # [dirs, 4H, H]
     dgates = np.empty((steps, dirs, batch, 4 * d), x.dtype)
     dh = np.zeros((dirs, batch, d), x.dtype)
     dc_next = grad[steps].reshape(batch, dirs, d).transpose(1, 0, 2).copy()  # written below
@@ -716,10 +718,10 @@ def _lstm_sequence_backward_ndarray(B, grad, x, h0, c0, w_ih, w_hh, bias, out, n
     if not need_x:
         dx[...] = 0.0
     kernel_order = (np.empty_like(dw_ih), np.empty_like(dw_hh), np.empty_like(db))
-    _ndarray_weight_grads(x, dgates, _previous(hs, h0), w_ih[..., perm],
+    _ndarray_weight_grads(x, dgates, _previous(hs, h0), _lstm_columns(w_ih, d),
                           (dx if need_x else None, *kernel_order))  # fmt: skip
     for dst, src in zip((dw_ih, dw_hh, db), kernel_order, strict=True):
-        dst[..., perm] = src
+        dst[...] = _lstm_columns(src, -d)
     return flat
 
 
