@@ -533,7 +533,10 @@ def _step_product(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], Any]:
 
     def product(h: np.ndarray, out: np.ndarray) -> None:
         for d, panels in enumerate(packed):
-            gemm.matmul_packed(h[d], panels, out[d])
+            try:
+                gemm.matmul_packed(h[d], panels, out[d])
+            except gemm.KernelUnsupported:  # an initial state of another dtype, say
+                np.matmul(h[d], w[d], out=out[d])
 
     return product
 

@@ -626,14 +626,14 @@ def pack_b(b: np.ndarray, threads: int | None = None) -> PackedB:
             or 0 in b.shape or b.shape[1] < NR[b.dtype] // 4):  # fmt: skip
         raise KernelUnsupported(f"numba matmul: cannot pack {getattr(b, 'dtype', type(b))} "
                                 f"{getattr(b, 'shape', '')} as a product's B")  # fmt: skip
-    from ember.backends.fusion.numba_runtime import _run_parts, parts_for
+    from ember.backends.fusion.numba_runtime import PARALLEL_MIN, _run_parts, parts_for
 
     k, n = b.shape
     b3 = b.reshape(1, k, n)
     rows_of_b = b3.swapaxes(1, 2)
     rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[b.dtype]
     bp = np.empty((1, -(-n // NR[b.dtype]), k, NR[b.dtype]), b.dtype)
-    _run_parts(_pack, [b3, rows_of_b, bp], parts_for(k * n * 64, PARALLEL_MIN_MACS, threads))
+    _run_parts(_pack, [b3, rows_of_b, bp], parts_for(k * n, PARALLEL_MIN, threads))
     return PackedB(bp, (k, n), b.dtype)
 
 
@@ -664,6 +664,8 @@ def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
     a2 = a.T if by_columns else a
     if not (a2.flags.c_contiguous and a2.flags.aligned):
         a2, by_columns = np.ascontiguousarray(a), False
+    # Nothing to pack: a second thread pays off at a quarter of matmul's work (a step's
+    # [16, 256] @ [256, 1024]: 55-62 us at two threads, 83 at one).
     parts = min(parts_for(m * n * k, PARALLEL_MIN_MACS // 4, threads), packed.panels.shape[1])
     _run_parts(_across_panels, [a2, by_columns, packed.panels, out, _NO_ROWS[a.dtype]], parts)
     return out
