@@ -31,6 +31,9 @@ CASES = {
     "T1-batch1": (1, 1, 2, 3, 1, True),
     "bidirectional": (4, 2, 3, 2, 2, True),
     "bidirectional-zero-state": (3, 1, 2, 3, 2, False),
+    # wide enough for NdArray's numba products on every path (a W_hh packed once per
+    # direction, the second direction's input gradient added into the first's)
+    "bidirectional-wide": (4, 2, 16, 8, 2, True),
 }
 
 
@@ -152,7 +155,7 @@ def test_gradients_match_float64_finite_differences(backend, kind):
         assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8), f"operand {k}"
 
 
-@pytest.mark.parametrize("case", ["one-direction", "bidirectional"])
+@pytest.mark.parametrize("case", ["one-direction", "bidirectional", "bidirectional-wide"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("save", [True, False], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("numba", [True, False], ids=["numba", "numpy"])
