@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--cuda", action="store_true", help="also time the steps on a CUDA GPU")
     args = parser.parse_args()
-    pin_threads(args.threads)
+    pin_threads(args.threads, alternating=True)  # the rows are timed call by call
 
     import numpy as np
     import torch
