@@ -39,12 +39,15 @@ def test_random_shapes_match_numpy(dtype):
         _check(a, b, threads=int(rng.integers(1, 4)))
 
 
-@pytest.fixture(params=["B packed whole", "B packed by blocks"])
+@pytest.fixture(params=["B packed whole", "B packed by blocks", "B whole, strips claimed"])
 def b_blocks(request, monkeypatch):
-    """Runs a test with the default budget for B's panels, and with one small enough that
-    its products pack B a block at a time (``_blocks``)."""
+    """Runs a test with the default budget for B's panels, with one small enough that its
+    products pack B a block at a time (``_blocks``), and with products of few rows claiming
+    strips as larger ones do rather than sharing B's panels (``_across_panels``)."""
     if request.param == "B packed by blocks":
         monkeypatch.setattr(gemm, "B_BLOCK_BYTES", 1 << 16)
+    if request.param == "B whole, strips claimed":
+        monkeypatch.setattr(gemm, "PANELS_MAX_ROWS", 0)
     return request.param
 
 
@@ -753,3 +756,28 @@ def test_what_a_packed_product_cannot_take_is_refused_by_name():
     shared = np.zeros(4 * 8 + 4 * 64, np.float32)
     with pytest.raises(gemm.KernelUnsupported, match="packed 8x64"):  # out overlaps a
         gemm.matmul_packed(shared[:32].reshape(4, 8), packed, shared[16:272].reshape(4, 64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transposed", [False, True], ids=["a by rows", "a by columns"])
+def test_few_rows_share_bs_panels_across_threads_with_a_bias_or_adding(dtype, transposed):
+    # Products of at most PANELS_MAX_ROWS rows whose B fits in L2 split B's panels between
+    # the threads: a bias and an array added into start the sums there too, edge tiles and
+    # rows the narrow tile takes (16, 40) included, and the bits are those of one thread.
+    rng = np.random.default_rng(11)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for m, k, n in [(16, 256, 1024), (40, 300, 70), (5, 7, 33), (gemm.PANELS_MAX_ROWS, 64, 40)]:
+        a = rng.standard_normal((k, m) if transposed else (m, k)).astype(dtype)
+        a = a.T if transposed else a
+        b = rng.standard_normal((k, n)).astype(dtype)
+        bias = rng.standard_normal(n).astype(dtype)
+        start = rng.standard_normal((m, n)).astype(dtype)
+        product = a.astype(np.float64) @ b.astype(np.float64)
+        scale = tol * np.sqrt(k) * max(1.0, np.abs(a).max() * np.abs(b).max())
+        one = gemm.matmul(a, b, threads=1, bias=bias)
+        np.testing.assert_allclose(one, product + bias, rtol=0, atol=scale)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(gemm.matmul(a, b, threads=threads, bias=bias), one)
+            into = start.copy()
+            assert gemm.matmul(a, b, threads=threads, into=into) is into
+            np.testing.assert_allclose(into, start + product, rtol=0, atol=scale * 4)

@@ -133,6 +133,17 @@ eight of them in six runs, 0.83-0.99x each (this 2-vCPU host's cores often ran a
 speeds); at one thread there is one part, and nothing claims. Two strips a claim against
 four: 0.984-0.998x the time over the same eight (three runs; the last claim's wait is
 shorter, most where a strip runs ``K = 1024``); one strip within those."""
+PANELS_MAX_ROWS = 1024
+"""Rows of ``A`` up to which a product whose ``B`` fits in L2 (packed whole) gives each
+thread a share of ``B``'s panels and every strip of ``A`` (:func:`_across_panels`) rather
+than strips to claim, and takes a second thread from a quarter of
+:data:`PARALLEL_MIN_MACS`. Measured on a 2-vCPU Zen 4 at two threads, against claimed
+strips at two threads: ``[64, 784] @ [784, 256]`` 166-171 us against 222-227 (one thread,
+the default below 16M multiply-adds before: 388), ``[64, 256] @ [256, 256]`` 64-68
+against 92, ``[128, 784] @ [784, 256]`` 269-277 against 391-399, a weight gradient's
+``[256, 64]ᵀ @ [64, 256]`` 63-64 against 74-75; by shares of panels alone, 512 rows took
+0.88-0.92x the time, 1024 rows 0.98-1.00x, 2048 rows 1.02-1.03x and 4096 1.07x (so those
+claim strips)."""
 PREFETCH_TAPS = 32
 """Steps of ``K`` ahead that the tile prefetches its panel's rows into L1 (4 KiB for
 float32; 16-64 measured within noise of each other, 7-12% faster than none: a panel's rows
@@ -484,11 +495,12 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
 
 
 @_jit
-def _across_panels(a, by_columns, bp, out, bias, part, parts):  # pragma: no cover - runs compiled
+def _across_panels(a, by_columns, bp, out, bias, adding, part, parts):  # pragma: no cover
     """``out = A @ B`` for ``A`` ``[M, K]`` (or its transpose ``[K, M]`` where
-    ``by_columns``) and all of ``B``'s column panels ``bp`` ``[1, N / nr, K, nr]``, a part
-    taking a share of the panels and every strip of ``A`` (:func:`matmul_packed`); ``bias``
-    is empty (the tiles' signature)."""
+    ``by_columns``) and all of ``B``'s column panels ``bp`` ``[1, N / nr, K, nr]`` (``nr``:
+    :data:`NR`), a part taking a share of the panels and every strip of ``A``
+    (:func:`matmul_packed`, and :func:`matmul` for few rows); the sums start from ``out``'s
+    values where ``adding``, else from ``bias`` where it is not empty."""
     m = out.shape[0]
     n = out.shape[1]
     k = a.shape[0] if by_columns else a.shape[1]
@@ -506,7 +518,7 @@ def _across_panels(a, by_columns, bp, out, bias, part, parts):  # pragma: no cov
         rows = min(mr, m - i0)
         _pack_strip(flat_a, by_columns, 0, m, k, i0, rows, 0, k, strip, row_at, mr)
         _run_strip(strip, 0, k, rows, flat_b, p0 * k * nr, k * nr, p0, p1, nr, flat_out,
-                   i0 * n, n, False, edge, bias, mr)  # fmt: skip
+                   i0 * n, n, adding, edge, bias, mr)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
@@ -574,10 +586,16 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     rows_of_b = b3.swapaxes(1, 2)  # a transposed b (a weight's Wᵀ): its rows, flat
     rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[dtype]
     panels = -(-n // nr)
-    parts = parts_for(a_of.size * m * n * k, PARALLEL_MIN_MACS, threads)
     by_panels = n >= m  # each part packs all of the smaller operand
     panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
-    if immutable(b):  # a constant (an imported model's weight): its panels are packed once
+    constant = immutable(b)
+    # Few rows, B in L2 and A's strips in L1: the threads share B's panels.
+    across = (not constant and a_of.size == 1 and m <= PANELS_MAX_ROWS
+              and panel_bytes <= B_BLOCK_BYTES and k * MR * dtype.itemsize <= STRIP_BYTES)  # fmt: skip
+    work = a_of.size * m * n * k
+    parts = min(parts_for(work, PARALLEL_MIN_MACS // 4, threads), panels) if across else \
+        parts_for(work, PARALLEL_MIN_MACS, threads)  # fmt: skip
+    if constant:  # a constant (an imported model's weight): its panels are packed once
         base = owner(b)
         view = (byte_offset(b, base), b.shape, b.strides, dtype.str)
         bp = _kept.get(("gemm_panels", view), (base,), _packed_panels, b3, rows_of_b, parts)
@@ -593,6 +611,12 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         abufs = _scratch("strips", (parts, strips * (kc * MR + slack) if by_columns else 1), dtype)
         _run_parts(_blocks, [a3, by_columns, b3, rows_of_b, bufs, abufs, out.reshape(-1, m, n),
                              a_of, b_of, kc, nr, by_panels, bias, adding], parts)  # fmt: skip
+    elif across and parts > 1:
+        bp = _scratch("b", (1, panels, k, nr), dtype)
+        _run_parts(_pack, [b3, rows_of_b, bp], parts)
+        out = empty((*batch, m, n), dtype)
+        _run_parts(_across_panels, [a3[0], by_columns, bp, out.reshape(m, n), bias, adding],
+                   parts)  # fmt: skip
     else:
         width = _panel_width(dtype)
         bp = _scratch("b", (b3.shape[0], -(-n // width), k, width), dtype)
@@ -667,7 +691,8 @@ def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
     # Nothing to pack: a second thread pays off at a quarter of matmul's work (a step's
     # [16, 256] @ [256, 1024]: 55-62 us at two threads, 83 at one).
     parts = min(parts_for(m * n * k, PARALLEL_MIN_MACS // 4, threads), packed.panels.shape[1])
-    _run_parts(_across_panels, [a2, by_columns, packed.panels, out, _NO_ROWS[a.dtype]], parts)
+    _run_parts(_across_panels, [a2, by_columns, packed.panels, out, _NO_ROWS[a.dtype], False],
+               parts)  # fmt: skip
     return out
 
 
