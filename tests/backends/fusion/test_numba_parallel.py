@@ -79,13 +79,15 @@ def test_blocks_run_on_numbas_threads_as_on_the_workers(on_numbas_threads):
 
 
 def test_single_op_kernels_run_on_numbas_threads_as_on_the_workers(on_numbas_threads):
-    a, b = _data(96, 200), _data(200, 72)
+    a, b = _data(96, 200), _data(200, 72)  # few rows: threads share B's panels
+    tall = _data(numba_gemm.PANELS_MAX_ROWS + 40, 200)  # more: they claim strips
     x, w = _data(4, 8, 20, 20), _data(16, 8, 3, 3)
     q, k, v = _data(2, 4, 64, 16), _data(2, 4, 64, 16), _data(2, 4, 64, 16)
     options = ConvOptions((2, 2), (1, 1), (1, 1), 1)
     pool = PoolOptions((2, 2), (2, 2), (0, 0), (1, 1))
     cases = {
-        "_tiles": lambda: numba_gemm.matmul(a, b, threads=2),
+        "_across_panels": lambda: numba_gemm.matmul(a, b, threads=2),
+        "_tiles": lambda: numba_gemm.matmul(tall, b, threads=2),
         "_conv_tiled": lambda: numba_conv.conv2d(x, w, None, options, threads=2),
         "_max_pool": lambda: numba_pool.max_pool2d_with_indices(x, pool, threads=2)[0],
         "_attend": lambda: numba_attention.attention(q, k, v, 0.25, threads=2),
@@ -141,7 +143,7 @@ def test_a_launcher_compiled_by_the_compiler_process_is_loaded_from_disk_later(t
         for _ in range(2):
             np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), a @ b)
             numba_parallel.wait()
-        launch = numba_parallel.launcher(numba_gemm._tiles, 11)
+        launch = numba_parallel.launcher(numba_gemm._across_panels, 6)
         print(numba_parallel.enabled(), len(launch.overloads),
               sum(launch.stats.cache_hits.values()), numba_parallel._compiler["process"] is None)
     """)
@@ -154,7 +156,7 @@ def test_a_launcher_compiled_by_the_compiler_process_is_loaded_from_disk_later(t
         pytest.skip("numba's threading layer here is neither OpenMP nor TBB")
     assert runs[0].stdout.split() == ["True", "1", "1", "False"]  # loaded what it asked for
     assert runs[1].stdout.split() == ["True", "1", "1", "True"]  # from disk, no compiler
-    assert len(list((tmp_path / "parallel").glob("p_*.py"))) == 2  # the packing and the tiles
+    assert len(list((tmp_path / "parallel").glob("p_*.py"))) == 2  # the packing and the product
 
 
 def test_a_launcher_the_compiler_process_cannot_compile_stays_on_the_workers(
@@ -170,7 +172,7 @@ def test_a_launcher_the_compiler_process_cannot_compile_stays_on_the_workers(
     want = numba_gemm.matmul(a, b, threads=1)
     for _ in range(2):
         np.testing.assert_array_equal(numba_gemm.matmul(a, b, threads=2), want)
-    assert {name for name, *_, ran in on_numbas_threads if not ran} >= {"_tiles"}
+    assert {name for name, *_, ran in on_numbas_threads if not ran} >= {"_across_panels"}
     assert not any(ran for *_, ran in on_numbas_threads)
     assert numba_parallel._broken
 
