@@ -45,7 +45,9 @@ GEMM:
 **Parts.** The kernels take ``part, parts`` and run that contiguous slice of their tasks
 (:func:`_pack`: panels of ``B``; :func:`_tiles`: strips of ``A``; :func:`_blocks`: the
 panels where ``N >= M``, else the strips, so each part packs whole only the smaller
-operand), so each output is computed by one task in the same order at any thread count;
+operand; :func:`_across_panels`, for products of few rows (:data:`PANELS_MAX_ROWS`) and
+for a ``B`` packed once (:func:`pack_b`): panels of ``B``, each part running every strip),
+so each output is computed by one task in the same order at any thread count;
 :func:`matmul` runs them with ``numba_runtime._run_parts`` (part 0 on the calling thread).
 Where a strip is one task over all of ``K`` (``B`` packed whole, in L2), :func:`_tiles`'s
 parts instead claim :data:`CLAIM_STRIPS` strips at a time from a counter they share, so a
