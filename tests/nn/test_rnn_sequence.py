@@ -163,7 +163,8 @@ def test_kernels_match_the_references(monkeypatch, base_device, kind, case, save
     """Both ops' NdArray / Torch kernels against the definitions from primitives, the backward
     kernel with what its forward pass kept (save) and with the activations recomputed;
     NdArray's with their numba kernels (the LSTM's step kernels, both ops' products, each
-    step's by a ``W_hh`` packed once) and without (numba is an optional extra)."""
+    step's by the directions' ``W_hh`` packed once) and without (numba is an optional
+    extra)."""
     steps_run = []
     if not numba:
         if base_device.backend.name != "ndarray":
@@ -187,10 +188,10 @@ def test_kernels_match_the_references(monkeypatch, base_device, kind, case, save
         np.testing.assert_allclose(*as_numpy, atol=atol, rtol=1e-5)
 
     out = getattr(B, op.name)(*prims, save)
-    if numba and base_device.backend.name == "ndarray":  # a packed product per step and direction
+    if numba and base_device.backend.name == "ndarray":  # a packed product a step (both directions)
         columns = (4 if kind == "lstm" else 3) * ref.d  # of W_hh: a quarter tile at least
         packs = columns >= gemm.NR[np.dtype(np.float32)] // 4
-        assert len(steps_run) == (ref.x.shape[0] * ref.dirs if packs else 0)
+        assert len(steps_run) == (ref.x.shape[0] if packs else 0)
     # On CUDA the kernel is cuDNN's, whose float32 sums run in another order than the
     # reference's products (2.6e-6 apart at most, measured on an H200).
     cuda = base_device.place == "cuda"

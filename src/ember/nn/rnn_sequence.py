@@ -527,23 +527,23 @@ def _step_product(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], Any]:
     """``product(h, out)``: ``out = h @ w`` per direction (``h [dirs, B, K]``, ``w [dirs, K,
     N]``, ``out [dirs, B, N]``), for a time loop that multiplies by the same ``w`` at every
     step. With numba, ``w``'s column panels are packed once and each thread keeps its share
-    of them in cache from one step to the next (``numba_gemm.matmul_packed``): NumPy's BLAS
-    packs all of ``w`` again for every step's few rows, which took 1.5-2.7x as long for an
-    LSTM step's ``[16, 256] @ [256, 1024]``; without numba, NumPy's."""
+    of them (both directions' together) in cache from one step to the next
+    (``numba_gemm.matmul_packed``): NumPy's BLAS packs all of ``w`` again for every step's
+    few rows, which took 1.5-2.7x as long for an LSTM step's ``[16, 256] @ [256, 1024]``;
+    without numba, NumPy's."""
     gemm = _numba_gemm()
     try:
-        packed = None if gemm is None else [gemm.pack_b(w[d]) for d in range(w.shape[0])]
+        packed = None if gemm is None else gemm.pack_b(w)
     except gemm.KernelUnsupported:
         packed = None
     if packed is None:
         return lambda h, out: np.matmul(h, w, out=out)
 
     def product(h: np.ndarray, out: np.ndarray) -> None:
-        for d, panels in enumerate(packed):
-            try:
-                gemm.matmul_packed(h[d], panels, out[d])
-            except gemm.KernelUnsupported:  # an initial state of another dtype, say
-                np.matmul(h[d], w[d], out=out[d])
+        try:
+            gemm.matmul_packed(h, packed, out)
+        except gemm.KernelUnsupported:  # an initial state of another dtype, say
+            np.matmul(h, w, out=out)
 
     return product
 

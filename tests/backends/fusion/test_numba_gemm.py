@@ -723,6 +723,31 @@ def test_a_b_packed_once_multiplies_any_rows_like_numpy(dtype, transposed):
             assert all(np.array_equal(outs[0], o) for o in outs[1:]), (m, k, n)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_stack_of_packed_bs_multiplies_each_entry_by_its_own(dtype):
+    # A recurrent layer's directions: one packed stack, each entry of a by its own B, the
+    # (entry, panel) pairs shared between the threads; the bits of one thread.
+    rng = np.random.default_rng(12)
+    for entries, m, k, n in [(2, 16, 128, 512), (3, 5, 40, 70), (2, 1, 7, 33)]:
+        b = rng.standard_normal((entries, k, n)).astype(dtype)
+        a = rng.standard_normal((entries, m, k)).astype(dtype)
+        packed = gemm.pack_b(b)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        outs = []
+        for threads in (1, 2, 3):
+            out = np.full((entries, m, n), np.nan, dtype)
+            assert gemm.matmul_packed(a, packed, out, threads=threads) is out
+            outs.append(out)
+        tol = (1e-5 if dtype == np.float32 else 1e-12) * np.sqrt(k) * np.abs(want).max()
+        np.testing.assert_allclose(outs[0], want, rtol=0, atol=tol)
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
+        # each entry transposed in memory (a step's state read as [E, K, M])
+        at = np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)
+        np.testing.assert_array_equal(gemm.matmul_packed(at, packed, outs[1], threads=2), outs[0])
+        with pytest.raises(gemm.KernelUnsupported, match=f"packed {entries}x{k}x{n}"):
+            gemm.matmul_packed(a[0], packed, outs[1][0])  # one entry for a stack of them
+
+
 def test_a_packed_b_is_a_copy_and_a_non_contiguous_a_is_read_as_it_is():
     rng = np.random.default_rng(8)
     b = rng.standard_normal((64, 96)).astype(np.float32)
@@ -751,10 +776,10 @@ def test_what_a_packed_product_cannot_take_is_refused_by_name():
                  (a, packed, np.empty((4, 63), np.float32)),  # output shape
                  (a, packed, np.empty((64, 4), np.float32).T),  # output not C-contiguous
                  (np.empty((0, 8), np.float32), packed, np.empty((0, 64), np.float32))):  # fmt: skip
-        with pytest.raises(gemm.KernelUnsupported, match="packed 8x64"):
+        with pytest.raises(gemm.KernelUnsupported, match="packed 1x8x64"):
             gemm.matmul_packed(*args)
     shared = np.zeros(4 * 8 + 4 * 64, np.float32)
-    with pytest.raises(gemm.KernelUnsupported, match="packed 8x64"):  # out overlaps a
+    with pytest.raises(gemm.KernelUnsupported, match="packed 1x8x64"):  # out overlaps a
         gemm.matmul_packed(shared[:32].reshape(4, 8), packed, shared[16:272].reshape(4, 64))
 
 

@@ -498,29 +498,33 @@ def _blocks(a, by_columns, b, rows_of_b, bufs, abufs, out, a_of, b_of, kc, nr, b
 
 @_jit
 def _across_panels(a, by_columns, bp, out, bias, adding, part, parts):  # pragma: no cover
-    """``out = A @ B`` for ``A`` ``[M, K]`` (or its transpose ``[K, M]`` where
-    ``by_columns``) and all of ``B``'s column panels ``bp`` ``[1, N / nr, K, nr]`` (``nr``:
-    :data:`NR`), a part taking a share of the panels and every strip of ``A``
-    (:func:`matmul_packed`, and :func:`matmul` for few rows); the sums start from ``out``'s
-    values where ``adding``, else from ``bias`` where it is not empty."""
-    m = out.shape[0]
-    n = out.shape[1]
-    k = a.shape[0] if by_columns else a.shape[1]
+    """``out[e] = A[e] @ B[e]`` for a stack of ``A`` ``[E, M, K]`` (or its transpose ``[E, K,
+    M]`` where ``by_columns``) and all of the ``B``'s column panels ``bp`` ``[E, N / nr, K,
+    nr]`` (``nr``: :data:`NR`): a part takes a share of the (entry, panel) pairs and every
+    strip of ``A`` against them (:func:`matmul_packed`, and :func:`matmul` for few rows);
+    the sums start from ``out``'s values where ``adding``, else from ``bias`` where it is
+    not empty."""
+    m = out.shape[1]
+    n = out.shape[2]
+    k = a.shape[1] if by_columns else a.shape[2]
     nr = bp.shape[3]
     mr = MR  # or the narrow tile where it runs fewer rows (16: 16 rather than 24)
     if WIDE and -(-m // NARROW_MR) * NARROW_MR < -(-m // MR) * MR:
         mr = NARROW_MR
     panels = bp.shape[1]
-    p0, p1 = panels * part // parts, panels * (part + 1) // parts
+    tasks = out.shape[0] * panels
+    lo, hi = tasks * part // parts, tasks * (part + 1) // parts
     flat_a = a.reshape(-1)
     flat_b = bp.reshape(-1)
     flat_out = out.reshape(-1)
     strip, edge, row_at = _strip_scratch(out, k, k, nr, mr)
-    for i0 in range(0, m, mr):
-        rows = min(mr, m - i0)
-        _pack_strip(flat_a, by_columns, 0, m, k, i0, rows, 0, k, strip, row_at, mr)
-        _run_strip(strip, 0, k, rows, flat_b, p0 * k * nr, k * nr, p0, p1, nr, flat_out,
-                   i0 * n, n, adding, edge, bias, mr)  # fmt: skip
+    for e in range(lo // panels, (hi + panels - 1) // panels):
+        p0, p1 = max(lo - e * panels, 0), min(hi - e * panels, panels)
+        for i0 in range(0, m, mr):
+            rows = min(mr, m - i0)
+            _pack_strip(flat_a, by_columns, e * m * k, m, k, i0, rows, 0, k, strip, row_at, mr)
+            _run_strip(strip, 0, k, rows, flat_b, (e * panels + p0) * k * nr, k * nr, p0, p1,
+                       nr, flat_out, (e * m + i0) * n, n, adding, edge, bias, mr)  # fmt: skip
 
 
 def _k_block(k: int, n: int, itemsize: int) -> int:
@@ -617,7 +621,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
         bp = _scratch("b", (1, panels, k, nr), dtype)
         _run_parts(_pack, [b3, rows_of_b, bp], parts)
         out = empty((*batch, m, n), dtype)
-        _run_parts(_across_panels, [a3[0], by_columns, bp, out.reshape(m, n), bias, adding],
+        _run_parts(_across_panels, [a3, by_columns, bp, out.reshape(1, m, n), bias, adding],
                    parts)  # fmt: skip
     else:
         width = _panel_width(dtype)
@@ -631,46 +635,49 @@ _NO_ROWS = {dtype: np.empty(0, dtype) for dtype in NR}
 
 
 class PackedB:
-    """A ``[K, N]`` operand's column panels, packed once for many products by the same
-    ``B`` (:func:`pack_b`, :func:`matmul_packed`): a recurrent layer's ``W_hh``, read by
-    every step."""
+    """The column panels of one ``[K, N]`` operand or a stack of them, packed once for many
+    products by the same ``B`` (:func:`pack_b`, :func:`matmul_packed`): a recurrent layer's
+    ``W_hh``, read by every step (one a direction)."""
 
-    __slots__ = ("dtype", "panels", "shape")
+    __slots__ = ("dtype", "entries", "panels", "shape")
 
     def __init__(self, panels: np.ndarray, shape: tuple[int, int], dtype: np.dtype) -> None:
         self.panels, self.shape, self.dtype = panels, shape, dtype
+        self.entries = panels.shape[0]
 
 
 def pack_b(b: np.ndarray, threads: int | None = None) -> PackedB:
-    """``b`` (``[K, N]``, float32 or float64, any strides) packed for :func:`matmul_packed`.
+    """``b`` (``[K, N]`` or a stack ``[E, K, N]``, float32 or float64, any strides) packed
+    for :func:`matmul_packed`.
 
     Raises:
-        KernelUnsupported: numba missing, or ``b`` not a 2-D float32/float64 array with at
-            least a quarter tile of columns.
+        KernelUnsupported: numba missing, or ``b`` not a 2-D or 3-D float32/float64 array
+            of at least a quarter tile of columns.
     """
-    if (numba is None or type(b) is not np.ndarray or b.ndim != 2 or b.dtype not in NR
-            or 0 in b.shape or b.shape[1] < NR[b.dtype] // 4):  # fmt: skip
+    if (numba is None or type(b) is not np.ndarray or b.ndim not in (2, 3) or b.dtype not in NR
+            or 0 in b.shape or b.shape[-1] < NR[b.dtype] // 4):  # fmt: skip
         raise KernelUnsupported(f"numba matmul: cannot pack {getattr(b, 'dtype', type(b))} "
                                 f"{getattr(b, 'shape', '')} as a product's B")  # fmt: skip
     from ember.backends.fusion.numba_runtime import PARALLEL_MIN, _run_parts, parts_for
 
-    k, n = b.shape
-    b3 = b.reshape(1, k, n)
+    k, n = b.shape[-2:]
+    b3 = b.reshape(-1, k, n)
     rows_of_b = b3.swapaxes(1, 2)
     rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[b.dtype]
-    bp = np.empty((1, -(-n // NR[b.dtype]), k, NR[b.dtype]), b.dtype)
-    _run_parts(_pack, [b3, rows_of_b, bp], parts_for(k * n, PARALLEL_MIN, threads))
+    bp = np.empty((b3.shape[0], -(-n // NR[b.dtype]), k, NR[b.dtype]), b.dtype)
+    _run_parts(_pack, [b3, rows_of_b, bp], parts_for(b.size, PARALLEL_MIN, threads))
     return PackedB(bp, (k, n), b.dtype)
 
 
 def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
                   threads: int | None = None) -> np.ndarray:  # fmt: skip
-    """``a @ B`` into ``out`` for ``B`` packed by :func:`pack_b`: ``a`` ``[M, K]`` of
-    ``B``'s dtype, C-contiguous or the transpose of a C-contiguous array, and ``out``
-    ``[M, N]`` C-contiguous. Each thread takes a share of ``B``'s panels and every row of
-    ``a``, so for a product of few rows (a recurrent step's ``[batch, H] @ W_hh``) its
-    share of ``B`` stays in its cache from one call to the next, and nothing is packed
-    again. Returns ``out``.
+    """``a @ B`` into ``out`` for ``B`` packed by :func:`pack_b`: ``a`` ``[M, K]`` (or ``[E,
+    M, K]`` for a stack of ``E``) of ``B``'s dtype, C-contiguous or the transpose of a
+    C-contiguous array in its last two dims, and ``out`` ``[M, N]`` (``[E, M, N]``)
+    C-contiguous. Each thread takes a share of the panels of ``B`` (of every entry) and
+    every row of ``a``, so for a product of few rows (a recurrent step's ``[batch, H] @
+    W_hh``) its share of ``B`` stays in its cache from one call to the next, and nothing
+    is packed again. Returns ``out``.
 
     Raises:
         KernelUnsupported: shapes, dtypes or layouts other than those.
@@ -678,23 +685,29 @@ def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
     from ember.backends.fusion.numba_runtime import _run_parts, parts_for
 
     k, n = packed.shape
-    if (type(a) is not np.ndarray or a.ndim != 2 or a.dtype != packed.dtype or a.shape[1] != k
-            or a.shape[0] == 0 or type(out) is not np.ndarray
-            or out.shape != (a.shape[0], n) or out.dtype != packed.dtype
-            or not out.flags.c_contiguous or not out.flags.writeable
-            or np.may_share_memory(out, a)):  # fmt: skip
-        raise KernelUnsupported(f"numba matmul: {getattr(a, 'shape', a)} @ packed {k}x{n} "
-                                f"into {getattr(out, 'shape', out)}")  # fmt: skip
-    m = a.shape[0]
-    by_columns = m > 1 and a.T.flags.c_contiguous
-    a2 = a.T if by_columns else a
-    if not (a2.flags.c_contiguous and a2.flags.aligned):
-        a2, by_columns = np.ascontiguousarray(a), False
-    # Nothing to pack: a second thread pays off at a quarter of matmul's work (a step's
-    # [16, 256] @ [256, 1024]: 55-62 us at two threads, 83 at one).
-    parts = min(parts_for(m * n * k, PARALLEL_MIN_MACS // 4, threads), packed.panels.shape[1])
-    _run_parts(_across_panels, [a2, by_columns, packed.panels, out, _NO_ROWS[a.dtype], False],
-               parts)  # fmt: skip
+    entries = packed.entries
+    stacked = (entries,) if entries > 1 or getattr(a, "ndim", 0) == 3 else ()
+    if (type(a) is not np.ndarray or a.ndim != len(stacked) + 2 or a.dtype != packed.dtype
+            or a.shape[:-2] != stacked or a.shape[-1] != k or a.shape[-2] == 0
+            or type(out) is not np.ndarray or out.shape != (*a.shape[:-1], n)
+            or out.dtype != packed.dtype or not out.flags.c_contiguous
+            or not out.flags.writeable or np.may_share_memory(out, a)):  # fmt: skip
+        raise KernelUnsupported(f"numba matmul: {getattr(a, 'shape', a)} @ packed "
+                                f"{entries}x{k}x{n} into {getattr(out, 'shape', out)}")  # fmt: skip
+    m = a.shape[-2]
+    a3 = a.reshape(entries, m, k)
+    by_columns = m > 1 and a3.swapaxes(1, 2).flags.c_contiguous
+    if by_columns:
+        a3 = a3.swapaxes(1, 2)
+    if not (a3.flags.c_contiguous and a3.flags.aligned):
+        a3, by_columns = np.ascontiguousarray(a.reshape(entries, m, k)), False
+    # Nothing to pack: a second thread pays off at an eighth of matmul's work (a step's
+    # [16, 256] @ [256, 1024]: 55-62 us at two threads, 83 at one; two directions'
+    # [16, 128] @ [128, 512], 2.1M multiply-adds: 26 against 44; 1.3M: 50 against 49).
+    parts = min(parts_for(entries * m * n * k, PARALLEL_MIN_MACS // 8, threads),
+                entries * packed.panels.shape[1])  # fmt: skip
+    _run_parts(_across_panels, [a3, by_columns, packed.panels, out.reshape(entries, m, n),
+                                _NO_ROWS[a.dtype], False], parts)  # fmt: skip
     return out
 
 
