@@ -6,7 +6,7 @@ checkpointing, a listener, ``EMBER_FUSION_REPLAY=0``."""
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -249,17 +249,12 @@ def test_a_keyed_call_takes_only_fusion_handles():
 
 
 def test_threads_training_at_once_get_the_gradients_of_one_after_another(device):
-    results: dict[int, list] = {}
+    def train(worker: int) -> list:
+        return [_step(device, _weights(worker * 7 + s), _data((48, 24), s), "leaves")
+                for s in range(5)]  # fmt: skip
 
-    def train(worker: int) -> None:
-        results[worker] = [_step(device, _weights(worker * 7 + s), _data((48, 24), s), "leaves")
-                           for s in range(5)]  # fmt: skip
-
-    threads = [threading.Thread(target=train, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(train, range(2)))
     for worker in range(2):
         for s, got in enumerate(results[worker]):
             want = _step(REFERENCE, _weights(worker * 7 + s), _data((48, 24), s), "leaves")

@@ -589,8 +589,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     b_of = _batch_map(b.shape[:-2], batch)
     a3, by_columns = _batched_a(a, m, k)
     b3 = b.reshape(-1, k, n)
-    rows_of_b = b3.swapaxes(1, 2)  # a transposed b (a weight's Wᵀ): its rows, flat
-    rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[dtype]
+    rows_of_b = _rows_of(b3)
     panels = -(-n // nr)
     by_panels = n >= m  # each part packs all of the smaller operand
     panel_bytes = b3.shape[0] * panels * k * nr * dtype.itemsize  # all of K
@@ -658,15 +657,12 @@ def pack_b(b: np.ndarray, threads: int | None = None) -> PackedB:
             or 0 in b.shape or b.shape[-1] < NR[b.dtype] // 4):  # fmt: skip
         raise KernelUnsupported(f"numba matmul: cannot pack {getattr(b, 'dtype', type(b))} "
                                 f"{getattr(b, 'shape', '')} as a product's B")  # fmt: skip
-    from ember.backends.fusion.numba_runtime import PARALLEL_MIN, _run_parts, parts_for
+    from ember.backends.fusion.numba_runtime import PARALLEL_MIN, parts_for
 
     k, n = b.shape[-2:]
     b3 = b.reshape(-1, k, n)
-    rows_of_b = b3.swapaxes(1, 2)
-    rows_of_b = rows_of_b.reshape(-1) if rows_of_b.flags.c_contiguous else _NO_ROWS[b.dtype]
-    bp = np.empty((b3.shape[0], -(-n // NR[b.dtype]), k, NR[b.dtype]), b.dtype)
-    _run_parts(_pack, [b3, rows_of_b, bp], parts_for(b.size, PARALLEL_MIN, threads))
-    return PackedB(bp, (k, n), b.dtype)
+    parts = parts_for(b.size, PARALLEL_MIN, threads)
+    return PackedB(_packed_panels(b3, b3, _rows_of(b3), parts, NR[b.dtype]), (k, n), b.dtype)
 
 
 def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
@@ -695,12 +691,7 @@ def matmul_packed(a: np.ndarray, packed: PackedB, out: np.ndarray,
         raise KernelUnsupported(f"numba matmul: {getattr(a, 'shape', a)} @ packed "
                                 f"{entries}x{k}x{n} into {getattr(out, 'shape', out)}")  # fmt: skip
     m = a.shape[-2]
-    a3 = a.reshape(entries, m, k)
-    by_columns = m > 1 and a3.swapaxes(1, 2).flags.c_contiguous
-    if by_columns:
-        a3 = a3.swapaxes(1, 2)
-    if not (a3.flags.c_contiguous and a3.flags.aligned):
-        a3, by_columns = np.ascontiguousarray(a.reshape(entries, m, k)), False
+    a3, by_columns = _batched_a(a, m, k)
     # Nothing to pack: a second thread pays off at an eighth of matmul's work (a step's
     # [16, 256] @ [256, 1024]: 55-62 us at two threads, 83 at one; two directions'
     # [16, 128] @ [128, 512], 2.1M multiply-adds: 26 against 44; 1.3M: 50 against 49).
@@ -737,13 +728,21 @@ def _panel_width(dtype: np.dtype) -> int:
     return VECTOR_BYTES // dtype.itemsize if WIDE else NR[dtype]
 
 
-def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray,
-                   parts: int) -> np.ndarray:  # fmt: skip
-    """``b3``'s column panels in an array of their own (:func:`_pack`), to keep."""
+def _rows_of(b3: np.ndarray) -> np.ndarray:
+    """A transposed ``b3``'s (a weight's ``Wᵀ``) rows, flat, for :func:`_pack_panels` to
+    transpose by whole vectors; empty where ``b3`` is not one."""
+    rows = b3.swapaxes(1, 2)
+    return rows.reshape(-1) if rows.flags.c_contiguous else _NO_ROWS[b3.dtype]
+
+
+def _packed_panels(_owner: np.ndarray, b3: np.ndarray, rows_of_b: np.ndarray, parts: int,
+                   width: int | None = None) -> np.ndarray:  # fmt: skip
+    """``b3``'s column panels (``width`` columns each; default :func:`_panel_width`) in an
+    array of their own (:func:`_pack`), to keep."""
     from ember.backends.fusion.numba_runtime import _run_parts
 
     k, n = b3.shape[1:]
-    nr = _panel_width(b3.dtype)
+    nr = width or _panel_width(b3.dtype)
     bp = np.empty((b3.shape[0], -(-n // nr), k, nr), b3.dtype)
     _run_parts(_pack, [b3, rows_of_b, bp], parts)
     return bp
