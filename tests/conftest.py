@@ -44,6 +44,11 @@ def pytest_configure(config) -> None:
     # of their own: one per test worker would compete with the tests for the cores.
     # tests/backends/fusion/test_numba_parallel.py turns them on where they are under test.
     os.environ.setdefault("EMBER_FUSION_WORKERS", "ember")
+    # Element-wise kernels take the plain loop without timing the machine (a probe would
+    # compile kernels in processes that tests expect to compile nothing, and time them on
+    # cores the suite's shards share): tests/backends/fusion/test_numba_prefetch.py tests the
+    # probe, and the runtime's tests run both loop shapes.
+    os.environ.setdefault("EMBER_FUSION_PREFETCH", "0")
 
 
 def pytest_collection_finish(session) -> None:

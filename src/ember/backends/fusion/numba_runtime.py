@@ -196,15 +196,22 @@ class NumbaRuntime(PooledOutputs):
             return found
 
     def _load(self, block: ir.Block, key: tuple) -> _Kernel:
-        from ember.backends.fusion.numba_source import generate, layout
+        from ember.backends.fusion.numba_prefetch import prefetching
+        from ember.backends.fusion.numba_source import generate, layout, streams_in_one_loop
 
-        source = generate(block)
+        prefetch = streams_in_one_loop(block) and prefetching(self.cache, self._module)
+        module = self._module(generate(block, prefetch))
+        dtypes = tuple(np.dtype(_numpy_dtype(d)) for d in scalar_dtypes(block))
+        return _Kernel(module.kernel, Path(module.__file__), dtypes, layout(block).groups)
+
+    def _module(self, source: str) -> Any:
+        """The module of generated ``source``: imported once per process, compiled once per
+        cache folder."""
         digest = hashlib.sha256(f"{self._version}\n{source}".encode()).hexdigest()[:32]
         module = self._modules.get(digest)
         if module is None:
             module = self._modules[digest] = self._import(digest, source)
-        dtypes = tuple(np.dtype(_numpy_dtype(d)) for d in scalar_dtypes(block))
-        return _Kernel(module.kernel, Path(module.__file__), dtypes, layout(block).groups)
+        return module
 
     def _import(self, digest: str, source: str) -> Any:
         return load_generated(self.cache, f"k_{digest}", source, "ember_fusion_kernels")

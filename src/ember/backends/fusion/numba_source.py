@@ -21,15 +21,18 @@ functions. Its layout follows from ``Block.key()`` only, never from sizes:
   from 0.75-0.80 to 0.67-0.68 ms). Kernels release the GIL (``nogil``), and the runtime
   runs the calls on its own threads, so a kernel compiles without numba's parallel
   transform (much faster) and no thread spins between kernels.
-* **Prefetch.** With one group, a part's slice runs in runs of :data:`PREFETCH_RUN`
-  elements, each first asking for the cache lines its streamed arrays will reach
-  :data:`PREFETCH_BYTES` ahead (``numba_math.prefetch_read``, and ``prefetch_write`` for
-  outputs, which then arrive owned), then a tail. Left to the hardware's prefetch, a loop
-  that computes between its loads reached memory late: measured on a 2-vCPU AVX-512 Xeon,
-  alternating processes, the GELU over 16M float32 took 10.4-11.0 ms against 13.8-14.6 at
-  one thread (1.24-1.26x a copy, against 1.63-1.71x) and 7.4-7.7 against 8.5-9.3 at two;
-  memory-bound blocks gained too (an add of two 16M arrays: 11.5-12.0 against 13.2-16.1
-  ms at one thread).
+* **Loop shape.** With one group, a part's slice is one loop, ``for j in range(lo, hi)``,
+  which LLVM vectorizes and unrolls on its own. Asked to (``generate(..., prefetch=True)``;
+  the runtime asks where ``numba_prefetch`` measured it faster), it runs instead in runs
+  of :data:`PREFETCH_RUN` elements, each first asking for the cache lines its streamed
+  arrays will reach :data:`PREFETCH_BYTES` ahead (``numba_math.prefetch_read``, and
+  ``prefetch_write`` for outputs, which then arrive owned), then a tail. Which is faster
+  depends on the machine. On a 2-vCPU AVX-512 Xeon, left to the hardware's prefetch, a
+  loop that computes between its loads reached memory late: alternating processes, the
+  GELU over 16M float32 took 10.4-11.0 ms in runs against 13.8-14.6 at one thread, an add
+  of two 16M arrays 11.5-12.0 against 13.2-16.1. On an AMD EPYC (Zen 4) the one loop won:
+  the add 6.8-7.5 ms against 13.0-13.8 (LLVM unrolls a cheap body's run of 16 elements
+  whole and leaves it scalar), the GELU 9.5-9.7 against 11.3-11.8.
 * **Arrays** arrive flattened and C-contiguous, indexed with unsigned ints (a signed index
   costs a negative-index check per access that stops LLVM from vectorizing); an array's element stride in a group is 0
   where it is broadcast, so the index of every array is ``base + j * stride`` with the
@@ -325,8 +328,18 @@ class _Writer:
         self.lines.append("    " * indent + text)
 
 
-def generate(block: ir.Block) -> str:
-    """The source of a module whose ``kernel`` computes ``block`` (see the module doc).
+def streams_in_one_loop(block: ir.Block) -> bool:
+    """Whether ``block``'s kernel walks its arrays in one loop (an element-wise block of one
+    group with an array along it), whose shape ``generate``'s ``prefetch`` chooses."""
+    if block.axis is not None:
+        return False
+    lay = layout(block)
+    return len(lay.groups) == 1 and not all(flags[0] for flags in lay.broadcast)
+
+
+def generate(block: ir.Block, prefetch: bool = False) -> str:
+    """The source of a module whose ``kernel`` computes ``block`` (see the module doc);
+    ``prefetch``: a loop of :func:`streams_in_one_loop` runs in runs that prefetch.
 
     ``kernel(*inputs, *outputs, *scalars, *sizes, chunk, err, part, parts)``: flat
     C-contiguous arrays, the scalars cast to :func:`scalar_dtypes`, the size of each group
@@ -344,7 +357,7 @@ def generate(block: ir.Block) -> str:
               + [f"s{s}" for s in range(n_sc)] + [f"n{g}" for g in range(len(lay.groups))]
               + ["chunk", "err", "part", "parts"])  # fmt: skip
     if block.axis is None:
-        _elementwise(block, lay, w, params)
+        _elementwise(block, lay, w, params, prefetch)
     else:
         _reduction(block, lay, w, params)
     # The claims wrap a call of ``span`` rather than its loop: nested in a loop, a GELU's
@@ -395,7 +408,8 @@ def _scalar_counter():
     return lambda: f"s{next(count)}"
 
 
-def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> None:
+def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str],
+                 prefetch: bool) -> None:  # fmt: skip
     names = [f"in{i}" for i in range(len(block.inputs))] + [
         f"out{o}" for o in range(len(block.outputs))
     ]
@@ -432,10 +446,14 @@ def _elementwise(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) ->
         # one loop keeps them in stack slots): a GELU over 16M floats took 28 ms, not 19.
         for name in names:
             w(1, f"b_{name} = 0")
-        # The slice runs in runs of PREFETCH_RUN elements, each first asking for the lines
-        # its streamed arrays will reach PREFETCH_BYTES ahead (module doc), then a tail.
         w(1, f"lo = {inner} * part // parts")
         w(1, f"hi = {inner} * (part + 1) // parts")
+        if not (prefetch and streamed):
+            w(1, "for j in range(lo, hi):")
+            body(2)
+            return
+        # The slice runs in runs of PREFETCH_RUN elements, each first asking for the lines
+        # its streamed arrays will reach PREFETCH_BYTES ahead (module doc), then a tail.
         w(1, f"runs = (hi - lo) // {PREFETCH_RUN}")
         w(1, "for run in range(runs):")
         w(2, f"at = lo + run * {PREFETCH_RUN}")
