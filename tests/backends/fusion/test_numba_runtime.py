@@ -424,6 +424,55 @@ def test_softmax_and_log_softmax(runtime, axis, log):
     assert_close(got, want, ulps=64, scale=np.maximum(np.abs(want), 1e-6 if not log else 1))
 
 
+def test_exp_of_a_value_at_most_zero_is_fast_exp_to_the_bit():
+    """``fast_exp_nonpositive_f32`` (a softmax's exp) skips the range checks that only
+    positive arguments need: over every kind of float at most 0 (subnormal results, the
+    clamp at -104, -inf, -0.0, NaN) it returns fast_exp_f32's bits."""
+    import numba
+
+    exp, nonpositive = numba_math.fast_exp_f32, numba_math.fast_exp_nonpositive_f32
+
+    @numba.njit
+    def both(x, a, b):
+        for i in range(x.size):
+            a[i] = exp(x[i])
+            b[i] = nonpositive(x[i])
+
+    x = _samples()
+    x = np.concatenate([-np.abs(x), _every_float32(-104.5, -86.0) * 1, np.float32([-0.0])])
+    x = np.concatenate([x, -_every_float32(0.0, 1e-3)[::97]])  # tiny and subnormal arguments
+    a, b = np.empty_like(x), np.empty_like(x)
+    both(x, a, b)
+    np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
+    assert np.isnan(b).sum() == np.isnan(x).sum() > 0 and (b[x == -np.inf] == 0).all()
+    assert ((b > 0) & (b < 1.1754944e-38)).any()  # subnormal results were among them
+
+
+def test_only_an_exp_of_x_less_its_own_max_takes_the_shortcut():
+    r, shape = (4, 1), (4, 9)
+
+    def code(block):  # the generated functions, without the import line naming them all
+        return generate(block).split("variance_sum)", 1)[1]
+
+    soft = code(softmax_block(shape, 1))
+    assert "fast_exp_nonpositive_f32(r2)" in soft and "fast_exp_f32(" not in soft
+    assert "fast_exp_nonpositive_f32(r2)" in code(softmax_block(shape, 1, log=True))
+    reversed_ = ir.Block(shape, (ir.Input(shape, F32),), (
+        I("max_dim", (0,), (1,), r, F32), I("sub", (1, 0), (), shape, F32),
+        I("exp", (2,), (), shape, F32), I("sum_dim", (3,), (1,), r, F32)), (4,), 1)  # fmt: skip
+    other = ir.Block(shape, (ir.Input(shape, F32), ir.Input(shape, F32)), (
+        I("max_dim", (1,), (1,), r, F32), I("sub", (0, 2), (), shape, F32),
+        I("exp", (3,), (), shape, F32), I("sum_dim", (4,), (1,), r, F32)), (5,), 1)  # fmt: skip
+    minimum = ir.Block(shape, (ir.Input(shape, F32),), (
+        I("min_dim", (0,), (1,), r, F32), I("sub", (0, 1), (), shape, F32),
+        I("exp", (2,), (), shape, F32), I("sum_dim", (3,), (1,), r, F32)), (4,), 1)  # fmt: skip
+    for block in (reversed_, other, minimum):  # max - x, x - max(y), x - min(x): above 0
+        source = code(block)
+        assert "fast_exp_nonpositive_f32(" not in source and "fast_exp_f32(r" in source
+    wide = code(softmax_block(shape, 1, dtype=F64))
+    assert "math.exp(r2)" in wide and "fast_exp" not in wide
+
+
 def test_layer_norm_and_its_mean(runtime):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((50, 257)) * 3 + 10).astype(np.float32)

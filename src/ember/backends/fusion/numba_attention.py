@@ -31,8 +31,9 @@ outputs alone, so the results do not depend on which part ran it.
 **What it computes.** Up to float rounding, exactly the unfused ops: a masked score is
 replaced by ``fill`` (``mask_fill`` after the scaling), a bias is added after the
 scaling, the maximum is the row's (a NaN anywhere in a row makes the row NaN, as the
-max-subtract-exp chain does), and ``exp`` is :func:`numba_math.fast_exp_f32`, as in the
-fused softmax. float32 only.
+max-subtract-exp chain does), and ``exp`` is :func:`numba_math.fast_exp_f32` (in its form
+for arguments at most 0, as in the fused softmax: a score less the running maximum).
+float32 only.
 
 **Arrays.** Every operand is 4-d ``[b0, b1, rows, features]`` of any strides, broadcast
 batch entries included (stride 0); the kernel has one compiled signature (numba's
@@ -117,7 +118,7 @@ def _jit(fn):
 
 
 if numba is not None:
-    from ember.backends.fusion.numba_math import fast_exp_f32
+    from ember.backends.fusion.numba_math import fast_exp_nonpositive_f32
 
     _tile3 = tile_kernel(OB, 3)
     _tile2 = tile_kernel(OB, 2)
@@ -343,13 +344,13 @@ def _attend(q, k, v, out, weights, q_out, mask, bias, scale, q_factor, fill, fla
                         x = st[u(row + r)]
                         m_new[u(r)] = x if x > m_new[u(r)] else m_new[u(r)]
                 for r in range(width):
-                    alpha[u(r)] = fast_exp_f32(m[u(r)] - m_new[u(r)])
+                    alpha[u(r)] = fast_exp_nonpositive_f32(m[u(r)] - m_new[u(r)])
                     total[u(r)] *= alpha[u(r)]
                     m[u(r)] = m_new[u(r)]
                 for j in range(keys):
                     row = j * qcp
                     for r in range(width):
-                        e = fast_exp_f32(st[u(row + r)] - m_new[u(r)])
+                        e = fast_exp_nonpositive_f32(st[u(row + r)] - m_new[u(r)])
                         st[u(row + r)] = e
                         total[u(r)] += e
                 _read_tiles(v, vb0, vb1, j0, keys, dv, flat_v, strides, 2, fast, vp)

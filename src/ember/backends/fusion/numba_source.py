@@ -283,7 +283,19 @@ def _instr_expr(block: ir.Block, instr: ir.Instr, reg, scalar) -> str:
         return _binary(op[: -len("_elem")], args[0], scalar(), t, src)
     if len(args) == 2:
         return _binary(op, args[0], args[1], t, src)
+    if op == "exp" and src is DType.F32 and _at_most_zero(block, instr.args[0]):
+        return f"fast_exp_nonpositive_f32({args[0]})"
     return _unary(op, args[0], t, src)
+
+
+def _at_most_zero(block: ir.Block, r: int) -> bool:
+    """Whether register ``r`` is ``x - max_dim(x)`` along the block's axis, so never above
+    0 (NaN where ``x`` holds a NaN or an infinity of the max's sign): a softmax's shift."""
+    n_in = len(block.inputs)
+    if r < n_in or block.body[r - n_in].op != "sub":
+        return False
+    x, m = block.body[r - n_in].args
+    return m >= n_in and block.body[m - n_in].op == "max_dim" and block.body[m - n_in].args == (x,)
 
 
 _OPS = frozenset(
@@ -313,7 +325,8 @@ import numba
 import numpy as np
 
 from ember.backends.fusion.numba_math import (
-    fast_erf_f32, fast_exp_f32, fast_log_f32, fast_sigmoid_f32, fast_tanh_f32, frem, idiv,
+    fast_erf_f32, fast_exp_f32, fast_exp_nonpositive_f32, fast_log_f32, fast_sigmoid_f32,
+    fast_tanh_f32, frem, idiv,
     from_order_key_f32, from_order_key_f64, ipow, irem, order_key_f32, order_key_f64, rint, shl,
     next_part, prefetch_read, prefetch_write, shr, udiv, upow, urem, ushr, variance_sum)
 
