@@ -289,8 +289,9 @@ def _instr_expr(block: ir.Block, instr: ir.Instr, reg, scalar) -> str:
 
 
 def _at_most_zero(block: ir.Block, r: int) -> bool:
-    """Whether register ``r`` is ``x - max_dim(x)`` along the block's axis, so never above
-    0 (NaN where ``x`` holds a NaN or an infinity of the max's sign): a softmax's shift."""
+    """Whether register ``r`` is ``x - max_dim(x)``, so never above 0 (the max's fiber holds
+    each element itself), or NaN (``x`` NaN, or infinite with ``inf - inf``): a softmax's
+    shift."""
     n_in = len(block.inputs)
     if r < n_in or block.body[r - n_in].op != "sub":
         return False
