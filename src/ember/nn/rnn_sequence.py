@@ -548,6 +548,12 @@ def _step_product(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], Any]:
     return product
 
 
+# numba's disk cache keys the step kernels by this file only, not by the numba_math
+# functions they inline: tests/backends/fusion/test_numba_runtime.py checks that this names
+# those functions' digest, so that an edit of them renews this file and the cache with it.
+MATH_SOURCE_SHA256 = "bbda963f0caec55c"
+
+
 @functools.cache
 def _numba_steps() -> tuple[Any, Any] | None:
     """numba kernels of one LSTM step's element-wise work, forward (float32) and backward

@@ -448,6 +448,68 @@ def test_exp_of_a_value_at_most_zero_is_fast_exp_to_the_bit():
     assert ((b > 0) & (b < 1.1754944e-38)).any()  # subnormal results were among them
 
 
+def _inlined_math_digest(roots: list[str]) -> str:
+    """A digest of the numba_math functions ``roots`` and everything of numba_math they
+    use, transitively (sources; numbers by their exact values)."""
+    import ast
+    import hashlib
+    import inspect
+    import textwrap
+    import types
+
+    def canonical(value) -> str:
+        if isinstance(value, tuple):
+            return "(" + ",".join(canonical(v) for v in value) + ")"
+        if isinstance(value, (int, float, np.integer, np.floating)):
+            return float(value).hex()
+        return type(value).__name__
+
+    seen, parts, todo = set(), [], list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        value = getattr(numba_math, name)
+        if isinstance(value, (types.ModuleType, type)):
+            continue
+        fn = getattr(value, "py_func", None) or getattr(value, "_defn", None) or value
+        if not inspect.isfunction(fn):
+            parts.append(f"{name} = {canonical(value)}")
+            continue
+        if fn.__module__ != numba_math.__name__:
+            continue  # numba's own (``intrinsic``)
+        source = textwrap.dedent(inspect.getsource(fn))
+        parts.append(source)
+        todo += [n.id for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.Name) and hasattr(numba_math, n.id)]  # fmt: skip
+    return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("user", ["ember.nn.rnn_sequence", "ember.backends.fusion.numba_attention",
+                                  "ember.backends.fusion.numba_gemm",
+                                  "ember.backends.fusion.numba_conv"])  # fmt: skip
+def test_cached_kernels_follow_the_math_they_inline(user):
+    """numba's disk cache keys a kernel by its own file: one that inlines numba_math's
+    functions would keep their old machine code after an edit of them (a NaN exp fixed in
+    numba_math, still wrong in the LSTM's cached step). Each such file names the digest of
+    what it imports from numba_math; an edit there must update it, renewing the cache."""
+    import ast
+    import importlib
+    import inspect
+
+    module = importlib.import_module(user)
+    tree = ast.parse(inspect.getsource(module))
+    names = sorted({a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module == "ember.backends.fusion.numba_math"
+                    for a in node.names})  # fmt: skip
+    assert names, f"{user} imports nothing from numba_math"
+    digest = _inlined_math_digest(names)
+    assert digest == module.MATH_SOURCE_SHA256, (
+        f"numba_math changed under {names}: set {user}.MATH_SOURCE_SHA256 to {digest} (that "
+        "edit also renews numba's cache of its kernels)")  # fmt: skip
+
+
 def test_only_an_exp_of_x_less_its_own_max_takes_the_shortcut():
     r, shape = (4, 1), (4, 9)
 

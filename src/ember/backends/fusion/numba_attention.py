@@ -72,6 +72,8 @@ __all__ = ["KernelUnsupported", "attention", "supports"]
 # numba's disk cache keys the kernel by this file only, not by numba_tile.py, whose IR it
 # inlines; test_numba_tile.py checks that this names numba_tile.py's digest.
 TILE_SOURCE_SHA256 = "47e810bb65cc25cd"
+# And the numba_math functions it inlines (test_numba_runtime.py checks this digest).
+MATH_SOURCE_SHA256 = "618c14af8418ac53"
 
 OB = 8 if VECTOR_BYTES == 64 else 4
 """Rows (keys, or value features) of one register tile: with :data:`NV` vectors of queries,

@@ -107,6 +107,8 @@ from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
 # they inline. A test (test_numba_tile.py) checks this digest of numba_tile.py: editing that
 # file means updating the digest here, which changes this file and so renews the cache.
 TILE_SOURCE_SHA256 = "47e810bb65cc25cd"
+# The same for the numba_math functions they inline (test_numba_runtime.py checks it).
+MATH_SOURCE_SHA256 = "a5267effa21eab27"
 
 if TYPE_CHECKING:
     from ember.backend.options import ConvOptions

@@ -156,6 +156,8 @@ PARALLEL_MIN_MACS = 1 << 24
 # numba caches a kernel by its own file, so the tile it inlines must be named here (see
 # numba_conv.py; test_numba_tile.py checks this digest of numba_tile.py).
 TILE_SOURCE_SHA256 = "47e810bb65cc25cd"
+# And the numba_math functions it inlines (test_numba_runtime.py checks this digest).
+MATH_SOURCE_SHA256 = "a5267effa21eab27"
 
 
 def supports(a: np.ndarray, b: np.ndarray) -> bool:
