@@ -304,8 +304,9 @@ def main() -> None:
                     notes.append(f"{ratio:.2f}x copy in thread CPU time")
             table.append([str(threads), work, impl, f"{t:.2f}", f"{t / eager:.2f}x",
                           f"{t / plain:.2f}x", ", ".join(notes)])  # fmt: skip
+    loop = "runs that prefetch" if runtime_named("numba").prefetches() else "plain loop"
     print(f"numpy={np.__version__}  torch={torch.__version__}  numba={numba.__version__}  "
-          f"cpus={os.cpu_count()}")  # fmt: skip
+          f"cpus={os.cpu_count()}  element-wise kernels: {loop} (EMBER_FUSION_PREFETCH)")  # fmt: skip
     print_table(
         "end to end through the Tensor API (ms, median; ratios vs torch eager and ndarray)",
         ["threads", "workload", "impl", "ms", "vs torch eager", "vs ndarray", "notes"],

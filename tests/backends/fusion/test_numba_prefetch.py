@@ -250,6 +250,7 @@ def test_the_runtime_compiles_the_shape_chosen_and_both_compute_alike(monkeypatc
     for value in ("0", "1"):
         monkeypatch.setenv("EMBER_FUSION_PREFETCH", value)
         runtime = nr.NumbaRuntime(cache=tmp_path, threads=3)
+        assert runtime.prefetches() is (value == "1")
         source = runtime.kernel(block).source_path.read_text()
         assert ("prefetch_read(in0" in source) is (value == "1")
         results[value] = runtime.run(block, inputs)[0]

@@ -195,12 +195,17 @@ class NumbaRuntime(PooledOutputs):
             self._kernels[key] = found
             return found
 
-    def _load(self, block: ir.Block, key: tuple) -> _Kernel:
+    def prefetches(self) -> bool:
+        """Whether one-loop element-wise kernels run here in runs that prefetch rather than
+        in a plain loop (``numba_prefetch``: the variable, else timed once per machine)."""
         from ember.backends.fusion.numba_prefetch import prefetching
+
+        return prefetching(self.cache, self._module)
+
+    def _load(self, block: ir.Block, key: tuple) -> _Kernel:
         from ember.backends.fusion.numba_source import generate, layout, streams_in_one_loop
 
-        prefetch = streams_in_one_loop(block) and prefetching(self.cache, self._module)
-        module = self._module(generate(block, prefetch))
+        module = self._module(generate(block, streams_in_one_loop(block) and self.prefetches()))
         dtypes = tuple(np.dtype(_numpy_dtype(d)) for d in scalar_dtypes(block))
         return _Kernel(module.kernel, Path(module.__file__), dtypes, layout(block).groups)
 
