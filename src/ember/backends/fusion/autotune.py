@@ -568,7 +568,7 @@ class Tuner:
     def _read(self) -> dict[str, Stored]:
         """The file's valid entries (empty when it is missing, too large or malformed)."""
         try:
-            data = _read_bounded(self.path)
+            data = read_bounded(self.path)
         except OSError as error:
             if not isinstance(error, FileNotFoundError):
                 self._log(f"ignoring {self.path}: {error}")
@@ -692,7 +692,7 @@ def _parse_entry(entry: object, value: object, labels: frozenset[str] | None = N
     return Stored(Choice("fused", threads, config), tunings, streak)
 
 
-def _read_bounded(path: Path) -> bytes:
+def read_bounded(path: Path) -> bytes:
     """The bytes of ``path`` when it is a regular file of at most MAX_FILE_BYTES (OSError
     otherwise): a FIFO or device in its place must not block or stream forever."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))

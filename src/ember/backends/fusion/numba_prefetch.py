@@ -169,7 +169,7 @@ def _probe(load: Callable[[str], Any]) -> tuple[float, float]:
 def _read(path: Path) -> dict | None:
     """The file's fields when it is a valid choice of this machine kind, else None."""
     try:
-        data = autotune._read_bounded(path)
+        data = autotune.read_bounded(path)
     except OSError as error:
         if not isinstance(error, FileNotFoundError):
             _log(f"ignoring {path}: {error}")
