@@ -3,7 +3,7 @@
 The kernel of an element-wise block of one group walks its arrays in one loop, of one of
 two shapes (``numba_source``, "Loop shape"): a plain loop that LLVM vectorizes, or runs
 of 16 elements that each first ask for the cache lines their arrays reach 4 KiB ahead.
-Neither wins everywhere: on a 2-vCPU AVX-512 Xeon the runs took 0.75-0.9x the plain
+Neither wins everywhere: on a 2-vCPU AVX-512 Xeon the runs took 0.7-0.9x the plain
 loop's time (the hardware's prefetch fell behind), on an AMD EPYC (Zen 4) about 1.9x (an
 add's run of 16 stays scalar there, and the hardware's prefetch keeps up). So the
 runtime asks :func:`prefetching`, which times both on an add of two arrays of
