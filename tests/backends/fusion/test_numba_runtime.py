@@ -438,9 +438,10 @@ def test_exp_of_a_value_at_most_zero_is_fast_exp_to_the_bit():
             a[i] = exp(x[i])
             b[i] = nonpositive(x[i])
 
-    x = _samples()
-    x = np.concatenate([-np.abs(x), _every_float32(-104.5, -86.0) * 1, np.float32([-0.0])])
-    x = np.concatenate([x, -_every_float32(0.0, 1e-3)[::97]])  # tiny and subnormal arguments
+    deep = -_every_float32(86.0, 104.5)  # every float whose exp is below the normal range
+    tiny = -_every_float32(0.0, 1e-3)[::97]  # subnormal arguments among them
+    x = np.concatenate([-np.abs(_samples()), deep, tiny, np.float32([-0.0])])
+    assert deep.size > 1_000_000
     a, b = np.empty_like(x), np.empty_like(x)
     both(x, a, b)
     np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
