@@ -676,29 +676,45 @@ def test_an_output_summed_in_the_block_is_written_once(runtime, axis):
 
 
 def test_mean_and_variance_take_one_pass():
-    # pass 1: mean and variance (shifted sums); then the normalized output: two walks
-    assert generate(layer_norm_block((8, 16))).count("for k in range") == 2
-    assert generate(moments_block((8, 16), 1)).count("for k in range") == 2
+    # pass 1: mean and variance (shifted sums); then the normalized output: two walks.
+    # Along a row of at most FLOAT32_MOMENTS_MAX, the sums are float32 ones shifted by the
+    # mean of the first values (a short walk), walked again in float64 only where they do
+    # not hold; longer rows walk once in float64.
+    from ember.backends.fusion.numba_source import FLOAT32_MOMENTS_MAX
+
+    for source in (generate(layer_norm_block((8, 16))), generate(moments_block((8, 16), 1))):
+        rows = source.split("def span")[1]
+        assert f"if n1 <= {FLOAT32_MOMENTS_MAX}:" in rows and rows.count("for k in range(mhead):") == 1
+        # the float32 walk, its float64 fallback, the long rows' walk, the final walk
+        assert rows.count("for k in range(n1):") == 4
     # along a non-last axis the loops along it walk a chunk of the last dim innermost
     lanes = generate(moments_block((4, 8, 16), 1))
     assert lanes.count("for k in range") == 2
     assert lanes.count("for jj in range(width)") >= 3
 
 
-@pytest.mark.parametrize("shape, axis", [((40, 1000), 1), ((3, 300, 263), 1)])
+@pytest.mark.parametrize("shape, axis", [((40, 1000), 1), ((3, 300, 263), 1), ((12, 5000), 1),
+                                         ((40, 9), 1)])  # fmt: skip
 def test_variance_of_large_mean_data_matches_float64(runtime, shape, axis):
     # 1e4 + N(0, 1) in float32: a sum of squares in float32 (1e8, ulp 8) loses the
-    # variance entirely; shifted float64 sums keep it to the float32 rounding
+    # variance entirely; shifted sums keep it to the float32 rounding. Rows: float32 sums
+    # shifted by the mean of the first 16 values (1000, 9: fewer values than that), and
+    # where they would not hold the float64 walk; 5000 (and lane mode, 263) float64 only.
     rng = np.random.default_rng(8)
     n = shape[axis]
     rows = (1e4 + rng.standard_normal((math.prod(shape) // n, n))).astype(np.float32)
     rows[0] = 1e4 + 0.5  # constant: variance exactly 0
     rows[1, 0] = 1e4 + 3000  # an outlier as the shift
     rows[2, 5] = np.nan
-    rows[3, 7] = np.inf
+    rows[3, 7 % n] = np.inf
     rows[4, 0] = -np.inf  # a non-finite shift falls back to 0
-    rows[4, 9] = np.inf
+    rows[4, 9 % n] = np.inf
     rows[5, 0] = np.inf
+    rows[6] = rng.standard_normal(n) * 1e-22  # squares below float32's normal range
+    rows[7] = rng.standard_normal(n) * 1e19  # squares beyond float32's range
+    rows[8, : n // 2] = -5e3  # the first values' mean far from the row's
+    rows[9, : min(16, n // 2)] = 1e4 + 100  # and far beside the row's spread: float32 sums
+    # shifted there would cancel (the float64 walk takes over)
     moved = [s for i, s in enumerate(shape) if i != axis] + [n]
     x = np.ascontiguousarray(np.moveaxis(rows.reshape(moved), -1, axis))
     mean, var, ss, y = runtime.run(moments_block(shape, axis), [x])
