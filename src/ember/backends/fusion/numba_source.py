@@ -721,22 +721,32 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
     stash = _stash(block, [(o, r) for o, r in finals if r not in totals], stage, passes, pairs,
                    closure)  # fmt: skip
     outer_stage(0)
+
+    def shift64(indent: int, means: list[int], evaluated: list[int], hname: str) -> None:
+        """The shift of ``means``' float64 shifted sums: the first element along the axis (0
+        when it is not finite, which then makes the mean and variance NaN or infinite as
+        NumPy's), the operands of ``evaluated`` (reductions) computed there."""
+        for r in means:
+            kw(indent, f"{acc(r, 'sh')} = np.float64(0)")
+        kw(indent, f"if n{inner} > 0:")
+        values(indent + 1, [instr_of[r].args[0] for r in evaluated],
+               [f"v{r}" for r in evaluated], hname, "0")  # fmt: skip
+        for r in means:
+            kw(indent + 1, f"t{r} = np.float64(v{r})")
+            kw(indent + 1, f"{acc(r, 'sh')} = t{r} if abs(t{r}) < np.inf else np.float64(0)")
+
+    def step64(indent: int, r: int) -> None:
+        """Adds ``v{r}`` into the float64 shifted sums of the mean ``r``."""
+        kw(indent, f"d{r} = np.float64(v{r}) - {acc(r, 'sh')}")
+        kw(indent, f"{acc(r, 's1_')} += d{r}")
+        kw(indent, f"{acc(r, 's2_')} += d{r} * d{r}")
+
     def walk(p: int, reds: list[int], operands: list[int], base: int, fast: list[int]) -> None:
         """Pass ``p``'s walk along the axis at indent ``base``: its reductions, the shifted
         sums of ``shifted`` means (those of ``fast`` in float32, see below) and the stash."""
-        if any(r in shifted and r not in fast for r in reds):
-            # The shift of float64 shifted sums: the first element along the axis (0 when it
-            # is not finite, which then makes the mean and variance NaN or infinite as NumPy's).
-            ind = per_lane(base)
-            for r in reds:
-                if r in shifted and r not in fast:
-                    kw(ind, f"{acc(r, 'sh')} = np.float64(0)")
-            kw(ind, f"if n{inner} > 0:")
-            values(ind + 1, operands, [f"v{r}" for r in reds], f"first{p}", "0")
-            for r in reds:
-                if r in shifted and r not in fast:
-                    kw(ind + 1, f"t{r} = np.float64(v{r})")
-                    kw(ind + 1, f"{acc(r, 'sh')} = t{r} if abs(t{r}) < np.inf else np.float64(0)")
+        slow = [r for r in reds if r in shifted and r not in fast]
+        if slow:
+            shift64(per_lane(base), slow, reds, f"first{p}")
         if fast:
             # The shift of float32 shifted sums: the mean of the first values along the axis.
             for r in fast:
@@ -773,9 +783,7 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
                 kw(ind, f"m1_{r} += md{r}")
                 kw(ind, f"m2_{r} += md{r} * md{r}")
             elif r in shifted:
-                kw(ind, f"d{r} = np.float64(v{r}) - {acc(r, 'sh')}")
-                kw(ind, f"{acc(r, 's1_')} += d{r}")
-                kw(ind, f"{acc(r, 's2_')} += d{r} * d{r}")
+                step64(ind, r)
             else:
                 kw(ind, _acc_step(instr_of[r], acc(r), f"v{r}", block))
         for r in fast:
@@ -788,19 +796,12 @@ def _reduction(block: ir.Block, lay: Layout, w: _Writer, params: list[str]) -> N
             kw(base + 1, f"s1_{r} = np.float64(m1_{r})")
             kw(base + 1, f"s2_{r} = np.float64(m2_{r})")
             kw(base, "else:")
-            x = instr_of[r].args[0]
-            kw(base + 1, f"sh{r} = np.float64(0)")
-            kw(base + 1, f"if n{inner} > 0:")
-            values(base + 2, [x], [f"v{r}"], f"again{p}r{r}", "0")
-            kw(base + 2, f"t{r} = np.float64(v{r})")
-            kw(base + 2, f"sh{r} = t{r} if abs(t{r}) < np.inf else np.float64(0)")
+            shift64(base + 1, [r], [r], f"again{p}r{r}")
             kw(base + 1, f"s1_{r} = np.float64(0)")
             kw(base + 1, f"s2_{r} = np.float64(0)")
             kw(base + 1, f"for k in range(n{inner}):")
-            values(base + 2, [x], [f"v{r}"], f"again{p}r{r}", "k")
-            kw(base + 2, f"d{r} = np.float64(v{r}) - sh{r}")
-            kw(base + 2, f"s1_{r} += d{r}")
-            kw(base + 2, f"s2_{r} += d{r} * d{r}")
+            values(base + 2, [instr_of[r].args[0]], [f"v{r}"], f"again{p}r{r}", "k")
+            step64(base + 2, r)
 
     for p in range(1, passes + 1):
         reds = [r for r in range(n_in, n_regs) if stage[r] == p
