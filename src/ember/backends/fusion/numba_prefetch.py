@@ -14,7 +14,7 @@ is at most :data:`PREFER` times the plain loop's.
 The choice is written to ``prefetch-<machine>.json`` in the kernel cache folder (the
 machine kind as ``autotune`` names it), which later processes read instead of timing.
 Like a tuning, one probe on a busy host can mislead: a later process probes again until
-two probes in a row agree or :data:`SETTLED_AFTER` were made, and a probe made while
+two probes in a row agree or ``autotune.SETTLED_AFTER`` were made, and a probe made while
 other processes' threads ran (``autotune.others_running``) is used by its own process
 only. The file may be hostile: it is read only as a regular file of at most 1 MiB of JSON
 whose fields have exactly the expected types, else ignored (and probed anew).
@@ -43,8 +43,7 @@ from ember.backend.errors import ConfigError
 from ember.backends.fusion import autotune, ir
 from ember.tensor.dtype import DType
 
-__all__ = ["PREFER", "PROBE_ELEMENTS", "ROUNDS", "SETTLED_AFTER", "forget", "prefetching",
-           "requested"]  # fmt: skip
+__all__ = ["PREFER", "PROBE_ELEMENTS", "ROUNDS", "forget", "prefetching", "requested"]  # fmt: skip
 
 FORMAT = "ember-fusion-prefetch"
 VERSION = 1
@@ -55,8 +54,6 @@ ROUNDS = 5
 PREFER = 0.9
 """The runs are chosen when their median time is at most this fraction of the plain
 loop's: a tie keeps the plain loop, the simpler code."""
-SETTLED_AFTER = 3
-"""Probes after which a machine's choice stands even without two in a row agreeing."""
 
 _decided: dict[Path, bool] = {}
 _lock = threading.Lock()
@@ -104,7 +101,7 @@ def forget() -> None:
 def _decide(folder: Path, load: Callable[[str], Any]) -> bool:
     path = folder / f"prefetch-{autotune.machine()}.json"
     earlier = _read(path)
-    if earlier is not None and (earlier["streak"] >= 2 or earlier["probes"] >= SETTLED_AFTER):
+    if earlier is not None and (earlier["streak"] >= 2 or earlier["probes"] >= autotune.SETTLED_AFTER):
         return earlier["prefetch"]
     busy = autotune.others_running()
     try:
