@@ -39,6 +39,23 @@ def test_gelu_is_one_kernel_and_matches(pair):
     assert counts["kernels"] == 1 and counts["fused_ops"] >= 4
 
 
+def test_a_scaled_product_keeps_its_values_whatever_the_scale(pair):
+    # The kernel of a stream scaling by 0.5 applies the scale to x first (numba_source's
+    # early_scalings); the same stream scaling by 0.3 must not be planned or compiled as it.
+    _, fused = pair
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((40, 300)) * 100).astype(np.float32)
+    y = rng.uniform(0, 50, (40, 300)).astype(np.float32)
+    xt, yt = Tensor.from_data(x, fused), Tensor.from_data(y, fused)
+    reset_stats()
+    for scale in (0.5, 0.3, 0.25, 3.0, 0.5):
+        got = ((xt * (yt.sqrt() + 1.0)) * scale).to_data().to_numpy()
+        want = (x * (np.sqrt(y) + np.float32(1))) * np.float32(scale)
+        np.testing.assert_array_equal(got, want, err_msg=f"scale {scale}")
+    counts = stats()
+    assert counts["kernels"] == 5 and counts["unfused_ops"] == 0
+
+
 def test_softmax_and_log_softmax_match(pair):
     x = np.random.default_rng(1).normal(size=(33, 130)).astype(np.float32) * 5
     x[0, 3], x[1, :] = np.inf, -np.inf

@@ -409,6 +409,76 @@ def test_gelu(runtime):
     assert ulp_error(got[x >= 0], want[x >= 0]).max() <= 2
 
 
+def scaled_tail_block(scale, dtype=F32, scale_last=True, outputs=None, s=(3, 700)):
+    """``(x * (sqrt(y) + 1)) * scale`` (``scale_last``) or ``x * ((sqrt(y) + 1) * scale)``:
+    a GELU's tail in both the orders it is written, on a factor exact to compute."""
+    body = [I("sqrt", (1,), (), s, dtype), I("add_scalar", (2,), (1.0,), s, dtype)]
+    if scale_last:
+        body += [I("mul", (0, 3), (), s, dtype), I("mul_scalar", (4,), (scale,), s, dtype)]
+    else:
+        body += [I("mul_scalar", (3,), (scale,), s, dtype), I("mul", (0, 4), (), s, dtype)]
+    return ir.Block(s, (ir.Input(s, dtype), ir.Input(s, dtype)), tuple(body),
+                    outputs or (5,))  # fmt: skip
+
+
+def test_a_power_of_two_scaling_moves_to_the_factor_ready_first():
+    from ember.backends.fusion.numba_source import early_scalings
+
+    assert early_scalings(gelu_block((4, 5))) == {5: (0, 3, 5)}  # x * 0.5 * (erf(.) + 1)
+    assert early_scalings(scaled_tail_block(0.5)) == {5: (0, 3, 5)}
+    assert early_scalings(scaled_tail_block(0.5, scale_last=False)) == {5: (0, 3, 4)}
+    for power in (2.0, -4.0, 2**-20, 8):
+        assert early_scalings(scaled_tail_block(power)) == {5: (0, 3, 5)}, power
+    assert early_scalings(scaled_tail_block(0.5, F64)) == {5: (0, 3, 5)}
+    assert "np.float32(np.float32(r0 * s1) * r3)" in generate(scaled_tail_block(0.5))
+    for other in (0.3, 3.0, 2.0**80, 2.0**-70, math.inf, math.nan, 0.0, True):
+        assert early_scalings(scaled_tail_block(other)) == {}, other
+    # the unscaled product read elsewhere, or written out, stays as it is
+    assert early_scalings(scaled_tail_block(0.5, outputs=(5, 4))) == {}
+    assert early_scalings(scaled_tail_block(0.5, scale_last=False, outputs=(5, 4))) == {}
+    # equally late factors (both inputs), and integer products, are left alone
+    s = (3, 7)
+    both = ir.Block(s, (ir.Input(s, F32), ir.Input(s, F32)), (
+        I("mul", (0, 1), (), s, F32), I("mul_scalar", (2,), (0.5,), s, F32)), (3,))  # fmt: skip
+    ints = ir.Block(s, (ir.Input(s, I32), ir.Input(s, I32)), (
+        I("abs", (1,), (), s, I32), I("mul", (0, 2), (), s, I32),
+        I("mul_scalar", (3,), (2,), s, I32)), (4,))  # fmt: skip
+    assert early_scalings(both) == {} and early_scalings(ints) == {}
+
+
+def test_the_key_tells_a_power_of_two_scaling_from_another():
+    from ember.backends.fusion.ir import POWER_OF_TWO, attr_tag
+
+    half, quarter, other = (scaled_tail_block(c).key() for c in (0.5, 0.25, 0.3))
+    assert half == quarter != other
+    assert attr_tag("mul_scalar", 0.5) == POWER_OF_TWO and attr_tag("mul_scalar", 0.3) == "float"
+    assert attr_tag("add_scalar", 0.5) == "float" and attr_tag("mul_scalar", True) == "bool"
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.3, -4.0])
+@pytest.mark.parametrize("scale_last", [True, False])
+def test_a_moved_power_of_two_scaling_gives_the_same_values(runtime, scale, scale_last):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 700)) * 100).astype(np.float32)
+    y = rng.uniform(0, 50, (3, 700)).astype(np.float32)
+    (got,) = runtime.run(scaled_tail_block(scale, scale_last=scale_last), [x, y])
+    t = np.sqrt(y) + np.float32(1)  # float32 throughout, in the order the block has it
+    want = (x * t) * np.float32(scale) if scale_last else x * (t * np.float32(scale))
+    np.testing.assert_array_equal(got, want)  # moved only for powers of two: same values
+
+
+def test_a_moved_scaling_differs_only_where_a_product_overflows(runtime):
+    # x * 2 overflows float32 before the scaling by 0.5 brings it back: the op-by-op value
+    # is infinite, the kernel's (which scales x first) the exact one.
+    x = np.array([[3e38, -3e38, 1.5e38, 2.0]] * 3, np.float32)
+    y = np.ones_like(x)
+    (got,) = runtime.run(scaled_tail_block(0.5, s=x.shape), [x, y])
+    np.testing.assert_array_equal(got, x)
+    with np.errstate(over="ignore"):
+        unfused = (x * (np.sqrt(y) + np.float32(1))) * np.float32(0.5)
+    assert np.isinf(unfused[:, :2]).all() and (unfused[:, 2:] == x[:, 2:]).all()
+
+
 @pytest.mark.parametrize("axis", [1, 0])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_and_log_softmax(runtime, axis, log):

@@ -32,7 +32,7 @@ from typing import TypeVar
 from ember.backend.errors import EmberError
 from ember.backends.fusion import counters
 from ember.backends.fusion.fuser import Fuser, Status
-from ember.backends.fusion.ir import REDUCTIONS, StateError
+from ember.backends.fusion.ir import REDUCTIONS, StateError, attr_tag
 from ember.backends.fusion.stream import Record
 from ember.tensor.dtype import DType
 
@@ -273,7 +273,8 @@ def relativize(records: list[Record]) -> tuple:
 
     It runs on every flush, so it is written for speed: each slot's dtype and unit dims
     come from a per-shape table; a reduction's attributes are kept (its axis decides the
-    plan), other ops' only by type (a scalar's value does not), dtypes by value.
+    plan), other ops' only as ``ir.attr_tag`` tells (a scalar's type, and whether it scales
+    by a power of two, which the kernel the plan builds may rely on), dtypes by value.
     """
     made: dict[int, tuple[str, int, int]] = {}  # slot id -> ("r", record index, output index)
     outside: dict[int, int] = {}
@@ -299,7 +300,8 @@ def relativize(records: list[Record]) -> tuple:
         elif op.name in REDUCTIONS:
             attrs = tuple(extra)
         else:
-            attrs = tuple([a if isinstance(a, DType) else type(a).__name__ for a in extra])
+            name = op.name
+            attrs = tuple([a if isinstance(a, DType) else attr_tag(name, a) for a in extra])
         outs = []
         for k, o in enumerate(record.outputs):
             shape = o.shape

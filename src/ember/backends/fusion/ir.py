@@ -26,10 +26,13 @@ which dims are broadcast, never the sizes) and runs it on arrays of any sizes th
 Numeric attributes (the scalar of ``mul_scalar``, the bounds of ``clamp``, the value of
 ``mask_fill``) are not part of the key: a kernel takes them as arguments, in the order
 of :meth:`Block.scalars`, so a learning rate that changes every step compiles nothing.
+The key keeps one fact about a value (:func:`attr_tag`): whether a ``mul_scalar``
+scales by a power of two, which a kernel may then apply to either factor of a product.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +122,8 @@ class Block:
             return tuple(d == 1 for d in shape)
 
         def attrs(instr: Instr) -> tuple:
-            return tuple(type(a).__name__ if is_scalar(instr, a) else a for a in instr.attrs)
+            return tuple(attr_tag(instr.op, a) if is_scalar(instr, a) else a
+                         for a in instr.attrs)  # fmt: skip
 
         return (
             len(self.shape),
@@ -128,6 +132,22 @@ class Block:
             tuple((i.op, i.args, attrs(i), pattern(i.shape), i.dtype.value) for i in self.body),
             self.outputs,
         )
+
+
+POWER_OF_TWO = "2**k"
+"""The key's tag of a ``mul_scalar`` by a power of two (:func:`attr_tag`)."""
+
+
+def attr_tag(op: str, value: Any) -> str:
+    """What the keys keep of a numeric attribute: its type's name, or
+    :data:`POWER_OF_TWO` for a ``mul_scalar`` by ``+-2**k`` with ``|k| <= 60`` (exact in
+    float32 and float64 alike). Scaling by a power of two commutes with rounding, so a
+    kernel may scale whichever factor of a product is ready first (``numba_source``)."""
+    if op == "mul_scalar" and type(value) in (float, int) and value:
+        mantissa, exponent = math.frexp(value)
+        if abs(mantissa) == 0.5 and -59 <= exponent <= 61:
+            return POWER_OF_TWO
+    return type(value).__name__
 
 
 def is_total(instr: Instr, axis: int | None) -> bool:
