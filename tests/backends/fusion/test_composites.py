@@ -118,6 +118,40 @@ def test_a_decomposition_that_runs_an_op_at_once_gets_no_template():
     assert stats()["templated_composites"] == 0
 
 
+def test_a_template_pushed_alone_finds_its_plan_without_a_key(monkeypatch):
+    # A stream holding exactly one push of a template plans by the template's table (the
+    # replayed records' path); pushed behind other records, it is planned by its key.
+    from ember.backends.fusion.explorer import Explorer
+
+    device, plain = _device(), ember.device("ndarray")
+    host, weight, bias = _array(6, 8), _array(8, seed=1), _array(8, seed=2)
+    x, a, b = (Tensor.from_data(v, device) for v in (host, weight, bias))
+
+    def call(x, a):
+        return module.layer_norm(x, a, b if x.device == device else Tensor.from_data(bias, plain))
+
+    expected = call(Tensor.from_data(host, plain), Tensor.from_data(weight, plain)).to_numpy()
+    keys = []
+    real_key = Explorer.key
+    monkeypatch.setattr(Explorer, "key", lambda self, records: keys.append(1) or real_key(self, records))
+    for _ in range(2):  # the decomposition, then the template's first push: both keyed
+        np.testing.assert_allclose(call(x, a).to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    keys.clear()
+    reset_stats()
+    for _ in range(3):
+        np.testing.assert_allclose(call(x, a).to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert keys == [] and stats()["cache_hits"] == 3 and stats()["templated_composites"] == 3
+    template = next(t for t in composites._templates.values() if type(t) is composites.Template)
+    assert len(template.plans) == 1
+    behind = x + 1.0
+    np.testing.assert_allclose(call(behind, a).to_numpy(),
+                               call(Tensor.from_data(host + 1, plain),
+                                    Tensor.from_data(weight, plain)).to_numpy(),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert keys == [1]  # behind an add: planned by its key, the add fused in
+    assert len(template.plans) == 1
+
+
 def test_a_template_that_fills_the_stream_runs_it_once_every_record_is_in():
     device = _device()
     host = _array(3, 5)

@@ -44,10 +44,13 @@ class Template:
     absent operand); ``outputs`` the values the composite returns (a tuple where
     ``multi``)."""
 
-    __slots__ = ("entries", "multi", "outputs")
+    __slots__ = ("entries", "multi", "outputs", "plans")
 
     def __init__(self, entries: tuple[Entry, ...], outputs: tuple[int, ...], multi: bool) -> None:
         self.entries, self.outputs, self.multi = entries, outputs, multi
+        # The plans of streams that held exactly one push of this template (the executor's
+        # table for replayed records: such a stream's plan key follows from the template).
+        self.plans: dict = {}
 
     def push(self, stream: Stream, slots: list, present: tuple) -> Any:
         """Pushes the records for operands ``slots`` (``present``: those not None) into
@@ -62,7 +65,10 @@ class Template:
             records.append(record)
         # Readable before the push, which may run the stream.
         handles = tuple([FusionTensor(values[r]) for r in self.outputs])
+        alone = not stream.records
         stream.push_all(records)
+        if alone:  # a layer norm before a sync: its flush looks its plan up here, no key
+            stream.mark_replayed(records[0], len(records), self.plans, ())
         counters.add("templated_composites")
         return handles if self.multi else handles[0]
 
