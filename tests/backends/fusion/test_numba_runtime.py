@@ -453,6 +453,11 @@ def test_the_key_tells_a_power_of_two_scaling_from_another():
     assert half == quarter != other
     assert attr_tag("mul_scalar", 0.5) == POWER_OF_TWO and attr_tag("mul_scalar", 0.3) == "float"
     assert attr_tag("add_scalar", 0.5) == "float" and attr_tag("mul_scalar", True) == "bool"
+    for power in (1, -1, 2**60, -(2**-60), 2.0**-59, 0.5, 1.0):
+        assert attr_tag("mul_scalar", power) == POWER_OF_TWO, power
+    for value in (0, 0.0, -0.0, 3, 2**61, 2.0**61, 2.0**-61, 10**400, math.inf, math.nan,
+                  np.float32(0.5), None, "0.5", (2,)):  # an int too large for a float too
+        assert attr_tag("mul_scalar", value) == type(value).__name__, value
 
 
 @pytest.mark.parametrize("scale", [0.5, 0.3, -4.0])

@@ -143,11 +143,16 @@ def attr_tag(op: str, value: Any) -> str:
     :data:`POWER_OF_TWO` for a ``mul_scalar`` by ``+-2**k`` with ``|k| <= 60`` (exact in
     float32 and float64 alike). Scaling by a power of two commutes with rounding, so a
     kernel may scale whichever factor of a product is ready first (``numba_source``)."""
-    if op == "mul_scalar" and type(value) in (float, int) and value:
-        mantissa, exponent = math.frexp(value)
+    kind = type(value)
+    if op == "mul_scalar" and kind is int:
+        magnitude = abs(value)  # an int of any size: no float conversion to overflow
+        if magnitude and magnitude & (magnitude - 1) == 0 and magnitude.bit_length() <= 61:
+            return POWER_OF_TWO
+    elif op == "mul_scalar" and kind is float:
+        mantissa, exponent = math.frexp(value)  # (0.0, 0), (inf, 0), (nan, 0) fail below
         if abs(mantissa) == 0.5 and -59 <= exponent <= 61:
             return POWER_OF_TWO
-    return type(value).__name__
+    return kind.__name__
 
 
 def is_total(instr: Instr, axis: int | None) -> bool:
