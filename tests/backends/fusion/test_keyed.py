@@ -86,6 +86,37 @@ def test_a_repeated_backward_replays_by_its_graphs_key_and_equals_the_plain_pass
             assert counts["keyed_direct_replays"] == (step >= 3), (step, counts)
 
 
+@pytest.mark.parametrize("runtime", FUSION_DEVICES[:2])
+def test_a_small_models_backward_made_mostly_at_once_runs_directly(runtime):
+    # A batch of 8: every op of the pass is small and runs at once but, where a GEMM kernel
+    # takes products (numba), the first weight's gradient ([300, 256], over the small
+    # limit): the one record its flush holds. The direct program runs both kinds from the
+    # fourth step on (it was never made: the flush's readable values were compared with
+    # all the call returns, most of which no record makes).
+    fusion_device(runtime)  # skips where the runtime's package is missing
+    device = ember.device("ndarray").fusion(runtime=runtime, small=1 << 16).autodiff()
+    for step in range(6):
+        rng = np.random.default_rng(step)
+        arrays = [rng.standard_normal(s).astype(np.float32) * 0.1
+                  for s in ((300, 256), (256,), (256, 10), (8, 300))]  # fmt: skip
+
+        def grads(device, arrays=arrays):
+            w1, b1, w2 = (Tensor.from_data(a, device).require_grad() for a in arrays[:3])
+            x = Tensor.from_data(arrays[3], device)
+            loss = activation.log_softmax(activation.relu(x @ w1 + b1) @ w2, 1).sum()
+            found = loss.backward()
+            return [t.grad(found).to_numpy() for t in (w1, b1, w2)]
+
+        reset_stats()
+        got = grads(device)
+        counts = stats()
+        for g, w in zip(got, grads(REFERENCE), strict=True):
+            _close(g, w)
+        assert counts["keyed_replays"] == (step >= 2), (step, counts)
+        assert counts["keyed_direct_replays"] == (step >= 3), (step, counts)
+        assert counts["small_ops"] > 0
+
+
 def test_a_replayed_backward_frees_the_graph_as_the_plain_one_does(device):
     for step in range(4):
         w = Tensor.from_data(_data((8, 4), step), device).require_grad()

@@ -124,10 +124,13 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     ref_of = {id(s): r for r, s in enumerate(values) if s is not None}
     readable = {ref_of.get(id(o)) for r in records for o in r.outputs if o.readable()}
     pushed = records.pushed
-    if readable != trace.returned or len(records) != len(pushed):
+    entries = trace.entries
+    # What the call returns from the records (the rest its entries made at once: a small
+    # model's backward pass returns most of its gradients so).
+    recorded = trace.returned.intersection(r for i in pushed for r in entries[i].out_refs)
+    if readable != recorded or len(records) != len(pushed):
         return None
     executor = trace.backend.executor
-    entries = trace.entries
     device = entries[0].device
     # The entries that ran at once read made values only (inputs, constants, each other's):
     # they run first.
