@@ -142,14 +142,22 @@ def test_a_template_pushed_alone_finds_its_plan_without_a_key(monkeypatch):
         np.testing.assert_allclose(call(x, a).to_numpy(), expected, rtol=1e-5, atol=1e-6)
     assert keys == [] and stats()["cache_hits"] == 3 and stats()["templated_composites"] == 3
     template = next(t for t in composites._templates.values() if type(t) is composites.Template)
-    assert len(template.plans) == 1
+    assert [len(plans) for plans in template.plans.values()] == [1]
     behind = x + 1.0
     np.testing.assert_allclose(call(behind, a).to_numpy(),
                                call(Tensor.from_data(host + 1, plain),
                                     Tensor.from_data(weight, plain)).to_numpy(),
                                rtol=1e-5, atol=1e-6)  # fmt: skip
     assert keys == [1]  # behind an add: planned by its key, the add fused in
-    assert len(template.plans) == 1
+    assert [len(plans) for plans in template.plans.values()] == [1]
+    # Another fusion backend over the same inner device shares the template, not the plans.
+    other = ember.device("ndarray").fusion(runtime="interpreter")
+    assert other.backend is not device.backend
+    xo, ao, bo = (Tensor.from_data(v, other) for v in (host, weight, bias))
+    for _ in range(3):
+        np.testing.assert_allclose(module.layer_norm(xo, ao, bo).to_numpy(), expected,
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert [len(plans) for plans in template.plans.values()] == [1, 1]
 
 
 def test_a_template_that_fills_the_stream_runs_it_once_every_record_is_in():

@@ -23,6 +23,7 @@ replayed function is traced the decomposition runs too (the tracer logs primitiv
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -48,9 +49,11 @@ class Template:
 
     def __init__(self, entries: tuple[Entry, ...], outputs: tuple[int, ...], multi: bool) -> None:
         self.entries, self.outputs, self.multi = entries, outputs, multi
-        # The plans of streams that held exactly one push of this template (the executor's
-        # table for replayed records: such a stream's plan key follows from the template).
-        self.plans: dict = {}
+        # Each executor's plans of its streams that held exactly one push of this template
+        # (its table for replayed records: such a stream's plan key follows from the
+        # template). Templates are shared by the fusion backends over one inner device,
+        # whose fusers may plan the same records apart.
+        self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def push(self, stream: Stream, slots: list, present: tuple) -> Any:
         """Pushes the records for operands ``slots`` (``present``: those not None) into
@@ -68,7 +71,10 @@ class Template:
         alone = not stream.records
         stream.push_all(records)
         if alone:  # a layer norm before a sync: its flush looks its plan up here, no key
-            stream.mark_replayed(records[0], len(records), self.plans, ())
+            plans = self.plans.get(stream.execute)
+            if plans is None:
+                plans = self.plans[stream.execute] = {}
+            stream.mark_replayed(records[0], len(records), plans, ())
         counters.add("templated_composites")
         return handles if self.multi else handles[0]
 
