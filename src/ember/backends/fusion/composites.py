@@ -19,6 +19,10 @@ primitive run at once (made operands small enough, a value-dependent op), a rand
 a constant made inside it; likewise where attributes cannot be a dict key. While a
 replayed function is traced the decomposition runs too (the tracer logs primitives).
 ``stats()["templated_composites"]`` counts the calls recorded from a template.
+
+A stream that holds exactly one push of a template (a layer norm right after a sync) is
+marked as replayed records (``Stream.mark_replayed``) with the template's own table of
+plans, one per executor, so its flush finds its plan without building the plan key.
 """
 
 from __future__ import annotations
