@@ -611,6 +611,53 @@ def test_only_an_exp_of_x_less_its_own_max_takes_the_shortcut():
     assert "math.exp(r2)" in wide and "fast_exp" not in wide
 
 
+def _off_line(values: np.ndarray, offset: int) -> np.ndarray:
+    """``values`` copied to memory ``offset`` bytes past a cache line's start."""
+    raw = np.empty(values.nbytes + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + offset
+    copy = raw[start : start + values.nbytes].view(values.dtype).reshape(values.shape)
+    copy[...] = values
+    return copy
+
+
+def test_small_inputs_read_once_a_row_are_realigned():
+    big, small = layer_norm_block((512, 1024)), layer_norm_block((64, 1024))
+    assert nr.reread_inputs(big) == (1, 2)  # the weight and the bias, not the rows
+    assert nr.reread_inputs(small) == ()  # a block this small: the copies would show
+    wide = layer_norm_block((16, 32768))  # a weight of 128 KiB: read from L2 anyway
+    assert nr.reread_inputs(wide) == ()
+    values = np.arange(300, dtype=np.float32).reshape(3, 100)
+    for offset in (0, 4, 16, 60):
+        off = _off_line(values, offset)
+        assert off.ctypes.data % 64 == offset
+        copy = nr.aligned_copy(off)
+        assert copy.ctypes.data % 64 == 0 and copy.flags.c_contiguous
+        assert copy.dtype == off.dtype and copy.shape == off.shape
+        np.testing.assert_array_equal(copy, values)
+
+
+def test_a_layer_norm_runs_on_realigned_weights_to_the_same_bits(runtime, monkeypatch):
+    rng = np.random.default_rng(8)
+    shape = (512, 1024)
+    x = rng.standard_normal(shape).astype(np.float32)
+    weight, bias = (rng.standard_normal((1, 1024)).astype(np.float32) for _ in range(2))
+    block = layer_norm_block(shape)
+    want = runtime.run(block, [x, _off_line(weight, 0), _off_line(bias, 0)])
+    seen = []
+    launch = nr._launch
+
+    def spy(runtime_, kernel, arrays, *rest):
+        seen.append([a.ctypes.data % 64 for a in arrays])
+        return launch(runtime_, kernel, arrays, *rest)
+
+    monkeypatch.setattr(nr, "_launch", spy)
+    for offset in (16, 4, 48):
+        got = runtime.run(block, [x, _off_line(weight, offset), _off_line(bias, offset + 4)])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    assert [s[1:] for s in seen] == [[0, 0]] * 3
+
+
 def test_layer_norm_and_its_mean(runtime):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((50, 257)) * 3 + 10).astype(np.float32)

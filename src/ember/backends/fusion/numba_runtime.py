@@ -59,6 +59,7 @@ from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
 from ember.backends.fusion import ir, numba_parallel
 from ember.backends.fusion.buffers import BufferPool, PooledOutputs
 from ember.backends.fusion.numba_source import KernelUnsupported, scalar_dtypes
+from ember.backends.fusion.numba_target import CACHE_LINE_BYTES
 from ember.backends.ndarray import layout
 from ember.tensor.dtype import DType
 
@@ -360,13 +361,14 @@ class _PlainLaunch:
     cost about 15 us more a launch (layer norm over ``[4096, 1024]`` replayed at two threads:
     0.770-0.775 -> 0.748-0.756 ms, alternating processes)."""
 
-    __slots__ = ("calls", "inputs", "kernel", "parts", "runtime", "tail", "wanted")
+    __slots__ = ("calls", "inputs", "kernel", "parts", "realign", "runtime", "tail", "wanted")
 
     def __init__(self, runtime: NumbaRuntime, block: ir.Block, kernel: _Kernel, wanted: tuple,
                  tail: list, calls: int, parts: int) -> None:  # fmt: skip
         self.runtime, self.kernel, self.wanted, self.tail = runtime, kernel.dispatcher, wanted, tail
         self.inputs = tuple((i.shape, _numpy_dtype(i.dtype)) for i in block.inputs)
         self.calls, self.parts = calls, parts
+        self.realign = reread_inputs(block)
 
     def run(self, inputs: list) -> list[np.ndarray] | None:
         """The block's outputs for ``inputs``; None, running nothing, where an input is not
@@ -383,9 +385,52 @@ class _PlainLaunch:
         return outputs
 
     def launch(self, arrays: list[np.ndarray], outputs: list[np.ndarray]) -> None:
-        """Runs the kernel on C-contiguous ``arrays`` into ``outputs``, a call a thread."""
+        """Runs the kernel on C-contiguous ``arrays`` into ``outputs``, a call a thread
+        (those of :func:`reread_inputs` that do not start on a cache line copied first to
+        one that does)."""
+        if self.realign:
+            arrays = list(arrays)
+            for i in self.realign:
+                array = arrays[i]
+                if array.__array_interface__["data"][0] % CACHE_LINE_BYTES:
+                    arrays[i] = aligned_copy(array)
         if _launch(self.runtime, self.kernel, arrays, outputs, self.tail, self.parts, self.calls):
             raise KernelUnsupported(_NEGATIVE_POWER)
+
+
+REALIGN_MAX_BYTES = 1 << 16
+"""Inputs up to this size that a kernel reads again and again start on a cache line
+(:func:`reread_inputs`)."""
+REALIGN_MIN_ELEMENTS = 1 << 18
+"""...in blocks of at least this many elements, where the copy costs under 1%."""
+
+
+def reread_inputs(block: ir.Block) -> tuple[int, ...]:
+    """The inputs of ``block`` a launch copies to a cache line's start where they lie off
+    one: small ones (:data:`REALIGN_MAX_BYTES`) broadcast over a large block
+    (:data:`REALIGN_MIN_ELEMENTS`), which the kernel reads once a row, such as a layer
+    norm's weight and bias. Read off a line, every vector load of them spans two lines: a
+    layer norm over ``[4096, 1024]`` at one thread took 1.15-1.32 ms with its weight 16
+    bytes past a line against 1.00-1.09 ms with both on one, in the same process."""
+    if math.prod(block.shape) < REALIGN_MIN_ELEMENTS:
+        return ()
+    found = []
+    for i, spec in enumerate(block.inputs):
+        broadcast = any(n == 1 < m for n, m in zip(spec.shape, block.shape))
+        size = math.prod(spec.shape) * _numpy_dtype(spec.dtype).itemsize
+        if broadcast and size <= REALIGN_MAX_BYTES:
+            found.append(i)
+    return tuple(found)
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` that starts on a cache line (its own memory, a
+    launch's: threads launching the same block never share it)."""
+    raw = np.empty(array.nbytes + CACHE_LINE_BYTES, np.uint8)
+    start = -raw.__array_interface__["data"][0] % CACHE_LINE_BYTES
+    copy = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(copy, array)
+    return copy
 
 
 _NEGATIVE_POWER = "numba runtime: an int raised to a negative power"
