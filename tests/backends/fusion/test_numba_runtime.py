@@ -626,6 +626,10 @@ def test_small_inputs_read_once_a_row_are_realigned():
     assert nr.reread_inputs(small) == ()  # a block this small: the copies would show
     wide = layer_norm_block((16, 32768))  # a weight of 128 KiB: read from L2 anyway
     assert nr.reread_inputs(wide) == ()
+    s = (512, 1024)  # a value per row, or one for the whole block: read once, not by vectors
+    column = ir.Block(s, (ir.Input(s, F32), ir.Input((512, 1), F32), ir.Input((1, 1), F32)), (
+        I("mul", (0, 1), (), s, F32), I("add", (3, 2), (), s, F32)), (4,))  # fmt: skip
+    assert nr.reread_inputs(column) == ()
     values = np.arange(300, dtype=np.float32).reshape(3, 100)
     for offset in (0, 4, 16, 60):
         off = _off_line(values, offset)
