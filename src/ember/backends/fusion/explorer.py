@@ -299,9 +299,10 @@ def relativize(records: list[Record]) -> tuple:
             attrs = ()
         elif op.name in REDUCTIONS:
             attrs = tuple(extra)
+        elif op.name == "mul_scalar":  # whether it scales by a power of two (ir.attr_tag)
+            attrs = tuple([attr_tag("mul_scalar", a) for a in extra])
         else:
-            name = op.name
-            attrs = tuple([a if isinstance(a, DType) else attr_tag(name, a) for a in extra])
+            attrs = tuple([a if isinstance(a, DType) else type(a).__name__ for a in extra])
         outs = []
         for k, o in enumerate(record.outputs):
             shape = o.shape

@@ -15,9 +15,9 @@ vectorized).
 The kernel source generator (``numba_source``) calls them as ``fast_exp_f32(x)`` and so on;
 numba inlines them into each kernel. A file whose kernels numba caches on disk and that
 imports from here names the digest of what it imports (``MATH_SOURCE_SHA256``, checked by
-a test): numba's cache follows the kernel's own file only. ``MAX_ULP`` states the maximum error of each in ulps of
-the float32 result against NumPy's float64 (the spacing of float32 numbers at the exact
-value; 2**-149 among subnormals), held by the tests over random bit patterns of every
+a test): numba's cache follows the kernel's own file only. ``MAX_ULP`` states the maximum
+error of each in ulps of the float32 result against NumPy's float64 (the spacing of
+float32 numbers at the exact value; 2**-149 among subnormals), held by the tests over random bit patterns of every
 exponent, [-6, 6] densely, subnormals and the edges. Measured there: exp 1.06, log 1.90,
 tanh 1.41, sigmoid 2.34; erf 1.44 over every float32 in [0, 4.5] (it is odd, and exactly
 +-1 beyond).

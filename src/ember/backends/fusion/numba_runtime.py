@@ -409,9 +409,10 @@ def reread_inputs(block: ir.Block) -> tuple[int, ...]:
     """The inputs of ``block`` a launch copies to a cache line's start where they lie off
     one: small ones (:data:`REALIGN_MAX_BYTES`) that run along the last dim and are
     broadcast over the others of a large block (:data:`REALIGN_MIN_ELEMENTS`), which the
-    kernel reads once a row, such as a layer norm's weight and bias. Read off a line, every vector load of them spans two lines: a
-    layer norm over ``[4096, 1024]`` at one thread took 1.15-1.32 ms with its weight 16
-    bytes past a line against 1.00-1.09 ms with both on one, in the same process."""
+    kernel reads once a row, such as a layer norm's weight and bias. Read off a line, every
+    vector load of them spans two lines: a layer norm over ``[4096, 1024]`` at one thread
+    took 1.15-1.32 ms with its weight 16 bytes past a line against 1.00-1.09 ms with both
+    on one, in the same process."""
     if math.prod(block.shape) < REALIGN_MIN_ELEMENTS:
         return ()
     found = []
