@@ -65,6 +65,21 @@ def test_ndarray_stores_and_casts_but_does_not_create(dtype):
         Tensor.zeros([2], device, dtype)
 
 
+@pytest.mark.parametrize("source", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("dtype", [DType.I4, DType.U4, DType.I2, DType.U2], ids=str)
+def test_floats_cast_to_small_ints_truncate_and_wrap(dtype, source):
+    # ONNX's Cast and every wider int wrap; ml_dtypes 0.7 alone makes out-of-range floats 0
+    values = [-9.0, -8.0, -2.75, -0.5, 0.0, 2.75, 7.0, 8.0, 9.0, 15.0, 16.0, 17.5]
+    bits = 4 if dtype in (DType.I4, DType.U4) else 2
+    truncated = np.trunc(values).astype(np.int64)
+    offset = 0 if dtype.is_unsigned else 2 ** (bits - 1)
+    expected = ((truncated + offset) % 2**bits - offset).tolist()
+    data = TensorData(values, source)
+    assert data.convert(dtype).convert("i32").tolist() == expected
+    x = Tensor.from_data(data, ember.device("ndarray"))
+    assert x.cast(dtype).cast("i32").tolist() == expected
+
+
 @pytest.mark.parametrize("dtype", TORCH_F8, ids=str)
 def test_float8_rounds_like_torch_on_both_backends(dtype):
     values = np.array([0.1, -1.3, 3.3, 17.0, 100.0, -0.0078], np.float32)

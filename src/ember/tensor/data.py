@@ -101,7 +101,7 @@ class TensorData:
         if not array.dtype.isnative:  # big-endian input: store native order
             array = array.astype(array.dtype.newbyteorder("="))
         if target is not None:
-            array = _convert(array, target)
+            array = cast_array(array, target)
         self._array = np.asarray(array, order="C")
 
     @staticmethod
@@ -162,7 +162,7 @@ class TensorData:
         target = DType.parse(dtype)
         if target is self.dtype:
             return self
-        return TensorData(_convert(self._array, target))
+        return TensorData(cast_array(self._array, target))
 
     def format(self, threshold: int = 1000, edge_items: int = 3) -> str:
         """The elements as nested brackets; past ``threshold`` elements only the edges show."""
@@ -285,12 +285,23 @@ def _array_from_python(value: Any) -> np.ndarray:
     return array
 
 
-def _convert(array: np.ndarray, target: DType) -> np.ndarray:
+def _holds_floats(np_dtype: np.dtype) -> bool:
+    """Whether a NumPy dtype holds floats: NumPy's own or ml_dtypes' (bfloat16, float8...)."""
+    found = _FROM_NUMPY.get(np_dtype)
+    return np_dtype.kind == "f" or (found is not None and found.is_float)
+
+
+def cast_array(array: np.ndarray, target: DType) -> np.ndarray:
+    """``array`` as ``target``'s NumPy dtype (itself when it already is). Float to int
+    truncates toward zero, as PyTorch and Rust casts do, and wraps out-of-range values."""
     np_target = _TO_NUMPY[target]
     if array.dtype == np_target:
         return array
-    if target.is_int and array.dtype.kind == "f":
-        # Float to int truncates toward zero, as PyTorch and Rust casts do.
-        array = np.trunc(array)
     with np.errstate(invalid="ignore", over="ignore"):
+        if target.is_int and _holds_floats(array.dtype):
+            array = np.trunc(array)
+            if np_target.kind == "V":
+                # ml_dtypes' 4 and 2-bit ints through int64: from a float, ml_dtypes 0.7
+                # makes an out-of-range value 0 instead of wrapping it as from an int
+                array = array.astype(np.int64)
         return array.astype(np_target)

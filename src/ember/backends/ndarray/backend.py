@@ -28,7 +28,7 @@ from ember.backend.errors import ArgumentError
 from ember.backends.ndarray import conv, pool, resample
 from ember.backends.ndarray.layout import MIN_ELEMENTS, contiguous_order, match_layout
 from ember.backends.ndarray.special import erf
-from ember.tensor.data import TensorData, dtype_of_numpy, numpy_dtype
+from ember.tensor.data import TensorData, cast_array, dtype_of_numpy, numpy_dtype
 from ember.tensor.distribution import Distribution
 from ember.tensor.dtype import DType, Kind
 
@@ -273,12 +273,7 @@ class NdArray(Backend):
         return np.full(shape, value, numpy_dtype(dtype))
 
     def _cast(self, x: np.ndarray, dtype: DType) -> np.ndarray:
-        target = numpy_dtype(dtype)
-        if x.dtype == target:
-            return x
-        if target.kind in "iu" and x.dtype.kind == "f":
-            x = np.trunc(x)  # float to int truncates toward zero
-        return x.astype(target)
+        return cast_array(x, dtype)
 
     def float_random(self, shape, distribution: Distribution, device, dtype: DType) -> np.ndarray:
         rng = self._rng(device)
