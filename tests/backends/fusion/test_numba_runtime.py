@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1110,6 +1111,57 @@ def test_large_pooled_buffers_start_on_a_page(runtime):
         assert pool.release(array)
         again = pool.take(shape, np.float32)  # the same buffer, still from the page
         assert again.__array_interface__["data"][0] == array.__array_interface__["data"][0]
+
+
+def _anon_huge_kib(address: int) -> int | None:
+    """The kiB of transparent huge pages backing the mapping that holds ``address``
+    (``/proc/self/smaps``); None where the file is not there."""
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return None
+    inside = False
+    for line in text.splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return None
+
+
+def test_buffers_of_4_mib_and_more_start_on_2_mib_and_ask_for_huge_pages(monkeypatch):
+    from ember.backends.fusion import buffers
+    from ember.backends.fusion.buffers import BufferPool
+
+    pool = BufferPool()
+    big = pool.take((1024, 1025), np.float32)  # just over 4 MiB
+    address = big.__array_interface__["data"][0]
+    assert address % (1 << 21) == 0 and big.flags.c_contiguous and big.flags.writeable
+    big[...] = 2.0
+    assert pool.release(big)
+    again = pool.take((1024, 1025), np.float32)
+    assert again.__array_interface__["data"][0] == address and (again == 2.0).all()
+    view = again[3:]
+    del again  # a view keeps the mapping: the pool must not take it back or unmap it
+    pool.take((1024, 1025), np.float32)[...] = 5.0  # a new buffer, not the viewed one
+    assert (view == 2.0).all()
+    enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    mode = enabled.read_text() if enabled.exists() else ""
+    if "[madvise]" in mode or "[always]" in mode:
+        huge = _anon_huge_kib(address)
+        if huge is None:
+            pytest.skip("no /proc/self/smaps to read the huge pages from")
+        # The first 2 MiB page at least (the kernel may be short of free huge pages for more)
+        assert huge >= 2048, huge
+    # Turned off, and below 4 MiB: NumPy's memory, from a page
+    monkeypatch.setenv("EMBER_FUSION_HUGE_PAGES", "0")
+    plain = BufferPool().take((1024, 1025), np.float32)
+    assert plain.base.base is None or not isinstance(plain.base.base, buffers.mmap.mmap)
+    small = pool.take((1000, 1000), np.float32)
+    assert not isinstance(small.base.base, buffers.mmap.mmap)
+    assert small.__array_interface__["data"][0] % 4096 == 0
 
 
 def test_thread_counts_agree(runtime):

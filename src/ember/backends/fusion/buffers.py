@@ -22,9 +22,11 @@ every CPU) and the next call's fresh pages.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
+import mmap
 import os
 import sys
 import threading
@@ -41,6 +43,28 @@ _PAGED_MIN = 1 << 16
 softmax or layer norm over 1024 float32) reads each row from one page, which the
 hardware prefetcher follows to its end; rows that straddle two pages measured 5-14%
 slower (`[4096, 1024]` at one thread: 3.9-4.2 ms against 4.4-4.8)."""
+
+
+_HUGE = 1 << 21
+_HUGE_MIN = 1 << 22
+"""Buffers of at least this many bytes are mapped on their own, start on a 2 MiB boundary
+and ask the kernel for transparent huge pages (``madvise``; Linux, where
+``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``). Set
+``EMBER_FUSION_HUGE_PAGES=0`` to turn it off."""
+
+
+def _huge_pages() -> bool:
+    return os.environ.get("EMBER_FUSION_HUGE_PAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+def _huge_buffer(nbytes: int) -> np.ndarray:
+    """``nbytes`` of fresh anonymous memory from a 2 MiB boundary, advised as huge pages (a
+    NumPy array over its own mapping, which is unmapped with the last view of it)."""
+    region = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = -np.frombuffer(region, np.uint8, 1).ctypes.data % _HUGE
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: plain pages
+        region.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(region, np.uint8, nbytes, start)
 
 
 def size_class(nbytes: int) -> int:
@@ -80,6 +104,7 @@ class BufferPool:
         if max_idle_bytes is None:
             max_idle_bytes = int(os.environ.get("EMBER_FUSION_POOL_BYTES", 1 << 30))
         self.max_idle_bytes = max_idle_bytes
+        self.huge_pages = _huge_pages()
         self._idle: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # id -> (class, raw)
         self._by_class: dict[int, dict[int, None]] = {}  # class -> ids of its idle buffers
         # id(array handed out) -> (its raw buffer, the loan's number, the weak reference that
@@ -124,8 +149,11 @@ class BufferPool:
                 self._idle_bytes -= cls
                 self.hits += 1
             else:
-                raw = np.empty(wanted, np.uint8)
-                start = -raw.__array_interface__["data"][0] % _PAGE if paged else 0
+                if wanted >= _HUGE_MIN and self.huge_pages:
+                    raw, start = _huge_buffer(wanted), 0
+                else:
+                    raw = np.empty(wanted, np.uint8)
+                    start = -raw.__array_interface__["data"][0] % _PAGE if paged else 0
                 self.misses += 1
             # An array over ``raw`` (its base, which release checks) from its first page
             # boundary.
