@@ -1226,11 +1226,17 @@ def test_a_direct_convolution_follows_its_weight_argument_and_in_place_changes()
         assert stats()["direct_replays"] == (call >= 3), (call, stats())
 
 
-def test_layout_steps_of_a_direct_replay_are_views_or_the_records_copies(device, monkeypatch):
+@pytest.mark.parametrize("pooled", [True, False], ids=["pooled-copy", "small-copy"])
+def test_layout_steps_of_a_direct_replay_are_views_or_the_records_copies(device, monkeypatch,
+                                                                         pooled):  # fmt: skip
     # A permute, an expand and a reshape of a C-contiguous value run at once as views; the
-    # reshape of the permuted (non-contiguous) value copies, through its record.
+    # reshape of the permuted (non-contiguous) value copies: through its record where the
+    # copy is large enough for the pool, else on the inner backend at once.
+    from ember.backends.fusion import executor
     from ember.backends.fusion.executor import Executor
 
+    if pooled:
+        monkeypatch.setattr(executor, "POOLED_COPY_MIN", 256)  # the copy has 384 elements
     ran = []
     run_single = Executor.run_single
     monkeypatch.setattr(Executor, "run_single",
@@ -1256,5 +1262,5 @@ def test_layout_steps_of_a_direct_replay_are_views_or_the_records_copies(device,
         assert stats()["direct_replays"] == (call >= 3)
         if call >= 3 and device.backend.name == "fusion<ndarray>":
             assert "float_permute" not in ran and "float_expand" not in ran, ran
-            assert ran.count("float_reshape") == 1, ran  # the copy
+            assert ran.count("float_reshape") == pooled, ran  # the copy
         ran.clear()

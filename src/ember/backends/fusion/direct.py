@@ -135,7 +135,8 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     # The entries that ran at once read made values only (inputs, constants, each other's):
     # they run first.
     ran = set(pushed)
-    steps: list[tuple] = [("op", i) for i in range(len(entries)) if i not in ran]
+    steps: list[tuple] = [("view" if entries[i].name in VIEW_OPS and not entries[i].multi else "op", i)
+                          for i in range(len(entries)) if i not in ran]  # fmt: skip
     if any(not entries[i].now for _, i in steps):
         return False
     run_first = len(steps)
@@ -333,7 +334,7 @@ def run(trace: Any, program: Program, tensors: list) -> Any:
         return None
     replays, direct_replays = trace.counted
     counters.add_each(**{replays: 1, direct_replays: 1}, kernels=program.blocks,
-                      fused_ops=len(trace.entries))  # fmt: skip
+                      fused_ops=len(trace.entries), unfused_ops=made.unfused)  # fmt: skip
     for r in trace.returned:
         slot = slots[r]
         if slot is None:
@@ -369,13 +370,14 @@ class _Made:
     """One call's values, by trace reference, and how each step makes its own."""
 
     __slots__ = ("executor", "from_array", "hows", "pooled", "prims", "program", "runtime",
-                 "slots", "to_array", "trace")  # fmt: skip
+                 "slots", "to_array", "trace", "unfused")  # fmt: skip
 
     def __init__(self, trace: Any, program: Program, executor: Any, route: tuple, slots: list,
                  prims: list, pooled: list, hows: dict) -> None:  # fmt: skip
         self.trace, self.program, self.executor = trace, program, executor
         self.slots, self.prims, self.pooled, self.hows = slots, prims, pooled, hows
         self.runtime, (self.to_array, self.from_array), _, _ = route
+        self.unfused = 0  # ops run on the inner backend by :meth:`_inner`, counted once a call
 
     def run(self, i: int, step: tuple) -> bool:
         """Runs step ``i``; False where the records must run instead (the program is
@@ -563,19 +565,31 @@ class _Made:
         its record and slots cost about 30 us of Python more (a bias gradient's sum, a
         global pooling's mean, a small product). False where the record is to run."""
         executor, prims = self.executor, self.prims
-        operands = [None if r < 0 else prims[r] for r in entry.refs]
-        if not runs_inner(entry, entry.outputs[0][0]) or not all(
-                type(a) is np.ndarray for a in operands if a is not None):  # fmt: skip
+        operands = []
+        for r in entry.refs:
+            if r < 0:
+                operands.append(None)
+                continue
+            array = prims[r]
+            if type(array) is not np.ndarray:
+                return False
+            operands.append(array)
+        if not runs_inner(entry, entry.outputs[0][0]):
             return False
         args = entry.call_args(operands)
-        op = getattr(executor.inner, entry.name)
+        inner = executor.inner
+        op = getattr(inner, entry.name)
         kernel = executor.op_kernels.get(entry.name)
         out = op(*args) if kernel is None else executor.run_inner(kernel, lambda: op(*args), args)
-        for r, array, (shape, dtype, _) in zip(entry.out_refs, out if entry.multi else (out,),
-                                               entry.outputs, strict=True):  # fmt: skip
-            check_output(executor.inner, array, shape, dtype, entry.name)
-            prims[r] = array
-        counters.add("unfused_ops")
+        if entry.multi:
+            for r, array, (shape, dtype, _) in zip(entry.out_refs, out, entry.outputs, strict=True):
+                check_output(inner, array, shape, dtype, entry.name)
+                prims[r] = array
+        else:
+            shape, dtype, _ = entry.outputs[0]
+            check_output(inner, out, shape, dtype, entry.name)
+            prims[entry.out_refs[0]] = out
+        self.unfused += 1
         return True
 
     def _kernel(self, i: int, entry: Any, addition: Any = None) -> bool | None:

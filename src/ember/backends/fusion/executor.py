@@ -998,10 +998,12 @@ def lone_kernel_size(record: Any, shape: tuple[int, ...]) -> bool:
 
 def runs_inner(record: Any, shape: tuple[int, ...]) -> bool:
     """Whether ``Executor.run_single`` runs ``record`` (of output ``shape``), whatever its
-    values, as the inner op: not a reshape (which may copy into the pool), nor an op that
-    may run as a kernel of its own; an op with a compiled kernel, once the tuner left it
-    to the inner backend."""
-    return record.name != "float_reshape" and not lone_kernel_size(record, shape)
+    values, as the inner op: not a reshape that may copy into the pool (of
+    :data:`POOLED_COPY_MIN` elements or more), nor an op that may run as a kernel of its
+    own; an op with a compiled kernel, once the tuner left it to the inner backend."""
+    if record.name == "float_reshape":
+        return math.prod(shape) < POOLED_COPY_MIN
+    return not lone_kernel_size(record, shape)
 
 
 POOLED_COPY_MIN = 1 << 16
