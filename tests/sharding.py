@@ -109,6 +109,14 @@ def assign(items: list, count: int, durations: dict[str, float]) -> list[int]:
     return shard_of
 
 
+def files_reversed(items: list) -> list:
+    """``items`` with their files in the opposite order, each file's own tests in theirs."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    return [item for tests in reversed(files.values()) for item in tests]
+
+
 def select(config, items: list) -> None:
     """Keeps the items of the shard ``--shard`` names (all of them without the option)."""
     option = config.getoption("--shard")
@@ -119,6 +127,11 @@ def select(config, items: list) -> None:
     shard_of = assign(items, count, durations)
     kept = [item for item, shard in zip(items, shard_of) if shard == index]
     left = [item for item, shard in zip(items, shard_of) if shard != index]
+    if index % 2:
+        # Every other shard runs its files last to first: ember's numba kernels compile on
+        # their first use (a cold clone spends minutes on it), and a kernel one shard
+        # compiled early is then loaded from numba's disk cache by the other, late
+        kept = files_reversed(kept)
     items[:] = kept
     if left:
         config.hook.pytest_deselected(items=left)

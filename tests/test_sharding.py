@@ -31,6 +31,13 @@ def test_whole_files_go_to_the_least_loaded_shard_longest_first():
     assert shard_of[:2] == [0, 0] and shard_of[4:] == [0, 0, 0]  # a file's cases stay together
 
 
+def test_files_reversed_keeps_each_files_tests_in_order():
+    items = _items({"a.py": 2, "b.py": 1, "c.py": 3})
+    ids = [item.nodeid for item in sharding.files_reversed(items)]
+    assert ids == ["c.py::test_0", "c.py::test_1", "c.py::test_2", "b.py::test_0",
+                   "a.py::test_0", "a.py::test_1"]  # fmt: skip
+
+
 def test_files_of_many_cases_are_dealt_in_turn():
     items = _items({"many.py": sharding.SPREAD_CASES, "one.py": 1})
     shard_of = sharding.assign(items, 3, {})
