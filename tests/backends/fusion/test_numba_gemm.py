@@ -51,6 +51,29 @@ def b_blocks(request, monkeypatch):
     return request.param
 
 
+def test_read_only_and_writable_operands_share_one_compiled_kernel():
+    # A step's inputs are read-only, activations writable: numba types them apart, and the
+    # GEMM marks what it only reads so that both run one compile.
+    import numba
+
+    kernels = [f for f in vars(gemm).values()
+               if isinstance(f, numba.core.registry.CPUDispatcher)]  # fmt: skip
+    rng = np.random.default_rng(3)
+    for shape_a, shape_b in [((40, 70), (70, 90)), ((300, 64), (64, 48))]:
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in (shape_a, shape_b))
+        bias = rng.standard_normal(shape_b[1]).astype(np.float32)
+        want = gemm.matmul(a, b, threads=1, bias=bias)
+        compiled = sum(len(f.signatures) for f in kernels)
+        # Read-only views of writable memory (memory nothing can change takes the path
+        # that packs a constant B once)
+        a_view, b_view, bias_view = (x.view() for x in (a, b, bias))
+        for x in (a_view, b_view, bias_view):
+            x.flags.writeable = False
+        np.testing.assert_array_equal(gemm.matmul(a_view, b_view, threads=1, bias=bias_view), want)
+        assert sum(len(f.signatures) for f in kernels) == compiled
+        assert a.flags.writeable and b.flags.writeable  # the caller's arrays stay as they were
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transposed", [False, True], ids=["a by rows", "a by columns"])
 def test_blocks_of_k_add_up_at_every_edge(dtype, transposed, b_blocks, monkeypatch):
