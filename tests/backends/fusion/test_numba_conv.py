@@ -177,6 +177,26 @@ def test_non_contiguous_input_is_read_in_place(dtype):
     np.testing.assert_array_equal(got, numba_conv.conv2d(np.ascontiguousarray(x), w, None, options))
 
 
+def test_read_only_and_writable_inputs_share_one_compiled_kernel():
+    # A step's input is read-only, an activation writable: one compile serves both
+    import numba
+
+    kernels = [f for f in vars(numba_conv).values()
+               if isinstance(f, numba.core.registry.CPUDispatcher)]  # fmt: skip
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    for w in (rng.standard_normal((16, 3, 3, 3)), rng.standard_normal((4, 3, 3, 3))):  # tiled, single
+        w, b = w.astype(np.float32), rng.standard_normal(w.shape[0]).astype(np.float32)
+        options = ConvOptions((1, 1), (1, 1), (1, 1), 1)
+        want = numba_conv.conv2d(x, w, b, options, threads=1)
+        compiled = sum(len(f.signatures) for f in kernels)
+        view = x.view()
+        view.flags.writeable = False
+        np.testing.assert_array_equal(numba_conv.conv2d(view, w, b, options, threads=1), want)
+        assert sum(len(f.signatures) for f in kernels) == compiled
+        assert x.flags.writeable
+
+
 def test_parts_split_the_tasks_without_changing_a_bit():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 8, 13, 10)).astype(np.float32)

@@ -58,7 +58,7 @@ import numpy as np
 
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, tile_kernel, transpose_kernel
-from ember.backends.fusion.views import strided
+from ember.backends.fusion.views import read_only, strided
 
 try:  # numba is optional: attention raises KernelUnsupported without it
     import numba
@@ -465,19 +465,13 @@ def _flats(inputs: tuple, outputs: tuple) -> tuple[list, np.ndarray, int]:
     for i, array in enumerate(arrays):
         found = _flat(array)
         if found is None:
-            views.append(_read_only(_NO_FLAT) if i < len(inputs) else _NO_FLAT)
+            views.append(read_only(_NO_FLAT) if i < len(inputs) else _NO_FLAT)
             continue
         views.append(found[0])
         strides[i] = found[1]
         fast |= 1 << i
     strides.flags.writeable = False
     return views, strides, fast
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    view = array.view()
-    view.flags.writeable = False
-    return view
 
 
 def chunk_sizes(batch: int, lq: int, lk: int, parts: int, whole_rows: bool) -> tuple[int, int]:
@@ -553,12 +547,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
     work = math.prod(batch) * lq * lk * (d + dv)
     parts = parts_for(work, 1 << 22, threads)
     qc, kb = chunk_sizes(math.prod(batch), lq, lk, parts, weights is not None)
-    q, k, v = _read_only(q), _read_only(k), _read_only(v)
+    q, k, v = read_only(q), read_only(k), read_only(v)
     flat, strides, fast = _flats((q, k, v), (out, q_out, weights))
     args = [q, k, v, out, dummy if weights is None else weights,
             dummy if q_out is None else q_out,
-            _read_only(np.zeros((1, 1, 1, 1), np.bool_) if mask is None else mask),
-            _read_only(dummy if bias is None else bias),
+            read_only(np.zeros((1, 1, 1, 1), np.bool_) if mask is None else mask),
+            read_only(dummy if bias is None else bias),
             np.float32(scale), np.float32(q_factor), np.float32(fill), flags, qc, kb,
             *flat, strides, fast, claims(parts)]  # fmt: skip
     # A call a thread, each claiming a task at a time as it comes free.
@@ -735,10 +729,10 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, weights: np.
     work = math.prod(batch) * lq * lk * (2 * d + 2 * dv)
     parts = parts_for(work, 1 << 22, threads)
     weights = np.ascontiguousarray(weights)  # read row by row: a copy only if it is a view
-    q, k, v, d_out = _read_only(q), _read_only(k), _read_only(v), _read_only(d_out)
+    q, k, v, d_out = read_only(q), read_only(k), read_only(v), read_only(d_out)
     flat, strides, fast = _flats((q, k, v, d_out), tuple(made))
     parts = min(parts, math.prod(batch))
-    args = [q, k, v, _read_only(weights), d_out, *made, _read_only(flags), np.float32(factor),
+    args = [q, k, v, read_only(weights), d_out, *made, read_only(flags), np.float32(factor),
             np.float32(q_factor), int(mask is not None), *flat, strides, fast, claims(parts)]  # fmt: skip
     tasks = math.prod(batch) if parts > 1 else 1
     _run_parts(_backward_kernel(), args, tasks, parts, calls=parts)

@@ -102,6 +102,7 @@ from ember.backend.kept import immutable
 from ember.backends.fusion.numba_runtime import _run_parts, claims, parts_for
 from ember.backends.fusion.numba_source import KernelUnsupported
 from ember.backends.fusion.numba_tile import VECTOR_BYTES, lanes, tile_kernel
+from ember.backends.fusion.views import read_only
 
 # numba's disk cache keys these kernels by this file only, not by numba_tile.py, whose IR
 # they inline. A test (test_numba_tile.py) checks this digest of numba_tile.py: editing that
@@ -694,7 +695,7 @@ def _bounds(_: str, first: tuple, second: tuple, dtype: np.dtype) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def _no_residual(dtype: np.dtype) -> np.ndarray:
-    return np.empty((0, 0, 0, 0), dtype)
+    return read_only(np.empty((0, 0, 0, 0), dtype), fresh=True)
 
 
 def _bound(value: float | None, none: float) -> float:
@@ -807,7 +808,8 @@ def prepare(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, options:
     g = _geometry(x.shape, weight.shape, options.groups, tuple(options.stride),
                   tuple(options.padding), tuple(options.dilation), dtype.itemsize)  # fmt: skip
     n, o = x.shape[0], weight.shape[0]
-    b = np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o)
+    b = read_only(np.zeros(o, dtype) if bias is None else bias.astype(dtype, copy=False).reshape(o),
+                  fresh=True)  # fmt: skip
     parts = parts_for(g.macs, PARALLEL_MIN_MACS, threads)
     shape = (n, o, g.oh, g.ow)
     if g.single:
@@ -857,10 +859,11 @@ def run(launch: Launch, x: np.ndarray, empty: Callable = np.empty,
             f"{residual.dtype} does not match the output {fmt_shape(out.shape)} {launch.dtype}"
         )
     else:
-        res = np.ascontiguousarray(residual)
+        res = read_only(np.ascontiguousarray(residual))
     # A call a thread, each claiming a sample's (and group's) tiles as it comes free (see
     # the module doc).
     threads = launch.parts
+    x = read_only(x)  # one compile for a step's read-only input and an activation
     samples = x.shape[0] * launch.after[6] if threads > 1 else 1  # after[6]: groups
     args = [x, *launch.before, out, res, residual is not None, launch.bounds, *launch.after,
             claims(threads)]  # fmt: skip

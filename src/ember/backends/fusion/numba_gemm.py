@@ -77,7 +77,7 @@ from ember.backends.fusion.numba_tile import (
     transpose_kernel,
     vector_copy,
 )
-from ember.backends.fusion.views import byte_offset
+from ember.backends.fusion.views import byte_offset, read_only
 from ember.backends.ndarray.scratch import scratch
 
 try:  # numba is optional: matmul raises KernelUnsupported without it
@@ -539,18 +539,6 @@ def _k_block(k: int, n: int, itemsize: int) -> int:
     fits = min(B_BLOCK_BYTES // (columns * itemsize), STRIP_BYTES // (MR * itemsize))
     return min(k, max(K_BLOCK_MIN, fits))
 
-
-def read_only(array: np.ndarray, fresh: bool = False) -> np.ndarray:
-    """``array`` typed read-only, for a kernel that only reads it: numba compiles a kernel
-    for read-only and writable arrays apart (a step's inputs and imported constants are
-    read-only, activations are not), and one type for both halves the compiles (on a
-    clean clone, about 0.6 s each). ``fresh``: a view made here, which nobody else holds,
-    is marked itself (0.15 us, where a new view costs 0.8)."""
-    if array.flags.writeable:
-        if not fresh:
-            array = array.view()
-        array.flags.writeable = False
-    return array
 
 def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
            empty: Callable = np.empty, bias: np.ndarray | None = None,

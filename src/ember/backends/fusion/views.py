@@ -116,6 +116,19 @@ def strided(array: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
     return np.lib.stride_tricks.as_strided(array, shape, strides, writeable=writeable)
 
 
+def read_only(array: np.ndarray, fresh: bool = False) -> np.ndarray:
+    """``array`` typed read-only, for a kernel that only reads it: numba compiles a kernel
+    for read-only and writable arrays apart (a step's inputs and imported constants are
+    read-only, activations are not), and one type for both halves the compiles (on a
+    clean clone, about 0.6 s each). ``fresh``: an array the caller has just made, which
+    nobody else holds, is marked itself (0.15 us, where a new view costs 0.8)."""
+    if array.flags.writeable:
+        if not fresh:
+            array = array.view()
+        array.flags.writeable = False
+    return array
+
+
 def _interface_offset(array: np.ndarray, holder: np.ndarray) -> int:
     return array.__array_interface__["data"][0] - holder.__array_interface__["data"][0]
 
