@@ -135,8 +135,7 @@ def learn(trace: Any, values: list, records: Any, segments: list) -> Program | b
     # The entries that ran at once read made values only (inputs, constants, each other's):
     # they run first.
     ran = set(pushed)
-    steps: list[tuple] = [("view" if entries[i].name in VIEW_OPS and not entries[i].multi else "op", i)
-                          for i in range(len(entries)) if i not in ran]  # fmt: skip
+    steps: list[tuple] = [(_now_kind(entries[i]), i) for i in range(len(entries)) if i not in ran]
     if any(not entries[i].now for _, i in steps):
         return False
     run_first = len(steps)
@@ -277,6 +276,12 @@ def _reads(trace: Any, step: tuple) -> set[int]:
     if kind in ("accumulate", "product"):
         return {r for i in step[1:3] for r in trace.entries[i].refs if r >= 0}
     return {r for r in trace.entries[step[1]].refs if r >= 0}
+
+
+def _now_kind(entry: Any) -> str:
+    """The step of an entry that ran at once: a layout op runs as a view where it gives one
+    (``view``), any other as its op (``op``)."""
+    return "view" if entry.name in VIEW_OPS and not entry.multi else "op"
 
 
 def _drops(trace: Any, steps: list[tuple]) -> tuple[tuple[int, ...], ...]:

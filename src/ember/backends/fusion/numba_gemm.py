@@ -632,7 +632,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int | None = None,
     return into if adding else out
 
 
-_NO_ROWS = {dtype: read_only(np.empty(0, dtype)) for dtype in NR}
+_NO_ROWS = {dtype: read_only(np.empty(0, dtype), fresh=True) for dtype in NR}
 
 
 class PackedB:
@@ -717,7 +717,6 @@ def _batched_a(a: np.ndarray, m: int, k: int) -> tuple[np.ndarray, bool]:
         np.copyto(copy, a3)
         return read_only(copy), by_columns  # the scratch stays writable for the next copy
     return read_only(a3, fresh=True), by_columns
-
 
 
 _kept = Kept()

@@ -17,10 +17,10 @@ numba inlines them into each kernel. A file whose kernels numba caches on disk a
 imports from here names the digest of what it imports (``MATH_SOURCE_SHA256``, checked by
 a test): numba's cache follows the kernel's own file only. ``MAX_ULP`` states the maximum
 error of each in ulps of the float32 result against NumPy's float64 (the spacing of
-float32 numbers at the exact value; 2**-149 among subnormals), held by the tests over random bit patterns of every
-exponent, [-6, 6] densely, subnormals and the edges. Measured there: exp 1.06, log 1.90,
-tanh 1.41, sigmoid 2.34; erf 1.44 over every float32 in [0, 4.5] (it is odd, and exactly
-+-1 beyond).
+float32 numbers at the exact value; 2**-149 among subnormals), held by the tests over
+random bit patterns of every exponent, [-6, 6] densely, subnormals and the edges.
+Measured there: exp 1.06, log 1.90, tanh 1.41, sigmoid 2.34; erf 1.44 over every float32
+in [0, 4.5] (it is odd, and exactly +-1 beyond).
 
 Beside them live the intrinsics the generated kernels call: bit casts, ``fma_f32``,
 ``next_part`` (claiming a launch's slices) and ``prefetch_read`` / ``prefetch_write``.

@@ -101,7 +101,9 @@ def forget() -> None:
 def _decide(folder: Path, load: Callable[[str], Any]) -> bool:
     path = folder / f"prefetch-{autotune.machine()}.json"
     earlier = _read(path)
-    if earlier is not None and (earlier["streak"] >= 2 or earlier["probes"] >= autotune.SETTLED_AFTER):
+    settled = earlier is not None and (earlier["streak"] >= 2
+                                       or earlier["probes"] >= autotune.SETTLED_AFTER)  # fmt: skip
+    if settled:
         return earlier["prefetch"]
     busy = autotune.others_running()
     try:
