@@ -134,6 +134,39 @@ def test_a_product_with_a_small_result_runs_at_once_on_its_kernel():
     assert _pending(big.matmul(Tensor.from_data(_array(8, 6), device)))  # a result of 24
 
 
+def test_a_products_settled_choice_is_kept_per_layout_and_generation(monkeypatch):
+    pytest.importorskip("numba")
+    import dataclasses
+
+    from ember.backends.fusion import autotune
+    from ember.backends.fusion.op_kernels import NDARRAY_KERNELS
+
+    kernel = NDARRAY_KERNELS["float_matmul"]
+    asked = []
+    counted = dataclasses.replace(kernel, supports=lambda args: asked.append(args) or kernel.supports(args))
+    monkeypatch.setitem(NDARRAY_KERNELS, "float_matmul", counted)
+    device = _fused(small=4096, runtime="numba")
+    a, w = _array(64, 256), _array(256, 16, seed=1)  # work over the tuner's least
+    ta, tw = Tensor.from_data(a, device), Tensor.from_data(w, device)
+    w_t = np.ascontiguousarray(w.T)
+    tw_t = Tensor.from_data(w_t, device).transpose()  # w, column-major
+    reset_stats()
+    with autotune.forcing(autotune.UNFUSED):
+        for _ in range(3):  # the inner op: NumPy's product, to the bit
+            np.testing.assert_array_equal(ta.matmul(tw).to_data().to_numpy(), a @ w)
+        assert len(asked) == 1  # worked out once for these layouts
+        np.testing.assert_array_equal(ta.matmul(tw_t).to_data().to_numpy(), a @ w_t.T)
+        assert len(asked) == 2  # another layout: worked out again
+    assert stats()["unfused_ops"] == 4 and stats()["op_kernels"] == 0
+    with autotune.forcing(autotune.Choice("fused", 1)):  # a new generation: asked again
+        for _ in range(2):
+            out = ta.matmul(tw)
+            assert out._prim.slot.recycle is device.backend.executor.recycler  # pooled memory
+            np.testing.assert_allclose(out.to_data().to_numpy(), a.astype(np.float64) @ w,
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert len(asked) == 3 and stats()["op_kernels"] == 2 and stats()["small_ops"] == 6
+
+
 def test_a_small_creation_runs_at_once_a_large_one_is_recorded():
     device = _fused()
     assert not _pending(Tensor.zeros([2, 3], device))

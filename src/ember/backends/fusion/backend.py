@@ -63,7 +63,7 @@ from ember.backend.errors import ArgumentError, BackendUnavailableError, EmberEr
 from ember.backend.ops import OpDef, primitives
 from ember.backend.rules import AVal
 from ember.backends.fusion import composites, counters
-from ember.backends.fusion.executor import Executor, inner_args, runtime_named
+from ember.backends.fusion.executor import Executor, check_output, inner_args, runtime_named
 from ember.backends.fusion.handle import FusionTensor, Slot, indices_fit
 from ember.backends.fusion.keyed import KeyedReplays
 from ember.backends.fusion.replayed import active, tracing
@@ -244,9 +244,13 @@ class Fusion(Decorator):
             if not present:
                 return self._now(name, slots, spread, attrs, device)
             # A convolution, pooling or product takes the kernel the tuner chose for it.
+            counters.add("small_ops")
+            if not spread:
+                made = self.executor.run_settled(name, found, [*[s.prim for s in slots], *attrs])
+                if made is not None:
+                    return self._settled(name, made, out_avals, multi, device)
             outputs = tuple([Slot(a.shape, a.dtype, device) for a in out_avals])
             self.executor.run_single(Record(op, name, call_args, present, outputs, multi))
-            counters.add("small_ops")
             handles = tuple([FusionTensor(s) for s in outputs])
             return handles if multi else handles[0]
 
@@ -274,6 +278,20 @@ class Fusion(Decorator):
         if type(out) is tuple:
             return tuple([self._ready(o, device) for o in out])
         return self._ready(out, device)
+
+    def _settled(self, name: str, made: tuple, out_avals: tuple, multi: bool,
+                 device: Device) -> Any:  # fmt: skip
+        """Handles on what ``Executor.run_settled`` made (``made``: its result and whether
+        the pool holds it), checked against the rule's ``out_avals``."""
+        out, pooled = made
+        recycler = self.executor.recycler if pooled else None
+        handles = []
+        for a, prim in zip(out_avals, out if multi else (out,), strict=True):
+            check_output(self.inner, prim, a.shape, a.dtype, name)
+            slot = Slot(a.shape, a.dtype, device, prim=prim)
+            slot.recycle = recycler  # pooled arrays go back when the slot goes
+            handles.append(FusionTensor(slot))
+        return tuple(handles) if multi else handles[0]
 
     def _eager(self, op: OpDef, name: str, args: tuple) -> Any:
         """Runs ``op`` now, after whatever makes its operands."""

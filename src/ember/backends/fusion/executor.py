@@ -216,6 +216,7 @@ class Executor:
         self._planning = threading.Lock()
         release = getattr(self.runtime, "release_later", None)  # from slot finalizers
         self.recycler = Recycler(release) if release and self.arrays is not None else None
+        self._settled: dict[tuple, tuple] = {}  # run_settled's choices, by op and layouts
 
     def use_gpu(self, runtime) -> None:
         """Runs the blocks of CUDA values on ``runtime`` (a Triton runtime on CUDA)."""
@@ -442,6 +443,64 @@ class Executor:
             return run()
         with blas_held_to_one():
             return run()
+
+    def run_settled(self, name: str, kernel, args: list) -> tuple[Any, bool] | None:
+        """``(result, pooled)`` of op ``name`` (an ``op_kernels`` op, ``kernel``) on the made
+        NumPy values ``args`` (then its attributes), run as the tuner settled for their
+        layouts: the compiled kernel into the pool's memory (``pooled``), or the inner op as
+        :meth:`run_single` runs it. None, running nothing, where no choice is settled for
+        them (the caller's record then times the candidates) or a value is not an array.
+
+        What the choice hangs on (``supports``, ``key``, ``work``, the BLAS held or not) is
+        kept per op, layouts and attributes while the tuner's generation holds: with the
+        record's path around it, it cost about 20 us a product of a small model's step."""
+        key = [name]
+        for arg in args:
+            if type(arg) is np.ndarray:
+                key += (arg.shape, arg.strides, arg.dtype)
+            else:
+                key.append(arg)
+        try:
+            known = self._settled.get(tuple(key))
+        except TypeError:  # an attribute that is not hashable
+            return None
+        generation = self.tuner.generation()
+        if known is None or known[0] != generation:
+            known = self._settle(kernel, args, generation)
+            if known is None:
+                return None
+            if len(self._settled) >= MAX_SETTLED:  # shapes that keep changing: start over
+                self._settled.clear()
+            self._settled[tuple(key)] = known
+        _, threads, hold = known
+        if threads:
+            counters.add("op_kernels")
+            return kernel.run(args, threads, self.runtime.pool.take), True
+        counters.add("unfused_ops")
+        op = getattr(self.inner, name)
+        if hold:
+            with blas_held_to_one():
+                return op(*args), False
+        return op(*args), False
+
+    def _settle(self, kernel, args: list, generation: tuple) -> tuple | None:
+        """``(generation, threads, hold)`` for :meth:`run_settled`: the kernel's thread
+        count (0 for the inner op) and whether the inner op runs with the BLAS held to one
+        thread; None while the tuner has not settled the choice or a value is not an
+        array."""
+        if any(type(a) is not np.ndarray for a in args if hasattr(a, "shape")):
+            return None
+        how = None
+        if kernel.supports(args):
+            how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
+        if type(how) is autotune.Pending:
+            return None
+        if how is not None and how != autotune.UNFUSED:
+            return generation, how.threads, False
+        threads = getattr(self.runtime, "thread_count", None)
+        hold = (kernel.blas and threads is not None and threads() >= 2
+                and kernel.work(args) >= BLAS_THREADED_MIN)  # fmt: skip
+        return generation, 0, hold
 
     def _conv_epilogue(self, fused: ConvEpilogue, records: list[Record]) -> None:
         """Runs a convolution and its epilogue (``conv_epilogue``) in the numba kernel where
@@ -981,6 +1040,8 @@ MAX_REPLAYED_PLANS = 8
 """Plans a trace keeps for its replays' flushes (variants: an entry that ran at once, an
 output the caller dropped); more, and it forgets them all."""
 
+MAX_SETTLED = 4096
+"""Layouts ``Executor.run_settled`` keeps choices for, at most."""
 BLAS_THREADED_MIN = 1 << 16
 """Multiply-adds of a product below which a BLAS runs it on one thread anyway (OpenBLAS
 splits a GEMM from 4 times as many), so ``Executor.run_inner`` does not hold its threads."""
