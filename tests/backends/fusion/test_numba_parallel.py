@@ -120,6 +120,40 @@ def test_a_kernel_made_at_run_time_runs_on_the_workers(on_numbas_threads):
     assert numba_parallel.launcher(double, 2) is None
 
 
+def test_a_kernels_code_is_found_by_its_arguments_and_called_at_its_address():
+    import numba
+
+    @numba.njit("void(float32[:], float32[:], int64, int64)", nogil=True)
+    def doubled(x, out, part, parts):  # compiled for A-layout arrays only
+        n = x.shape[0]
+        for i in range(n * part // parts, n * (part + 1) // parts):
+            out[i] = 2.0 * x[i]
+
+    @numba.njit(nogil=True)
+    def tripled(x, out, part, parts):  # compiled on its first call, for what it gets
+        for i in range(x.shape[0]):
+            out[i] = 3.0 * x[i]
+
+    x = _data(1000)
+    out = np.zeros_like(x)
+    address, types = numba_parallel._address(doubled, [x, out])  # C arrays: the A overload
+    assert address is not None and types == doubled.nopython_signatures[0].args
+
+    @numba.njit(nogil=True)
+    def launch(address, x, out, calls, parts):
+        for part in range(calls):
+            numba_parallel.call_at(address, (x, out, part, parts))
+
+    launch(address, x, out, 3, 3)
+    np.testing.assert_array_equal(out, 2.0 * x)
+    int64 = numba.types.int64
+    assert numba_parallel._address(tripled, [x, out]) == (None, (numba.typeof(x),) * 2 + (int64, int64))
+    tripled(x, out, 0, 1)
+    address, _ = numba_parallel._address(tripled, [x, out])
+    launch(address, x, out, 1, 1)
+    np.testing.assert_array_equal(out, 3.0 * x)
+
+
 def test_the_workers_setting_is_checked(monkeypatch):
     monkeypatch.setitem(numba_parallel._state, "enabled", None)
     monkeypatch.setenv("EMBER_FUSION_WORKERS", "openmp")
