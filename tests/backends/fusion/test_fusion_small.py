@@ -167,6 +167,31 @@ def test_a_products_settled_choice_is_kept_per_layout_and_generation(monkeypatch
     assert len(asked) == 3 and stats()["op_kernels"] == 2 and stats()["small_ops"] == 6
 
 
+@pytest.mark.parametrize("forced", ["unfused", "fused"])
+def test_a_convolution_and_a_pooling_at_once_run_as_settled(forced):
+    pytest.importorskip("numba")
+    from ember.backends.fusion import autotune
+
+    device, eager = _fused(small=4096, runtime="numba"), ember.device("ndarray")
+    x, w, b = _array(2, 4, 12, 12), _array(8, 4, 3, 3, seed=1), _array(8, seed=2)
+    choice = autotune.UNFUSED if forced == "unfused" else autotune.Choice("fused", 1)
+    results = []
+    for d in (device, eager):
+        with autotune.forcing(choice):
+            outs = []
+            for _ in range(2):  # the second call: the kept choice
+                conv = module.conv2d(Tensor.from_data(x, d), Tensor.from_data(w, d),
+                                     Tensor.from_data(b, d), padding=1)  # fmt: skip
+                pooled, indices = module.max_pool2d_with_indices(conv, 2)
+                outs.append([t.to_data().to_numpy() for t in (conv, pooled, indices)])
+        results.append(outs)
+    ran = device.backend.executor._settled
+    assert sum(1 for key in ran if key[0] in ("conv2d", "max_pool2d_with_indices")) == 2
+    for got in results[0]:
+        for mine, want in zip(got, results[1][0], strict=True):
+            np.testing.assert_allclose(mine, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_small_creation_runs_at_once_a_large_one_is_recorded():
     device = _fused()
     assert not _pending(Tensor.zeros([2, 3], device))
