@@ -154,6 +154,36 @@ def test_a_kernels_code_is_found_by_its_arguments_and_called_at_its_address():
     np.testing.assert_array_equal(out, 3.0 * x)
 
 
+def _doubled(x, out, part, parts):
+    n = x.shape[0]
+    for i in range(n * part // parts, n * (part + 1) // parts):
+        out[i] = 2.0 * x[i]
+
+
+def test_a_kept_address_that_does_not_fit_the_arguments_is_worked_out_anew(on_numbas_threads):
+    # An address is kept by the arguments' fingerprints, a faster key than numba's types:
+    # should one ever map to code of other types, the launch is refused and worked out
+    # from the types (here the workers run it, compiling the kernel for them).
+    import numba
+
+    kernel = globals()["_doubled_kernel"] = numba.njit(nogil=True)(_doubled)
+    kernel.py_func.__name__ = "_doubled_kernel"  # the module's attribute: it gets a launcher
+    x = _data(1000)
+    out = np.zeros_like(x)
+    for _ in range(3):  # compiles the kernel, asks for its launcher, then loads it
+        nr._run_parts(kernel, [x, out], 4, 2)
+        numba_parallel.wait()
+    np.testing.assert_array_equal(out, 2.0 * x)
+    assert on_numbas_threads[-1][-1]  # on numba's threads
+    wide = [x.astype(np.float64), np.zeros(x.shape, np.float64)]
+    fingerprints = tuple(numba_parallel._fingerprint(a) for a in wide)
+    numba_parallel._addresses[(kernel, *fingerprints)] = numba_parallel._address(kernel, [x, out])
+    on_numbas_threads.clear()
+    nr._run_parts(kernel, wide, 4, 2)
+    np.testing.assert_array_equal(wide[1], 2.0 * x.astype(np.float64))
+    assert on_numbas_threads == [("_doubled_kernel", 4, 2, False)]  # on the workers
+
+
 def test_the_workers_setting_is_checked(monkeypatch):
     monkeypatch.setitem(numba_parallel._state, "enabled", None)
     monkeypatch.setenv("EMBER_FUSION_WORKERS", "openmp")

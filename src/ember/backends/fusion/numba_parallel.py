@@ -242,29 +242,39 @@ def run(kernel: Any, args: list, parts: int, threads: int, calls: int | None = N
         try:
             launch(address, *args, calls, parts)
         except TypeError:  # no signature for these arguments in this process: nothing ran
+            # Worked out anew: a fingerprint does not tell an unaligned array from an
+            # aligned one, which numba types apart.
+            address, kernel_types = _address(kernel, args, kept=False)
+            if address is None:
+                return False
             signature = (numba.types.int64, *kernel_types)
             if not _load(launch, signature, only_from_disk=True):
                 _ask(launch, signature)
                 return False
-            launch(address, *args, calls, parts)
+            try:
+                launch(address, *args, calls, parts)
+            except TypeError:  # still none that takes them: the workers run the kernel
+                return False
     finally:
         if previous is not None:
             numba.set_parallel_chunksize(previous)
     return True
 
 
-def _address(kernel: Any, args: list) -> tuple[int | None, tuple | None]:
+def _address(kernel: Any, args: list, kept: bool = True) -> tuple[int | None, tuple | None]:
     """``(address, types)``: where ``kernel``'s machine code for ``args`` (then ``part,
     parts``) starts, which a launcher calls, and the argument types that code takes (the
     overload numba's dispatch picks: an explicit signature of ``A`` layout takes ``C``
     arrays). Where it has no code for them yet, ``(None, types)`` with the types it will
     be compiled for (the arguments' own); ``(None, None)`` where numba cannot tell. Kept by
     the arguments' fingerprints (numba's own fast key of their types: about 1 us for six
-    arrays)."""
-    try:
-        key = (kernel, *map(_fingerprint, args))
-    except (TypeError, ValueError):  # a value numba does not fingerprint: typed below
-        key = None
+    arrays); ``kept=False`` works it out from their types and keeps nothing."""
+    key = None
+    if kept:
+        try:
+            key = (kernel, *map(_fingerprint, args))
+        except (TypeError, ValueError, NotImplementedError):  # typed below, each time
+            key = None
     found = _addresses.get(key) if key is not None else None
     if found is not None:
         return found
