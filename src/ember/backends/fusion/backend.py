@@ -248,7 +248,7 @@ class Fusion(Decorator):
             if not spread:
                 made = self.executor.run_settled(name, found, [*[s.prim for s in slots], *attrs])
                 if made is not None:
-                    return self._settled(name, made, out_avals, multi, device)
+                    return self._settled_handles(name, made, out_avals, multi, device)
             outputs = tuple([Slot(a.shape, a.dtype, device) for a in out_avals])
             self.executor.run_single(Record(op, name, call_args, present, outputs, multi))
             handles = tuple([FusionTensor(s) for s in outputs])
@@ -279,7 +279,7 @@ class Fusion(Decorator):
             return tuple([self._ready(o, device) for o in out])
         return self._ready(out, device)
 
-    def _settled(self, name: str, made: tuple, out_avals: tuple, multi: bool,
+    def _settled_handles(self, name: str, made: tuple, out_avals: tuple, multi: bool,
                  device: Device) -> Any:  # fmt: skip
         """Handles on what ``Executor.run_settled`` made (``made``: its result and whether
         the pool holds it), checked against the rule's ``out_avals``."""

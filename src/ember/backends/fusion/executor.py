@@ -437,12 +437,17 @@ class Executor:
         ``args`` under :data:`BLAS_THREADED_MIN` multiply-adds, which no BLAS splits, runs
         as it is: holding the BLAS cost 15 us a call on a cold cache (a classifier's
         ``[8, 64] @ [64, 10]``)."""
-        threads = getattr(self.runtime, "thread_count", None)
-        if (kernel is None or not kernel.blas or threads is None or threads() < 2
-                or (args is not None and kernel.work(args) < BLAS_THREADED_MIN)):  # fmt: skip
+        if kernel is None or not self._holds_blas(kernel, args):
             return run()
         with blas_held_to_one():
             return run()
+
+    def _holds_blas(self, kernel, args: list | None) -> bool:
+        """Whether :meth:`run_inner` holds the BLAS to one thread for ``kernel``'s inner op
+        on ``args`` (None: of any size)."""
+        threads = getattr(self.runtime, "thread_count", None)
+        return (kernel.blas and threads is not None and threads() >= 2
+                and (args is None or kernel.work(args) >= BLAS_THREADED_MIN))  # fmt: skip
 
     def run_settled(self, name: str, kernel, args: list) -> tuple[Any, bool] | None:
         """``(result, pooled)`` of op ``name`` (an ``op_kernels`` op, ``kernel``) on the made
@@ -490,17 +495,19 @@ class Executor:
         array."""
         if any(type(a) is not np.ndarray for a in args if hasattr(a, "shape")):
             return None
-        how = None
-        if kernel.supports(args):
-            how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
+        how = self._op_choice(kernel, args)
         if type(how) is autotune.Pending:
             return None
         if how is not None and how != autotune.UNFUSED:
             return generation, how.threads, False
-        threads = getattr(self.runtime, "thread_count", None)
-        hold = (kernel.blas and threads is not None and threads() >= 2
-                and kernel.work(args) >= BLAS_THREADED_MIN)  # fmt: skip
-        return generation, 0, hold
+        return generation, 0, self._holds_blas(kernel, args)
+
+    def _op_choice(self, kernel, args: list) -> Any:
+        """The tuner's answer for ``kernel`` on ``args``: a choice, pending, or None where
+        the kernel does not take them or they are too small to time."""
+        if not kernel.supports(args):
+            return None
+        return self.tuner.lookup_op(kernel.key(args), kernel.work(args))
 
     def _conv_epilogue(self, fused: ConvEpilogue, records: list[Record]) -> None:
         """Runs a convolution and its epilogue (``conv_epilogue``) in the numba kernel where
@@ -942,9 +949,7 @@ class Executor:
         bucket computes what the chosen candidate computes, in a kernel's rounding from the
         start where it wins); False when the inner op is to run (not chosen, too small to
         time, or a case the kernel does not take)."""
-        if not kernel.supports(args):
-            return False
-        how = self.tuner.lookup_op(kernel.key(args), kernel.work(args))
+        how = self._op_choice(kernel, args)
         if how is None or how == autotune.UNFUSED:
             return False
         pending = type(how) is autotune.Pending

@@ -227,10 +227,7 @@ def run(kernel: Any, args: list, parts: int, threads: int, calls: int | None = N
         return False
     address, kernel_types = _address(kernel, args)
     if address is None:  # no code for these arguments yet: the workers' call compiles it,
-        if kernel_types is not None:  # the compiler process the launcher meanwhile
-            signature = (numba.types.int64, *kernel_types)
-            if not _load(launch, signature, only_from_disk=True):
-                _ask(launch, signature)
+        _loaded(launch, kernel_types)  # and the compiler process the launcher meanwhile
         return False
     if _compiled:
         _load_compiled(launch)
@@ -245,11 +242,7 @@ def run(kernel: Any, args: list, parts: int, threads: int, calls: int | None = N
             # Worked out anew: a fingerprint does not tell an unaligned array from an
             # aligned one, which numba types apart.
             address, kernel_types = _address(kernel, args, kept=False)
-            if address is None:
-                return False
-            signature = (numba.types.int64, *kernel_types)
-            if not _load(launch, signature, only_from_disk=True):
-                _ask(launch, signature)
+            if address is None or not _loaded(launch, kernel_types):
                 return False
             try:
                 launch(address, *args, calls, parts)
@@ -259,6 +252,18 @@ def run(kernel: Any, args: list, parts: int, threads: int, calls: int | None = N
         if previous is not None:
             numba.set_parallel_chunksize(previous)
     return True
+
+
+def _loaded(launch: Any, kernel_types: tuple | None) -> bool:
+    """Whether ``launch`` has its signature for a kernel taking ``kernel_types`` now
+    (loaded from numba's disk cache); where not, it is asked of the compiler process."""
+    if kernel_types is None:
+        return False
+    signature = (numba.types.int64, *kernel_types)
+    if _load(launch, signature, only_from_disk=True):
+        return True
+    _ask(launch, signature)
+    return False
 
 
 def _address(kernel: Any, args: list, kept: bool = True) -> tuple[int | None, tuple | None]:
