@@ -280,7 +280,7 @@ class Fusion(Decorator):
         return self._ready(out, device)
 
     def _settled_handles(self, name: str, made: tuple, out_avals: tuple, multi: bool,
-                 device: Device) -> Any:  # fmt: skip
+                         device: Device) -> Any:  # fmt: skip
         """Handles on what ``Executor.run_settled`` made (``made``: its result and whether
         the pool holds it), checked against the rule's ``out_avals``."""
         out, pooled = made
