@@ -98,3 +98,9 @@ class RecordFileNotFoundError(RecordError, FileNotFoundError):
 class UnsafePickleError(RecordError):
     """A pickle (PyTorch weight file) that references something other than tensors,
     storages and plain containers; nothing from it is executed."""
+
+
+class UnsafeCacheError(ConfigError):
+    """A kernel cache folder (``EMBER_FUSION_CACHE``), a folder above it, or a file in it
+    that someone other than this user could write: ember runs compiled code from that
+    folder, so it does not use it. ``file`` is the path."""

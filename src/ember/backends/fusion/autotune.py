@@ -308,10 +308,11 @@ class Tuner:
 
     def __init__(self, runtime, folder: str | os.PathLike | None = None) -> None:
         from ember.backends.fusion import numba_runtime
+        from ember.backends.fusion.cache_folder import cache_dir
 
         self.runtime = runtime
         if folder is None:
-            folder = getattr(runtime, "cache", None) or numba_runtime.cache_dir()
+            folder = getattr(runtime, "cache", None) or cache_dir()
         own = getattr(runtime, "machine", None)
         self.machine = own() if callable(own) else machine()
         self.path = Path(folder) / f"autotune-{self.machine}.json"

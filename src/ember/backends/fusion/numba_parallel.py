@@ -15,7 +15,7 @@ training step (``nn_step``, replayed) 111.0 against 115.6 ms with every launch t
 slower than either: the two pools of threads took each other's cores.
 
 **The launcher of a kernel** is generated as a module file beside the runtime's kernels
-(``numba_runtime.cache_dir()/parallel/p_<digest>.py``) that loops ``prange`` over the calls
+(``cache_folder.cache_dir()/parallel/p_<digest>.py``) that loops ``prange`` over the calls
 and calls the kernel at the address of its machine code (``call_at``), given as its
 first argument; numba's disk cache keeps the launcher's own code, so a new process loads
 it. The launcher holds none of the kernel's code: linking the kernel in by name had LLVM
@@ -197,7 +197,8 @@ def launcher(kernel: Any, nargs: int) -> Any:
 
 
 def _make(kernel: Any, nargs: int) -> Any:
-    from ember.backends.fusion.numba_runtime import cache_dir, load_generated
+    from ember.backends.fusion.cache_folder import cache_dir
+    from ember.backends.fusion.numba_runtime import load_generated
 
     function = getattr(kernel, "py_func", None)
     module = sys.modules.get(getattr(function, "__module__", None) or "")

@@ -8,7 +8,8 @@ numba is optional (``pip install ember[jit]``). Importing this module never fail
 written as a real module file ``k_<hash>.py`` into the cache folder, ``<hash>`` covering
 the generated source and the generator's own source, so numba's ``cache=True`` keeps the
 machine code in ``__pycache__`` next to it and a new process loads it instead of
-compiling. Blocks whose keys differ only where the kernel does not see it (dims of size
+compiling. Code runs from that folder only while no other user can write it
+(``cache_folder``). Blocks whose keys differ only where the kernel does not see it (dims of size
 1, dims merged into one loop: a ``[4]`` and a ``[2, 1, 3]`` chain of the same ops) have
 the same source and share one kernel. The folder is ``EMBER_FUSION_CACHE``, else
 ``$XDG_CACHE_HOME/ember/fusion`` (``~/.cache/ember/fusion``). Within a process, kernels
@@ -58,6 +59,7 @@ from ember.atomic import atomic_write
 from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
 from ember.backends.fusion import ir, numba_parallel
 from ember.backends.fusion.buffers import BufferPool, PooledOutputs
+from ember.backends.fusion.cache_folder import cache_dir, check_module, code_folder
 from ember.backends.fusion.numba_source import KernelUnsupported, scalar_dtypes
 from ember.backends.fusion.numba_target import CACHE_LINE_BYTES
 from ember.backends.ndarray import layout
@@ -68,7 +70,7 @@ try:  # numba is optional: everything below that needs it checks available() fir
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-__all__ = ["KernelUnsupported", "NumbaRuntime", "RuntimeStats", "available", "cache_dir"]
+__all__ = ["KernelUnsupported", "NumbaRuntime", "RuntimeStats", "available"]
 
 _CHUNK = 16384  # inner-loop length of element-wise tasks: long enough to vectorize well
 PARALLEL_MIN = 1 << 16
@@ -95,21 +97,16 @@ def _require() -> None:
         )
 
 
-def cache_dir() -> Path:
-    """Where generated kernels and numba's compiled code live (see the module doc)."""
-    configured = os.environ.get("EMBER_FUSION_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ember" / "fusion"
-
-
 def load_generated(folder: Path, name: str, source: str, package: str) -> Any:
     """The module of generated ``source``, kept as ``folder/<name>.py`` and imported as
     ``<package>.<name>``, so that numba's disk cache keeps its functions' machine code
-    beside it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.py"
+    beside it.
+
+    Raises:
+        UnsafeCacheError: another user could write ``folder`` or numba's files in it
+            (``cache_folder``); nothing is imported then.
+    """
+    path = code_folder(folder) / f"{name}.py"
     # Rewriting an identical file would change its time stamp and void numba's cache.
     if not path.exists() or path.read_bytes() != source.encode():
         atomic_write(path, source.encode())
@@ -117,11 +114,13 @@ def load_generated(folder: Path, name: str, source: str, package: str) -> Any:
 
 
 def import_file(path: Path, module_name: str) -> Any:
-    """The module of the file ``path`` as ``module_name`` (imported where not yet)."""
+    """The module of the file ``path`` in a cache folder as ``module_name`` (imported where
+    not yet, once ``cache_folder.check_module`` passes it)."""
     module = sys.modules.get(module_name)
     # One of another cache folder may be loaded already (the same source): load this
     # folder's file, so numba keeps the machine code here too (same name, same code).
     if module is None or Path(module.__file__) != Path(path):
+        check_module(path)
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -163,16 +162,19 @@ class NumbaRuntime(PooledOutputs):
     """Compiles blocks to numba kernels, once per ``Block.key()``, and runs them.
 
     Args:
-        cache: the folder of generated kernels; default :func:`cache_dir`.
+        cache: the folder of generated kernels; default ``cache_folder.cache_dir()``.
         threads: the thread count of each run of at least :data:`PARALLEL_MIN` elements
             unless the run names one.
         pool: where outputs come from when ``run`` is given no ``out``.
+
+    Raises:
+        UnsafeCacheError: another user could write the cache folder (``cache_folder``).
     """
 
     def __init__(self, cache: str | os.PathLike | None = None, threads: int | None = None,
                  pool: BufferPool | None = None) -> None:  # fmt: skip
         _require()
-        self.cache = Path(cache) if cache is not None else cache_dir()
+        self.cache = code_folder(cache if cache is not None else cache_dir())
         if threads is None and os.environ.get("EMBER_FUSION_THREADS"):
             threads = int(os.environ["EMBER_FUSION_THREADS"])
         self.threads = threads

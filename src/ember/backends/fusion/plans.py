@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.atomic import atomic_write
+from ember.backends.fusion.cache_folder import cache_dir
 from ember.backends.fusion.elementwise import Template
 from ember.backends.fusion.explorer import MAX_PLANS, Segment, plan_from_state, plan_to_state
 from ember.backends.fusion.ir import StateError
@@ -117,19 +118,7 @@ def version() -> str | None:
 
 def folder() -> Path:
     """This version's folder in the fusion cache folder."""
-    return cache_root() / "plans" / version()
-
-
-def cache_root() -> Path:
-    """The fusion cache folder, as ``numba_runtime.cache_dir()`` finds it (repeated here
-    because importing that module imports numba, which the interpreter runtime never needs;
-    a test holds the two equal): ``EMBER_FUSION_CACHE``, else
-    ``$XDG_CACHE_HOME/ember/fusion`` (``~/.cache/ember/fusion``)."""
-    configured = os.environ.get("EMBER_FUSION_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ember" / "fusion"
+    return cache_dir() / "plans" / version()
 
 
 def canonical(key: tuple) -> str | None:

@@ -15,7 +15,8 @@ with an epilogue) is written as a module file ``t_<hash>.py`` into ``<fusion cac
 triton/`` (Triton's ``jit`` reads a kernel's source from its file), ``<hash>`` covering
 the key and the generators' own sources. Within a process kernels are kept by key; across
 processes Triton's own cache keeps the compiled binaries, which this runtime points at
-``<fusion cache>/triton/compiled`` unless ``TRITON_CACHE_DIR`` says otherwise.
+``<fusion cache>/triton/compiled`` unless ``TRITON_CACHE_DIR`` says otherwise. Code runs
+from those folders only while no other user can write them (``cache_folder``).
 
 **Running.** Inputs may be any torch tensors of the block's shapes and dtypes on the
 runtime's device: non-contiguous ones are copied to contiguous ones first (the kernel
@@ -48,6 +49,7 @@ from typing import Any
 from ember.atomic import atomic_write
 from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
 from ember.backends.fusion import ir
+from ember.backends.fusion.cache_folder import cache_dir, check_module, code_folder
 from ember.backends.fusion.triton_source import TL_DTYPES, KernelUnsupported
 
 try:  # triton is optional: everything below that needs it checks available() first
@@ -144,11 +146,12 @@ class TritonRuntime:
 
     Args:
         cache: the fusion cache folder (its ``triton/`` subfolder holds this runtime's
-            files); default ``numba_runtime.cache_dir()``'s folder.
+            files); default ``cache_folder.cache_dir()``.
 
     Raises:
         BackendUnavailableError: triton is missing, or there is no CUDA GPU and Triton's
             interpreter is off (:func:`unavailable_reason`).
+        UnsafeCacheError: another user could write the cache folder (``cache_folder``).
     """
 
     name = "triton"
@@ -162,9 +165,7 @@ class TritonRuntime:
         reason = unavailable_reason()
         if reason is not None:
             raise BackendUnavailableError(reason)
-        from ember.backends.fusion.numba_runtime import cache_dir
-
-        self.cache = (Path(cache) if cache is not None else cache_dir()) / "triton"
+        self.cache = code_folder(Path(cache if cache is not None else cache_dir()) / "triton")
         self.interpret = interpreting()
         self.place = "cpu" if self.interpret else "cuda"
         self.tunes = not self.interpret
@@ -175,7 +176,7 @@ class TritonRuntime:
         if not os.environ.get("TRITON_CACHE_DIR") and not self.interpret:
             # Compiled binaries beside our sources (one folder to clear), unless the user
             # put Triton's cache elsewhere.
-            triton.knobs.cache.dir = str(self.cache / "compiled")
+            triton.knobs.cache.dir = str(code_folder(self.cache / "compiled"))
 
     # ------------------------------------------------------------------ tuning hooks
     def thread_count(self) -> int:
@@ -224,10 +225,10 @@ class TritonRuntime:
             text = source()
             digest = hashlib.sha256(f"{self._version}\n{key!r}".encode()).hexdigest()[:32]
             name = f"t_{digest}"
-            self.cache.mkdir(parents=True, exist_ok=True)
-            path = self.cache / f"{name}.py"
+            path = code_folder(self.cache) / f"{name}.py"
             if not path.exists() or path.read_bytes() != text.encode():
                 atomic_write(path, text.encode())
+            check_module(path)
             spec = importlib.util.spec_from_file_location(f"ember_triton_kernels.{name}", path)
             module = importlib.util.module_from_spec(spec)
             with interpreter(self.interpret):

@@ -1,0 +1,159 @@
+"""The fusion cache folder: where compiled kernels and plans live, and whether its code may run.
+
+ember runs code from this folder: the kernel modules it generates (``k_*.py``,
+``parallel/p_*.py``, ``triton/t_*.py``) and the machine code numba keeps beside them in
+``__pycache__``, whose index files numba reads with ``pickle``. A folder that another
+user can write into would let them run code in every process that uses fusion (a folder
+under ``/tmp`` made by someone else first, a group-writable shared cache). So before a
+module is imported from it, the folder is checked the way OpenSSH checks ``~/.ssh``:
+
+* the folder and every folder above it belong to this user or to root, and none of them
+  can be written by group or others, except a folder *above* the cache folder with the
+  sticky bit (``/tmp``: only an entry's owner can rename or remove it);
+* the ``__pycache__`` folder beside the module, every file in it, and the module file
+  itself belong to this user or root and can be written by no one else;
+* with ``NUMBA_CACHE_DIR`` set, numba keeps its machine code there instead: that folder
+  and those above it are checked the same way.
+
+A folder that fails raises :class:`~ember.backend.errors.UnsafeCacheError`, naming the path, its owner and its
+mode; nothing from it has been imported. Folders ember makes are private (mode 0o700).
+A folder passes once per process (its ``__pycache__`` is listed then); each module file is
+checked when it is imported. On systems without POSIX owners (Windows) there is nothing
+to check: the folder's access rights are the user's to keep.
+
+The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
+(``~/.cache/ember/fusion``). This module imports nothing heavy (not numba): the plan
+cache reads the folder from here too.
+
+Example::
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> private = Path(tempfile.mkdtemp())
+    >>> code_folder(private / "kernels") == private / "kernels"
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+from ember.backend.errors import UnsafeCacheError
+
+__all__ = ["cache_dir", "check_module", "code_folder", "forget"]
+
+_PRIVATE = 0o700
+_checked: set[Path] = set()  # folders that passed in this process
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """The fusion cache folder (module doc), not checked: :func:`code_folder` checks it."""
+    configured = os.environ.get("EMBER_FUSION_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ember" / "fusion"
+
+
+def code_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` (made private where missing) once it is safe to import code from.
+
+    Raises:
+        UnsafeCacheError: the folder, a folder above it, its ``__pycache__`` or a file
+            there can be written by another user (module doc).
+    """
+    folder = Path(folder)
+    if folder in _checked:
+        return folder
+    with _lock:
+        folder.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)
+        if _owners_apply():
+            _check_chain(folder.resolve())
+            _check_cache_of(folder)
+        _checked.add(folder)
+    return folder
+
+
+def check_module(path: str | os.PathLike) -> Path:
+    """``path``, a module file in a cache folder, once its folder passes :func:`code_folder`
+    and the file itself belongs to this user or root and is writable by no one else.
+
+    Raises:
+        UnsafeCacheError: as :func:`code_folder`, or for the file.
+    """
+    path = Path(path)
+    code_folder(path.parent)
+    if _owners_apply():
+        _check_entry(path, os.stat(path))
+    return path
+
+
+def forget() -> None:
+    """Checks every folder again on its next use (tests; a folder whose rights changed)."""
+    with _lock:
+        _checked.clear()
+
+
+# ---------------------------------------------------------------------- the checks
+def _owners_apply() -> bool:
+    return hasattr(os, "geteuid")
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.geteuid(), 0)
+
+
+def _check_chain(folder: Path, role: str = "the kernel cache folder") -> None:
+    """The resolved ``folder`` and every folder above it (module doc)."""
+    _check_entry(folder, os.stat(folder), role)
+    for above in folder.parents:
+        info = os.stat(above)
+        if info.st_mode & stat.S_ISVTX and _trusted_owner(info.st_uid):
+            continue  # /tmp: others write there, but cannot move what is ours
+        _check_entry(above, info, "a folder above the kernel cache")
+
+
+def _check_cache_of(folder: Path) -> None:
+    """numba's machine code for modules in ``folder``: ``__pycache__`` and its files, or the
+    ``NUMBA_CACHE_DIR`` folder (numba reads it from the environment when it loads)."""
+    numba_dir = os.environ.get("NUMBA_CACHE_DIR")
+    if numba_dir:
+        if os.path.isdir(numba_dir):
+            _check_chain(Path(numba_dir).resolve(), "numba's cache folder, NUMBA_CACHE_DIR")
+        return
+    cache = folder / "__pycache__"
+    try:
+        info = os.stat(cache)
+    except FileNotFoundError:
+        return
+    _check_entry(cache, info)
+    with os.scandir(cache) as entries:
+        for entry in entries:
+            try:
+                info = entry.stat()
+            except FileNotFoundError:  # replaced meanwhile (numba writes by renaming), or a
+                continue  # link to nothing: nothing numba could read
+            _check_entry(Path(entry.path), info)
+
+
+_WRITERS = ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others"))
+
+
+def _check_entry(path: Path, info: os.stat_result, role: str = "") -> None:
+    if not _trusted_owner(info.st_uid):
+        problem = f"belongs to user id {info.st_uid}, not to this user ({os.geteuid()})"
+    elif writers := [who for bit, who in _WRITERS if info.st_mode & bit]:
+        problem = f"can be written by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):#o})"
+    else:
+        return
+    what = role or ("a folder" if stat.S_ISDIR(info.st_mode) else "a file") + " in the kernel cache"
+    raise UnsafeCacheError(
+        f"fusion: {path} ({what}) {problem}; ember runs compiled code from the kernel "
+        "cache, so it will not use this one. Make it private (chmod go-w, owned by you) or "
+        "choose another folder with EMBER_FUSION_CACHE",
+        file=str(path),
+    )
