@@ -125,6 +125,12 @@ def test_shape_arithmetic_with_a_dynamic_dim_runs_at_runtime(device, on_host, mo
                                       x.reshape(n, 12))
 
 
+def test_a_mistyped_host_setting_names_itself(monkeypatch):
+    monkeypatch.setenv("EMBER_ONNX_HOST", "maybe")
+    with pytest.raises(ember.ConfigError, match=r"^EMBER_ONNX_HOST='maybe': expected 1 \(on\)"):
+        convert(_shape_arithmetic(["n", 3, 4]))
+
+
 def test_nodes_on_constants_fold_at_import():
     # Transpose of a weight and a Gemm of constants only: no code is left for them.
     nodes = [

@@ -6,7 +6,59 @@ import os
 
 from ember.backend.errors import ConfigError
 
-__all__ = ["whole_number"]
+__all__ = ["count", "switch", "whole_number"]
+
+
+_SWITCHES = {"1": True, "true": True, "yes": True, "on": True,
+             "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+
+
+def switch(name: str, default: bool) -> bool:
+    """The environment variable ``name`` as on or off: ``1`` or ``0`` (also ``true`` /
+    ``false``, ``yes`` / ``no``, ``on`` / ``off``, in any case); ``default`` when it is
+    unset or blank.
+
+    Raises:
+        ConfigError: the variable holds anything else, naming it and its value.
+
+    Example:
+        >>> switch("EMBER_EXAMPLE_UNSET", True)
+        True
+    """
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    value = _SWITCHES.get(text.strip().lower())
+    if value is None:
+        if not text.strip():
+            return default
+        raise ConfigError(f"{name}={text!r}: expected 1 (on) or 0 (off), or true/false, "
+                          f"yes/no, on/off; unset means {int(default)}")  # fmt: skip
+    return value
+
+
+def count(name: str, unit: str) -> int | None:
+    """The environment variable ``name`` as a whole number of ``unit`` of at least 1; None
+    when it is unset or blank (the caller's default applies).
+
+    Raises:
+        ConfigError: the variable holds anything else, naming it and its value.
+
+    Example:
+        >>> count("EMBER_EXAMPLE_UNSET", "threads") is None
+        True
+    """
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={text!r}: expected a whole number of {unit} of at least 1, "
+                          "or nothing for the default")  # fmt: skip
+    return value
 
 
 def whole_number(name: str, default: int, unit: str, zero: str) -> int:

@@ -11,11 +11,12 @@ count of the pool's own references means the memory is free.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
 import numpy as np
+
+from ember.backend.environment import whole_number
 
 _MIN_BYTES = 1 << 16  # below 64 KiB a fresh np.empty is as cheap as a lookup
 
@@ -30,7 +31,7 @@ class BufferPool:
 
     def __init__(self, max_bytes: int | None = None) -> None:
         if max_bytes is None:
-            max_bytes = int(os.environ.get("EMBER_DIST_POOL_BYTES", 1 << 30))
+            max_bytes = whole_number("EMBER_DIST_POOL_BYTES", 1 << 30, "bytes", "0 keeps no buffer")
         self.max_bytes = max_bytes
         self._buffers: list[np.ndarray] = []
         self._bytes = 0

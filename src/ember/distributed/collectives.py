@@ -26,11 +26,11 @@ Example (in each of the job's processes)::
 from __future__ import annotations
 
 import enum
-import os
 from typing import Any
 
 import numpy as np
 
+from ember.backend.environment import switch
 from ember.backend.errors import ArgumentError, DTypeError, ShapeError, fmt_shape
 from ember.distributed import bridge
 from ember.distributed.group import DistributedError, failure_note, info, torch_distributed
@@ -78,7 +78,7 @@ def _engine_op(op: ReduceOp, dtype: DType, owner: str) -> Any:
 def _checking(check: bool | None) -> bool:
     if check is not None:
         return check
-    return os.environ.get("EMBER_DIST_CHECK", "1") != "0"
+    return switch("EMBER_DIST_CHECK", True)
 
 
 def _prepare(owner: str, tensor: Any) -> None:

@@ -14,7 +14,6 @@ ONNX scoping allows. Parent and child share the module's fields and local names.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.backend.environment import switch
 from ember.onnx import host
 from ember.onnx.context import NodeContext, literal
 from ember.onnx.infer import infer
@@ -128,7 +128,7 @@ class Translator:
             self._const_exprs: dict[str, str] = {}
             # A tensor of the model's (its first input): where host values go to the device.
             self._like: str | None = None
-            self._host_on = os.environ.get("EMBER_ONNX_HOST", "1") != "0"
+            self._host_on = switch("EMBER_ONNX_HOST", True)
         else:
             self.names, self.fields = parent.names, parent.fields
             self.field_names, self.imported = parent.field_names, parent.imported

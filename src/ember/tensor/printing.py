@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
+
+from ember.backend.environment import whole_number
 
 if TYPE_CHECKING:
     from ember.tensor.tensor import Tensor
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
 
 def _threshold() -> int:
     # EMBER_PRINT_THRESHOLD=n shows up to n elements in full before summarizing.
-    return int(os.environ.get("EMBER_PRINT_THRESHOLD", "1000"))
+    return whole_number("EMBER_PRINT_THRESHOLD", 1000, "elements", "0 summarizes every tensor")
 
 
 def format_tensor(tensor: Tensor) -> str:

@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.atomic import atomic_write
+from ember.backend.environment import switch
 from ember.backends.fusion import counters, ir
 
 OP_KERNEL_FILES = ("op_kernels.py", "conv_epilogue.py", "numba_conv.py", "numba_conv_grad.py",
@@ -263,7 +264,7 @@ def others_running() -> int:
 
 def enabled() -> bool:
     """Whether tuning is on (``EMBER_FUSION_AUTOTUNE`` is not ``0``)."""
-    return os.environ.get("EMBER_FUSION_AUTOTUNE", "1").strip() != "0"
+    return switch("EMBER_FUSION_AUTOTUNE", True)
 
 
 def machine() -> str:
@@ -320,7 +321,7 @@ class Tuner:
         self.max_elements = getattr(runtime, "tune_max_elements", MAX_ELEMENTS)
         self.labels = getattr(runtime, "LABELS", None)  # its launch configurations, if any
         self.synchronize = getattr(runtime, "synchronize", None) or (lambda: None)
-        self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
+        self.debug = switch("EMBER_FUSION_DEBUG", False)
         # Kernels of a changed generator may run at other speeds: their choices start over.
         self._salt = f"{VERSION}\n{getattr(runtime, '_version', '')}\n"
         self._choices: dict[tuple, Choice] = {}  # (key, bucket, thread limit) -> choice

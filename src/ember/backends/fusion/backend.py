@@ -58,7 +58,7 @@ from typing import Any
 from ember.backend.base import Backend
 from ember.backend.decorator import Decorator
 from ember.backend.device import Device
-from ember.backend.environment import whole_number
+from ember.backend.environment import switch, whole_number
 from ember.backend.errors import ArgumentError, BackendUnavailableError, EmberError
 from ember.backend.ops import OpDef, primitives
 from ember.backend.rules import AVal
@@ -100,7 +100,7 @@ def small_limit() -> int:
 
 def enabled() -> bool:
     """Whether ``EMBER_FUSION`` leaves fusion on (anything but ``0``)."""
-    return os.environ.get("EMBER_FUSION", "1") != "0"
+    return switch("EMBER_FUSION", True)
 
 
 class Fusion(Decorator):

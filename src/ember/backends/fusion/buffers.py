@@ -27,13 +27,14 @@ import functools
 import itertools
 import math
 import mmap
-import os
 import sys
 import threading
 import weakref
 from collections import OrderedDict, deque
 
 import numpy as np
+
+from ember.backend.environment import switch, whole_number
 
 _MIN_CLASS = 1 << 12  # below 4 KiB a fresh np.empty is as cheap as a lookup
 _STEPS = 4  # four classes per doubling: at most 25% of a buffer is unused
@@ -54,7 +55,7 @@ and ask the kernel for transparent huge pages (``madvise``; Linux, where
 
 
 def _huge_pages() -> bool:
-    return os.environ.get("EMBER_FUSION_HUGE_PAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+    return switch("EMBER_FUSION_HUGE_PAGES", True) and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def _huge_buffer(nbytes: int) -> np.ndarray:
@@ -102,7 +103,8 @@ class BufferPool:
 
     def __init__(self, max_idle_bytes: int | None = None) -> None:
         if max_idle_bytes is None:
-            max_idle_bytes = int(os.environ.get("EMBER_FUSION_POOL_BYTES", 1 << 30))
+            max_idle_bytes = whole_number("EMBER_FUSION_POOL_BYTES", 1 << 30, "bytes",
+                                          "0 keeps no released buffer")
         self.max_idle_bytes = max_idle_bytes
         self.huge_pages = _huge_pages()
         self._idle: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # id -> (class, raw)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ember.backend.base import Backend
+from ember.backend.environment import switch
 from ember.backend.errors import (
     ArgumentError,
     BackendUnavailableError,
@@ -211,7 +212,7 @@ class Executor:
         self.explorer = Explorer(fusers)
         if gpu_runtime is not None:
             self.use_gpu(gpu_runtime)
-        self.debug = os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0")
+        self.debug = switch("EMBER_FUSION_DEBUG", False)
         # The fusers hold the records they are offered: one thread plans at a time.
         self._planning = threading.Lock()
         release = getattr(self.runtime, "release_later", None)  # from slot finalizers

@@ -26,11 +26,11 @@ trace's).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from ember.backend import effects
+from ember.backend.environment import switch
 from ember.backends.fusion.handle import FusionTensor, Slot
 from ember.backends.fusion.replayed import NEW, Trace, Tracer, Traces, tracing
 from ember.backends.fusion.stream import stream_for
@@ -48,7 +48,7 @@ class KeyedReplays:
 
     def run(self, key: Hashable, inputs: list, fn: Callable[[list], list]) -> list:
         if (not self.backend.lazy or tracing.tracer is not None
-                or os.environ.get("EMBER_FUSION_REPLAY", "1") == "0"):  # fmt: skip
+                or not switch("EMBER_FUSION_REPLAY", True)):  # fmt: skip
             return fn(inputs)
         signature = _signature(key, inputs)
         if signature is None:

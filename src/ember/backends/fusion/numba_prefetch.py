@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ember.atomic import atomic_write
+from ember.backend.environment import switch
 from ember.backend.errors import ConfigError
 from ember.backends.fusion import autotune, ir
 from ember.tensor.dtype import DType
@@ -192,5 +193,5 @@ def _read(path: Path) -> dict | None:
 
 
 def _log(message: str) -> None:
-    if os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0"):
+    if switch("EMBER_FUSION_DEBUG", False):
         print(f"[ember.fusion] prefetch: {message}", file=sys.stderr)

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from ember.atomic import atomic_write
+from ember.backend.environment import count
 from ember.backend.errors import BackendUnavailableError, ShapeError, fmt_shape
 from ember.backends.fusion import ir, numba_parallel
 from ember.backends.fusion.buffers import BufferPool, PooledOutputs
@@ -175,8 +176,8 @@ class NumbaRuntime(PooledOutputs):
                  pool: BufferPool | None = None) -> None:  # fmt: skip
         _require()
         self.cache = code_folder(cache if cache is not None else cache_dir())
-        if threads is None and os.environ.get("EMBER_FUSION_THREADS"):
-            threads = int(os.environ["EMBER_FUSION_THREADS"])
+        if threads is None:
+            threads = count("EMBER_FUSION_THREADS", "threads")
         self.threads = threads
         self.pool = pool if pool is not None else BufferPool()
         self.stats = RuntimeStats()
@@ -630,8 +631,7 @@ def parts_for(work: int, minimum: int, threads: int | None) -> int:
         return max(1, threads)
     if work < minimum:
         return 1
-    configured = os.environ.get("EMBER_FUSION_THREADS")
-    return max(1, int(configured)) if configured else _MAX_THREADS
+    return count("EMBER_FUSION_THREADS", "threads") or _MAX_THREADS
 
 
 def _parts(threads: int, elements: int) -> int:

@@ -15,9 +15,10 @@ needs) with the CPU's pause hint between loads.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
+
+from ember.backend.environment import whole_number
 
 try:  # numba is optional: numba_runtime checks it before starting workers
     import numba
@@ -33,10 +34,13 @@ DEFAULT_SPIN_US = 300
 
 
 def spin_seconds() -> float:
-    """How long a worker spins after its part: ``EMBER_FUSION_SPIN_US`` or the default."""
-    configured = os.environ.get("EMBER_FUSION_SPIN_US")
-    micros = DEFAULT_SPIN_US if configured is None or not configured.strip() else float(configured)
-    return max(0.0, micros) * 1e-6
+    """How long a worker spins after its part: ``EMBER_FUSION_SPIN_US`` or the default.
+
+    Raises:
+        ConfigError: the variable is not a whole number of microseconds of at least 0.
+    """
+    return whole_number("EMBER_FUSION_SPIN_US", DEFAULT_SPIN_US, "microseconds",
+                        "0 sleeps at once") * 1e-6
 
 
 if numba is not None:

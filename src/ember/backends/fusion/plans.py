@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.atomic import atomic_write
+from ember.backend.environment import switch
 from ember.backends.fusion.cache_folder import cache_dir
 from ember.backends.fusion.elementwise import Template
 from ember.backends.fusion.explorer import MAX_PLANS, Segment, plan_from_state, plan_to_state
@@ -92,7 +93,7 @@ class Stored:
 def enabled() -> bool:
     """Whether the store is on: ``EMBER_FUSION_PLANS`` is not ``0``, and the sources that
     version entries can be read (an install without them has no store)."""
-    return os.environ.get("EMBER_FUSION_PLANS", "1").strip() != "0" and version() is not None
+    return switch("EMBER_FUSION_PLANS", True) and version() is not None
 
 
 def stats() -> dict[str, int]:
@@ -179,7 +180,7 @@ def ignore(where: Path | tuple, why: str) -> None:
         where = _path(text) if text is not None else "?"
     with _lock:
         _counts["ignored"] += 1
-    if os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0"):
+    if switch("EMBER_FUSION_DEBUG", False):
         print(f"[ember.fusion] plan file {where} ignored: {why}", file=sys.stderr)
 
 

@@ -77,7 +77,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 from collections import OrderedDict
@@ -86,6 +85,7 @@ from typing import Any
 
 from ember.backend import effects
 from ember.backend.device import Device
+from ember.backend.environment import switch
 from ember.backend.errors import ArgumentError
 from ember.backend.rules import AVal
 from ember.backends.autodiff import listener
@@ -152,7 +152,7 @@ class Replayed:
         self._traces = Traces(MAX_TRACES, "traces")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing.tracer is not None or os.environ.get("EMBER_FUSION_REPLAY", "1") == "0":
+        if tracing.tracer is not None or not switch("EMBER_FUSION_REPLAY", True):
             return self.fn(*args, **kwargs)  # inside an outer trace: its ops are the outer's
         flat = _Flattened(args, kwargs)
         if flat.reason is not None:
@@ -235,7 +235,7 @@ def _name(fn: Any) -> str:
 
 
 def _debug(message: str) -> None:
-    if os.environ.get("EMBER_FUSION_DEBUG", "0") not in ("", "0"):
+    if switch("EMBER_FUSION_DEBUG", False):
         print(f"[ember.fusion] replay: {message}", file=sys.stderr)
 
 
