@@ -20,11 +20,16 @@ from ember.backends.fusion.cache_folder import cache_dir, check_module, code_fol
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "geteuid"), reason="no POSIX owners to check")
 
+PRIVATE_GROUP = cache_folder._private_group.__wrapped__  # before the fixture replaces it
+
 
 @pytest.fixture(autouse=True)
-def _fresh_checks():
-    """Every folder is checked anew in each test, and no test leaves a folder passed."""
+def _fresh_checks(monkeypatch):
+    """Every folder is checked anew in each test, and no test leaves a folder passed. Its
+    files' group is taken as shared with other users (as a group-writable folder of a
+    team's would be) unless a test says otherwise: this user's private group may write."""
     cache_folder.forget()
+    monkeypatch.setattr(cache_folder, "_private_group", lambda gid: False)
     yield
     cache_folder.forget()
 
@@ -166,6 +171,32 @@ def test_a_folder_of_another_user_is_refused(private, monkeypatch):
     assert f"{folder} (the kernel cache folder) belongs to user id {owner}" in str(error)
 
 
+def test_the_users_private_group_may_write(private, monkeypatch):
+    monkeypatch.setattr(cache_folder, "_private_group", lambda gid: True)  # umask 002
+    folder = private / "kernels"
+    folder.mkdir()
+    folder.chmod(0o775)
+    assert code_folder(folder) == folder
+    cache_folder.forget()
+    folder.chmod(0o777)
+    assert "can be written by others (mode 0o777)" in str(_refused(folder))
+
+
+def test_a_private_group_is_the_users_own_and_no_one_elses():
+    import grp
+    import pwd
+
+    private_group = PRIVATE_GROUP
+    user = pwd.getpwuid(os.geteuid())
+    group = grp.getgrgid(user.pw_gid)
+    own = group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+    assert private_group(user.pw_gid) is own
+    others = [g.gr_gid for g in grp.getgrall() if g.gr_gid != user.pw_gid]
+    assert others and not any(private_group(gid) for gid in others)
+    unnamed = max(g.gr_gid for g in grp.getgrall()) + 1
+    assert private_group(unnamed) is False
+
+
 def test_the_numba_runtime_refuses_at_construction(private):
     pytest.importorskip("numba")
     from ember.backends.fusion.numba_runtime import NumbaRuntime
@@ -220,7 +251,7 @@ def test_a_planted_index_runs_only_where_the_check_would_pass(private):
 
     refused = _run(folder)
     assert refused.returncode != 0 and "UnsafeCacheError" in refused.stderr
-    assert "can be written by its group and others" in refused.stderr
+    assert "can be written by" in refused.stderr and "others (mode 0o666)" in refused.stderr
     assert not marker.exists()
 
     for index in indexes:  # the same bytes, now looking like this user's own file

@@ -8,12 +8,16 @@ under ``/tmp`` made by someone else first, a group-writable shared cache). So be
 module is imported from it, the folder is checked the way OpenSSH checks ``~/.ssh``:
 
 * the folder and every folder above it belong to this user or to root, and none of them
-  can be written by group or others, except a folder *above* the cache folder with the
+  can be written by other users, except a folder *above* the cache folder with the
   sticky bit (``/tmp``: only an entry's owner can rename or remove it);
 * the ``__pycache__`` folder beside the module, every file in it, and the module file
-  itself belong to this user or root and can be written by no one else;
+  itself belong to this user or root and can be written by no other user;
 * with ``NUMBA_CACHE_DIR`` set, numba keeps its machine code there instead: that folder
   and those above it are checked the same way.
+
+"Other users" are others and the group, unless the group is this user's own private
+group (named after the user, the user's primary group, no other members), as Debian and
+Ubuntu make one for each user, with a umask of 002 that leaves folders group-writable.
 
 A folder that fails raises :class:`~ember.backend.errors.UnsafeCacheError`, naming the path, its owner and its
 mode; nothing from it has been imported. Folders ember makes are private (mode 0o700).
@@ -36,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import threading
@@ -107,6 +112,21 @@ def _trusted_owner(uid: int) -> bool:
     return uid in (os.geteuid(), 0)
 
 
+@functools.lru_cache(maxsize=64)
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is this user's own (module doc): no one else can write
+    through it."""
+    import grp
+    import pwd
+
+    try:
+        user, group = pwd.getpwuid(os.geteuid()), grp.getgrgid(gid)
+    except KeyError:  # an id without a name: nothing says whose it is
+        return False
+    return (gid == user.pw_gid and group.gr_name == user.pw_name
+            and all(member == user.pw_name for member in group.gr_mem))  # fmt: skip
+
+
 def _check_chain(folder: Path, role: str = "the kernel cache folder") -> None:
     """The resolved ``folder`` and every folder above it (module doc)."""
     _check_entry(folder, os.stat(folder), role)
@@ -146,7 +166,8 @@ _WRITERS = ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others"))
 def _check_entry(path: Path, info: os.stat_result, role: str = "") -> None:
     if not _trusted_owner(info.st_uid):
         problem = f"belongs to user id {info.st_uid}, not to this user ({os.geteuid()})"
-    elif writers := [who for bit, who in _WRITERS if info.st_mode & bit]:
+    elif writers := [who for bit, who in _WRITERS if info.st_mode & bit
+                     and not (bit == stat.S_IWGRP and _private_group(info.st_gid))]:
         problem = f"can be written by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):#o})"
     else:
         return
