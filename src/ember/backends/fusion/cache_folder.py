@@ -19,10 +19,10 @@ module is imported from it, the folder is checked the way OpenSSH checks ``~/.ss
 group (named after the user, the user's primary group, no other members), as Debian and
 Ubuntu make one for each user, with a umask of 002 that leaves folders group-writable.
 
-A folder that fails raises :class:`~ember.backend.errors.UnsafeCacheError`, naming the path, its owner and its
-mode; nothing from it has been imported. Folders ember makes are private (mode 0o700).
-A folder passes once per process (its ``__pycache__`` is listed then); each module file is
-checked when it is imported. On systems without POSIX owners (Windows) there is nothing
+A folder that fails raises :class:`~ember.backend.errors.UnsafeCacheError`, naming the
+path, its owner and its mode; nothing from it has been imported. Folders ember makes are
+private (mode 0o700). A folder passes once per process (its ``__pycache__`` is listed
+then); each module file is checked when it is imported. On systems without POSIX owners (Windows) there is nothing
 to check: the folder's access rights are the user's to keep.
 
 The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
@@ -168,7 +168,8 @@ def _check_entry(path: Path, info: os.stat_result, role: str = "") -> None:
         problem = f"belongs to user id {info.st_uid}, not to this user ({os.geteuid()})"
     elif writers := [who for bit, who in _WRITERS if info.st_mode & bit
                      and not (bit == stat.S_IWGRP and _private_group(info.st_gid))]:
-        problem = f"can be written by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):#o})"
+        mode = stat.S_IMODE(info.st_mode)
+        problem = f"can be written by {' and '.join(writers)} (mode {mode:#o})"
     else:
         return
     what = role or ("a folder" if stat.S_ISDIR(info.st_mode) else "a file") + " in the kernel cache"

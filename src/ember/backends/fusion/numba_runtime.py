@@ -8,12 +8,11 @@ numba is optional (``pip install ember[jit]``). Importing this module never fail
 written as a real module file ``k_<hash>.py`` into the cache folder, ``<hash>`` covering
 the generated source and the generator's own source, so numba's ``cache=True`` keeps the
 machine code in ``__pycache__`` next to it and a new process loads it instead of
-compiling. Code runs from that folder only while no other user can write it
-(``cache_folder``). Blocks whose keys differ only where the kernel does not see it (dims of size
+compiling. Blocks whose keys differ only where the kernel does not see it (dims of size
 1, dims merged into one loop: a ``[4]`` and a ``[2, 1, 3]`` chain of the same ops) have
 the same source and share one kernel. The folder is ``EMBER_FUSION_CACHE``, else
-``$XDG_CACHE_HOME/ember/fusion`` (``~/.cache/ember/fusion``). Within a process, kernels
-are kept by key.
+``$XDG_CACHE_HOME/ember/fusion`` (``~/.cache/ember/fusion``); code runs from it only while
+no other user can write it (``cache_folder``). Within a process, kernels are kept by key.
 
 **Inputs** may be any NumPy arrays of the block's shapes and dtypes: arrays that are not
 C-contiguous (transposed or sliced views, from torch or NumPy) are copied to contiguous
