@@ -10,6 +10,7 @@ constant when the input's shape is static.
 
 from __future__ import annotations
 
+import ast
 import math
 from typing import Any, NamedTuple
 
@@ -222,7 +223,7 @@ def _log_sum_exp(node: NodeContext, x: Value, axes: str, keepdims: bool,
     m, y = node.tmp("peak"), node.outputs[0]
     shifted = f"({x.expr} - {m}).exp()"
     if static:
-        dims = eval(axes)
+        dims = ast.literal_eval(axes)  # the list of ints written above
         lines = [f"{m} = {_along(x.expr, 'max_dim', dims)}"]
     else:
         guard = -math.inf if _may_be_empty(x) else None
