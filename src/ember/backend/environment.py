@@ -48,17 +48,7 @@ def count(name: str, unit: str) -> int | None:
         >>> count("EMBER_EXAMPLE_UNSET", "threads") is None
         True
     """
-    text = os.environ.get(name)
-    if text is None or text.strip() == "":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{name}={text!r}: expected a whole number of {unit} of at least 1, "
-                          "or nothing for the default")  # fmt: skip
-    return value
+    return _whole(name, 1, f"a whole number of {unit} of at least 1, or nothing for the default")
 
 
 def whole_number(name: str, default: int, unit: str, zero: str) -> int:
@@ -72,14 +62,19 @@ def whole_number(name: str, default: int, unit: str, zero: str) -> int:
         >>> whole_number("EMBER_EXAMPLE_UNSET", 7, "items", "0 turns it off")
         7
     """
+    value = _whole(name, 0, f"a whole number of {unit} of at least 0 ({zero})")
+    return default if value is None else value
+
+
+def _whole(name: str, minimum: int, expected: str) -> int | None:
+    """``name`` as an int of at least ``minimum``; None when unset or blank."""
     text = os.environ.get(name)
     if text is None or text.strip() == "":
-        return default
+        return None
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"{name}={text!r}: expected a whole number of {unit} of at least 0 "
-                          f"({zero})")  # fmt: skip
+        value = minimum - 1
+    if value < minimum:
+        raise ConfigError(f"{name}={text!r}: expected {expected}")
     return value

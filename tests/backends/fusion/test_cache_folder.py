@@ -96,10 +96,15 @@ def test_the_cache_folder_itself_must_not_rely_on_a_sticky_bit(private):
     assert "(the kernel cache folder)" in str(_refused(folder))
 
 
-def test_numbas_files_are_checked(private):
+def _with_numba_folder(private: Path) -> tuple[Path, Path]:
+    """A cache folder and the ``__pycache__`` where numba keeps its machine code."""
     folder = private / "kernels"
-    numba_files = folder / "__pycache__"
-    numba_files.mkdir(parents=True)
+    (folder / "__pycache__").mkdir(parents=True)
+    return folder, folder / "__pycache__"
+
+
+def test_numbas_files_are_checked(private):
+    folder, numba_files = _with_numba_folder(private)
     index = numba_files / "k_0.kernel-1.py311.nbi"
     index.write_bytes(b"")
     index.chmod(0o646)
@@ -113,9 +118,7 @@ def test_numbas_files_are_checked(private):
 
 
 def test_a_link_in_numbas_folder_is_judged_by_its_target(private):
-    folder = private / "kernels"
-    numba_files = folder / "__pycache__"
-    numba_files.mkdir(parents=True)
+    folder, numba_files = _with_numba_folder(private)
     target = private / "elsewhere.nbi"
     target.write_bytes(b"")
     target.chmod(0o666)
