@@ -64,6 +64,13 @@ def test_a_missing_folder_is_made_private(private):
     assert folder.stat().st_mode & 0o777 == 0o700
 
 
+def test_a_folder_removed_while_the_process_runs_is_made_again(private):
+    folder = code_folder(private / "kernels")
+    folder.rmdir()  # a user clearing the cache
+    assert code_folder(folder) == folder
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
 @pytest.mark.parametrize("mode, writers", [(0o770, "its group"), (0o707, "others"),
                                            (0o777, "its group and others")])  # fmt: skip
 def test_a_folder_others_can_write_is_refused(private, mode, writers):

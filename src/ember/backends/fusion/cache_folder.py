@@ -72,10 +72,10 @@ def code_folder(folder: str | os.PathLike) -> Path:
             there can be written by another user (module doc).
     """
     folder = Path(folder)
+    folder.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)  # each time: it may have been removed
     if folder in _checked:
         return folder
     with _lock:
-        folder.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)
         if _owners_apply():
             _check_chain(folder.resolve())
             _check_cache_of(folder)
