@@ -137,6 +137,25 @@ def test_a_link_in_numbas_folder_is_judged_by_its_target(private):
     assert code_folder(folder) == folder
 
 
+def test_a_tree_is_checked_all_the_way_down(private):
+    folder = private / "compiled"
+    deep = folder / "a1b2" / "c3"
+    deep.mkdir(parents=True)
+    launcher = deep / "launcher.so"
+    launcher.write_bytes(b"")
+    launcher.chmod(0o646)
+    assert code_folder(folder) == folder  # only __pycache__ is listed by default
+    cache_folder.forget()
+    assert f"{launcher} (a file in the kernel cache) can be written by others" in str(
+        _refused(folder, lambda f: code_folder(f, tree=True)))
+    launcher.chmod(0o644)
+    (folder / "a1b2").chmod(0o777)
+    assert f"{folder / 'a1b2'} (a folder in the kernel cache)" in str(
+        _refused(folder, lambda f: code_folder(f, tree=True)))
+    (folder / "a1b2").chmod(0o755)
+    assert code_folder(folder, tree=True) == folder
+
+
 def test_the_module_file_is_checked(private):
     folder = code_folder(private / "kernels")
     module = folder / "k_0.py"

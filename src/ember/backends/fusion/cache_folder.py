@@ -13,7 +13,9 @@ module is imported from it, the folder is checked the way OpenSSH checks ``~/.ss
 * the ``__pycache__`` folder beside the module, every file in it, and the module file
   itself belong to this user or root and can be written by no other user;
 * with ``NUMBA_CACHE_DIR`` set, numba keeps its machine code there instead: that folder
-  and those above it are checked the same way.
+  and those above it are checked the same way;
+* Triton's compiled binaries (``triton/compiled``, where Triton also keeps the launcher
+  modules it imports) are checked as a whole tree.
 
 "Other users" are others and the group, unless the group is this user's own private
 group (named after the user, the user's primary group, no other members), as Debian and
@@ -64,12 +66,15 @@ def cache_dir() -> Path:
     return Path(base) / "ember" / "fusion"
 
 
-def code_folder(folder: str | os.PathLike) -> Path:
-    """``folder`` (made private where missing) once it is safe to import code from.
+def code_folder(folder: str | os.PathLike, tree: bool = False) -> Path:
+    """``folder`` (made private where missing) once it is safe to import code from;
+    ``tree``: every folder and file below it is checked too (Triton's compiled binaries,
+    whose launchers it loads as modules), not only ``__pycache__``.
 
     Raises:
         UnsafeCacheError: the folder, a folder above it, its ``__pycache__`` or a file
-            there can be written by another user (module doc).
+            there (anything below it, with ``tree``) can be written by another user
+            (module doc).
     """
     folder = Path(folder)
     folder.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)  # each time: it may have been removed
@@ -78,7 +83,10 @@ def code_folder(folder: str | os.PathLike) -> Path:
     with _lock:
         if _owners_apply():
             _check_chain(folder.resolve())
-            _check_cache_of(folder)
+            if tree:
+                _check_below(folder)
+            else:
+                _check_cache_of(folder)
         _checked.add(folder)
     return folder
 
@@ -151,13 +159,23 @@ def _check_cache_of(folder: Path) -> None:
     except FileNotFoundError:
         return
     _check_entry(cache, info)
-    with os.scandir(cache) as entries:
-        for entry in entries:
-            try:
-                info = entry.stat()
-            except FileNotFoundError:  # replaced meanwhile (numba writes by renaming), or a
-                continue  # link to nothing: nothing numba could read
-            _check_entry(Path(entry.path), info)
+    _check_below(cache)
+
+
+def _check_below(folder: Path) -> None:
+    """Every entry below ``folder``, folders first (links are judged by their targets and
+    not followed into)."""
+    pending = [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                try:
+                    info = entry.stat()
+                except FileNotFoundError:  # replaced meanwhile (numba writes by renaming),
+                    continue  # or a link to nothing: nothing a loader could read
+                _check_entry(Path(entry.path), info)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
 
 
 _WRITERS = ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others"))

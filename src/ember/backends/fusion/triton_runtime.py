@@ -176,7 +176,7 @@ class TritonRuntime:
         if not os.environ.get("TRITON_CACHE_DIR") and not self.interpret:
             # Compiled binaries beside our sources (one folder to clear), unless the user
             # put Triton's cache elsewhere.
-            triton.knobs.cache.dir = str(code_folder(self.cache / "compiled"))
+            triton.knobs.cache.dir = str(code_folder(self.cache / "compiled", tree=True))
 
     # ------------------------------------------------------------------ tuning hooks
     def thread_count(self) -> int:
