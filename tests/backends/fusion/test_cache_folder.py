@@ -64,6 +64,18 @@ def test_a_missing_folder_is_made_private(private):
     assert folder.stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_a_folder_that_cannot_be_made_is_a_config_error(private, where):
+    blocker = private / "kernels"
+    blocker.write_text("not a folder")
+    folder = blocker if where == "file" else blocker / "sub"
+    with pytest.raises(ConfigError) as caught:
+        code_folder(folder)
+    assert not isinstance(caught.value, UnsafeCacheError) and caught.value.file == str(folder)
+    assert f"the kernel cache folder {folder} cannot be made (" in str(caught.value)
+    assert str(blocker) in str(caught.value) and "EMBER_FUSION_CACHE" in str(caught.value)
+
+
 def test_a_folder_removed_while_the_process_runs_is_made_again(private):
     folder = code_folder(private / "kernels")
     folder.rmdir()  # a user clearing the cache

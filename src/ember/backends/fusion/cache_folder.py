@@ -48,7 +48,7 @@ import stat
 import threading
 from pathlib import Path
 
-from ember.backend.errors import UnsafeCacheError
+from ember.backend.errors import ConfigError, UnsafeCacheError
 
 __all__ = ["cache_dir", "check_module", "code_folder", "forget"]
 
@@ -75,9 +75,15 @@ def code_folder(folder: str | os.PathLike, tree: bool = False) -> Path:
         UnsafeCacheError: the folder, a folder above it, its ``__pycache__`` or a file
             there (anything below it, with ``tree``) can be written by another user
             (module doc).
+        ConfigError: the folder cannot be made (a file in its place, no permission).
     """
     folder = Path(folder)
-    folder.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)  # each time: it may have been removed
+    try:  # each time: it may have been removed
+        folder.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)
+    except OSError as error:  # a file in the way, a read-only place, no permission
+        raise ConfigError(f"fusion: the kernel cache folder {folder} cannot be made "
+                          f"({error.strerror}: {error.filename}); choose another folder "
+                          "with EMBER_FUSION_CACHE", file=str(folder)) from None  # fmt: skip
     if folder in _checked:
         return folder
     with _lock:
