@@ -84,16 +84,7 @@ def code_folder(folder: str | os.PathLike, tree: bool = False) -> Path:
         raise ConfigError(f"fusion: the kernel cache folder {folder} cannot be made "
                           f"({error.strerror}: {error.filename}); choose another folder "
                           "with EMBER_FUSION_CACHE", file=str(folder)) from None  # fmt: skip
-    if folder in _checked:
-        return folder
-    with _lock:
-        if _owners_apply():
-            _check_chain(folder.resolve())
-            if tree:
-                _check_below(folder)
-            else:
-                _check_cache_of(folder)
-        _checked.add(folder)
+    _passed(folder, tree)
     return folder
 
 
@@ -105,7 +96,7 @@ def check_module(path: str | os.PathLike) -> Path:
         UnsafeCacheError: as :func:`code_folder`, or for the file.
     """
     path = Path(path)
-    code_folder(path.parent)
+    _passed(path.parent)  # the file exists: so does its folder
     if _owners_apply():
         _check_entry(path, os.stat(path))
     return path
@@ -118,6 +109,20 @@ def forget() -> None:
 
 
 # ---------------------------------------------------------------------- the checks
+def _passed(folder: Path, tree: bool = False) -> None:
+    """Checks ``folder`` (an existing one) unless it passed in this process (module doc)."""
+    if folder in _checked:
+        return
+    with _lock:
+        if _owners_apply():
+            _check_chain(folder.resolve())
+            if tree:
+                _check_below(folder)
+            else:
+                _check_cache_of(folder)
+        _checked.add(folder)
+
+
 def _owners_apply() -> bool:
     return hasattr(os, "geteuid")
 

@@ -460,14 +460,15 @@ class Executor:
         What the choice hangs on (``supports``, ``key``, ``work``, the BLAS held or not) is
         kept per op, layouts and attributes while the tuner's generation holds: with the
         record's path around it, it cost about 20 us a product of a small model's step."""
-        key = [name]
+        parts = [name]
         for arg in args:
             if type(arg) is np.ndarray:
-                key += (arg.shape, arg.strides, arg.dtype)
+                parts += (arg.shape, arg.strides, arg.dtype)
             else:
-                key.append(arg)
+                parts.append(arg)
+        key = tuple(parts)
         try:
-            known = self._settled.get(tuple(key))
+            known = self._settled.get(key)
         except TypeError:  # an attribute that is not hashable
             return None
         generation = self.tuner.generation()
@@ -477,7 +478,7 @@ class Executor:
                 return None
             if len(self._settled) >= MAX_SETTLED:  # shapes that keep changing: start over
                 self._settled.clear()
-            self._settled[tuple(key)] = known
+            self._settled[key] = known
         _, threads, hold = known
         if threads:
             counters.add("op_kernels")

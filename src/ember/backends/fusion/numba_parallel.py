@@ -307,9 +307,8 @@ def _address(kernel: Any, args: list, kept: bool = True) -> tuple[int | None, tu
 def call_at(typingctx, address, arguments):
     """Calls the numba function whose machine code is at ``address`` (an int) with the
     tuple ``arguments``, by numba's calling convention, its status ignored (the runtime's
-    kernels do not raise). A launcher that calls its kernel by name compiles the kernel's
-    code into its own again (LLVM optimizes it anew: 3-4 s a GEMM launcher, against 0.3 s
-    this way), and its disk cache could not follow a changed kernel."""
+    kernels do not raise): how a launcher calls its kernel without holding its code
+    (module doc)."""
     signature = types.none(address, arguments)
 
     def codegen(context, builder, sig, llargs):
