@@ -56,6 +56,24 @@ def test_a_scaled_product_keeps_its_values_whatever_the_scale(pair):
     assert counts["kernels"] == 5 and counts["unfused_ops"] == 0
 
 
+def test_an_erf_over_a_divisor_keeps_its_values_whatever_the_divisor(pair):
+    # A kernel of erf(x / sqrt 2) computes it from x (numba_source._erf_of_scaled); the same
+    # stream dividing by 1.5 must not be planned or compiled as it.
+    import math
+
+    _, fused = pair
+    x = (np.random.default_rng(6).standard_normal((40, 300)) * 3).astype(np.float32)
+    xt = Tensor.from_data(x, fused)
+    reset_stats()
+    for divisor in (math.sqrt(2.0), 1.5, 1.4142135, 3.0, math.sqrt(2.0)):
+        got = (xt / divisor).erf().to_data().to_numpy()
+        want = np.vectorize(math.erf)(x.astype(np.float64) / float(np.float32(divisor)))
+        # 1.5 ulp, and half an ulp more from the quotient's rounding where it is computed
+        np.testing.assert_allclose(got, want, rtol=2.5e-7, atol=1e-30, err_msg=f"{divisor}")
+    counts = stats()
+    assert counts["kernels"] == 5 and counts["unfused_ops"] == 0
+
+
 def test_softmax_and_log_softmax_match(pair):
     x = np.random.default_rng(1).normal(size=(33, 130)).astype(np.float32) * 5
     x[0, 3], x[1, :] = np.inf, -np.inf

@@ -462,6 +462,71 @@ def test_the_key_tells_a_power_of_two_scaling_from_another():
         assert attr_tag("mul_scalar", value) == type(value).__name__, value
 
 
+# A float32 erf of x / sqrt 2 (or x * (1 / sqrt 2)) is computed from x: its factor, as float32
+# rounds it, and the reference below.
+SCALED_ERFS = [("div_scalar", math.sqrt(2.0), 1.0 / float(np.float32(math.sqrt(2.0))),
+                "fast_erf_div_sqrt2_f32"),
+               ("mul_scalar", 1.0 / math.sqrt(2.0), float(np.float32(1.0 / math.sqrt(2.0))),
+                "fast_erf_mul_rsqrt2_f32")]  # fmt: skip
+
+
+def scaled_erf_block(op, scalar, shape, dtype=F32, outputs=(2,)):
+    return ir.Block(shape, (ir.Input(shape, dtype),), (
+        I(op, (0,), (scalar,), shape, dtype), I("erf", (1,), (), shape, dtype)), outputs)  # fmt: skip
+
+
+@pytest.mark.parametrize("op, scalar, factor, function", SCALED_ERFS)
+def test_the_erf_of_x_over_sqrt2_is_computed_from_x(runtime, op, scalar, factor, function):
+    x = _samples()
+    assert f"{function}(r0)" in generate(scaled_erf_block(op, scalar, x.shape))
+    (got,) = runtime.run(scaled_erf_block(op, scalar, x.shape), [x])
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    want = np.vectorize(math.erf)(x[~nan].astype(np.float64) * factor)  # exact: unrounded
+    err = ulp_error(got[~nan], want)
+    worst = np.argmax(err)
+    assert err[worst] <= numba_math.MAX_ULP["erf"], (x[~nan][worst], err[worst])
+    zeros = x == 0
+    np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))
+    # near the pieces' seam (1.328125) and the clamp (5.5625), both signs, odd to the bit
+    pos = np.concatenate([_every_float32(1.31, 1.35), _every_float32(5.5, 5.6)])
+    x = np.concatenate([pos, -pos])
+    (got,) = runtime.run(scaled_erf_block(op, scalar, x.shape), [x])
+    assert ulp_error(got, np.vectorize(math.erf)(x.astype(np.float64) * factor)).max() <= (
+        numba_math.MAX_ULP["erf"])
+    np.testing.assert_array_equal(got[pos.size :], -got[: pos.size])
+    np.testing.assert_array_equal(got[np.abs(x) > 5.5625], np.sign(x[np.abs(x) > 5.5625]))
+
+
+def test_only_a_float32_erf_of_x_over_sqrt2_is_computed_from_x(runtime):
+    from ember.backends.fusion.ir import BY_SQRT2, attr_tag
+
+    s = (3, 50)
+    for op, scalar, _, function in SCALED_ERFS:
+        assert attr_tag(op, scalar) == BY_SQRT2
+        assert attr_tag(op, float(np.float32(scalar))) == BY_SQRT2  # as ONNX files hold it
+        assert f"{function}(r0)" in generate(scaled_erf_block(op, scalar, s))
+        # float64 keeps math.erf of the quotient
+        assert "math.erf(r1)" in generate(scaled_erf_block(op, scalar, s, F64))
+    for op, scalar in [("div_scalar", 1.4142), ("div_scalar", 2.0), ("div_scalar", 1 / 2**0.5),
+                       ("mul_scalar", math.sqrt(2.0)), ("mul_scalar", 0.7071), ("mul_scalar", 0.5),
+                       ("add_scalar", math.sqrt(2.0)), ("div_scalar", 1e300),
+                       ("div_scalar", math.nan), ("div_scalar", math.inf)]:  # fmt: skip
+        assert attr_tag(op, scalar) != BY_SQRT2, (op, scalar)
+        assert "fast_erf_f32(r1)" in generate(scaled_erf_block(op, scalar, s)), (op, scalar)
+    assert attr_tag("div_scalar", 2) == "int"
+    # the key tells sqrt 2 from another divisor: their kernels differ
+    assert (scaled_erf_block("div_scalar", math.sqrt(2.0), s).key()
+            != scaled_erf_block("div_scalar", 1.5, s).key())  # fmt: skip
+    # a quotient read elsewhere is still computed, and written
+    x = np.linspace(-6, 6, 150, dtype=np.float32).reshape(s)
+    block = scaled_erf_block("div_scalar", math.sqrt(2.0), s, outputs=(2, 1))
+    erf, quotient = runtime.run(block, [x])
+    np.testing.assert_array_equal(quotient, x / np.float32(math.sqrt(2.0)))
+    want = np.vectorize(math.erf)(x.astype(np.float64) / float(np.float32(math.sqrt(2.0))))
+    assert ulp_error(erf, want).max() <= numba_math.MAX_ULP["erf"]
+
+
 @pytest.mark.parametrize("scale", [0.5, 0.3, -4.0])
 @pytest.mark.parametrize("scale_last", [True, False])
 def test_a_moved_power_of_two_scaling_gives_the_same_values(runtime, scale, scale_last):

@@ -274,7 +274,8 @@ def relativize(records: list[Record]) -> tuple:
     It runs on every flush, so it is written for speed: each slot's dtype and unit dims
     come from a per-shape table; a reduction's attributes are kept (its axis decides the
     plan), other ops' only as ``ir.attr_tag`` tells (a scalar's type, and whether it scales
-    by a power of two, which the kernel the plan builds may rely on), dtypes by value.
+    by a power of two or by sqrt 2, which the kernel the plan builds may rely on), dtypes
+    by value.
     """
     made: dict[int, tuple[str, int, int]] = {}  # slot id -> ("r", record index, output index)
     outside: dict[int, int] = {}
@@ -299,8 +300,8 @@ def relativize(records: list[Record]) -> tuple:
             attrs = ()
         elif op.name in REDUCTIONS:
             attrs = tuple(extra)
-        elif op.name == "mul_scalar":  # whether it scales by a power of two (ir.attr_tag)
-            attrs = tuple([attr_tag("mul_scalar", a) for a in extra])
+        elif op.name in ("mul_scalar", "div_scalar"):  # ir.attr_tag: 2**k, sqrt 2
+            attrs = tuple([attr_tag(op.name, a) for a in extra])
         else:
             attrs = tuple([a if isinstance(a, DType) else type(a).__name__ for a in extra])
         outs = []

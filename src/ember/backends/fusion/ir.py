@@ -26,13 +26,16 @@ which dims are broadcast, never the sizes) and runs it on arrays of any sizes th
 Numeric attributes (the scalar of ``mul_scalar``, the bounds of ``clamp``, the value of
 ``mask_fill``) are not part of the key: a kernel takes them as arguments, in the order
 of :meth:`Block.scalars`, so a learning rate that changes every step compiles nothing.
-The key keeps one fact about a value (:func:`attr_tag`): whether a ``mul_scalar``
-scales by a power of two, which a kernel may then apply to either factor of a product.
+The key keeps two facts about a value (:func:`attr_tag`): whether a ``mul_scalar``
+scales by a power of two, which a kernel may then apply to either factor of a product,
+and whether a float32 ``div_scalar`` divides by sqrt 2 (or a ``mul_scalar`` multiplies by
+its inverse), whose erf a kernel may compute from the dividend (a GELU's).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,14 +139,27 @@ class Block:
 
 POWER_OF_TWO = "2**k"
 """The key's tag of a ``mul_scalar`` by a power of two (:func:`attr_tag`)."""
+BY_SQRT2 = "sqrt 2"
+"""The key's tag of a ``div_scalar`` by sqrt 2 and of a ``mul_scalar`` by 1 / sqrt 2, each
+as float32 rounds it (:func:`attr_tag`)."""
+_SQRT2 = {"div_scalar": math.sqrt(2.0), "mul_scalar": 1.0 / math.sqrt(2.0)}
+
+
+def _as_float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def attr_tag(op: str, value: Any) -> str:
-    """What the keys keep of a numeric attribute: its type's name, or
+    """What the keys keep of a numeric attribute: its type's name;
     :data:`POWER_OF_TWO` for a ``mul_scalar`` by ``+-2**k`` with ``|k| <= 60`` (exact in
-    float32 and float64 alike). Scaling by a power of two commutes with rounding, so a
-    kernel may scale whichever factor of a product is ready first (``numba_source``)."""
+    float32 and float64 alike): scaling by a power of two commutes with rounding, so a
+    kernel may scale whichever factor of a product is ready first (``numba_source``);
+    :data:`BY_SQRT2` for a ``div_scalar`` by sqrt 2 or a ``mul_scalar`` by its inverse,
+    rounded to float32 (a float32 kernel computes the erf of the result from the operand)."""
     kind = type(value)
+    near = _SQRT2.get(op)
+    if near is not None and kind is float and abs(value - near) < 1e-6:  # packs as float32
+        return BY_SQRT2 if _as_float32(value) == _as_float32(near) else "float"
     if op == "mul_scalar" and kind is int:
         magnitude = abs(value)  # an int of any size: no float conversion to overflow
         if magnitude and magnitude & (magnitude - 1) == 0 and magnitude.bit_length() <= 61:

@@ -19,8 +19,11 @@ a test): numba's cache follows the kernel's own file only. ``MAX_ULP`` states th
 error of each in ulps of the float32 result against NumPy's float64 (the spacing of
 float32 numbers at the exact value; 2**-149 among subnormals), held by the tests over
 random bit patterns of every exponent, [-6, 6] densely, subnormals and the edges.
-Measured there: exp 1.06, log 1.90, tanh 1.41, sigmoid 2.34; erf 1.44 over every float32
-in [0, 4.5] (it is odd, and exactly +-1 beyond).
+Measured there: exp 1.06, log 1.90, tanh 1.41, sigmoid 2.34. erf is odd to the bit and
+exactly +-1 beyond its clamp; over every float32 in [2**-8, 4.5] (every 31st below) it is
+within 1.435 ulp, and the erfs of ``x / sqrt 2`` and ``x * (1 / sqrt 2)`` computed from
+``x`` (below) within 1.447 and 1.429 of the exact ``erf(x / float32(sqrt 2))`` and
+``erf(x * float32(1 / sqrt 2))`` over [2**-8, 6].
 
 Beside them live the intrinsics the generated kernels call: bit casts, ``fma_f32``,
 ``next_part`` (claiming a launch's slices) and ``prefetch_read`` / ``prefetch_write``.
@@ -246,71 +249,79 @@ def fast_log_f32(x):
     return x if ((x == _F32(np.inf)) | (x != x)) else result
 
 
-# erf in two pieces, fitted for ember by iteratively reweighted least squares against
-# math.erf / math.erfc in float64, each coefficient rounded to float32 in turn and the
-# others refitted:
-# * |x| < 0.9375: erf(x) / x = 2/sqrt(pi) + z P(z) with z = x**2, P of degree 4
-#   (0.41 float32 ulp);
-# * 0.9375 <= |x| <= 3.925: erfc(x) = N(t) / D(t) with t = |x| - 0.9375, degrees 5 and 6
-#   (absolute error 4e-8, 0.66 ulp of the result: erf is within 0.19 of 1 there; t keeps
-#   the terms falling, where powers of |x| would cancel). Beyond 3.925, erfc(x) < 8e-9 and
-#   erf rounds to +-1 in float32.
-# Degrees are the least that keep the sum under 2 ulp: each multiply-add is ~4% of a GELU
-# kernel's time at one thread (it is compute bound, not memory bound).
-_ERF_C0_HI = _F32(1.128379225730896)  # 2/sqrt(pi) in two parts: the leading term exactly
-_ERF_C0_LO = _F32(-5.8635382771399236e-08)
-_ERF_P = tuple(_F32(c) for c in (
-    -0.37612518668174744, 0.11281876266002655, -0.02676546387374401, 0.0049887062050402164,
-    -0.000595894583966583))  # fmt: skip
-# N and D as fitted (D(0) = 1), divided by D's leading coefficient and rounded to float32:
-# D's first Horner step becomes an add, which runs beside the multiplies (a GELU kernel is
-# bound by its multiply-adds), and the new roundings happen to lower the maximum error
-# (1.44 ulp over every float32 in [0.9375, 4.5], from 1.56).
-_ERFC_N = tuple(_F32(c) for c in (
-    2.4361002445220947, -4.367660045623779, 3.172243356704712, -1.1651813983917236,
-    0.21613536775112152, -0.016174525022506714))  # fmt: skip
-_ERFC_D = tuple(_F32(c) for c in (  # and 1 t**6: D is monic
-    13.17540454864502, 9.76505184173584, 10.611122131347656, 5.725573539733887,
-    3.690009832382202, 0.8733745813369751))  # fmt: skip
-_ERF_SPLIT = _F32(0.9375)
-_ERF_CLAMP = _F32(3.925)
+# erf in two pieces of a = |x| (scripts/fit_erf.py fits them and prints the sets below):
+# * below a split near 0.94: erf(x) / x = c0 + z P(z) with z = x**2 and P of degree 4, the
+#   leading coefficient c0 = 2/sqrt(pi) in two float32 parts (rounding it to one float32
+#   alone would cost 1 ulp);
+# * from the split to the clamp: erfc(a) = Q(a - centre)**4, Q of degree 8 fitting
+#   erfc ** (1/4). That root falls slowly enough for a polynomial, where erfc itself needed
+#   a rational function, and a division is the slowest instruction in the loop: a GELU over
+#   16M floats at one thread took 0.88x the time of the rational's (Zen 4). erf is then
+#   fma(-q2, q2, 1) with q2 = Q**2, one rounding for the last two steps. Beyond the clamp
+#   erfc < 3e-8 and erf rounds to +-1 in float32.
+# A set may fold a constant factor of the argument in: erf(x / sqrt 2), a GELU's, is one
+# set in x (the kernel then skips the division as well). Sets hold, in order: c0's two
+# parts, P's 5 coefficients, the split, the centre (a multiple of 2**-4, so that a - centre
+# is exact), Q's 9 coefficients and the clamp.
+
+
+def _erf_set(*values: float) -> tuple:
+    """One coefficient set of :func:`erf_pieces`, as float32s."""
+    assert len(values) == 19, len(values)
+    return tuple(_F32(v) for v in values)
+
+
+# erf(x)
+_ERF = _erf_set(1.128379225730896, -5.8635382771399236e-08, -0.3761250674724579, 0.11281724274158478, -0.026759684085845947, 0.00498013012111187, -0.0005915479850955307, 0.9375, 0.75, 0.7331069111824036, -0.40798550844192505, -0.03432733193039894, 0.05089502036571503, 0.004083211068063974, -0.007203938905149698, 0.0011371164582669735, 9.930115629686043e-05, -2.7834565116791055e-05, 3.924999952316284)  # fmt: skip
+# erf(x / float32(sqrt 2)), as a GELU written with a division computes it op by op.
+_ERF_DIV_SQRT2 = _erf_set(0.7978845834732056, -9.015127311329252e-09, -0.13298028707504272, 0.01994338259100914, -0.0023650960065424442, 0.0002199833106715232, -1.3043985745753162e-05, 1.328125, 1.0625, 0.7325761318206787, -0.28855279088020325, -0.01706259325146675, 0.017998401075601578, 0.0010123843094334006, -0.0012739136582240462, 0.00014294935681391507, 8.622304449090734e-06, -1.729876657918794e-06, 5.5625)  # fmt: skip
+# erf(x * float32(1 / sqrt 2)), as ember's own ``gelu`` computes it op by op.
+_ERF_MUL_RSQRT2 = _erf_set(0.7978845238685608, 2.3279092431494064e-08, -0.13298028707504272, 0.019943447783589363, -0.00236520916223526, 0.00022005995560903102, -1.3062029211141635e-05, 1.328125, 1.0625, 0.7325761318206787, -0.2885526716709137, -0.017063021659851074, 0.017999326810240746, 0.0010112783638760448, -0.0012731450842693448, 0.00014264366473071277, 8.686377441335935e-06, -1.7353304428979754e-06, 5.5625)  # fmt: skip
 _SIGN_BIT = np.int32(-0x80000000)
-_ERFC_D5_SHIFTED = _ERFC_D[5] - _ERF_SPLIT  # exact (Sterbenz): D's first step is a + this
+
+
+@_jit
+def erf_pieces(x, c):
+    """erf of ``x`` times the factor that the coefficient set ``c`` folds in (see above);
+    branch-free: both pieces are computed and one selected, so the loop vectorizes."""
+    a = abs(x)
+    a = c[18] if a > c[18] else a  # NaN passes unchanged, +-inf become the clamp
+    z = a * a
+    p = fma_f32(c[6], z, c[5])
+    p = fma_f32(p, z, c[4])
+    p = fma_f32(p, z, c[3])
+    p = fma_f32(p, z, c[2])
+    small = fma_f32(a, c[0], a * fma_f32(p, z, c[1]))
+    t = a - c[8]
+    q = fma_f32(c[17], t, c[16])
+    q = fma_f32(q, t, c[15])
+    q = fma_f32(q, t, c[14])
+    q = fma_f32(q, t, c[13])
+    q = fma_f32(q, t, c[12])
+    q = fma_f32(q, t, c[11])
+    q = fma_f32(q, t, c[10])
+    q = fma_f32(q, t, c[9])
+    q2 = q * q
+    r = small if a < c[7] else fma_f32(-q2, q2, _F32(1.0))
+    return f32_from_bits(f32_bits(r) | (f32_bits(x) & _SIGN_BIT))
 
 
 @_jit
 def fast_erf_f32(x):
-    """erf(x) on a = |x| clamped at 3.925, with x's sign bit: a 2/sqrt(pi) + a z P(z) below
-    0.9375 (the leading product rounded once, in the last fma: rounding 2/sqrt(pi) to float32
-    alone would cost 1 ulp), 1 - N(t) / D(t) above. Both pieces are computed and the
-    numerator and denominator selected before the one division (the small piece divides by
-    1), so the loop has no branch: 27 float32 operations, 18 of them multiplies or fma.
-    (Selecting the coefficients of one shared polynomial instead, 13 multiplies or fma,
-    measured 25% slower: each select costs about what a multiply-add does.)"""
-    a = abs(x)
-    a = _ERF_CLAMP if a > _ERF_CLAMP else a  # NaN passes unchanged, +-inf become 3.925
-    z = a * a
-    p = fma_f32(_ERF_P[4], z, _ERF_P[3])
-    p = fma_f32(p, z, _ERF_P[2])
-    p = fma_f32(p, z, _ERF_P[1])
-    p = fma_f32(p, z, _ERF_P[0])
-    small = fma_f32(a, _ERF_C0_HI, a * fma_f32(p, z, _ERF_C0_LO))
-    t = a - _ERF_SPLIT
-    n = fma_f32(_ERFC_N[5], t, _ERFC_N[4])
-    n = fma_f32(n, t, _ERFC_N[3])
-    n = fma_f32(n, t, _ERFC_N[2])
-    n = fma_f32(n, t, _ERFC_N[1])
-    n = fma_f32(n, t, _ERFC_N[0])
-    d = a + _ERFC_D5_SHIFTED  # = t + D[5] rounded once (t itself is not added: ``reassoc``)
-    d = fma_f32(d, t, _ERFC_D[4])
-    d = fma_f32(d, t, _ERFC_D[3])
-    d = fma_f32(d, t, _ERFC_D[2])
-    d = fma_f32(d, t, _ERFC_D[1])
-    d = fma_f32(d, t, _ERFC_D[0])
-    below = a < _ERF_SPLIT
-    q = (small if below else n) / (_F32(1.0) if below else d)
-    r = q if below else _F32(1.0) - q
-    return f32_from_bits(f32_bits(r) | (f32_bits(x) & _SIGN_BIT))
+    """erf(x) (:func:`erf_pieces`)."""
+    return erf_pieces(x, _ERF)
+
+
+@_jit
+def fast_erf_div_sqrt2_f32(x):
+    """erf(x / float32(sqrt 2)) from x itself, without the quotient's rounding."""
+    return erf_pieces(x, _ERF_DIV_SQRT2)
+
+
+@_jit
+def fast_erf_mul_rsqrt2_f32(x):
+    """erf(x * float32(1 / sqrt 2)) from x itself, without the product's rounding."""
+    return erf_pieces(x, _ERF_MUL_RSQRT2)
 
 
 @_jit
