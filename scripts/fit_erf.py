@@ -142,7 +142,7 @@ def fit_large(k: float, split: float, centre: float, clamp: float):
 
 SETS = {
     # name: (k, split, centre, clamp); split, centre and clamp are float32 values, the
-    # centre a multiple of 2**-4 so that b - centre is exact in float32 (module doc)
+    # centre a multiple of 2**-4 so that b - centre is exact in float32 (see numba_math)
     "erf": (1.0, 0.9375, 0.75, 3.925),
     "erf_div_sqrt2": (1.0 / float(F32(math.sqrt(2.0))), 1.328125, 1.0625, 5.5625),
     "erf_mul_rsqrt2": (float(F32(1.0 / math.sqrt(2.0))), 1.328125, 1.0625, 5.5625),

@@ -303,7 +303,7 @@ def _erf_of_scaled(block: ir.Block, r: int) -> tuple[str, int] | None:
     ``ir.BY_SQRT2``): the ``numba_math`` function giving its erf from ``x``, and ``x``'s
     register. The erf is then computed without the quotient's rounding (closer to the exact
     value than op by op, within the same stated ulp), and the loop skips the division, its
-    slowest instruction: the GELU over 16M float32 at one thread in 0.86x the time. The
+    slowest instruction: the GELU over 16M float32 at one thread in 0.83-0.86x the time. The
     quotient is still computed where something else reads it."""
     n_in = len(block.inputs)
     if r < n_in:
