@@ -462,8 +462,8 @@ def test_the_key_tells_a_power_of_two_scaling_from_another():
         assert attr_tag("mul_scalar", value) == type(value).__name__, value
 
 
-# A float32 erf of x / sqrt 2 (or x * (1 / sqrt 2)) is computed from x: its factor, as float32
-# rounds it, and the reference below.
+# A float32 erf of x / sqrt 2 (or x * (1 / sqrt 2)) is computed from x. Each case: the op and
+# its scalar, the exact factor the float32 op applies (the reference's), the function called.
 SCALED_ERFS = [("div_scalar", math.sqrt(2.0), 1.0 / float(np.float32(math.sqrt(2.0))),
                 "fast_erf_div_sqrt2_f32"),
                ("mul_scalar", 1.0 / math.sqrt(2.0), float(np.float32(1.0 / math.sqrt(2.0))),
