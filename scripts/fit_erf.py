@@ -157,8 +157,11 @@ def main() -> None:
             f"# {name}: erf(x * {k!r}); emulated float32 error: {small_err:.3f} ulp below "
             f"{split}, {large_err:.3f} from there"
         )
-        values = [c0_hi, c0_lo, *p, split, centre, *q, clamp]
-        print(f"_{name.upper()} = _erf_set(" + ", ".join(repr(float(F32(v))) for v in values) + ")")
+        values = [repr(float(F32(v))) for v in (c0_hi, c0_lo, *p, split, centre, *q, clamp)]
+        rows = [values[0:2], values[2:5], values[5:7], values[7:9], values[9:13],
+                values[13:17], values[17:19]]  # fmt: skip
+        print(f"_{name.upper()} = _erf_set(  # c0 | P | split, centre | Q | clamp")
+        print(",\n".join("    " + ", ".join(row) for row in rows) + ")  # fmt: skip")
 
 
 if __name__ == "__main__":

@@ -472,7 +472,8 @@ SCALED_ERFS = [("div_scalar", math.sqrt(2.0), 1.0 / float(np.float32(math.sqrt(2
 
 def scaled_erf_block(op, scalar, shape, dtype=F32, outputs=(2,)):
     return ir.Block(shape, (ir.Input(shape, dtype),), (
-        I(op, (0,), (scalar,), shape, dtype), I("erf", (1,), (), shape, dtype)), outputs)  # fmt: skip
+        I(op, (0,), (scalar,), shape, dtype), I("erf", (1,), (), shape, dtype),
+    ), outputs)  # fmt: skip
 
 
 @pytest.mark.parametrize("op, scalar, factor, function", SCALED_ERFS)

@@ -24,8 +24,8 @@ Ubuntu make one for each user, with a umask of 002 that leaves folders group-wri
 A folder that fails raises :class:`~ember.backend.errors.UnsafeCacheError`, naming the
 path, its owner and its mode; nothing from it has been imported. Folders ember makes are
 private (mode 0o700). A folder passes once per process (its ``__pycache__`` is listed
-then); each module file is checked when it is imported. On systems without POSIX owners (Windows) there is nothing
-to check: the folder's access rights are the user's to keep.
+then); each module file is checked when it is imported. On systems without POSIX owners
+(Windows) there is nothing to check: the folder's access rights are the user's to keep.
 
 The folder is ``EMBER_FUSION_CACHE``, else ``$XDG_CACHE_HOME/ember/fusion``
 (``~/.cache/ember/fusion``). This module imports nothing heavy (not numba): the plan
